@@ -1,0 +1,31 @@
+"""fastseq: chain ONNX models into one graph in one pass, and run it with ONNX Runtime."""
+
+from fastseq._core import MAX_IR_VERSION, __version__
+from fastseq.compose import compose, compose_bytes, compose_to_file, merge_models
+from fastseq.errors import (
+    CompositionError,
+    ConversionError,
+    DownloadError,
+    ExportError,
+    FastseqError,
+    InputError,
+    LoadError,
+    OpsetMismatchError,
+)
+
+__all__ = [
+    "MAX_IR_VERSION",
+    "CompositionError",
+    "ConversionError",
+    "DownloadError",
+    "ExportError",
+    "FastseqError",
+    "InputError",
+    "LoadError",
+    "OpsetMismatchError",
+    "__version__",
+    "compose",
+    "compose_bytes",
+    "compose_to_file",
+    "merge_models",
+]

@@ -1,0 +1,122 @@
+"""compose() and merge_models(): the Rust core behind a Python signature."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from fastseq import _core
+from fastseq.loader import ModelSource, resolve_local
+
+IoMap = Sequence[tuple[str, str]]
+
+
+def _core_args(models: Sequence[ModelSource]) -> tuple[list[bytes | str], list[str]]:
+    if isinstance(models, (onnx.ModelProto, bytes, str, os.PathLike)):
+        raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
+    resolved = [resolve_local(m, i) for i, m in enumerate(models)]
+    return [r.data for r in resolved], [r.label for r in resolved]
+
+
+def _io_maps(io_maps: Sequence[IoMap] | None) -> list[list[tuple[str, str]]] | None:
+    if io_maps is None:
+        return None
+    return [[(str(o), str(i)) for o, i in joint] for joint in io_maps]
+
+
+def compose_bytes(
+    models: Sequence[ModelSource],
+    io_maps: Sequence[IoMap] | None = None,
+    keep_outputs: bool | Sequence[str] = False,
+    *,
+    ir_version: int | None = None,
+) -> bytes:
+    """Composes ``models`` in order and returns the merged model, serialized.
+
+    ``io_maps[i]`` lists the ``(output, input)`` pairs that join model ``i`` to model
+    ``i + 1``, in the models' own names; without it outputs join inputs by position.
+    Inputs that no joint feeds become graph inputs. The merged outputs are the last model's,
+    plus every unconsumed output with ``keep_outputs=True``, or the named ones.
+    """
+    data, labels = _core_args(models)
+    keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
+    return _core.compose_bytes(
+        data, labels, io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version
+    )
+
+
+def compose(
+    models: Sequence[ModelSource],
+    io_maps: Sequence[IoMap] | None = None,
+    keep_outputs: bool | Sequence[str] = False,
+    *,
+    ir_version: int | None = None,
+) -> onnx.ModelProto:
+    """Like :func:`compose_bytes`, returning an ``onnx.ModelProto`` (below 2 GB)."""
+    return onnx.ModelProto.FromString(
+        compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version)
+    )
+
+
+def compose_to_file(
+    models: Sequence[ModelSource],
+    path: str | os.PathLike[str],
+    io_maps: Sequence[IoMap] | None = None,
+    keep_outputs: bool | Sequence[str] = False,
+    *,
+    ir_version: int | None = None,
+) -> Path:
+    """Like :func:`compose_bytes`, streaming the result into ``path`` atomically."""
+    data, labels = _core_args(models)
+    keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
+    target = Path(path).expanduser()
+    _core.compose_to_file(
+        data, labels, str(target), io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version
+    )
+    return target
+
+
+def merge_models(
+    m1: ModelSource,
+    m2: ModelSource,
+    io_map: IoMap,
+    inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+    prefix1: str | None = None,
+    prefix2: str | None = None,
+    name: str | None = None,
+    doc_string: str | None = None,
+    producer_name: str | None = "onnx.compose.merge_models",
+    producer_version: str | None = "1.0",
+    domain: str | None = "",
+    model_version: int | None = 1,
+) -> onnx.ModelProto:
+    """A drop-in for ``onnx.compose.merge_models`` with the same arguments and result.
+
+    Unlike it, names that clash between the models are made unique instead of refused,
+    If/Loop bodies that read outer-scope names stay valid, and models with different IR
+    versions merge (the result takes the highest).
+    """
+    data, labels = _core_args([m1, m2])
+    meta: dict[str, Any] = {
+        "name": name,
+        "doc_string": doc_string,
+        "producer_name": producer_name,
+        "producer_version": producer_version,
+        "domain": domain,
+    }
+    raw = _core.compose_bytes(
+        data,
+        labels,
+        io_maps=_io_maps([io_map]),
+        prefixes=[prefix1, prefix2],
+        inputs=list(inputs) if inputs else None,
+        outputs=list(outputs) if outputs else None,
+        meta={k: v for k, v in meta.items() if v is not None},
+        model_version=model_version,
+    )
+    return onnx.ModelProto.FromString(raw)

@@ -1,0 +1,254 @@
+"""Model sources: ModelProto, bytes, paths, http(s) URLs and Hugging Face Hub ids.
+
+Everything is resolved to what the Rust core reads: serialized bytes or a local path (which
+the core memory-maps). Downloads land in a cache and are written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+import onnx
+
+from fastseq import _core
+from fastseq.errors import DownloadError, LoadError
+
+ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+
+#: kornia's convention: ``hf://operators/resize`` is ``operators/resize.onnx`` in this repo.
+KORNIA_REPO = "kornia/ONNX_models"
+#: Downloads larger than this are refused (bytes); ``FASTSEQ_MAX_DOWNLOAD`` overrides it.
+MAX_DOWNLOAD = int(os.environ.get("FASTSEQ_MAX_DOWNLOAD", str(16 << 30)))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the core reads: ``data`` is serialized bytes or a local path."""
+
+    data: bytes | str
+    label: str
+
+
+@dataclass(frozen=True)
+class HubRef:
+    repo_id: str
+    filename: str
+    revision: str | None
+    sha256: str | None
+
+
+def is_remote(model: object) -> bool:
+    return isinstance(model, str) and (
+        model.startswith(("http://", "https://", "hf://"))
+    )
+
+
+def resolve_local(model: ModelSource, index: int) -> Resolved:
+    """Resolves a source that needs no network."""
+    if isinstance(model, onnx.ModelProto):
+        name = model.graph.name or f"model #{index}"
+        return Resolved(model.SerializeToString(), f"{name} (#{index})")
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return Resolved(bytes(model), f"model #{index} (bytes)")
+    if isinstance(model, (str, os.PathLike)):
+        if is_remote(model):
+            raise LoadError(f"model #{index}: {model} needs a download; use ONNXSequential or fastseq.load")
+        path = Path(os.fspath(model)).expanduser()
+        if not path.exists():
+            hint = ""
+            if not path.suffix:
+                hint = f" (a Hub id is written 'hf://{model}')"
+            raise LoadError(f"{path}: no such file{hint}")
+        return Resolved(str(path), path.name)
+    raise TypeError(
+        f"model #{index}: expected an onnx.ModelProto, bytes, a path, a URL or an hf:// id, "
+        f"got {type(model).__name__}"
+    )
+
+
+def resolve(
+    model: ModelSource,
+    index: int,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force_download: bool = False,
+    token: str | bool | None = None,
+) -> Resolved:
+    """Resolves any source, downloading URLs and Hub ids into the cache."""
+    if isinstance(model, str) and model.startswith("hf://"):
+        return Resolved(str(hub_download(model, cache_dir, force_download, token)), model)
+    if isinstance(model, str) and model.startswith(("http://", "https://")):
+        path = url_download(model, cache_dir, force_download)
+        return Resolved(str(path), model.rsplit("/", 1)[-1] or model)
+    return resolve_local(model, index)
+
+
+def parse_hub_id(ref: str) -> HubRef:
+    """``hf://operators/resize`` (kornia), ``hf://org/repo/dir/file.onnx``,
+    ``hf://org/repo@rev/file.onnx``; any of them may end in ``#sha256=<hex>``."""
+    body = ref[len("hf://") :]
+    body, _, fragment = body.partition("#")
+    sha = None
+    if fragment:
+        key, _, value = fragment.partition("=")
+        if key != "sha256" or len(value) != 64:
+            raise LoadError(f"{ref}: the only fragment understood is #sha256=<64 hex digits>")
+        sha = value.lower()
+    if body.endswith(".onnx"):
+        parts = body.split("/")
+        if len(parts) < 3:
+            raise LoadError(f"{ref}: expected hf://org/repo/path/file.onnx")
+        repo, _, revision = "/".join(parts[:2]).partition("@")
+        return HubRef(repo, "/".join(parts[2:]), revision or None, sha)
+    if not body or body.startswith("/"):
+        raise LoadError(f"{ref}: empty Hub id")
+    return HubRef(KORNIA_REPO, body + ".onnx", None, sha)
+
+
+def hub_download(
+    ref: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force_download: bool = False,
+    token: str | bool | None = None,
+) -> Path:
+    """Downloads an hf:// model through huggingface_hub (its cache, token and offline mode),
+    with the external-data files it references."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    hub = parse_hub_id(ref)
+    kwargs = dict(
+        repo_id=hub.repo_id,
+        revision=hub.revision,
+        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+        force_download=force_download,
+        token=token,
+    )
+    try:
+        path = Path(hf_hub_download(filename=hub.filename, **kwargs))
+        if hub.sha256 is not None:
+            check_sha256(path, hub.sha256, ref)
+        folder = os.path.dirname(hub.filename)
+        for location in _core.external_data_locations(str(path)):
+            hf_hub_download(filename=f"{folder}/{location}" if folder else location, **kwargs)
+    except LocalEntryNotFoundError as e:
+        raise DownloadError(f"{ref}: not in the cache and offline or unreachable: {e}") from e
+    except (HfHubHTTPError, OSError, ValueError) as e:
+        raise DownloadError(f"{ref}: download of {hub.repo_id}/{hub.filename} failed: {e}") from e
+    return path
+
+
+def check_sha256(path: Path, expected: str, source: str) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected.lower():
+        raise DownloadError(
+            f"{source}: sha256 mismatch: expected {expected}, got {digest.hexdigest()}"
+        )
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or os.environ.get(
+        "FASTSEQ_OFFLINE", ""
+    ).lower() in ("1", "true", "yes")
+
+
+def url_cache_path(url: str, cache_dir: str | os.PathLike[str] | None) -> Path:
+    base = Path(cache_dir).expanduser() if cache_dir is not None else _default_cache() / "urls"
+    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1] or "model.onnx"
+    return base / hashlib.sha256(url.encode()).hexdigest()[:16] / name
+
+
+def _default_cache() -> Path:
+    root = os.environ.get("FASTSEQ_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastseq"
+    )
+    return Path(root)
+
+
+def url_download(
+    url: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force_download: bool = False,
+    *,
+    sha256: str | None = None,
+    timeout: float = 60.0,
+    retries: int = 3,
+    max_bytes: int | None = None,
+) -> Path:
+    """Downloads ``url`` into the cache (atomically) and returns the local path. A cached
+    copy is reused unless ``force_download``; offline, the cached copy is the only option."""
+    url, _, fragment = url.partition("#")
+    if fragment.startswith("sha256=") and sha256 is None:
+        sha256 = fragment[len("sha256=") :]
+    target = url_cache_path(url, cache_dir)
+    if target.exists() and not force_download:
+        if sha256 is None:
+            return target
+        try:
+            check_sha256(target, sha256, url)
+            return target
+        except DownloadError:
+            target.unlink(missing_ok=True)  # a corrupt cached copy is fetched again
+    if _offline():
+        raise DownloadError(f"{url}: offline (HF_HUB_OFFLINE/FASTSEQ_OFFLINE) and not cached at {target}")
+    limit = MAX_DOWNLOAD if max_bytes is None else max_bytes
+    target.parent.mkdir(parents=True, exist_ok=True)
+    last: Exception | None = None
+    for attempt in range(retries):
+        if attempt:
+            time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+        try:
+            _fetch(url, target, timeout, limit)
+            if sha256 is not None:
+                try:
+                    check_sha256(target, sha256, url)
+                except DownloadError:
+                    target.unlink(missing_ok=True)
+                    raise
+            return target
+        except urllib.error.HTTPError as e:
+            last = e
+            if 400 <= e.code < 500 and e.code not in (408, 429):
+                break  # the server says no; asking again will not help
+        except DownloadError:
+            raise
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            last = e
+    raise DownloadError(f"{url}: download failed after {attempt + 1} attempt(s): {last}")
+
+
+def _fetch(url: str, target: Path, timeout: float, limit: int) -> None:
+    request = urllib.request.Request(url, headers={"User-Agent": "fastseq"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        length = response.headers.get("Content-Length")
+        if length is not None and int(length) > limit:
+            raise DownloadError(f"{url}: {int(length)} bytes is over the download limit of {limit}")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        try:
+            received = 0
+            with os.fdopen(fd, "wb") as out:
+                while block := response.read(1 << 20):
+                    received += len(block)
+                    if received > limit:
+                        raise DownloadError(f"{url}: over the download limit of {limit} bytes")
+                    out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            if length is not None and received != int(length):
+                raise DownloadError(f"{url}: truncated ({received} of {length} bytes)")
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,242 @@
+//! Decoding and encoding whole models: bytes or memory-mapped files in, bytes or an
+//! atomically written file out. Weights (`TensorProto.raw_data`) stay `Bytes` slices of the
+//! input buffer, so they are copied once, into the output, and never parsed.
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+use prost::Message;
+
+use crate::error::{Error, Result};
+use crate::proto::{GraphProto, ModelProto, TensorProto};
+
+/// The highest IR version the vendored schema describes. A newer model may carry fields
+/// this schema does not know; prost would drop them silently, so such models are refused.
+pub const MAX_IR_VERSION: i64 = 14;
+
+/// Reads a file as `Bytes` backed by a memory map (no copy, pages loaded on demand).
+pub fn read_path(path: &Path) -> Result<Bytes> {
+    let shown = path.display();
+    let meta = fs::metadata(path).map_err(|e| Error::load(format!("{shown}: cannot read: {e}")))?;
+    if meta.is_dir() {
+        return Err(Error::load(format!("{shown}: is a directory, not an ONNX file")));
+    }
+    if meta.len() == 0 {
+        return Err(Error::load(format!("{shown}: empty file (0 bytes), not an ONNX model")));
+    }
+    let file = File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?;
+    // SAFETY: the map is read-only. A file truncated by another process while mapped would
+    // fault; that is the usual contract of memory-mapped readers (onnxruntime's included).
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| Error::load(format!("{shown}: cannot map: {e}")))?;
+    Ok(Bytes::from_owner(map))
+}
+
+/// Decodes one model. `label` names the source in every error message.
+pub fn decode(label: &str, data: Bytes) -> Result<ModelProto> {
+    if data.is_empty() {
+        return Err(Error::load(format!("{label}: empty input (0 bytes), not an ONNX model")));
+    }
+    let size = data.len();
+    let model = ModelProto::decode(data).map_err(|e| {
+        Error::load(format!(
+            "{label}: not a valid ONNX model ({size} bytes; truncated, corrupt or another file type): {e}"
+        ))
+    })?;
+    check_decoded(label, &model)?;
+    Ok(model)
+}
+
+fn check_decoded(label: &str, model: &ModelProto) -> Result<()> {
+    let ir = model.ir_version.unwrap_or(0);
+    if model.graph.is_none() || ir <= 0 {
+        return Err(Error::load(format!(
+            "{label}: not an ONNX model (no graph or no IR version; is it a tensor or another protobuf?)"
+        )));
+    }
+    if ir > MAX_IR_VERSION {
+        return Err(Error::load(format!(
+            "{label}: IR version {ir} is newer than this fastseq understands (up to {MAX_IR_VERSION}); \
+             fields it does not know would be lost, so it is refused. Upgrade fastseq."
+        )));
+    }
+    Ok(())
+}
+
+/// Encodes into a caller-provided buffer of exactly `model.encoded_len()` bytes.
+pub fn encode_into(model: &ModelProto, mut buf: &mut [u8]) -> Result<()> {
+    model
+        .encode(&mut buf)
+        .map_err(|e| Error::export(format!("cannot encode the merged model: {e}")))
+}
+
+/// Writes `model` to `path` atomically: a temporary file in the same folder, synced, then
+/// renamed over the target. On any failure the temporary file is removed and an existing
+/// file at `path` is left as it was. Returns the number of bytes written.
+pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
+    let tmp = temp_path(path);
+    let result = (|| -> std::io::Result<u64> {
+        let file = File::create(&tmp)?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let written = write_streaming(model, &mut out)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)?;
+        Ok(written)
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::export(format!("cannot write {}: {e}", path.display()))
+    })
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let unique = format!(".{name}.{}.{}.tmp", std::process::id(), nanos());
+    path.with_file_name(unique)
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// Streams the protobuf encoding of `model` into `out`, byte-identical in content to
+/// `encode_to_vec` up to field order (the graph and the initializers' `raw_data` go last,
+/// which every protobuf parser accepts). Only one tensor's header is buffered at a time;
+/// weights go straight from their source buffer (an mmap) to the writer.
+pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Result<u64> {
+    let mut written = 0u64;
+    let mut head = model.clone_without_graph();
+    let header = std::mem::take(&mut head).encode_to_vec();
+    out.write_all(&header)?;
+    written += header.len() as u64;
+    let Some(graph) = model.graph.as_ref() else { return Ok(written) };
+
+    let light = graph_without_initializers(graph);
+    let init_len: usize = graph.initializer.iter().map(|t| field_len(5, tensor_len(t))).sum();
+    let graph_len = light.encoded_len() + init_len;
+    let mut buf = Vec::with_capacity(64);
+    encode_key(7, WireType::LengthDelimited, &mut buf);
+    encode_varint(graph_len as u64, &mut buf);
+    light.encode(&mut buf).expect("Vec grows");
+    out.write_all(&buf)?;
+    written += buf.len() as u64;
+    for tensor in &graph.initializer {
+        written += write_tensor(5, tensor, out)?;
+    }
+    Ok(written)
+}
+
+trait WithoutGraph {
+    fn clone_without_graph(&self) -> ModelProto;
+}
+
+impl WithoutGraph for ModelProto {
+    fn clone_without_graph(&self) -> ModelProto {
+        ModelProto {
+            ir_version: self.ir_version,
+            opset_import: self.opset_import.clone(),
+            producer_name: self.producer_name.clone(),
+            producer_version: self.producer_version.clone(),
+            domain: self.domain.clone(),
+            model_version: self.model_version,
+            doc_string: self.doc_string.clone(),
+            graph: None,
+            metadata_props: self.metadata_props.clone(),
+            training_info: self.training_info.clone(),
+            functions: self.functions.clone(),
+            configuration: self.configuration.clone(),
+        }
+    }
+}
+
+fn graph_without_initializers(g: &GraphProto) -> GraphProto {
+    GraphProto {
+        node: g.node.clone(),
+        name: g.name.clone(),
+        initializer: Vec::new(),
+        sparse_initializer: g.sparse_initializer.clone(),
+        doc_string: g.doc_string.clone(),
+        input: g.input.clone(),
+        output: g.output.clone(),
+        value_info: g.value_info.clone(),
+        quantization_annotation: g.quantization_annotation.clone(),
+        metadata_props: g.metadata_props.clone(),
+    }
+}
+
+fn field_len(tag: u32, len: usize) -> usize {
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+fn tensor_len(t: &TensorProto) -> usize {
+    match &t.raw_data {
+        // Bytes clones are reference counts, not copies.
+        Some(raw) => {
+            let mut rest = t.clone();
+            rest.raw_data = None;
+            rest.encoded_len() + field_len(9, raw.len())
+        }
+        None => t.encoded_len(),
+    }
+}
+
+fn write_tensor(tag: u32, t: &TensorProto, out: &mut impl Write) -> std::io::Result<u64> {
+    let mut rest = t.clone();
+    let raw = rest.raw_data.take();
+    let body_len = rest.encoded_len() + raw.as_ref().map_or(0, |r| field_len(9, r.len()));
+    let mut buf = Vec::with_capacity(32 + rest.encoded_len());
+    encode_key(tag, WireType::LengthDelimited, &mut buf);
+    encode_varint(body_len as u64, &mut buf);
+    rest.encode(&mut buf).expect("Vec grows");
+    if let Some(raw) = &raw {
+        encode_key(9, WireType::LengthDelimited, &mut buf);
+        encode_varint(raw.len() as u64, &mut buf);
+    }
+    out.write_all(&buf)?;
+    let mut n = buf.len() as u64;
+    if let Some(raw) = raw {
+        out.write_all(&raw)?;
+        n += raw.len() as u64;
+    }
+    Ok(n)
+}
+
+/// The external-data files a model's tensors refer to (`location` entries), each once.
+pub fn external_locations(model: &ModelProto) -> Vec<String> {
+    fn tensor(t: &TensorProto, out: &mut Vec<String>) {
+        for e in &t.external_data {
+            if e.key.as_deref() == Some("location") {
+                if let Some(v) = &e.value {
+                    if !out.contains(v) {
+                        out.push(v.clone());
+                    }
+                }
+            }
+        }
+    }
+    fn graph(g: &GraphProto, out: &mut Vec<String>) {
+        for t in &g.initializer {
+            tensor(t, out);
+        }
+        for s in &g.sparse_initializer {
+            s.values.iter().chain(s.indices.iter()).for_each(|t| tensor(t, out));
+        }
+        for n in &g.node {
+            for a in &n.attribute {
+                a.t.iter().chain(a.tensors.iter()).for_each(|t| tensor(t, out));
+                a.g.iter().chain(a.graphs.iter()).for_each(|sub| graph(sub, out));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(g) = &model.graph {
+        graph(g, &mut out);
+    }
+    out
+}
