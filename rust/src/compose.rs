@@ -425,9 +425,13 @@ fn assign_value_names(models: &[ModelProto], names: &[NameSet], joints: &[Joint]
         finals[k].insert(name.to_string(), f);
     };
     for k in 0..n {
+        // Weights that IR < 4 models list as inputs are not the user's inputs: no priority.
+        let inits = initializer_names(&models[k]);
         let g = graph(&models[k]);
         for &x in &plan.inputs[k] {
-            assign(k, vi_name(&g.input[x]), &mut taken, &mut finals);
+            if !inits.contains(vi_name(&g.input[x])) {
+                assign(k, vi_name(&g.input[x]), &mut taken, &mut finals);
+            }
         }
     }
     for k in 0..n {
@@ -587,3 +591,156 @@ fn assemble(
     out
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Kind;
+    use crate::proto::{
+        attribute_proto::AttributeType, tensor_shape_proto, AttributeProto, NodeProto, OperatorSetIdProto,
+        TensorProto, TensorShapeProto, TypeProto,
+    };
+
+    fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+        let shape = TensorShapeProto {
+            dim: dims
+                .iter()
+                .map(|d| tensor_shape_proto::Dimension { value: Some(Dim::DimValue(*d)), denotation: None })
+                .collect(),
+        };
+        ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem), shape: Some(shape) })),
+                denotation: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn node(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
+        NodeProto {
+            op_type: Some(op.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            name: Some(op.to_lowercase()),
+            ..Default::default()
+        }
+    }
+
+    /// y = Relu(x * c), with an initializer 'c' and an internal 't'.
+    fn scale(elem: i32) -> ModelProto {
+        ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            graph: Some(GraphProto {
+                name: Some("scale".into()),
+                node: vec![node("Mul", &["x", "c"], &["t"]), node("Relu", &["t"], &["y"])],
+                initializer: vec![TensorProto {
+                    name: Some("c".into()),
+                    dims: vec![4],
+                    data_type: Some(elem),
+                    raw_data: Some(bytes::Bytes::from(vec![0u8; 16])),
+                    ..Default::default()
+                }],
+                input: vec![vi("x", elem, &[2, 4])],
+                output: vec![vi("y", elem, &[2, 4])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn labels(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("m{i}.onnx")).collect()
+    }
+
+    fn defined_names(g: &GraphProto) -> Vec<String> {
+        let mut names: Vec<String> = g.input.iter().map(|v| vi_name(v).to_string()).collect();
+        names.extend(g.initializer.iter().map(|t| t.name.clone().unwrap()));
+        names.extend(g.node.iter().flat_map(|n| n.output.clone()));
+        names
+    }
+
+    #[test]
+    fn chain_renames_only_clashing_internal_names() {
+        let merged = compose(vec![scale(1), scale(1), scale(1)], &labels(3), &Options::default()).unwrap();
+        let g = merged.graph.unwrap();
+        assert_eq!(g.input.iter().map(vi_name).collect::<Vec<_>>(), ["x"]);
+        assert_eq!(g.output.iter().map(vi_name).collect::<Vec<_>>(), ["y"]);
+        let defined = defined_names(&g);
+        let unique: HashSet<&String> = defined.iter().collect();
+        assert_eq!(unique.len(), defined.len(), "SSA: {defined:?}");
+        assert_eq!(g.node[2].input, ["m0/y", "m1/c"]);
+        assert_eq!(g.node[3].name.as_deref(), Some("m1/relu"));
+        // The crossing tensors keep their types.
+        assert_eq!(g.value_info.iter().map(vi_name).collect::<Vec<_>>(), ["m0/y", "m1/y"]);
+    }
+
+    #[test]
+    fn outer_scope_reads_in_subgraphs_follow_the_rename() {
+        let mut m = scale(1);
+        let then = GraphProto {
+            node: vec![node("Mul", &["x", "c"], &["out"])],
+            output: vec![vi("out", 1, &[2, 4])],
+            ..Default::default()
+        };
+        let g = m.graph.as_mut().unwrap();
+        g.node[1] = NodeProto {
+            attribute: vec![AttributeProto {
+                name: Some("then_branch".into()),
+                r#type: Some(AttributeType::Graph as i32),
+                g: Some(then),
+                ..Default::default()
+            }],
+            ..node("If", &["t"], &["y"])
+        };
+        let merged = compose(vec![m.clone(), m], &labels(2), &Options::default()).unwrap();
+        let g = merged.graph.unwrap();
+        let sub = g.node[3].attribute[0].g.as_ref().unwrap();
+        assert_eq!(sub.node[0].input, ["m0/y", "m1/c"]);
+        assert_eq!(sub.node[0].output, ["m1/out"]);
+    }
+
+    #[test]
+    fn joint_errors_are_typed_and_use_user_names() {
+        let opts = Options { io_maps: Some(vec![vec![("y".into(), "X".into())]]), ..Default::default() };
+        let err = compose(vec![scale(1), scale(1)], &labels(2), &opts).unwrap_err();
+        assert_eq!(err.kind, Kind::Composition);
+        assert!(err.message.contains("'X' is not an input of m1.onnx (did you mean 'x'?)"), "{}", err.message);
+        let err = compose(vec![scale(1), scale(11)], &labels(2), &Options::default()).unwrap_err();
+        assert!(err.message.contains("output 'y' is float but input 'x' expects double"), "{}", err.message);
+    }
+
+    #[test]
+    fn fifty_models_cost_linear_work() {
+        let merged = compose((0..50).map(|_| scale(1)).collect(), &labels(50), &Options::default()).unwrap();
+        let g = merged.graph.unwrap();
+        assert_eq!(g.node.len(), 100);
+        let defined = defined_names(&g);
+        assert_eq!(defined.iter().collect::<HashSet<_>>().len(), defined.len());
+    }
+
+    #[test]
+    fn streamed_file_decodes_to_the_same_model() {
+        let merged = compose(vec![scale(1), scale(1)], &labels(2), &Options::default()).unwrap();
+        let mut streamed = Vec::new();
+        crate::model::write_streaming(&merged, &mut streamed).unwrap();
+        assert_eq!(streamed.len(), merged.encoded_len());
+        let back = crate::model::decode("streamed", bytes::Bytes::from(streamed)).unwrap();
+        assert_eq!(back, merged);
+    }
+
+    #[test]
+    fn bad_bytes_are_load_errors() {
+        use crate::model::decode;
+        assert!(decode("e", bytes::Bytes::new()).unwrap_err().message.contains("empty input"));
+        let err = decode("junk", bytes::Bytes::from_static(b"\xff\xff\xff\xff")).unwrap_err();
+        assert_eq!(err.kind, Kind::Load);
+        assert!(err.message.starts_with("junk: not a valid ONNX model"));
+        let mut full = Vec::new();
+        scale(1).encode(&mut full).unwrap();
+        full.truncate(full.len() - 3);
+        assert_eq!(decode("cut", bytes::Bytes::from(full)).unwrap_err().kind, Kind::Load);
+    }
+}

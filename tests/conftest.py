@@ -1,0 +1,147 @@
+"""Shared helpers: real ONNX Runtime sessions, the onnx package's test data, small models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+def session(model: onnx.ModelProto | bytes | str | Path) -> ort.InferenceSession:
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def run(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    s = session(model)
+    names = [o.name for o in s.get_outputs()]
+    return dict(zip(names, s.run(names, feeds)))
+
+
+def run_chain(models, first_feeds: dict[str, np.ndarray], io_maps=None) -> dict[str, np.ndarray]:
+    """The reference: each stage in its own session, outputs handed on by the io_map."""
+    outputs = run(models[0], first_feeds)
+    for j, model in enumerate(models[1:]):
+        s = session(model)
+        if io_maps is None:
+            ins = [i.name for i in s.get_inputs()]
+            feeds = dict(zip(ins, outputs.values()))
+        else:
+            feeds = {i: outputs[o] for o, i in io_maps[j]}
+        outputs = run(model, feeds)
+    return outputs
+
+
+def pytorch_converted(name: str) -> onnx.ModelProto:
+    return onnx.load(str(ONNX_DATA / "pytorch-converted" / name / "model.onnx"))
+
+
+def input_pb(name: str, kind: str = "pytorch-converted") -> np.ndarray:
+    tensor = onnx.load_tensor(str(ONNX_DATA / kind / name / "test_data_set_0" / "input_0.pb"))
+    return numpy_helper.to_array(tensor)
+
+
+def scale_model(
+    scale: float,
+    inp: str = "x",
+    out: str = "y",
+    shape=(2, 4),
+    opset: int = 17,
+    ir: int = 8,
+    dtype=TensorProto.FLOAT,
+    name: str = "scale",
+) -> onnx.ModelProto:
+    """y = relu(x * c) with an initializer 'c' and an internal tensor 't' (names that clash)."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    c = numpy_helper.from_array(np.full(shape[-1:], scale, np_dtype), "c")
+    nodes = [
+        helper.make_node("Mul", [inp, "c"], ["t"], name="mul"),
+        helper.make_node("Relu", ["t"], [out], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info(inp, dtype, list(shape))],
+        [helper.make_tensor_value_info(out, dtype, list(shape))],
+        [c],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
+
+
+def if_model_reading_outer_initializer(shadow: bool = False) -> onnx.ModelProto:
+    """y = x * c if sum(x) > 0 else x - c, where both branches read the outer initializer
+    'c' (the case onnx.compose.add_prefix breaks). With ``shadow`` the else branch defines
+    its own 't', shadowing the outer 't' (ONNX Runtime runs it; onnx.checker refuses it)."""
+    local = "t" if shadow else "diff"
+    c = numpy_helper.from_array(np.array([2.0, 3.0, 4.0, 5.0], np.float32), "c")
+    then_g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "c"], ["then_out"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("then_out", TensorProto.FLOAT, [2, 4])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Sub", ["x", "c"], [local]), helper.make_node("Identity", [local], ["else_out"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("else_out", TensorProto.FLOAT, [2, 4])],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0),
+        helper.make_node("Greater", ["t", "zero"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cond_scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [c, numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def loop_model_reading_outer_initializer() -> onnx.ModelProto:
+    """y = x + 3 * c: a Loop of 3 iterations whose body adds the outer initializer 'c'."""
+    c = numpy_helper.from_array(np.array([1.0, 2.0, 3.0, 4.0], np.float32), "c")
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["acc_in", "c"], ["acc_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2, 4]),
+        ],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)],
+        "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [c, numpy_helper.from_array(np.array(3, np.int64), "n")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.fixture
+def x24() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
