@@ -1,5 +1,6 @@
 """fastseq: chain ONNX models into one graph in one pass, and run it with ONNX Runtime."""
 
+from fastseq import operators
 from fastseq._core import MAX_IR_VERSION, __version__
 from fastseq.compose import compose, compose_bytes, compose_to_file, merge_models
 from fastseq.errors import (
@@ -12,6 +13,7 @@ from fastseq.errors import (
     LoadError,
     OpsetMismatchError,
 )
+from fastseq.sequential import ONNXSequential, TensorInfo
 
 __all__ = [
     "MAX_IR_VERSION",
@@ -22,10 +24,13 @@ __all__ = [
     "FastseqError",
     "InputError",
     "LoadError",
+    "ONNXSequential",
     "OpsetMismatchError",
+    "TensorInfo",
     "__version__",
     "compose",
     "compose_bytes",
     "compose_to_file",
     "merge_models",
+    "operators",
 ]

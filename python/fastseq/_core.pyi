@@ -1,8 +1,11 @@
 """Type stubs for the Rust extension module ``fastseq._core``."""
 
 from collections.abc import Sequence
+from os import PathLike
+from typing import Any
 
 MAX_IR_VERSION: int
+PROTOBUF_LIMIT: int
 __version__: str
 
 class FastseqError(Exception): ...
@@ -11,8 +14,20 @@ class CompositionError(FastseqError): ...
 class OpsetMismatchError(CompositionError): ...
 class ExportError(FastseqError): ...
 
-def compose_bytes(
-    sources: Sequence[bytes | str],
+Source = bytes | str | PathLike[str] | Composed
+
+class Composed:
+    """A model held by the core (weights as slices of the sources' memory maps)."""
+
+    def encoded_len(self) -> int: ...
+    def to_bytes(self) -> bytes: ...
+    def save(self, path: str, external_data: bool | None = None, threshold: int = 1024) -> dict[str, Any]: ...
+    def stripped_bytes(self, threshold: int = 1024) -> bytes: ...
+    def with_weights(self, stripped: bytes, label: str) -> Composed: ...
+    def summary(self) -> dict[str, Any]: ...
+
+def compose(
+    sources: Sequence[Source],
     labels: Sequence[str],
     io_maps: Sequence[Sequence[tuple[str, str]]] | None = None,
     keep_outputs: bool | Sequence[str] | None = None,
@@ -22,18 +37,7 @@ def compose_bytes(
     ir_version: int | None = None,
     meta: dict[str, str] | None = None,
     model_version: int | None = None,
-) -> bytes: ...
-def compose_to_file(
-    sources: Sequence[bytes | str],
-    labels: Sequence[str],
-    path: str,
-    io_maps: Sequence[Sequence[tuple[str, str]]] | None = None,
-    keep_outputs: bool | Sequence[str] | None = None,
-    prefixes: Sequence[str | None] | None = None,
-    inputs: Sequence[str] | None = None,
-    outputs: Sequence[str] | None = None,
-    ir_version: int | None = None,
-    meta: dict[str, str] | None = None,
-    model_version: int | None = None,
-) -> int: ...
+) -> Composed: ...
+def load_model(source: Source, label: str | None = None) -> Composed: ...
 def external_data_locations(path: str) -> list[str]: ...
+def did_you_mean(name: str, candidates: Sequence[str]) -> str: ...

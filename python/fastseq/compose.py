@@ -15,7 +15,7 @@ from fastseq.loader import ModelSource, resolve_local
 IoMap = Sequence[tuple[str, str]]
 
 
-def _core_args(models: Sequence[ModelSource]) -> tuple[list[bytes | str], list[str]]:
+def _core_args(models: Sequence[ModelSource]) -> tuple[list[bytes | str | _core.Composed], list[str]]:
     if isinstance(models, (onnx.ModelProto, bytes, str, os.PathLike)):
         raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
     resolved = [resolve_local(m, i) for i, m in enumerate(models)]
@@ -42,11 +42,13 @@ def compose_bytes(
     Inputs that no joint feeds become graph inputs. The merged outputs are the last model's,
     plus every unconsumed output with ``keep_outputs=True``, or the named ones.
     """
+    return _compose(models, io_maps, keep_outputs, ir_version).to_bytes()
+
+
+def _compose(models, io_maps, keep_outputs, ir_version) -> _core.Composed:
     data, labels = _core_args(models)
     keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
-    return _core.compose_bytes(
-        data, labels, io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version
-    )
+    return _core.compose(data, labels, io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version)
 
 
 def compose(
@@ -69,14 +71,13 @@ def compose_to_file(
     keep_outputs: bool | Sequence[str] = False,
     *,
     ir_version: int | None = None,
+    external_data: bool | None = None,
 ) -> Path:
-    """Like :func:`compose_bytes`, streaming the result into ``path`` atomically."""
-    data, labels = _core_args(models)
-    keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
+    """Like :func:`compose_bytes`, streaming the result into ``path`` atomically. The
+    weights go to one data file beside it with ``external_data=True``, or by default when
+    the model is over the 2 GB protobuf limit."""
     target = Path(path).expanduser()
-    _core.compose_to_file(
-        data, labels, str(target), io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version
-    )
+    _compose(models, io_maps, keep_outputs, ir_version).save(str(target), external_data=external_data)
     return target
 
 
@@ -109,7 +110,7 @@ def merge_models(
         "producer_version": producer_version,
         "domain": domain,
     }
-    raw = _core.compose_bytes(
+    composed = _core.compose(
         data,
         labels,
         io_maps=_io_maps([io_map]),
@@ -119,4 +120,4 @@ def merge_models(
         meta={k: v for k, v in meta.items() if v is not None},
         model_version=model_version,
     )
-    return onnx.ModelProto.FromString(raw)
+    return onnx.ModelProto.FromString(composed.to_bytes())

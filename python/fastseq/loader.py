@@ -34,7 +34,7 @@ MAX_DOWNLOAD = int(os.environ.get("FASTSEQ_MAX_DOWNLOAD", str(16 << 30)))
 class Resolved:
     """What the core reads: ``data`` is serialized bytes or a local path."""
 
-    data: bytes | str
+    data: bytes | str | _core.Composed
     label: str
 
 
@@ -59,6 +59,12 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
         return Resolved(model.SerializeToString(), f"{name} (#{index})")
     if isinstance(model, (bytes, bytearray, memoryview)):
         return Resolved(bytes(model), f"model #{index} (bytes)")
+    if isinstance(model, str) and model.startswith("builtin:"):
+        from fastseq import operators
+
+        return Resolved(str(operators.path(model[len("builtin:") :])), model)
+    if isinstance(model, _core.Composed):
+        return Resolved(model, f"model #{index}")
     if isinstance(model, (str, os.PathLike)):
         if is_remote(model):
             raise LoadError(f"model #{index}: {model} needs a download; use ONNXSequential or fastseq.load")
@@ -70,7 +76,8 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
             raise LoadError(f"{path}: no such file{hint}")
         return Resolved(str(path), path.name)
     raise TypeError(
-        f"model #{index}: expected an onnx.ModelProto, bytes, a path, a URL or an hf:// id, "
+        f"model #{index}: expected an onnx.ModelProto, bytes, a path, a URL, an hf:// id or "
+        f"builtin:NAME, "
         f"got {type(model).__name__}"
     )
 

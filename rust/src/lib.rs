@@ -4,6 +4,7 @@
 //! the PyO3 bindings below, which only convert types and release the GIL around the work.
 pub mod compose;
 pub mod error;
+pub mod external;
 pub mod model;
 pub mod names;
 pub mod opset;
@@ -14,6 +15,7 @@ pub use error::{Error, Kind, Result};
 
 #[cfg(feature = "python")]
 mod bindings {
+    use std::collections::HashMap;
     use std::path::PathBuf;
 
     use bytes::Bytes;
@@ -21,9 +23,10 @@ mod bindings {
     use pyo3::create_exception;
     use pyo3::exceptions::PyException;
     use pyo3::prelude::*;
-    use pyo3::types::PyBytes;
+    use pyo3::types::{PyBool, PyBytes, PyDict};
 
-    use crate::{compose, model, Error, Keep, Kind, Options};
+    use crate::proto::ModelProto;
+    use crate::{external, model, Error, Keep, Kind, Options};
 
     create_exception!(_core, FastseqError, PyException, "Base class of every fastseq error.");
     create_exception!(_core, LoadError, FastseqError, "A source is not a usable ONNX model.");
@@ -40,10 +43,12 @@ mod bindings {
         }
     }
 
-    /// A model source: serialized bytes (copied once, under the GIL) or a path (mmapped).
+    /// A model source: serialized bytes (copied once, under the GIL) or a path (mmapped,
+    /// external data resolved in place beside it).
     enum Source {
         Bytes(Bytes),
         Path(PathBuf),
+        Model(ModelProto),
     }
 
     impl<'a, 'py> FromPyObject<'a, 'py> for Source {
@@ -52,41 +57,138 @@ mod bindings {
             if let Ok(b) = ob.cast::<PyBytes>() {
                 return Ok(Source::Bytes(Bytes::copy_from_slice(b.as_bytes())));
             }
+            if let Ok(c) = ob.cast::<Composed>() {
+                // Names are copied; weights are shared slices.
+                return Ok(Source::Model(c.get().model.clone()));
+            }
             Ok(Source::Path(ob.extract::<PathBuf>()?))
         }
     }
 
-    fn load(label: &str, src: Source) -> crate::Result<crate::proto::ModelProto> {
-        let data = match src {
-            Source::Bytes(b) => b,
-            Source::Path(p) => model::read_path(&p).map_err(|e| Error::load(format!("{label}: {}", e.message)))?,
-        };
-        model::decode(label, data)
+    fn load(label: &str, src: Source) -> crate::Result<ModelProto> {
+        match src {
+            Source::Model(m) => Ok(m),
+            Source::Bytes(b) => {
+                let mut m = model::decode(label, b)?;
+                if external::has_external(&mut m) {
+                    return Err(Error::load(format!(
+                        "{label}: the model keeps its weights in external data files; pass it as a path \
+                         so that they can be found beside it"
+                    )));
+                }
+                Ok(m)
+            }
+            Source::Path(p) => {
+                let data = model::read_path(&p)?;
+                let mut m = model::decode(label, data)?;
+                let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+                external::resolve(&mut m, base, label)?;
+                Ok(m)
+            }
+        }
     }
 
-    fn load_all(sources: Vec<Source>, labels: &[String]) -> crate::Result<Vec<crate::proto::ModelProto>> {
+    fn load_all(sources: Vec<Source>, labels: &[String]) -> crate::Result<Vec<ModelProto>> {
         use rayon::prelude::*;
-        sources
-            .into_par_iter()
-            .zip(labels.par_iter())
-            .map(|(s, l)| load(l, s))
-            .collect()
+        sources.into_par_iter().zip(labels.par_iter()).map(|(s, l)| load(l, s)).collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn options(
-        io_maps: Option<Vec<Vec<(String, String)>>>,
-        keep_outputs: Option<Bound<'_, PyAny>>,
-        prefixes: Option<Vec<Option<String>>>,
-        inputs: Option<Vec<String>>,
-        outputs: Option<Vec<String>>,
-        ir_version: Option<i64>,
-        meta: Option<std::collections::HashMap<String, String>>,
-        model_version: Option<i64>,
-    ) -> PyResult<Options> {
-        let keep_outputs = match keep_outputs {
+    /// A model held by the core: decoded once, weights as slices of the sources' memory maps.
+    #[pyclass(frozen, module = "fastseq._core")]
+    struct Composed {
+        model: ModelProto,
+    }
+
+    #[pymethods]
+    impl Composed {
+        /// Size of the serialized model in bytes (weights inline).
+        fn encoded_len(&self) -> usize {
+            self.model.encoded_len()
+        }
+
+        /// The serialized model.
+        fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+            PyBytes::new_with(py, self.model.encoded_len(), |buf| {
+                py.detach(|| model::encode_into(&self.model, buf)).map_err(to_py)
+            })
+        }
+
+        /// Writes the model to `path` atomically. `external_data`: True puts tensors of at
+        /// least `threshold` bytes in a data file beside it, False keeps them inline, None
+        /// decides by size (external above the 2 GB protobuf limit). Returns a dict with
+        /// the bytes written and the data file's name.
+        #[pyo3(signature = (path, external_data=None, threshold=1024))]
+        fn save<'py>(
+            &self,
+            py: Python<'py>,
+            path: PathBuf,
+            external_data: Option<bool>,
+            threshold: usize,
+        ) -> PyResult<Bound<'py, PyDict>> {
+            let external = external_data.unwrap_or_else(|| self.model.encoded_len() as u64 >= PROTOBUF_LIMIT);
+            let (model_len, data_len, data_name) = py
+                .detach(|| {
+                    if external {
+                        external::write_with_external(&self.model, &path, threshold).map(|(a, b, n)| (a, b, Some(n)))
+                    } else if self.model.encoded_len() as u64 >= PROTOBUF_LIMIT {
+                        Err(Error::export(format!(
+                            "{}: the model is {} bytes, over the 2 GB protobuf limit: it needs external data",
+                            path.display(),
+                            self.model.encoded_len()
+                        )))
+                    } else {
+                        model::write_atomic(&self.model, &path).map(|n| (n, 0, None))
+                    }
+                })
+                .map_err(to_py)?;
+            let d = PyDict::new(py);
+            d.set_item("model_bytes", model_len)?;
+            d.set_item("data_bytes", data_len)?;
+            d.set_item("data_file", data_name)?;
+            Ok(d)
+        }
+
+        /// The model serialized without its initializers of at least `threshold` bytes.
+        #[pyo3(signature = (threshold=1024))]
+        fn stripped_bytes<'py>(&self, py: Python<'py>, threshold: usize) -> PyResult<Bound<'py, PyBytes>> {
+            let stripped = py.detach(|| model::strip_weights(&self.model, threshold));
+            PyBytes::new_with(py, stripped.encoded_len(), |buf| model::encode_into(&stripped, buf).map_err(to_py))
+        }
+
+        /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
+        fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
+            let data = Bytes::copy_from_slice(stripped);
+            let model = py
+                .detach(|| model::restore_weights(model::decode(label, data)?, &self.model, label))
+                .map_err(to_py)?;
+            Ok(Composed { model })
+        }
+
+        /// Inputs, outputs, opsets, counts and sizes.
+        fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let s = model::summary(&self.model);
+            let d = PyDict::new(py);
+            d.set_item("ir_version", s.ir_version)?;
+            d.set_item("producer", s.producer)?;
+            d.set_item("opsets", s.opsets)?;
+            d.set_item("inputs", s.inputs)?;
+            d.set_item("outputs", s.outputs)?;
+            d.set_item("nodes", s.nodes)?;
+            d.set_item("initializers", s.initializers)?;
+            d.set_item("weight_bytes", s.weight_bytes)?;
+            d.set_item("functions", s.functions)?;
+            d.set_item("encoded_len", s.encoded_len)?;
+            Ok(d)
+        }
+    }
+
+    /// C++ protobuf (onnx, ONNX Runtime) cannot parse a message of 2 GiB or more.
+    const PROTOBUF_LIMIT: u64 = (2u64 << 30) - (16 << 20);
+
+    fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
+        Ok(match k {
             None => Keep::Last,
-            Some(k) if k.is_instance_of::<pyo3::types::PyBool>() => {
+            Some(k) if k.is_instance_of::<PyBool>() => {
                 if k.extract::<bool>()? {
                     Keep::Unconsumed
                 } else {
@@ -94,11 +196,34 @@ mod bindings {
                 }
             }
             Some(k) => Keep::Names(k.extract::<Vec<String>>()?),
-        };
+        })
+    }
+
+    /// Loads and composes the models; every argument but the sources is optional.
+    #[pyfunction(name = "compose")]
+    #[pyo3(signature = (sources, labels, io_maps=None, keep_outputs=None, prefixes=None, inputs=None,
+                        outputs=None, ir_version=None, meta=None, model_version=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn compose_models(
+        py: Python<'_>,
+        sources: Vec<Source>,
+        labels: Vec<String>,
+        io_maps: Option<Vec<Vec<(String, String)>>>,
+        keep_outputs: Option<Bound<'_, PyAny>>,
+        prefixes: Option<Vec<Option<String>>>,
+        inputs: Option<Vec<String>>,
+        outputs: Option<Vec<String>>,
+        ir_version: Option<i64>,
+        meta: Option<HashMap<String, String>>,
+        model_version: Option<i64>,
+    ) -> PyResult<Composed> {
+        if sources.len() != labels.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
+        }
         let meta = meta.unwrap_or_default();
-        Ok(Options {
+        let opts = Options {
             io_maps,
-            keep_outputs,
+            keep_outputs: self::keep_outputs(keep_outputs)?,
             prefixes: prefixes.unwrap_or_default(),
             inputs,
             outputs,
@@ -109,78 +234,40 @@ mod bindings {
             producer_version: meta.get("producer_version").cloned(),
             domain: meta.get("domain").cloned(),
             model_version,
-        })
+        };
+        let model = py
+            .detach(|| load_all(sources, &labels).and_then(|ms| crate::compose::compose(ms, &labels, &opts)))
+            .map_err(to_py)?;
+        Ok(Composed { model })
     }
 
-    /// Composes the models and returns the merged model's serialized bytes.
+    /// Loads one model (external data resolved) without composing it.
     #[pyfunction]
-    #[pyo3(signature = (sources, labels, io_maps=None, keep_outputs=None, prefixes=None, inputs=None,
-                        outputs=None, ir_version=None, meta=None, model_version=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn compose_bytes<'py>(
-        py: Python<'py>,
-        sources: Vec<Source>,
-        labels: Vec<String>,
-        io_maps: Option<Vec<Vec<(String, String)>>>,
-        keep_outputs: Option<Bound<'py, PyAny>>,
-        prefixes: Option<Vec<Option<String>>>,
-        inputs: Option<Vec<String>>,
-        outputs: Option<Vec<String>>,
-        ir_version: Option<i64>,
-        meta: Option<std::collections::HashMap<String, String>>,
-        model_version: Option<i64>,
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        check_labels(&sources, &labels)?;
-        let opts = options(io_maps, keep_outputs, prefixes, inputs, outputs, ir_version, meta, model_version)?;
-        let merged = py.detach(|| load_all(sources, &labels).and_then(|ms| compose(ms, &labels, &opts))).map_err(to_py)?;
-        let len = merged.encoded_len();
-        PyBytes::new_with(py, len, |buf| py.detach(|| model::encode_into(&merged, buf)).map_err(to_py))
+    #[pyo3(signature = (source, label=None))]
+    fn load_model(py: Python<'_>, source: Source, label: Option<String>) -> PyResult<Composed> {
+        let label = label.unwrap_or_else(|| match &source {
+            Source::Path(p) => p.display().to_string(),
+            Source::Bytes(_) | Source::Model(_) => "model".to_string(),
+        });
+        let model = py.detach(|| load(&label, source)).map_err(to_py)?;
+        Ok(Composed { model })
     }
 
-    /// Composes the models and writes the result to `path` atomically; returns its size.
-    #[pyfunction]
-    #[pyo3(signature = (sources, labels, path, io_maps=None, keep_outputs=None, prefixes=None, inputs=None,
-                        outputs=None, ir_version=None, meta=None, model_version=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn compose_to_file<'py>(
-        py: Python<'py>,
-        sources: Vec<Source>,
-        labels: Vec<String>,
-        path: PathBuf,
-        io_maps: Option<Vec<Vec<(String, String)>>>,
-        keep_outputs: Option<Bound<'py, PyAny>>,
-        prefixes: Option<Vec<Option<String>>>,
-        inputs: Option<Vec<String>>,
-        outputs: Option<Vec<String>>,
-        ir_version: Option<i64>,
-        meta: Option<std::collections::HashMap<String, String>>,
-        model_version: Option<i64>,
-    ) -> PyResult<u64> {
-        check_labels(&sources, &labels)?;
-        let opts = options(io_maps, keep_outputs, prefixes, inputs, outputs, ir_version, meta, model_version)?;
-        py.detach(|| {
-            let merged = compose(load_all(sources, &labels)?, &labels, &opts)?;
-            model::write_atomic(&merged, &path)
-        })
-        .map_err(to_py)
-    }
-
-    /// The external-data files that the model at `path` refers to.
+    /// The external-data files that the model at `path` refers to (not opened).
     #[pyfunction]
     fn external_data_locations(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
         py.detach(|| {
             let label = path.display().to_string();
-            let m = load(&label, Source::Path(path))?;
+            let m = model::decode(&label, model::read_path(&path)?)?;
             Ok(model::external_locations(&m))
         })
         .map_err(to_py)
     }
 
-    fn check_labels(sources: &[Source], labels: &[String]) -> PyResult<()> {
-        if sources.len() != labels.len() {
-            return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
-        }
-        Ok(())
+    /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
+    #[pyfunction]
+    fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
+        crate::names::did_you_mean(name, candidates.iter().map(String::as_str))
     }
 
     #[pymodule]
@@ -192,10 +279,13 @@ mod bindings {
         m.add("OpsetMismatchError", py.get_type::<OpsetMismatchError>())?;
         m.add("ExportError", py.get_type::<ExportError>())?;
         m.add("MAX_IR_VERSION", model::MAX_IR_VERSION)?;
+        m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-        m.add_function(wrap_pyfunction!(compose_bytes, m)?)?;
-        m.add_function(wrap_pyfunction!(compose_to_file, m)?)?;
+        m.add_class::<Composed>()?;
+        m.add_function(wrap_pyfunction!(compose_models, m)?)?;
+        m.add_function(wrap_pyfunction!(load_model, m)?)?;
         m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
+        m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
         Ok(())
     }
 }

@@ -92,13 +92,13 @@ pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
     })
 }
 
-fn temp_path(path: &Path) -> PathBuf {
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let unique = format!(".{name}.{}.{}.tmp", std::process::id(), nanos());
     path.with_file_name(unique)
 }
 
-fn nanos() -> u128 {
+pub(crate) fn nanos() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -239,4 +239,128 @@ pub fn external_locations(model: &ModelProto) -> Vec<String> {
         graph(g, &mut out);
     }
     out
+}
+
+/// A short description of a model, for `fastseq inspect` and `repr`.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub ir_version: i64,
+    pub producer: String,
+    pub opsets: Vec<(String, i64)>,
+    pub inputs: Vec<(String, String, Vec<String>)>,
+    pub outputs: Vec<(String, String, Vec<String>)>,
+    pub nodes: usize,
+    pub initializers: usize,
+    pub weight_bytes: u64,
+    pub functions: usize,
+    pub encoded_len: u64,
+}
+
+fn io_info(vi: &crate::proto::ValueInfoProto) -> (String, String, Vec<String>) {
+    use crate::proto::tensor_shape_proto::dimension::Value as Dim;
+    use crate::proto::type_proto::Value;
+    let name = vi.name.clone().unwrap_or_default();
+    match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(Value::TensorType(t)) => {
+            let dims = t
+                .shape
+                .as_ref()
+                .map(|s| {
+                    s.dim
+                        .iter()
+                        .map(|d| match &d.value {
+                            Some(Dim::DimValue(v)) => v.to_string(),
+                            Some(Dim::DimParam(p)) => p.clone(),
+                            None => "?".into(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            (name, crate::compose::elem_type_name(t.elem_type.unwrap_or(0)), dims)
+        }
+        Some(_) => (name, "non-tensor".into(), Vec::new()),
+        None => (name, "?".into(), Vec::new()),
+    }
+}
+
+pub fn summary(model: &ModelProto) -> Summary {
+    fn count(g: &GraphProto, s: &mut Summary) {
+        s.nodes += g.node.len();
+        for t in &g.initializer {
+            s.initializers += 1;
+            s.weight_bytes += t.raw_data.as_ref().map_or(0, |r| r.len() as u64);
+            s.weight_bytes += t
+                .external_data
+                .iter()
+                .find(|e| e.key.as_deref() == Some("length"))
+                .and_then(|e| e.value.as_deref()?.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        for n in &g.node {
+            for a in &n.attribute {
+                a.g.iter().chain(a.graphs.iter()).for_each(|sub| count(sub, s));
+                s.weight_bytes += a.t.as_ref().and_then(|t| t.raw_data.as_ref()).map_or(0, |r| r.len() as u64);
+            }
+        }
+    }
+    let mut s = Summary {
+        ir_version: model.ir_version.unwrap_or(0),
+        producer: format!("{} {}", model.producer_name(), model.producer_version()).trim().to_string(),
+        opsets: model
+            .opset_import
+            .iter()
+            .map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(0)))
+            .collect(),
+        functions: model.functions.len(),
+        encoded_len: model.encoded_len() as u64,
+        ..Default::default()
+    };
+    if let Some(g) = &model.graph {
+        s.inputs = g.input.iter().map(io_info).collect();
+        s.outputs = g.output.iter().map(io_info).collect();
+        count(g, &mut s);
+    }
+    s
+}
+
+/// A copy of `model` whose main-graph initializers of at least `threshold` bytes have no
+/// data: what a tool that only reads the structure (the opset converter) needs.
+pub fn strip_weights(model: &ModelProto, threshold: usize) -> ModelProto {
+    let mut m = model.clone();
+    if let Some(g) = m.graph.as_mut() {
+        for t in &mut g.initializer {
+            if t.raw_data.as_ref().is_some_and(|r| r.len() >= threshold) {
+                t.raw_data = None;
+            }
+        }
+    }
+    m
+}
+
+/// Puts back the weights that [`strip_weights`] took out, by initializer name, from
+/// `original` (slices of the same buffers: nothing is copied).
+pub fn restore_weights(mut stripped: ModelProto, original: &ModelProto, label: &str) -> Result<ModelProto> {
+    let Some(src) = original.graph.as_ref() else { return Ok(stripped) };
+    let weights: std::collections::HashMap<&str, &Bytes> = src
+        .initializer
+        .iter()
+        .filter_map(|t| Some((t.name.as_deref()?, t.raw_data.as_ref()?)))
+        .collect();
+    if let Some(g) = stripped.graph.as_mut() {
+        for t in &mut g.initializer {
+            if t.raw_data.is_none() && t.float_data.is_empty() && t.int32_data.is_empty() && t.int64_data.is_empty() {
+                match weights.get(t.name()) {
+                    Some(raw) => t.raw_data = Some((*raw).clone()),
+                    None if t.dims.iter().product::<i64>() == 0 => {}
+                    None => {
+                        return Err(Error::load(format!(
+                            "{label}: after conversion, initializer '{}' has no weights to restore",
+                            t.name()
+                        )))
+                    }
+                }
+            }
+        }
+    }
+    Ok(stripped)
 }

@@ -1,0 +1,5 @@
+import sys
+
+from fastseq.cli import main
+
+sys.exit(main())

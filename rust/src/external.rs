@@ -1,0 +1,250 @@
+//! External data: tensors whose bytes live in a file beside the model.
+//!
+//! Reading: each `location` is untrusted. It must be a relative path inside the model's
+//! folder (no absolute path, no `..`, no symlink leading out), and its offset and length
+//! must lie inside the file. The bytes are then a slice of a memory map of that file, so
+//! reading a model "in place" copies nothing.
+//!
+//! Writing: large tensors go to one data file written next to the model. Both files are
+//! written under temporary names and renamed; the data file's name carries a token, so an
+//! interrupted export never pairs a new data file with an old model or the reverse.
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Component, Path, PathBuf};
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+use crate::proto::{tensor_proto::DataLocation, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
+
+fn for_each_tensor(g: &mut GraphProto, f: &mut impl FnMut(&mut TensorProto) -> Result<()>) -> Result<()> {
+    for t in &mut g.initializer {
+        f(t)?;
+    }
+    for s in &mut g.sparse_initializer {
+        if let Some(t) = s.values.as_mut() {
+            f(t)?;
+        }
+        if let Some(t) = s.indices.as_mut() {
+            f(t)?;
+        }
+    }
+    for n in &mut g.node {
+        for a in &mut n.attribute {
+            if let Some(t) = a.t.as_mut() {
+                f(t)?;
+            }
+            for t in &mut a.tensors {
+                f(t)?;
+            }
+            if let Some(sub) = a.g.as_mut() {
+                for_each_tensor(sub, f)?;
+            }
+            for sub in &mut a.graphs {
+                for_each_tensor(sub, f)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn is_external(t: &TensorProto) -> bool {
+    t.data_location == Some(DataLocation::External as i32)
+}
+
+pub fn has_external(model: &mut ModelProto) -> bool {
+    let mut found = false;
+    if let Some(g) = model.graph.as_mut() {
+        let _ = for_each_tensor(g, &mut |t| {
+            found |= is_external(t);
+            Ok(())
+        });
+    }
+    found
+}
+
+/// Checks `location` and returns the file it names inside `base`.
+pub fn safe_location(base: &Path, location: &str) -> Result<PathBuf> {
+    let rel = Path::new(location);
+    let bad = location.is_empty()
+        || rel.is_absolute()
+        || location.starts_with('/')
+        || location.starts_with('\\')
+        || location.contains('\0')
+        || rel.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if bad {
+        return Err(Error::load(format!(
+            "external data location '{location}' is refused: it must be a relative path inside the model's folder"
+        )));
+    }
+    let path = base.join(rel);
+    let real_base = base
+        .canonicalize()
+        .map_err(|e| Error::load(format!("cannot resolve the model's folder {}: {e}", base.display())))?;
+    let real = path
+        .canonicalize()
+        .map_err(|e| Error::load(format!("external data file '{location}' cannot be opened: {e}")))?;
+    if !real.starts_with(&real_base) {
+        return Err(Error::load(format!(
+            "external data location '{location}' is refused: it resolves outside the model's folder (through a link)"
+        )));
+    }
+    Ok(real)
+}
+
+fn entry<'a>(t: &'a TensorProto, key: &str) -> Option<&'a str> {
+    t.external_data.iter().find(|e| e.key.as_deref() == Some(key)).and_then(|e| e.value.as_deref())
+}
+
+fn parse_u64(t: &TensorProto, key: &str) -> Result<Option<u64>> {
+    entry(t, key)
+        .map(|v| {
+            v.parse::<u64>().map_err(|_| {
+                Error::load(format!("tensor '{}': external data {key} '{v}' is not a number", t.name()))
+            })
+        })
+        .transpose()
+}
+
+/// Replaces every external tensor of `model` by a slice of its (memory-mapped) data file.
+pub fn resolve(model: &mut ModelProto, base: &Path, label: &str) -> Result<()> {
+    let mut maps: HashMap<PathBuf, Bytes> = HashMap::new();
+    let Some(g) = model.graph.as_mut() else { return Ok(()) };
+    for_each_tensor(g, &mut |t| {
+        if !is_external(t) {
+            return Ok(());
+        }
+        let with_label = |e: Error| Error::load(format!("{label}: {}", e.message));
+        let location = entry(t, "location")
+            .ok_or_else(|| Error::load(format!("{label}: tensor '{}' is external but has no location", t.name())))?
+            .to_string();
+        let path = safe_location(base, &location).map_err(with_label)?;
+        let data = match maps.get(&path) {
+            Some(d) => d.clone(),
+            None => {
+                let d = crate::model::read_path(&path).or_else(|e| {
+                    // An empty data file is valid when every tensor in it is empty.
+                    if fs::metadata(&path).map(|m| m.len() == 0).unwrap_or(false) {
+                        Ok(Bytes::new())
+                    } else {
+                        Err(e)
+                    }
+                })?;
+                maps.insert(path.clone(), d.clone());
+                d
+            }
+        };
+        let offset = parse_u64(t, "offset").map_err(with_label)?.unwrap_or(0);
+        let length = parse_u64(t, "length").map_err(with_label)?;
+        let size = data.len() as u64;
+        let end = match length {
+            Some(len) => offset.checked_add(len),
+            None => Some(size),
+        };
+        match end {
+            Some(end) if offset <= size && end <= size => {
+                t.raw_data = Some(data.slice(offset as usize..end as usize));
+            }
+            _ => {
+                return Err(Error::load(format!(
+                    "{label}: tensor '{}': external data offset {offset} length {} lies past the end of '{location}' ({size} bytes)",
+                    t.name(),
+                    length.map_or("(to end)".to_string(), |l| l.to_string())
+                )))
+            }
+        }
+        t.external_data.clear();
+        t.data_location = None;
+        Ok(())
+    })
+}
+
+fn kv(key: &str, value: String) -> StringStringEntryProto {
+    StringStringEntryProto { key: Some(key.into()), value: Some(value) }
+}
+
+const ALIGN: u64 = 4096;
+
+/// Writes `model` to `path` with every tensor of at least `threshold` bytes in one data file
+/// beside it; returns (model bytes, data bytes, data file name). Atomic as described above.
+pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
+    let token = format!("{:08x}", (crate::model::nanos() as u64 ^ std::process::id() as u64) & 0xffff_ffff);
+    let data_name = format!("{name}.{token}.data");
+    let data_path = path.with_file_name(&data_name);
+    let data_tmp = crate::model::temp_path(&data_path);
+    let old_data = previous_data_files(path);
+
+    let mut header = model.clone();
+    let result = (|| -> std::io::Result<(u64, u64)> {
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp)?);
+        let mut offset = 0u64;
+        if let Some(g) = header.graph.as_mut() {
+            let mut io_err = None;
+            let _ = for_each_tensor(g, &mut |t| {
+                let Some(raw) = t.raw_data.as_ref() else { return Ok(()) };
+                if raw.len() < threshold || io_err.is_some() {
+                    return Ok(());
+                }
+                let pad = (ALIGN - offset % ALIGN) % ALIGN;
+                let step = out.write_all(&vec![0u8; pad as usize]).and_then(|_| out.write_all(raw));
+                if let Err(e) = step {
+                    io_err = Some(e);
+                    return Ok(());
+                }
+                offset += pad;
+                t.external_data = vec![
+                    kv("location", data_name.clone()),
+                    kv("offset", offset.to_string()),
+                    kv("length", raw.len().to_string()),
+                ];
+                offset += raw.len() as u64;
+                t.raw_data = None;
+                t.data_location = Some(DataLocation::External as i32);
+                Ok(())
+            });
+            if let Some(e) = io_err {
+                return Err(e);
+            }
+        }
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok((0, offset))
+    })();
+    let (_, data_len) = result.map_err(|e| {
+        let _ = fs::remove_file(&data_tmp);
+        Error::export(format!("cannot write {}: {e}", data_path.display()))
+    })?;
+    if let Err(e) = fs::rename(&data_tmp, &data_path) {
+        let _ = fs::remove_file(&data_tmp);
+        return Err(Error::export(format!("cannot write {}: {e}", data_path.display())));
+    }
+    match crate::model::write_atomic(&header, path) {
+        Ok(n) => {
+            // The new pair is in place; the data files of earlier exports are not referenced.
+            for old in old_data {
+                if old != data_path {
+                    let _ = fs::remove_file(old);
+                }
+            }
+            Ok((n, data_len, data_name))
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&data_path);
+            Err(e)
+        }
+    }
+}
+
+/// Data files an earlier export wrote for the model now at `path`.
+fn previous_data_files(path: &Path) -> Vec<PathBuf> {
+    let Ok(data) = crate::model::read_path(path) else { return Vec::new() };
+    let Ok(model) = <ModelProto as prost::Message>::decode(data) else { return Vec::new() };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    crate::model::external_locations(&model)
+        .into_iter()
+        .filter(|l| l.starts_with(&format!("{name}.")) && l.ends_with(".data") && !l.contains('/'))
+        .map(|l| path.with_file_name(l))
+        .collect()
+}
