@@ -34,7 +34,7 @@ MAX_DOWNLOAD = int(os.environ.get("FASTSEQ_MAX_DOWNLOAD", str(16 << 30)))
 class Resolved:
     """What the core reads: ``data`` is serialized bytes or a local path."""
 
-    data: bytes | str | _core.Composed
+    data: bytes | str | tuple[str, str] | _core.Composed
     label: str
 
 
@@ -92,7 +92,11 @@ def resolve(
 ) -> Resolved:
     """Resolves any source, downloading URLs and Hub ids into the cache."""
     if isinstance(model, str) and model.startswith("hf://"):
-        return Resolved(str(hub_download(model, cache_dir, force_download, token)), model)
+        path = hub_download(model, cache_dir, force_download, token)
+        # The Hub cache links snapshot files into blobs/: external data may resolve anywhere
+        # in the repo's cache folder, and nowhere else.
+        repo_root = path.parents[len(Path(parse_hub_id(model).filename).parts)]
+        return Resolved((str(path), str(repo_root.parent)), model)
     if isinstance(model, str) and model.startswith(("http://", "https://")):
         path = url_download(model, cache_dir, force_download)
         return Resolved(str(path), model.rsplit("/", 1)[-1] or model)
@@ -135,6 +139,8 @@ def hub_download(
     hub = parse_hub_id(ref)
     kwargs = dict(
         repo_id=hub.repo_id,
+        # Read at call time, so that HF_ENDPOINT set after import is honoured too.
+        endpoint=os.environ.get("HF_ENDPOINT") or None,
         revision=hub.revision,
         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
         force_download=force_download,
@@ -166,9 +172,9 @@ def check_sha256(path: Path, expected: str, source: str) -> None:
 
 
 def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or os.environ.get(
-        "FASTSEQ_OFFLINE", ""
-    ).lower() in ("1", "true", "yes")
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode() or os.environ.get("FASTSEQ_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
 def url_cache_path(url: str, cache_dir: str | os.PathLike[str] | None) -> Path:

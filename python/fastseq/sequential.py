@@ -163,7 +163,7 @@ class ONNXSequential:
         infos = self.inputs
         if inputs and named:
             raise InputError("pass inputs either by position or by name, not both")
-        if inputs:
+        if inputs or not named:
             if len(inputs) != len(infos):
                 raise InputError(
                     f"expected {len(infos)} input{'s' if len(infos) != 1 else ''} "
@@ -254,7 +254,7 @@ def _check_feeds(feeds: Mapping[str, Any], infos: list[TensorInfo]) -> dict[str,
     checked: dict[str, np.ndarray] = {}
     for name, value in feeds.items():
         info = by_name[name]
-        array = _as_array(value)
+        array = _as_array(value, info.dtype)
         if info.dtype is not None and array.dtype != info.dtype and not (
             info.dtype.kind == "U" and array.dtype.kind in "UO"
         ):
@@ -272,9 +272,10 @@ def _check_feeds(feeds: Mapping[str, Any], infos: list[TensorInfo]) -> dict[str,
     return checked
 
 
-def _as_array(value: Any) -> np.ndarray:
+def _as_array(value: Any, dtype: np.dtype | None) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, as kornia takes
         return value.detach().cpu().numpy()
-    return np.asarray(value)
+    # Lists and scalars carry no dtype of their own: they take the input's.
+    return np.asarray(value, dtype=dtype)

@@ -64,8 +64,9 @@ pub fn has_external(model: &mut ModelProto) -> bool {
     found
 }
 
-/// Checks `location` and returns the file it names inside `base`.
-pub fn safe_location(base: &Path, location: &str) -> Result<PathBuf> {
+/// Checks `location` (relative to `base`) and returns the file it names, which must
+/// resolve, links followed, inside `root`.
+pub fn safe_location(base: &Path, root: &Path, location: &str) -> Result<PathBuf> {
     let rel = Path::new(location);
     let bad = location.is_empty()
         || rel.is_absolute()
@@ -79,9 +80,9 @@ pub fn safe_location(base: &Path, location: &str) -> Result<PathBuf> {
         )));
     }
     let path = base.join(rel);
-    let real_base = base
+    let real_base = root
         .canonicalize()
-        .map_err(|e| Error::load(format!("cannot resolve the model's folder {}: {e}", base.display())))?;
+        .map_err(|e| Error::load(format!("cannot resolve the model's folder {}: {e}", root.display())))?;
     let real = path
         .canonicalize()
         .map_err(|e| Error::load(format!("external data file '{location}' cannot be opened: {e}")))?;
@@ -108,7 +109,8 @@ fn parse_u64(t: &TensorProto, key: &str) -> Result<Option<u64>> {
 }
 
 /// Replaces every external tensor of `model` by a slice of its (memory-mapped) data file.
-pub fn resolve(model: &mut ModelProto, base: &Path, label: &str) -> Result<()> {
+/// Locations are relative to `base` and must resolve inside `root`.
+pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str) -> Result<()> {
     let mut maps: HashMap<PathBuf, Bytes> = HashMap::new();
     let Some(g) = model.graph.as_mut() else { return Ok(()) };
     for_each_tensor(g, &mut |t| {
@@ -119,7 +121,7 @@ pub fn resolve(model: &mut ModelProto, base: &Path, label: &str) -> Result<()> {
         let location = entry(t, "location")
             .ok_or_else(|| Error::load(format!("{label}: tensor '{}' is external but has no location", t.name())))?
             .to_string();
-        let path = safe_location(base, &location).map_err(with_label)?;
+        let path = safe_location(base, root, &location).map_err(with_label)?;
         let data = match maps.get(&path) {
             Some(d) => d.clone(),
             None => {

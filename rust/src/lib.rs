@@ -47,7 +47,9 @@ mod bindings {
     /// external data resolved in place beside it).
     enum Source {
         Bytes(Bytes),
-        Path(PathBuf),
+        /// A model file, and the folder its external data may resolve into (default: the
+        /// file's own folder; a Hub cache's repo folder, whose files are links into blobs/).
+        Path(PathBuf, Option<PathBuf>),
         Model(ModelProto),
     }
 
@@ -61,7 +63,10 @@ mod bindings {
                 // Names are copied; weights are shared slices.
                 return Ok(Source::Model(c.get().model.clone()));
             }
-            Ok(Source::Path(ob.extract::<PathBuf>()?))
+            if let Ok((path, root)) = ob.extract::<(PathBuf, PathBuf)>() {
+                return Ok(Source::Path(path, Some(root)));
+            }
+            Ok(Source::Path(ob.extract::<PathBuf>()?, None))
         }
     }
 
@@ -78,11 +83,11 @@ mod bindings {
                 }
                 Ok(m)
             }
-            Source::Path(p) => {
+            Source::Path(p, root) => {
                 let data = model::read_path(&p)?;
                 let mut m = model::decode(label, data)?;
                 let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-                external::resolve(&mut m, base, label)?;
+                external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label)?;
                 Ok(m)
             }
         }
@@ -246,7 +251,7 @@ mod bindings {
     #[pyo3(signature = (source, label=None))]
     fn load_model(py: Python<'_>, source: Source, label: Option<String>) -> PyResult<Composed> {
         let label = label.unwrap_or_else(|| match &source {
-            Source::Path(p) => p.display().to_string(),
+            Source::Path(p, _) => p.display().to_string(),
             Source::Bytes(_) | Source::Model(_) => "model".to_string(),
         });
         let model = py.detach(|| load(&label, source)).map_err(to_py)?;

@@ -1,0 +1,99 @@
+"""Real HTTP servers on 127.0.0.1 for download tests: a static file server and a stand-in
+for the Hugging Face Hub that answers what hf_hub_download asks."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class _Server:
+    def __init__(self, handler_factory):
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.fail_next = 0  # answer this many requests with 503 first
+        self.truncate = False  # send half the body with the full Content-Length
+        server = self
+
+        class Handler(handler_factory):
+            owner = server
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def count(self, method: str = "GET", path_part: str = "") -> int:
+        return sum(1 for m, p, _ in self.requests if m == method and path_part in p)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _FileHandler(BaseHTTPRequestHandler):
+    owner: _Server
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _resolve(self) -> tuple[Path | None, dict[str, str]]:
+        raise NotImplementedError
+
+    def _answer(self, body: bool) -> None:
+        self.owner.requests.append((self.command, self.path, dict(self.headers)))
+        if self.owner.fail_next > 0:
+            self.owner.fail_next -= 1
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, headers = self._resolve()
+        if path is None or not path.is_file():
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = path.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if body:
+            self.wfile.write(data[: len(data) // 2] if self.owner.truncate else data)
+
+    def do_GET(self) -> None:
+        self._answer(True)
+
+    def do_HEAD(self) -> None:
+        self._answer(False)
+
+
+def serve_files(root: Path) -> _Server:
+    """GET /<path> answers the file root/<path>."""
+
+    class Handler(_FileHandler):
+        def _resolve(self):
+            return root / self.path.lstrip("/").split("?")[0], {}
+
+    return _Server(Handler)
+
+
+def serve_hub(root: Path) -> _Server:
+    """GET/HEAD /{org}/{repo}/resolve/{revision}/{path} answers root/org/repo/path, or
+    root/org/repo@revision/path for a revision other than main."""
+
+    class Handler(_FileHandler):
+        def _resolve(self):
+            parts = self.path.split("?")[0].lstrip("/").split("/")
+            if len(parts) < 5 or parts[2] != "resolve":
+                return None, {}
+            org, repo, _, revision, *rest = parts
+            folder = f"{repo}" if revision == "main" else f"{repo}@{revision}"
+            commit = hashlib.sha1(f"{org}/{repo}@{revision}".encode()).hexdigest()
+            return root / org / folder / "/".join(rest), {"X-Repo-Commit": commit}
+
+    return _Server(Handler)

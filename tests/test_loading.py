@@ -1,0 +1,165 @@
+"""Every way to name a model: ModelProto, bytes, paths, URLs and hf:// ids, downloaded from
+real HTTP servers on 127.0.0.1 (huggingface_hub pointed at one through HF_ENDPOINT)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import fastseq
+from conftest import scale_model
+from fastseq import loader
+from servers import serve_files, serve_hub
+
+X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+WANT = np.maximum(np.maximum(X * 2, 0) * 3, 0)
+
+
+@pytest.fixture
+def files(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    onnx.save(scale_model(2.0), root / "a.onnx")
+    onnx.save(scale_model(3.0), root / "b.onnx")
+    server = serve_files(root)
+    yield server, root
+    server.close()
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    root = tmp_path / "hub"
+    (root / "kornia" / "ONNX_models" / "operators").mkdir(parents=True)
+    onnx.save(scale_model(2.0), root / "kornia" / "ONNX_models" / "operators" / "double.onnx")
+    (root / "acme" / "models" / "heads").mkdir(parents=True)
+    onnx.save(scale_model(3.0), root / "acme" / "models" / "heads" / "triple.onnx")
+    (root / "acme" / "models@v2").mkdir(parents=True)
+    onnx.save(scale_model(5.0), root / "acme" / "models@v2" / "triple.onnx")
+    server = serve_hub(root)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    yield server, root
+    server.close()
+
+
+def test_protos_bytes_paths_and_home_expansion(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    onnx.save(scale_model(3.0), tmp_path / "b.onnx")
+    for second in [scale_model(3.0).SerializeToString(), str(tmp_path / "b.onnx"), tmp_path / "b.onnx", "~/b.onnx",
+                   bytearray(scale_model(3.0).SerializeToString())]:
+        pipe = fastseq.ONNXSequential(scale_model(2.0), second)
+        np.testing.assert_allclose(pipe(X)[0], WANT)
+
+
+def test_urls_download_once_then_reuse_the_cache(files, tmp_path):
+    server, _ = files
+    cache = tmp_path / "cache"
+    pipe = fastseq.ONNXSequential(f"{server.url}/a.onnx", f"{server.url}/b.onnx", cache_dir=cache)
+    np.testing.assert_allclose(pipe(X)[0], WANT)
+    assert server.count("GET") == 2
+    fastseq.ONNXSequential(f"{server.url}/a.onnx", f"{server.url}/b.onnx", cache_dir=cache)
+    assert server.count("GET") == 2  # cached
+    fastseq.ONNXSequential(f"{server.url}/a.onnx", f"{server.url}/b.onnx", cache_dir=cache, force_download=True)
+    assert server.count("GET") == 4
+    assert not [p for p in cache.rglob("*") if p.name.endswith(".part")]
+
+
+def test_url_offline_uses_the_cache_or_says_why(files, tmp_path, monkeypatch):
+    server, _ = files
+    cache = tmp_path / "cache"
+    loader.url_download(f"{server.url}/a.onnx", cache)
+    monkeypatch.setenv("FASTSEQ_OFFLINE", "1")
+    assert loader.url_download(f"{server.url}/a.onnx", cache).exists()
+    with pytest.raises(fastseq.DownloadError, match="offline .* and not cached"):
+        loader.url_download(f"{server.url}/b.onnx", cache)
+
+
+def test_url_retries_with_backoff_then_succeeds(files, tmp_path):
+    server, _ = files
+    server.fail_next = 2
+    path = loader.url_download(f"{server.url}/a.onnx", tmp_path, retries=3)
+    assert onnx.load(str(path)).graph.name == "scale"
+    assert server.count("GET") == 3
+
+
+def test_url_failures_are_download_errors(files, tmp_path):
+    server, root = files
+    with pytest.raises(fastseq.DownloadError, match="HTTP Error 404"):
+        loader.url_download(f"{server.url}/missing.onnx", tmp_path)
+    assert server.count("GET", "missing") == 1  # a 404 is not retried
+    server.truncate = True
+    with pytest.raises(fastseq.DownloadError):
+        loader.url_download(f"{server.url}/a.onnx", tmp_path / "t", retries=2)
+    assert not list((tmp_path / "t").rglob("a.onnx"))  # nothing half-written is kept
+    server.truncate = False
+    with pytest.raises(fastseq.DownloadError, match="over the download limit"):
+        loader.url_download(f"{server.url}/a.onnx", tmp_path / "s", max_bytes=10)
+    with pytest.raises(fastseq.DownloadError, match="sha256 mismatch"):
+        loader.url_download(f"{server.url}/a.onnx#sha256=" + "0" * 64, tmp_path / "h")
+    good = hashlib.sha256((root / "a.onnx").read_bytes()).hexdigest()
+    assert loader.url_download(f"{server.url}/a.onnx#sha256={good}", tmp_path / "h").exists()
+
+
+def test_corrupt_cached_file_is_fetched_again(files, tmp_path):
+    server, root = files
+    good = hashlib.sha256((root / "a.onnx").read_bytes()).hexdigest()
+    path = loader.url_download(f"{server.url}/a.onnx", tmp_path)
+    path.write_bytes(b"corrupt")
+    again = loader.url_download(f"{server.url}/a.onnx", tmp_path, sha256=good)
+    assert again.read_bytes() == (root / "a.onnx").read_bytes()
+
+
+def test_hub_ids_resolve_like_kornia_and_with_org_repo_revision(hub, tmp_path):
+    server, _ = hub
+    cache = tmp_path / "hf-cache"
+    pipe = fastseq.ONNXSequential("hf://operators/double", "hf://acme/models/heads/triple.onnx", cache_dir=cache)
+    np.testing.assert_allclose(pipe(X)[0], WANT)
+    assert any("/kornia/ONNX_models/resolve/main/operators/double.onnx" in p for _, p, _ in server.requests)
+    assert list(cache.rglob("double.onnx")) and list(cache.rglob("triple.onnx"))
+    pinned = fastseq.ONNXSequential("hf://operators/double", "hf://acme/models@v2/triple.onnx", cache_dir=cache)
+    np.testing.assert_allclose(pinned(X)[0], np.maximum(np.maximum(X * 2, 0) * 5, 0))
+
+
+def test_hub_cache_offline_mode_force_download_and_token(hub, tmp_path, monkeypatch):
+    server, _ = hub
+    cache = tmp_path / "hf-cache"
+    fastseq.ONNXSequential("hf://operators/double", cache_dir=cache, token="secret-token")
+    assert any(h.get("authorization", h.get("Authorization")) == "Bearer secret-token" for _, _, h in server.requests)
+    gets = server.count("GET")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    fastseq.ONNXSequential("hf://operators/double", cache_dir=cache)
+    assert server.count("GET") == gets  # served from the cache without asking
+    with pytest.raises(fastseq.DownloadError, match="hf://operators/never_downloaded"):
+        fastseq.ONNXSequential("hf://operators/never_downloaded", cache_dir=cache)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    fastseq.ONNXSequential("hf://operators/double", cache_dir=cache, force_download=True)
+    assert server.count("GET") == gets + 1
+
+
+def test_hub_model_with_external_data_brings_its_companion(hub, tmp_path):
+    server, root = hub
+    big = scale_model(2.0, shape=(2, 512))
+    folder = root / "acme" / "models" / "ext"
+    folder.mkdir(parents=True)
+    onnx.save(big, folder / "big.onnx", save_as_external_data=True, location="big.weights", size_threshold=0)
+    assert (folder / "big.weights").exists()
+    pipe = fastseq.ONNXSequential("hf://acme/models/ext/big.onnx", cache_dir=tmp_path / "c")
+    x = np.ones((2, 512), np.float32)
+    np.testing.assert_allclose(pipe(x)[0], np.full((2, 512), 2.0, np.float32))
+    assert any(p.endswith("/ext/big.weights") for _, p, _ in server.requests)
+
+
+def test_hub_errors_name_the_id(hub, tmp_path):
+    with pytest.raises(fastseq.DownloadError, match="hf://acme/models/nope.onnx"):
+        fastseq.ONNXSequential("hf://acme/models/nope.onnx", cache_dir=tmp_path)
+    with pytest.raises(fastseq.LoadError, match="expected hf://org/repo/path/file.onnx"):
+        loader.parse_hub_id("hf://repo/file.onnx")
+    ref = loader.parse_hub_id("hf://org/repo@abc/d/f.onnx#sha256=" + "a" * 64)
+    assert (ref.repo_id, ref.filename, ref.revision, ref.sha256) == ("org/repo", "d/f.onnx", "abc", "a" * 64)
