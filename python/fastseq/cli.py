@@ -92,8 +92,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
         if args.opset is not None:
             loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
             sources = convert.harmonise(loaded, labels, args.opset)
-        composed = _core.compose(sources, labels, io_maps=args.io_map, keep_outputs=args.keep_outputs or None)
-        external = {"auto": None, "yes": True, "no": False}[args.external_data]
+        reuse = args.external_data == "reuse"
+        composed = _core.compose(
+            sources, labels, io_maps=args.io_map, keep_outputs=args.keep_outputs or None, link_external=reuse
+        )
+        external = {"auto": None, "yes": True, "no": False, "reuse": True}[args.external_data]
         written = composed.save(str(args.output), external_data=external)
     info = composed.summary()
     print(
@@ -171,8 +174,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
                    help="the connections of one joint; give one per joint, in order (default: by position)")
     m.add_argument("-o", "--output", required=True, type=Path, help="the merged model to write")
-    m.add_argument("--external-data", choices=["auto", "yes", "no"], default="auto", nargs="?", const="yes",
-                   help="weights in a data file beside the output (auto: above 2 GB)")
+    m.add_argument("--external-data", choices=["auto", "yes", "no", "reuse"], default="auto", nargs="?", const="yes",
+                   help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
+                        "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
     m.add_argument("--opset", type=int, help="convert every model to this default-domain opset first")
     m.add_argument("--cache-dir", help="where downloads are cached")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import onnx
 
@@ -45,10 +45,12 @@ def compose_bytes(
     return _compose(models, io_maps, keep_outputs, ir_version).to_bytes()
 
 
-def _compose(models, io_maps, keep_outputs, ir_version) -> _core.Composed:
+def _compose(models, io_maps, keep_outputs, ir_version, link_external=False) -> _core.Composed:
     data, labels = _core_args(models)
     keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
-    return _core.compose(data, labels, io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version)
+    return _core.compose(
+        data, labels, io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version, link_external=link_external
+    )
 
 
 def compose(
@@ -71,13 +73,17 @@ def compose_to_file(
     keep_outputs: bool | Sequence[str] = False,
     *,
     ir_version: int | None = None,
-    external_data: bool | None = None,
+    external_data: bool | Literal["reuse"] | None = None,
 ) -> Path:
     """Like :func:`compose_bytes`, streaming the result into ``path`` atomically. The
     weights go to one data file beside it with ``external_data=True``, or by default when
-    the model is over the 2 GB protobuf limit."""
+    the model is over the 2 GB protobuf limit. With ``external_data="reuse"`` the data files
+    of the sources are linked beside it instead of copied: the cost is in the number of
+    nodes, not bytes."""
     target = Path(path).expanduser()
-    _compose(models, io_maps, keep_outputs, ir_version).save(str(target), external_data=external_data)
+    reuse = external_data == "reuse"
+    composed = _compose(models, io_maps, keep_outputs, ir_version, link_external=reuse)
+    composed.save(str(target), external_data=True if reuse else external_data)
     return target
 
 

@@ -1,6 +1,8 @@
 //! Joints and the N-way merge: all models are renamed and merged in one pass.
 use std::collections::{HashMap, HashSet};
 
+use rustc_hash::{FxHashMap, FxHashSet};
+
 use prost::Message;
 use rayon::prelude::*;
 
@@ -74,8 +76,12 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
     let plan = Plan::new(&models, labels, &joints, opts)?;
 
     let names: Vec<NameSet> = models.par_iter_mut().map(NameSet::of).collect();
-    let mut renamers = assign_value_names(&models, &names, &joints, &plan);
-    assign_node_names(&names, &mut renamers);
+    // Values and node names are separate namespaces: assigned side by side.
+    let (mut renamers, node_maps) =
+        rayon::join(|| assign_value_names(&models, &names, &joints, &plan), || assign_node_names(&names));
+    for (r, nodes) in renamers.iter_mut().zip(node_maps) {
+        r.nodes = nodes;
+    }
     let dropped_functions = assign_function_names(&models, &mut renamers);
     models
         .par_iter_mut()
@@ -85,6 +91,8 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
                 walk_model(m, r)
             }
         });
+    // Freeing tens of thousands of names is off the caller's path.
+    rayon::spawn(move || drop((names, renamers)));
 
     Ok(assemble(models, &plan, dropped_functions, opset_import, ir_version, opts))
 }
@@ -404,84 +412,94 @@ fn model_prefix(i: usize) -> String {
     format!("m{i}/")
 }
 
-/// Gives every value name its final name. A name keeps its spelling unless another model
-/// got it first; exposed inputs and outputs are served first so that they keep the user's
-/// names; an input fed by a joint takes the name of the output feeding it.
+/// Gives every value name its final name. A name keeps its spelling in the model that
+/// claims it first, exposed inputs and outputs claiming before anything else (so that they
+/// keep the user's names); other models get a fresh `m<i>/` name for it. An input fed by a
+/// joint takes the final name of the output feeding it.
 fn assign_value_names(models: &[ModelProto], names: &[NameSet], joints: &[Joint], plan: &Plan) -> Vec<Renamer> {
     let n = models.len();
-    let all: HashSet<&str> = names.iter().flat_map(|s| s.values.iter().map(String::as_str)).collect();
-    let mut taken: HashSet<String> = HashSet::new();
-    let mut finals: Vec<HashMap<String, String>> = vec![HashMap::new(); n];
-    let assign = |k: usize, name: &str, taken: &mut HashSet<String>, finals: &mut Vec<HashMap<String, String>>| {
-        if finals[k].contains_key(name) || plan.fed_by[k].contains_key(name) {
-            return;
-        }
-        let f = if taken.contains(name) {
-            fresh(&model_prefix(k), name, |c| !taken.contains(c) && !all.contains(c))
-        } else {
-            name.to_string()
-        };
-        taken.insert(f.clone());
-        finals[k].insert(name.to_string(), f);
-    };
+    let mut owner: FxHashMap<&str, usize> = FxHashMap::default();
     for k in 0..n {
         // Weights that IR < 4 models list as inputs are not the user's inputs: no priority.
         let inits = initializer_names(&models[k]);
         let g = graph(&models[k]);
         for &x in &plan.inputs[k] {
-            if !inits.contains(vi_name(&g.input[x])) {
-                assign(k, vi_name(&g.input[x]), &mut taken, &mut finals);
+            let name = vi_name(&g.input[x]);
+            if !inits.contains(name) {
+                owner.entry(name).or_insert(k);
             }
         }
     }
     for k in 0..n {
         let g = graph(&models[k]);
         for &x in &plan.outputs[k] {
-            assign(k, vi_name(&g.output[x]), &mut taken, &mut finals);
+            let name = vi_name(&g.output[x]);
+            if !plan.fed_by[k].contains_key(name) {
+                owner.entry(name).or_insert(k);
+            }
         }
     }
+    for (k, set) in names.iter().enumerate() {
+        for name in &set.values {
+            if !plan.fed_by[k].contains_key(name) {
+                owner.entry(name).or_insert(k);
+            }
+        }
+    }
+    let mut generated: FxHashSet<String> = FxHashSet::default();
+    let mut renamers: Vec<Renamer> = vec![Renamer::default(); n];
     for k in 0..n {
         if k > 0 {
             for (o, i) in &joints[k - 1] {
-                let upstream = finals[k - 1].get(o).cloned().unwrap_or_else(|| o.clone());
-                finals[k].insert(i.clone(), upstream);
+                let upstream = renamers[k - 1].values.get(o).cloned().unwrap_or_else(|| o.clone());
+                if upstream != *i {
+                    renamers[k].values.insert(i.clone(), upstream);
+                }
             }
         }
+        let prefix = model_prefix(k);
         for name in &names[k].values {
-            assign(k, name, &mut taken, &mut finals);
+            if plan.fed_by[k].contains_key(name) {
+                continue; // aliased to its upstream output above
+            }
+            if owner.get(name.as_str()).is_some_and(|&o| o != k) {
+                let f = fresh(&prefix, name, |c| !owner.contains_key(c) && !generated.contains(c));
+                generated.insert(f.clone());
+                renamers[k].values.insert(name.clone(), f);
+            }
         }
     }
-    finals
-        .into_iter()
-        .map(|f| Renamer {
-            values: f.into_iter().filter(|(a, b)| a != b).collect(),
-            ..Default::default()
-        })
-        .collect()
+    renamers
 }
 
-fn assign_node_names(names: &[NameSet], renamers: &mut [Renamer]) {
-    let all: HashSet<&str> = names.iter().flat_map(|s| s.nodes.iter().map(String::as_str)).collect();
-    let mut taken: HashSet<String> = HashSet::new();
+fn assign_node_names(names: &[NameSet]) -> Vec<FxHashMap<String, String>> {
+    let mut owner: FxHashMap<&str, usize> = FxHashMap::default();
     for (k, set) in names.iter().enumerate() {
         for name in &set.nodes {
-            if taken.contains(name) {
-                let f = fresh(&model_prefix(k), name, |c| !taken.contains(c) && !all.contains(c));
-                taken.insert(f.clone());
-                renamers[k].nodes.insert(name.clone(), f);
-            } else {
-                taken.insert(name.clone());
+            owner.entry(name).or_insert(k);
+        }
+    }
+    let mut generated: FxHashSet<String> = FxHashSet::default();
+    let mut maps = vec![FxHashMap::default(); names.len()];
+    for (k, set) in names.iter().enumerate() {
+        let prefix = model_prefix(k);
+        for name in &set.nodes {
+            if owner[name.as_str()] != k {
+                let f = fresh(&prefix, name, |c| !owner.contains_key(c) && !generated.contains(c));
+                generated.insert(f.clone());
+                maps[k].insert(name.clone(), f);
             }
         }
     }
+    maps
 }
 
 /// Local functions with the same (domain, name, overload) in several models: identical
 /// bodies are kept once; different ones are renamed, callers included (same domain only).
 /// Returns, per model, the indices of functions dropped as duplicates.
 fn assign_function_names(models: &[ModelProto], renamers: &mut [Renamer]) -> Vec<Vec<usize>> {
-    let mut seen: HashMap<FunctionKey, Vec<u8>> = HashMap::new();
-    let all: HashSet<FunctionKey> = models.iter().flat_map(|m| m.functions.iter().map(function_key)).collect();
+    let mut seen: FxHashMap<FunctionKey, Vec<u8>> = FxHashMap::default();
+    let all: FxHashSet<FunctionKey> = models.iter().flat_map(|m| m.functions.iter().map(function_key)).collect();
     let mut dropped = vec![Vec::new(); models.len()];
     for (k, m) in models.iter().enumerate() {
         for (x, f) in m.functions.iter().enumerate() {

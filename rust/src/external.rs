@@ -108,9 +108,19 @@ fn parse_u64(t: &TensorProto, key: &str) -> Result<Option<u64>> {
         .transpose()
 }
 
-/// Replaces every external tensor of `model` by a slice of its (memory-mapped) data file.
-/// Locations are relative to `base` and must resolve inside `root`.
-pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str) -> Result<()> {
+/// How external tensors are taken in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Each tensor becomes a slice of its memory-mapped data file.
+    InPlace,
+    /// Each tensor stays external, its location made the checked absolute path of its file,
+    /// so that a later save can link that file instead of copying its bytes.
+    Link,
+}
+
+/// Resolves every external tensor of `model` (see [`Mode`]). Locations are relative to
+/// `base` and must resolve inside `root`; offsets and lengths must lie inside the file.
+pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mode: Mode) -> Result<()> {
     let mut maps: HashMap<PathBuf, Bytes> = HashMap::new();
     let Some(g) = model.graph.as_mut() else { return Ok(()) };
     for_each_tensor(g, &mut |t| {
@@ -122,6 +132,23 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str) ->
             .ok_or_else(|| Error::load(format!("{label}: tensor '{}' is external but has no location", t.name())))?
             .to_string();
         let path = safe_location(base, root, &location).map_err(with_label)?;
+        if mode == Mode::Link {
+            let size = fs::metadata(&path).map_err(|e| Error::load(format!("{label}: '{location}': {e}")))?.len();
+            let offset = parse_u64(t, "offset").map_err(with_label)?.unwrap_or(0);
+            let length = parse_u64(t, "length").map_err(with_label)?.unwrap_or(size.saturating_sub(offset));
+            if offset.checked_add(length).is_none_or(|end| end > size) {
+                return Err(Error::load(format!(
+                    "{label}: tensor '{}': external data offset {offset} length {length} lies past the end of '{location}' ({size} bytes)",
+                    t.name()
+                )));
+            }
+            for e in &mut t.external_data {
+                if e.key.as_deref() == Some("location") {
+                    e.value = Some(path.to_string_lossy().into_owned());
+                }
+            }
+            return Ok(());
+        }
         let data = match maps.get(&path) {
             Some(d) => d.clone(),
             None => {
@@ -169,7 +196,9 @@ fn kv(key: &str, value: String) -> StringStringEntryProto {
 const ALIGN: u64 = 4096;
 
 /// Writes `model` to `path` with every tensor of at least `threshold` bytes in one data file
-/// beside it; returns (model bytes, data bytes, data file name). Atomic as described above.
+/// beside it; tensors still external (from [`Mode::Link`]) get their source file linked
+/// beside it instead (a hard link, or a copy across file systems). Returns (model bytes,
+/// data bytes written, data file name). Atomic as described above.
 pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
     let token = format!("{:08x}", (crate::model::nanos() as u64 ^ std::process::id() as u64) & 0xffff_ffff);
@@ -179,6 +208,7 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
     let old_data = previous_data_files(path);
 
     let mut header = model.clone();
+    let linked = link_sources(&mut header, path, &token)?;
     let result = (|| -> std::io::Result<(u64, u64)> {
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp)?);
         let mut offset = 0u64;
@@ -214,19 +244,26 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
         file.sync_all()?;
         Ok((0, offset))
     })();
+    let cleanup = |linked: &[PathBuf]| {
+        for l in linked {
+            let _ = fs::remove_file(l);
+        }
+    };
     let (_, data_len) = result.map_err(|e| {
         let _ = fs::remove_file(&data_tmp);
+        cleanup(&linked);
         Error::export(format!("cannot write {}: {e}", data_path.display()))
     })?;
     if let Err(e) = fs::rename(&data_tmp, &data_path) {
         let _ = fs::remove_file(&data_tmp);
+        cleanup(&linked);
         return Err(Error::export(format!("cannot write {}: {e}", data_path.display())));
     }
     match crate::model::write_atomic(&header, path) {
         Ok(n) => {
             // The new pair is in place; the data files of earlier exports are not referenced.
             for old in old_data {
-                if old != data_path {
+                if old != data_path && !linked.contains(&old) {
                     let _ = fs::remove_file(old);
                 }
             }
@@ -234,9 +271,55 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
         }
         Err(e) => {
             let _ = fs::remove_file(&data_path);
+            cleanup(&linked);
             Err(e)
         }
     }
+}
+
+/// Links each source data file of the still-external tensors beside `path` and points the
+/// tensors at the links. Returns the links made.
+fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<PathBuf>> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut links: HashMap<String, String> = HashMap::new();
+    let mut made = Vec::new();
+    let Some(g) = model.graph.as_mut() else { return Ok(made) };
+    let result = for_each_tensor(g, &mut |t| {
+        if !is_external(t) {
+            return Ok(());
+        }
+        for e in &mut t.external_data {
+            if e.key.as_deref() != Some("location") {
+                continue;
+            }
+            let source = e.value.clone().unwrap_or_default();
+            if !Path::new(&source).is_absolute() {
+                continue;
+            }
+            if let Some(link) = links.get(&source) {
+                e.value = Some(link.clone());
+                continue;
+            }
+            let base = Path::new(&source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let link_name = format!("{name}.{token}.{}.{base}", links.len());
+            let link_path = path.with_file_name(&link_name);
+            if fs::hard_link(&source, &link_path).is_err() {
+                fs::copy(&source, &link_path)
+                    .map_err(|err| Error::export(format!("cannot link or copy {source} beside {}: {err}", path.display())))?;
+            }
+            made.push(link_path);
+            links.insert(source, link_name.clone());
+            e.value = Some(link_name);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        for m in &made {
+            let _ = fs::remove_file(m);
+        }
+        return Err(e);
+    }
+    Ok(made)
 }
 
 /// Data files an earlier export wrote for the model now at `path`.
@@ -246,7 +329,17 @@ fn previous_data_files(path: &Path) -> Vec<PathBuf> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     crate::model::external_locations(&model)
         .into_iter()
-        .filter(|l| l.starts_with(&format!("{name}.")) && l.ends_with(".data") && !l.contains('/'))
+        .filter(|l| written_by_us(&name, l))
         .map(|l| path.with_file_name(l))
         .collect()
+}
+
+/// `{name}.{8 hex digits}.…`: the names [`write_with_external`] gives its files, so that a
+/// re-export removes only files an earlier export made.
+fn written_by_us(name: &str, location: &str) -> bool {
+    let Some(rest) = location.strip_prefix(name).and_then(|r| r.strip_prefix('.')) else { return false };
+    !location.contains('/')
+        && rest.len() > 9
+        && rest.as_bytes()[8] == b'.'
+        && rest[..8].bytes().all(|b| b.is_ascii_hexdigit())
 }

@@ -70,7 +70,7 @@ mod bindings {
         }
     }
 
-    fn load(label: &str, src: Source) -> crate::Result<ModelProto> {
+    fn load(label: &str, src: Source, mode: external::Mode) -> crate::Result<ModelProto> {
         match src {
             Source::Model(m) => Ok(m),
             Source::Bytes(b) => {
@@ -87,21 +87,23 @@ mod bindings {
                 let data = model::read_path(&p)?;
                 let mut m = model::decode(label, data)?;
                 let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-                external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label)?;
+                external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label, mode)?;
                 Ok(m)
             }
         }
     }
 
-    fn load_all(sources: Vec<Source>, labels: &[String]) -> crate::Result<Vec<ModelProto>> {
+    fn load_all(sources: Vec<Source>, labels: &[String], mode: external::Mode) -> crate::Result<Vec<ModelProto>> {
         use rayon::prelude::*;
-        sources.into_par_iter().zip(labels.par_iter()).map(|(s, l)| load(l, s)).collect()
+        sources.into_par_iter().zip(labels.par_iter()).map(|(s, l)| load(l, s, mode)).collect()
     }
 
     /// A model held by the core: decoded once, weights as slices of the sources' memory maps.
     #[pyclass(frozen, module = "fastseq._core")]
     struct Composed {
         model: ModelProto,
+        /// External tensors still point at their sources' files (link mode).
+        linked: bool,
     }
 
     #[pymethods]
@@ -113,6 +115,11 @@ mod bindings {
 
         /// The serialized model.
         fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+            if self.linked {
+                return Err(to_py(Error::export(
+                    "this model refers to its sources' data files (external_data='reuse'): save() it instead",
+                )));
+            }
             PyBytes::new_with(py, self.model.encoded_len(), |buf| {
                 py.detach(|| model::encode_into(&self.model, buf)).map_err(to_py)
             })
@@ -120,7 +127,8 @@ mod bindings {
 
         /// Writes the model to `path` atomically. `external_data`: True puts tensors of at
         /// least `threshold` bytes in a data file beside it, False keeps them inline, None
-        /// decides by size (external above the 2 GB protobuf limit). Returns a dict with
+        /// decides by size (external above the 2 GB protobuf limit); a model composed with
+        /// `link_external` links its sources' data files beside it. Returns a dict with
         /// the bytes written and the data file's name.
         #[pyo3(signature = (path, external_data=None, threshold=1024))]
         fn save<'py>(
@@ -130,7 +138,8 @@ mod bindings {
             external_data: Option<bool>,
             threshold: usize,
         ) -> PyResult<Bound<'py, PyDict>> {
-            let external = external_data.unwrap_or_else(|| self.model.encoded_len() as u64 >= PROTOBUF_LIMIT);
+            let external = self.linked
+                || external_data.unwrap_or_else(|| self.model.encoded_len() as u64 >= PROTOBUF_LIMIT);
             let (model_len, data_len, data_name) = py
                 .detach(|| {
                     if external {
@@ -166,7 +175,7 @@ mod bindings {
             let model = py
                 .detach(|| model::restore_weights(model::decode(label, data)?, &self.model, label))
                 .map_err(to_py)?;
-            Ok(Composed { model })
+            Ok(Composed { model, linked: self.linked })
         }
 
         /// Inputs, outputs, opsets, counts and sizes.
@@ -207,7 +216,7 @@ mod bindings {
     /// Loads and composes the models; every argument but the sources is optional.
     #[pyfunction(name = "compose")]
     #[pyo3(signature = (sources, labels, io_maps=None, keep_outputs=None, prefixes=None, inputs=None,
-                        outputs=None, ir_version=None, meta=None, model_version=None))]
+                        outputs=None, ir_version=None, meta=None, model_version=None, link_external=false))]
     #[allow(clippy::too_many_arguments)]
     fn compose_models(
         py: Python<'_>,
@@ -221,6 +230,7 @@ mod bindings {
         ir_version: Option<i64>,
         meta: Option<HashMap<String, String>>,
         model_version: Option<i64>,
+        link_external: bool,
     ) -> PyResult<Composed> {
         if sources.len() != labels.len() {
             return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
@@ -241,9 +251,12 @@ mod bindings {
             model_version,
         };
         let model = py
-            .detach(|| load_all(sources, &labels).and_then(|ms| crate::compose::compose(ms, &labels, &opts)))
+            .detach(|| {
+                let mode = if link_external { external::Mode::Link } else { external::Mode::InPlace };
+                load_all(sources, &labels, mode).and_then(|ms| crate::compose::compose(ms, &labels, &opts))
+            })
             .map_err(to_py)?;
-        Ok(Composed { model })
+        Ok(Composed { model, linked: link_external })
     }
 
     /// Loads one model (external data resolved) without composing it.
@@ -254,8 +267,8 @@ mod bindings {
             Source::Path(p, _) => p.display().to_string(),
             Source::Bytes(_) | Source::Model(_) => "model".to_string(),
         });
-        let model = py.detach(|| load(&label, source)).map_err(to_py)?;
-        Ok(Composed { model })
+        let model = py.detach(|| load(&label, source, external::Mode::InPlace)).map_err(to_py)?;
+        Ok(Composed { model, linked: false })
     }
 
     /// The external-data files that the model at `path` refers to (not opened).

@@ -111,21 +111,20 @@ pub(crate) fn nanos() -> u128 {
 /// weights go straight from their source buffer (an mmap) to the writer.
 pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Result<u64> {
     let mut written = 0u64;
-    let mut head = model.clone_without_graph();
-    let header = std::mem::take(&mut head).encode_to_vec();
+    let header = model.clone_without_graph().encode_to_vec();
     out.write_all(&header)?;
     written += header.len() as u64;
     let Some(graph) = model.graph.as_ref() else { return Ok(written) };
 
-    let light = graph_without_initializers(graph);
+    let mut buf = Vec::with_capacity(1 << 16);
+    encode_graph_except_initializers(graph, &mut buf);
     let init_len: usize = graph.initializer.iter().map(|t| field_len(5, tensor_len(t))).sum();
-    let graph_len = light.encoded_len() + init_len;
-    let mut buf = Vec::with_capacity(64);
-    encode_key(7, WireType::LengthDelimited, &mut buf);
-    encode_varint(graph_len as u64, &mut buf);
-    light.encode(&mut buf).expect("Vec grows");
+    let mut key = Vec::with_capacity(16);
+    encode_key(7, WireType::LengthDelimited, &mut key);
+    encode_varint((buf.len() + init_len) as u64, &mut key);
+    out.write_all(&key)?;
     out.write_all(&buf)?;
-    written += buf.len() as u64;
+    written += (key.len() + buf.len()) as u64;
     for tensor in &graph.initializer {
         written += write_tensor(5, tensor, out)?;
     }
@@ -155,18 +154,36 @@ impl WithoutGraph for ModelProto {
     }
 }
 
-fn graph_without_initializers(g: &GraphProto) -> GraphProto {
-    GraphProto {
-        node: g.node.clone(),
-        name: g.name.clone(),
-        initializer: Vec::new(),
-        sparse_initializer: g.sparse_initializer.clone(),
-        doc_string: g.doc_string.clone(),
-        input: g.input.clone(),
-        output: g.output.clone(),
-        value_info: g.value_info.clone(),
-        quantization_annotation: g.quantization_annotation.clone(),
-        metadata_props: g.metadata_props.clone(),
+/// Every field of `g` but its initializers, as prost would encode them (without cloning
+/// the nodes, which can be most of a model).
+fn encode_graph_except_initializers(g: &GraphProto, buf: &mut Vec<u8>) {
+    use prost::encoding::{message, string};
+    for n in &g.node {
+        message::encode(1, n, buf);
+    }
+    if let Some(name) = &g.name {
+        string::encode(2, name, buf);
+    }
+    if let Some(doc) = &g.doc_string {
+        string::encode(10, doc, buf);
+    }
+    for v in &g.input {
+        message::encode(11, v, buf);
+    }
+    for v in &g.output {
+        message::encode(12, v, buf);
+    }
+    for v in &g.value_info {
+        message::encode(13, v, buf);
+    }
+    for a in &g.quantization_annotation {
+        message::encode(14, a, buf);
+    }
+    for s in &g.sparse_initializer {
+        message::encode(15, s, buf);
+    }
+    for p in &g.metadata_props {
+        message::encode(16, p, buf);
     }
 }
 

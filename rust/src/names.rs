@@ -11,7 +11,7 @@
 //! map is injective, the model's own scoping (a subgraph reading an outer name, a subgraph
 //! shadowing it) is preserved exactly, whatever was renamed. Function bodies are local: only
 //! the calls they make to other local functions are touched.
-use std::collections::HashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::proto::{FunctionProto, GraphProto, ModelProto, NodeProto};
 
@@ -143,13 +143,12 @@ pub fn function_key(f: &FunctionProto) -> FunctionKey {
     )
 }
 
-/// Every value and node name of a model, each once, in first-seen order.
+/// Every value and node name of a model, each once. (FxHash has no random seed, so the
+/// iteration order, and with it every generated name, is the same from run to run.)
 #[derive(Default)]
 pub struct NameSet {
-    pub values: Vec<String>,
-    pub nodes: Vec<String>,
-    seen_values: std::collections::HashSet<String>,
-    seen_nodes: std::collections::HashSet<String>,
+    pub values: FxHashSet<String>,
+    pub nodes: FxHashSet<String>,
 }
 
 impl NameSet {
@@ -158,32 +157,27 @@ impl NameSet {
         walk_model(model, &mut set);
         set
     }
-    pub fn contains_value(&self, name: &str) -> bool {
-        self.seen_values.contains(name)
-    }
 }
 
 impl Visitor for NameSet {
     fn value(&mut self, name: &mut String) {
-        if !self.seen_values.contains(name.as_str()) {
-            self.seen_values.insert(name.clone());
-            self.values.push(name.clone());
+        if !self.values.contains(name.as_str()) {
+            self.values.insert(name.clone());
         }
     }
     fn node_name(&mut self, name: &mut String) {
-        if !self.seen_nodes.contains(name.as_str()) {
-            self.seen_nodes.insert(name.clone());
-            self.nodes.push(name.clone());
+        if !self.nodes.contains(name.as_str()) {
+            self.nodes.insert(name.clone());
         }
     }
 }
 
 /// Applies one model's maps. Names absent from a map are left as they are.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Renamer {
-    pub values: HashMap<String, String>,
-    pub nodes: HashMap<String, String>,
-    pub functions: HashMap<FunctionKey, String>,
+    pub values: FxHashMap<String, String>,
+    pub nodes: FxHashMap<String, String>,
+    pub functions: FxHashMap<FunctionKey, String>,
 }
 
 impl Renamer {

@@ -1,0 +1,407 @@
+"""Side-by-side benchmark: fastseq vs onnx.compose (pairwise chain) vs kornia's
+ONNXSequential vs a plain copy of the same bytes, on cases this script generates.
+
+    python benches/bench.py                 # every case (needs ~40 GB of disk for "big10")
+    python benches/bench.py --quick         # small cases only, a minute or two
+    python benches/bench.py --cases weight_heavy,node_heavy --readme
+
+Each measurement runs in its own subprocess, so peak RSS (ru_maxrss) is that tool's alone.
+Composition (merge + export to a file) and ONNX Runtime session creation are timed apart.
+Results: a table on stdout and benches/out/results.json; --readme rewrites the table in
+README.md between the bench markers. Timings are noisy on shared machines: read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+OUT = HERE / "out"
+CASES_DIR = OUT / "cases"
+RESULTS = OUT / "results.json"
+README = HERE.parent / "README.md"
+GB = 1 << 30
+MB = 1 << 20
+
+
+# --- case generation ---------------------------------------------------------------------
+def _np():
+    import numpy as np
+
+    return np
+
+
+def _save(model, path: Path, external: bool = False) -> None:
+    import onnx
+
+    if external:
+        onnx.save(model, str(path), save_as_external_data=True, location=path.name + ".bin", size_threshold=1024)
+    else:
+        onnx.save(model, str(path))
+
+
+def _matmul_model(weights, dim: int, name: str):
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, prev = [], [], "x"
+    for k, w in enumerate(weights):
+        inits.append(numpy_helper.from_array(w, f"w{k}"))
+        out = "y" if k == len(weights) - 1 else f"h{k}"
+        nodes.append(helper.make_node("MatMul", [prev, f"w{k}"], [out], name=f"matmul{k}"))
+        prev = out
+    g = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dim])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def gen_node_heavy(folder: Path, models: int = 50, nodes: int = 600) -> None:
+    """50 models x 600 nodes, small weights, identical internal names (all clash)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    np = _np()
+    for i in range(models):
+        c = numpy_helper.from_array(np.full(64, 0.001 * (i + 1), np.float32), "c")
+        ns, prev = [], "x"
+        for k in range(nodes):
+            out = "y" if k == nodes - 1 else f"n{k}"
+            ns.append(helper.make_node("Add", [prev, "c"], [out], name=f"add{k}") if k % 2 == 0
+                      else helper.make_node("Relu", [prev], [out], name=f"relu{k}"))
+            prev = out
+        g = helper.make_graph(ns, f"block{i}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [c])
+        _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
+
+
+def _weight_chain(folder: Path, models: int, per_model: int, mats: int, external: bool) -> None:
+    np = _np()
+    dim = int((per_model / mats / 4) ** 0.5)
+    w = (np.random.default_rng(0).standard_normal((dim, dim), dtype=np.float32) / dim).astype(np.float32)
+    for i in range(models):
+        _save(_matmul_model([w] * mats, dim, f"mm{i}"), folder / f"m{i:02d}.onnx", external=external)
+
+
+def gen_weight_heavy(folder: Path) -> None:
+    """16 models x 64 MB of inline weights (1 GB)."""
+    _weight_chain(folder, 16, 64 * MB, 1, external=False)
+
+
+def gen_big3(folder: Path) -> None:
+    """6 models x 512 MB inline (3 GB): the merged model is over protobuf's 2 GB."""
+    _weight_chain(folder, 6, 512 * MB, 2, external=False)
+
+
+def gen_big10(folder: Path) -> None:
+    """10 models x 1 GB in external data files (10 GB)."""
+    _weight_chain(folder, 10, 1 * GB, 1, external=True)
+
+
+def gen_subgraphs(folder: Path, models: int = 20) -> None:
+    """20 models whose If branches and Loop body read outer-scope initializers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    np = _np()
+    for i in range(models):
+        c = numpy_helper.from_array(np.full(64, 0.5, np.float32), "c")
+        then_g = helper.make_graph([helper.make_node("Mul", ["x", "c"], ["a"])], "then", [],
+                                   [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 64])])
+        else_g = helper.make_graph([helper.make_node("Sub", ["x", "c"], ["b"])], "else", [],
+                                   [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 64])])
+        body = helper.make_graph(
+            [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["acc", "c"], ["acc_out"])],
+            "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                     helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                     helper.make_tensor_value_info("acc", TensorProto.FLOAT, [1, 64])],
+            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+             helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 64])])
+        g = helper.make_graph(
+            [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"]),
+             helper.make_node("If", ["cond"], ["t"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Loop", ["n", "", "t"], ["y"], body=body)],
+            f"sub{i}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+            [c, numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(2, np.int64), "n")])
+        _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
+
+
+CASES = {
+    "node_heavy": (gen_node_heavy, "50 models x 600 nodes"),
+    "weight_heavy": (gen_weight_heavy, "16 models x 64 MB inline"),
+    "subgraphs": (gen_subgraphs, "20 models with If/Loop reading outer initializers"),
+    "big3": (gen_big3, "6 models x 512 MB inline, 3 GB"),
+    "big10": (gen_big10, "10 models x 1 GB external data, 10 GB"),
+}
+QUICK = ["node_heavy", "weight_heavy", "subgraphs"]
+
+
+def case_files(case: str) -> list[Path]:
+    folder = CASES_DIR / case
+    done = folder / ".done"
+    if not done.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        print(f"generating {case} ({CASES[case][1]}) ...", file=sys.stderr, flush=True)
+        CASES[case][0](folder)
+        done.write_text("ok")
+    return sorted(folder.glob("m*.onnx"))
+
+
+def input_bytes(files: list[Path]) -> int:
+    return sum(f.stat().st_size for f in files) + sum(
+        f.stat().st_size for f in files[0].parent.glob("*.bin"))
+
+
+def count_nodes(files: list[Path]) -> int:
+    from fastseq import _core
+
+    return sum(_core.load_model(str(f)).summary()["nodes"] for f in files)
+
+
+# --- the tools (run inside a worker subprocess) --------------------------------------------
+def tool_fastseq(files, out: Path, mode: str) -> None:
+    import fastseq
+
+    external = {"inline": None, "external": True, "reuse": "reuse"}[mode]
+    fastseq.compose_to_file([str(f) for f in files], out, external_data=external)
+
+
+def tool_onnx(files, out: Path, mode: str) -> None:
+    import onnx
+    import onnx.compose
+
+    merged = onnx.compose.add_prefix(onnx.load(str(files[0])), "s0/")
+    for j, f in enumerate(files[1:], start=1):
+        m = onnx.compose.add_prefix(onnx.load(str(f)), f"s{j}/")
+        merged = onnx.compose.merge_models(merged, m, io_map=[(f"s{j - 1}/y", f"s{j}/x")])
+    onnx.save(merged, str(out))
+
+
+def tool_kornia(files, out: Path, mode: str) -> None:
+    import warnings
+
+    import onnx
+
+    warnings.filterwarnings("ignore")
+    from kornia.onnx import ONNXSequential
+
+    seq = ONNXSequential.__new__(ONNXSequential)  # kornia's own load + combine, no session
+    seq.operators = seq._load_ops(*[str(f) for f in files])
+    combined = seq.combine([[("y", "x")]] * (len(files) - 1))
+    onnx.save(combined, str(out))
+
+
+def tool_copy(files, out: Path, mode: str) -> None:
+    """The physical limit: the same bytes read and written once."""
+    sources = list(files) + sorted(files[0].parent.glob("*.bin"))
+    with open(out, "wb") as dst:
+        for f in sources:
+            with open(f, "rb") as src:
+                shutil.copyfileobj(src, dst, 16 * MB)
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+TOOLS = {"fastseq": tool_fastseq, "onnx.compose": tool_onnx, "kornia": tool_kornia, "copy": tool_copy}
+
+
+def peak_rss() -> int:
+    """VmHWM: this process's peak RSS. (ru_maxrss survives exec on Linux, so a child
+    would report its parent's peak.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# What each tool imports is loaded before the clock starts: torch alone takes seconds.
+PREPARE = {
+    "fastseq": "import fastseq",
+    "onnx.compose": "import onnx, onnx.compose",
+    "kornia": "import onnx, warnings; warnings.filterwarnings('ignore'); import kornia.onnx",
+    "copy": "",
+}
+
+
+def worker(tool: str, case: str, mode: str, out: str, session: bool) -> None:
+    files = sorted((CASES_DIR / case).glob("m*.onnx"))
+    exec(PREPARE[tool], {})
+    base_rss = peak_rss()
+    result: dict = {"ok": False}
+    t0 = time.perf_counter()
+    try:
+        TOOLS[tool](files, Path(out), mode)
+        result["compose_s"] = time.perf_counter() - t0
+        result["ok"] = True
+    except BaseException as e:  # report every failure, including MemoryError
+        result["compose_s"] = time.perf_counter() - t0
+        result["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+    result["peak_rss"] = peak_rss()
+    result["import_rss"] = base_rss
+    if result["ok"] and session:
+        import onnxruntime as ort
+
+        t1 = time.perf_counter()
+        try:
+            ort.InferenceSession(out, providers=["CPUExecutionProvider"])
+            result["session_s"] = time.perf_counter() - t1
+        except Exception as e:
+            result["session_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    print("RESULT " + json.dumps(result))
+
+
+def measure(tool: str, case: str, mode: str, timeout: float, session: bool) -> dict:
+    out_dir = OUT / "merged" / case
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{tool}-{mode}.onnx"
+    for old in out_dir.glob(f"{tool}-{mode}.onnx*"):
+        old.unlink()
+    cmd = [sys.executable, __file__, "--worker", tool, case, mode, str(out)] + (["--session"] if session else [])
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"timeout after {timeout:.0f}s", "compose_s": timeout}
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "error": f"crashed (exit {p.returncode}): {tail[:160]}"}
+    r = json.loads(line[len("RESULT "):])
+    if r["ok"]:
+        r["output_bytes"] = sum(f.stat().st_size for f in out_dir.glob(f"{tool}-{mode}.onnx*"))
+    for f in out_dir.glob(f"{tool}-{mode}.onnx*"):
+        f.unlink()  # keep the disk free for the next case
+    return r
+
+
+# --- the run --------------------------------------------------------------------------------
+PLAN = {
+    # case: [(tool, mode, session)], fastseq first
+    "node_heavy": [("fastseq", "inline", True), ("onnx.compose", "inline", False), ("kornia", "inline", False),
+                   ("copy", "-", False)],
+    "weight_heavy": [("fastseq", "inline", True), ("onnx.compose", "inline", False), ("kornia", "inline", False),
+                     ("copy", "-", False)],
+    "subgraphs": [("fastseq", "inline", True), ("onnx.compose", "inline", True), ("kornia", "inline", True),
+                  ("copy", "-", False)],
+    "big3": [("fastseq", "inline", True), ("onnx.compose", "inline", False), ("kornia", "inline", False),
+             ("copy", "-", False)],
+    "big10": [("fastseq", "reuse", False), ("fastseq", "external", False), ("onnx.compose", "inline", False),
+              ("kornia", "inline", False), ("copy", "-", False)],
+}
+
+
+def run(cases: list[str], timeout: float) -> dict:
+    try:
+        import kornia  # noqa: F401
+        have_kornia = True
+    except Exception:
+        have_kornia = False
+        print("kornia is not installed (pip install -r benches/requirements.txt): skipping it", file=sys.stderr)
+    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+              "cases": {}}
+    for case in cases:
+        files = case_files(case)
+        size, nodes = input_bytes(files), count_nodes(files)
+        rows = []
+        for tool, mode, session in PLAN[case]:
+            if tool == "kornia" and not have_kornia:
+                continue
+            print(f"{case}: {tool} ({mode}) ...", file=sys.stderr, flush=True)
+            r = measure(tool, case, mode, timeout, session)
+            r.update(tool=tool, mode=mode)
+            if r.get("ok"):
+                r["mb_s"] = size / MB / r["compose_s"]
+                r["nodes_s"] = nodes / r["compose_s"]
+                r["rss_per_input"] = r["peak_rss"] / size
+            rows.append(r)
+        # A peer "succeeds" only if its model runs: onnx.compose's output for If/Loop reading
+        # outer initializers does not even load.
+        fast = next(r for r in rows if r["tool"] == "fastseq")
+        for r in rows:
+            if r.get("ok") and "compose_s" in fast and r is not fast:
+                r["vs_fastseq"] = r["compose_s"] / fast["compose_s"]
+        copy = next((r for r in rows if r["tool"] == "copy" and r.get("ok")), None)
+        for r in rows:
+            if copy and r.get("ok") and r["tool"] != "copy":
+                r["vs_copy"] = r["compose_s"] / copy["compose_s"]
+        report["cases"][case] = {"description": CASES[case][1], "input_bytes": size, "nodes": nodes, "rows": rows}
+    return report
+
+
+def _fmt_row(r: dict) -> list[str]:
+    if not r.get("ok"):
+        return [r["tool"] + ("" if r["mode"] in ("inline", "-") else f" ({r['mode']})"), "fails: " + r["error"],
+                "", "", "", "", "", ""]
+    status = "ok" if "session_error" not in r else "invalid model: " + r["session_error"][:70]
+    return [
+        r["tool"] + ("" if r["mode"] in ("inline", "-") else f" ({r['mode']})"),
+        status,
+        f"{r['compose_s']:.2f}",
+        f"{r['vs_fastseq']:.1f}x" if "vs_fastseq" in r else ("1x" if r["tool"] == "fastseq" else ""),
+        f"{r['vs_copy']:.2f}x" if "vs_copy" in r else "",
+        f"{r['mb_s']:.0f} MB/s, {r['nodes_s']:.0f} nodes/s",
+        f"{r['peak_rss'] / MB:.0f} MB ({r['rss_per_input']:.2f}x input; imports {r['import_rss'] / MB:.0f} MB)",
+        f"{r['session_s']:.2f}" if "session_s" in r else "",
+    ]
+
+
+def table(report: dict) -> str:
+    lines = [f"Measured on {report['machine']}, {report.get('date', '')}.", ""]
+    head = ["tool", "result", "merge+export s", "time / fastseq", "time / copy", "throughput", "peak RSS",
+            "session s"]
+    for case, c in report["cases"].items():
+        lines.append(f"**{case}**: {c['description']} ({c['input_bytes'] / MB:.0f} MB, {c['nodes']} nodes)")
+        lines.append("")
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in c["rows"]:
+            lines.append("| " + " | ".join(_fmt_row(r)) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", nargs=4, metavar=("TOOL", "CASE", "MODE", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--session", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cases", help=f"comma-separated, from {', '.join(CASES)}")
+    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
+    p.add_argument("--readme", action="store_true", help="write the table into README.md")
+    a = p.parse_args()
+    if a.worker:
+        worker(*a.worker, session=a.session)
+        return
+    cases = a.cases.split(",") if a.cases else (QUICK if a.quick else list(CASES))
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
+    report = run(cases, a.timeout)
+    report["date"] = time.strftime("%Y-%m-%d")
+    OUT.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2))
+    text = table(report)
+    print(text)
+    print(f"\nJSON: {RESULTS}")
+    if a.readme:
+        readme = README.read_text()
+        start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+        if start in readme and end in readme:
+            before, rest = readme.split(start, 1)
+            _, after = rest.split(end, 1)
+            README.write_text(before + start + "\n" + text + "\n" + end + after)
+            print(f"updated {README}")
+
+
+if __name__ == "__main__":
+    main()
