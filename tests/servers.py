@@ -14,6 +14,7 @@ class _Server:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.fail_next = 0  # answer this many requests with 503 first
         self.truncate = False  # send half the body with the full Content-Length
+        self.delay = 0.0  # seconds to wait before answering
         server = self
 
         class Handler(handler_factory):
@@ -43,6 +44,10 @@ class _FileHandler(BaseHTTPRequestHandler):
 
     def _answer(self, body: bool) -> None:
         self.owner.requests.append((self.command, self.path, dict(self.headers)))
+        if self.owner.delay:
+            import time
+
+            time.sleep(self.owner.delay)
         if self.owner.fail_next > 0:
             self.owner.fail_next -= 1
             self.send_response(503)

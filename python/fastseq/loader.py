@@ -30,6 +30,10 @@ KORNIA_REPO = "kornia/ONNX_models"
 MAX_DOWNLOAD = int(os.environ.get("FASTSEQ_MAX_DOWNLOAD", str(16 << 30)))
 
 
+class _Truncated(DownloadError):
+    """A transfer that ended early: worth another try."""
+
+
 @dataclass(frozen=True)
 class Resolved:
     """What the core reads: ``data`` is serialized bytes or a local path."""
@@ -89,18 +93,26 @@ def resolve(
     cache_dir: str | os.PathLike[str] | None = None,
     force_download: bool = False,
     token: str | bool | None = None,
+    sha256: str | None = None,
 ) -> Resolved:
-    """Resolves any source, downloading URLs and Hub ids into the cache."""
+    """Resolves any source, downloading URLs and Hub ids into the cache. ``sha256`` (or a
+    ``#sha256=`` fragment) is checked before a download is used; a local file is checked too."""
     if isinstance(model, str) and model.startswith("hf://"):
-        path = hub_download(model, cache_dir, force_download, token)
+        path = hub_download(model, cache_dir, force_download, token, sha256=sha256)
         # The Hub cache links snapshot files into blobs/: external data may resolve anywhere
         # in the repo's cache folder, and nowhere else.
         repo_root = path.parents[len(Path(parse_hub_id(model).filename).parts)]
         return Resolved((str(path), str(repo_root.parent)), model)
     if isinstance(model, str) and model.startswith(("http://", "https://")):
-        path = url_download(model, cache_dir, force_download)
-        return Resolved(str(path), model.rsplit("/", 1)[-1] or model)
-    return resolve_local(model, index)
+        path = url_download(model, cache_dir, force_download, sha256=sha256)
+        return Resolved(str(path), model.partition("#")[0].rsplit("/", 1)[-1] or model)
+    resolved = resolve_local(model, index)
+    if sha256 is not None:
+        if isinstance(resolved.data, str):
+            check_sha256(Path(resolved.data), sha256, resolved.label)
+        elif isinstance(resolved.data, bytes) and hashlib.sha256(resolved.data).hexdigest() != sha256.lower():
+            raise DownloadError(f"{resolved.label}: sha256 mismatch: expected {sha256}")
+    return resolved
 
 
 def parse_hub_id(ref: str) -> HubRef:
@@ -130,9 +142,12 @@ def hub_download(
     cache_dir: str | os.PathLike[str] | None = None,
     force_download: bool = False,
     token: str | bool | None = None,
+    *,
+    sha256: str | None = None,
 ) -> Path:
     """Downloads an hf:// model through huggingface_hub (its cache, token and offline mode),
-    with the external-data files it references."""
+    with the external-data files it references. With an expected sha256 (argument or
+    ``#sha256=`` fragment), a cached copy that does not match is fetched again."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -146,10 +161,18 @@ def hub_download(
         force_download=force_download,
         token=token,
     )
+    expected = sha256 or hub.sha256
     try:
         path = Path(hf_hub_download(filename=hub.filename, **kwargs))
-        if hub.sha256 is not None:
-            check_sha256(path, hub.sha256, ref)
+        if expected is not None:
+            try:
+                check_sha256(path, expected, ref)
+            except DownloadError:
+                if force_download:
+                    raise
+                kwargs["force_download"] = True  # a corrupt cached copy: once more from the server
+                path = Path(hf_hub_download(filename=hub.filename, **kwargs))
+                check_sha256(path, expected, ref)
         folder = os.path.dirname(hub.filename)
         for location in _core.external_data_locations(str(path)):
             hf_hub_download(filename=f"{folder}/{location}" if folder else location, **kwargs)
@@ -235,6 +258,8 @@ def url_download(
             last = e
             if 400 <= e.code < 500 and e.code not in (408, 429):
                 break  # the server says no; asking again will not help
+        except _Truncated as e:
+            last = e
         except DownloadError:
             raise
         except (urllib.error.URLError, OSError, TimeoutError) as e:
@@ -260,7 +285,7 @@ def _fetch(url: str, target: Path, timeout: float, limit: int) -> None:
                 out.flush()
                 os.fsync(out.fileno())
             if length is not None and received != int(length):
-                raise DownloadError(f"{url}: truncated ({received} of {length} bytes)")
+                raise _Truncated(f"{url}: truncated ({received} of {length} bytes)")
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -76,12 +76,18 @@ class ONNXSequential:
         force_download: bool = False,
         keep_outputs: bool | Sequence[str] = False,
         token: str | bool | None = None,
+        sha256: str | Sequence[str | None] | None = None,
     ) -> None:
         if not models:
             raise TypeError("ONNXSequential needs at least one model")
+        if isinstance(sha256, str) and len(models) > 1:
+            raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")
+        digests = [sha256] * len(models) if sha256 is None or isinstance(sha256, str) else list(sha256)
+        if len(digests) != len(models):
+            raise TypeError(f"sha256 has {len(digests)} entries for {len(models)} models")
         resolved = [
-            loader.resolve(m, i, cache_dir=cache_dir, force_download=force_download, token=token)
-            for i, m in enumerate(models)
+            loader.resolve(m, i, cache_dir=cache_dir, force_download=force_download, token=token, sha256=digest)
+            for i, (m, digest) in enumerate(zip(models, digests))
         ]
         self._labels = [r.label for r in resolved]
         sources: list[Any] = [r.data for r in resolved]

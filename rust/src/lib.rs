@@ -5,6 +5,8 @@
 pub mod compose;
 pub mod error;
 pub mod external;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod model;
 pub mod names;
 pub mod opset;

@@ -76,6 +76,7 @@ pub fn encode_into(model: &ModelProto, mut buf: &mut [u8]) -> Result<()> {
 /// renamed over the target. On any failure the temporary file is removed and an existing
 /// file at `path` is left as it was. Returns the number of bytes written.
 pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
+    remove_stale_temps(path);
     let tmp = temp_path(path);
     let result = (|| -> std::io::Result<u64> {
         let file = File::create(&tmp)?;
@@ -90,6 +91,23 @@ pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
         let _ = fs::remove_file(&tmp);
         Error::export(format!("cannot write {}: {e}", path.display()))
     })
+}
+
+/// Temporary files that an export killed before it could clean up (its process is gone)
+/// are removed by the next export to the same path.
+fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let prefix = format!(".{}.", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix(&prefix).and_then(|r| r.strip_suffix(".tmp")) else { continue };
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() && Path::new("/proc/self").exists() {
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 pub(crate) fn temp_path(path: &Path) -> PathBuf {
@@ -368,7 +386,7 @@ pub fn restore_weights(mut stripped: ModelProto, original: &ModelProto, label: &
             if t.raw_data.is_none() && t.float_data.is_empty() && t.int32_data.is_empty() && t.int64_data.is_empty() {
                 match weights.get(t.name()) {
                     Some(raw) => t.raw_data = Some((*raw).clone()),
-                    None if t.dims.iter().product::<i64>() == 0 => {}
+                    None if t.dims.iter().any(|&d| d == 0) => {}
                     None => {
                         return Err(Error::load(format!(
                             "{label}: after conversion, initializer '{}' has no weights to restore",

@@ -1,0 +1,214 @@
+"""Hostile and broken input, interrupted exports, full disks, many threads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import fastseq
+from conftest import run, run_chain, scale_model
+from fastseq import _core, loader
+from test_errors import _field, _varint
+
+ROOT = Path(__file__).parent
+
+
+def chain_model_bytes(nodes: int) -> bytes:
+    """A valid model of ``nodes`` Relu nodes in a chain, written byte by byte (building it
+    through onnx.helper would take minutes)."""
+    parts = []
+    for k in range(nodes):
+        src = b"x" if k == 0 else b"n%d" % (k - 1)
+        dst = b"y" if k == nodes - 1 else b"n%d" % k
+        parts.append(_field(1, _field(1, src) + _field(2, dst) + _field(4, b"Relu")))
+    value_info = lambda name: _field(1, name) + _field(2, _field(1, _varint(1 << 3) + _varint(1)))  # noqa: E731
+    graph = b"".join(parts) + _field(2, b"long") + _field(11, value_info(b"x")) + _field(12, value_info(b"y"))
+    opset = _field(8, _field(1, b"") + _varint(2 << 3) + _varint(17))
+    return _varint(1 << 3) + _varint(8) + opset + _field(7, graph)
+
+
+def test_million_node_graph_composes_without_running_out_of_memory():
+    data = chain_model_bytes(1_000_000)
+    merged = _core.compose([data, data], ["a", "b"], io_maps=[[]], keep_outputs=True)
+    info = merged.summary()
+    assert info["nodes"] == 2_000_000
+    assert [o[0] for o in info["outputs"]] == ["y", "m1/y"]
+
+
+def test_small_byte_built_chain_runs():
+    m = onnx.ModelProto.FromString(chain_model_bytes(5))
+    x = np.linspace(-1, 1, 6, dtype=np.float32)
+    np.testing.assert_allclose(run(fastseq.compose([m, m]), {"x": x})["y"], np.maximum(x, 0))
+
+
+ODD = ["😀", "مرحبا", "e\u0301", "zero\u200bwidth", "a b/c:d", "x" * 5000, "名前", "\u202eevil"]
+
+
+@pytest.mark.parametrize("name", ODD, ids=["emoji", "rtl", "combining", "zero-width", "punct", "long", "cjk", "bidi"])
+def test_odd_unicode_names_survive_clashes_and_run(name):
+    a = scale_model(2.0, inp=name, out=name + "_out")
+    b = scale_model(3.0, inp=name, out=name + "_out")
+    merged = fastseq.compose([a, b])
+    assert [i.name for i in merged.graph.input] == [name]
+    assert [o.name for o in merged.graph.output] == [name + "_out"]
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_allclose(run(merged, {name: x})[name + "_out"], run_chain([a, b], {name: x})[name + "_out"])
+
+
+def test_invalid_utf8_in_a_name_is_a_load_error():
+    data = scale_model(2.0).SerializeToString().replace(b"relu", b"\xff\xfe\x80u")
+    with pytest.raises(fastseq.LoadError, match=r"model #0 \(bytes\): not a valid ONNX model .*UTF-8"):
+        fastseq.compose([data])
+
+
+def test_interrupted_exports_leave_the_old_file_or_the_new_one(tmp_path):
+    sources = []
+    for i in range(4):
+        p = tmp_path / f"s{i}.onnx"
+        onnx.save(scale_model(1.0 + i, shape=(1, 4 << 20)), p)  # 16 MB of weights each
+        sources.append(str(p))
+    target = tmp_path / "out.onnx"
+    onnx.save(scale_model(9.0), target)
+    old = hashlib.sha256(target.read_bytes()).hexdigest()
+    expected = fastseq.compose_to_file(sources, tmp_path / "expected.onnx")  # streamed, as the child writes
+    new = hashlib.sha256(expected.read_bytes()).hexdigest()
+    expected.unlink()
+    script = textwrap.dedent(f"""
+        import sys, fastseq
+        from fastseq import _core
+        composed = _core.compose({sources!r}, ["a", "b", "c", "d"])
+        print("ready", flush=True)
+        while True:
+            composed.save({str(target)!r})
+    """)
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(8):
+        p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.15))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        state = hashlib.sha256(target.read_bytes()).hexdigest()
+        assert state in (old, new), "a torn file"
+        seen.add(state)
+    assert new in seen, "no export finished: the kills came too early to test anything"
+    # The temporary files of killed exports are removed by the next export to that path.
+    fastseq.compose_to_file(sources, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(Path(s).name for s in sources), "out.onnx"])
+
+
+def test_full_disk_is_a_clear_error_and_the_old_file_stays(tmp_path):
+    target = tmp_path / "out.onnx"
+    target.write_bytes(b"old contents")
+    onnx.save(scale_model(2.0, shape=(1, 1 << 20)), tmp_path / "big.onnx")
+    script = textwrap.dedent(f"""
+        import resource, signal, sys, fastseq
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # files over 1 MB cannot grow
+        for external in (False, True):
+            try:
+                fastseq.compose_to_file([{str(tmp_path / "big.onnx")!r}] * 2, {str(target)!r}, external_data=external)
+            except fastseq.ExportError as e:
+                print("ExportError:", e)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ExportError")]
+    assert len(lines) == 2, r.stdout + r.stderr
+    assert all("cannot write" in ln and "too large" in ln for ln in lines)
+    assert target.read_bytes() == b"old contents"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "out.onnx"]
+
+
+@pytest.mark.timeout(120)
+def test_one_pipeline_many_threads_same_results_as_serial():
+    pipe = fastseq.ONNXSequential(scale_model(2.0), scale_model(-1.5), scale_model(0.5))
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((2, 4)).astype(np.float32) for _ in range(64)]
+    serial = [pipe(x)[0] for x in inputs]
+    calls, threads, errors = 10_000, 8, []
+    per_thread = calls // threads
+
+    def work(t: int) -> None:
+        try:
+            for k in range(per_thread):
+                i = (t * 7 + k) % len(inputs)
+                (out,) = pipe(inputs[i])
+                if not np.array_equal(out, serial[i]):
+                    errors.append((t, k))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert errors == []
+    assert time.perf_counter() - start < 100
+
+
+def test_download_timeout_is_bounded(tmp_path):
+    from servers import serve_files
+
+    onnx.save(scale_model(2.0), tmp_path / "a.onnx")
+    server = serve_files(tmp_path)
+    server.delay = 3.0
+    try:
+        start = time.perf_counter()
+        with pytest.raises(fastseq.DownloadError, match="after 2 attempt"):
+            loader.url_download(f"{server.url}/a.onnx", tmp_path / "cache", timeout=0.3, retries=2)
+        assert time.perf_counter() - start < 3.0
+    finally:
+        server.delay = 0
+        server.close()
+
+
+def test_sha256_argument_checks_local_files_and_downloads(tmp_path):
+    onnx.save(scale_model(2.0), tmp_path / "a.onnx")
+    good = hashlib.sha256((tmp_path / "a.onnx").read_bytes()).hexdigest()
+    fastseq.ONNXSequential(tmp_path / "a.onnx", sha256=good)
+    with pytest.raises(fastseq.DownloadError, match="sha256 mismatch"):
+        fastseq.ONNXSequential(tmp_path / "a.onnx", sha256="0" * 64)
+    with pytest.raises(TypeError, match="one digest"):
+        fastseq.ONNXSequential(tmp_path / "a.onnx", tmp_path / "a.onnx", sha256=good)
+    fastseq.ONNXSequential(tmp_path / "a.onnx", tmp_path / "a.onnx", sha256=[good, None])
+
+
+def test_corrupt_hub_cache_is_detected_and_fetched_again(tmp_path, monkeypatch):
+    from servers import serve_hub
+
+    root = tmp_path / "hub"
+    (root / "acme" / "models").mkdir(parents=True)
+    onnx.save(scale_model(2.0), root / "acme" / "models" / "m.onnx")
+    good = hashlib.sha256((root / "acme" / "models" / "m.onnx").read_bytes()).hexdigest()
+    server = serve_hub(root)
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    try:
+        ref = f"hf://acme/models/m.onnx#sha256={good}"
+        fastseq.ONNXSequential(ref, cache_dir=tmp_path / "c")
+        blob = next(p for p in (tmp_path / "c").rglob("*") if p.is_file() and "blobs" in p.parts)
+        blob.write_bytes(b"corrupted on disk")
+        gets = server.count("GET")
+        pipe = fastseq.ONNXSequential(ref, cache_dir=tmp_path / "c")
+        assert server.count("GET") == gets + 1
+        x = np.ones((2, 4), np.float32)
+        np.testing.assert_allclose(pipe(x)[0], 2.0)
+        with pytest.raises(fastseq.DownloadError, match="sha256 mismatch"):
+            fastseq.ONNXSequential("hf://acme/models/m.onnx#sha256=" + "1" * 64, cache_dir=tmp_path / "c")
+    finally:
+        server.close()
