@@ -7,7 +7,7 @@ use prost::Message;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::names::{did_you_mean, fresh, function_key, walk_model, FunctionKey, NameSet, Renamer};
+use crate::names::{did_you_mean, fresh, function_key, walk_model, FreshNames, FunctionKey, NameSet, Renamer};
 use crate::opset::{merge_opsets, merged_ir_version};
 use crate::proto::tensor_shape_proto::dimension::Value as Dim;
 use crate::proto::{tensor_proto, type_proto, GraphProto, ModelProto, ValueInfoProto};
@@ -77,11 +77,13 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
 
     let names: Vec<NameSet> = models.par_iter_mut().map(NameSet::of).collect();
     // Values and node names are separate namespaces: assigned side by side.
-    let (mut renamers, node_maps) =
+    let (value_maps, node_maps) =
         rayon::join(|| assign_value_names(&models, &names, &joints, &plan), || assign_node_names(&names));
-    for (r, nodes) in renamers.iter_mut().zip(node_maps) {
-        r.nodes = nodes;
-    }
+    let mut renamers: Vec<Renamer> = value_maps
+        .into_iter()
+        .zip(node_maps)
+        .map(|(values, nodes)| Renamer { values, nodes, ..Default::default() })
+        .collect();
     let dropped_functions = assign_function_names(&models, &mut renamers);
     models
         .par_iter_mut()
@@ -91,8 +93,9 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
                 walk_model(m, r)
             }
         });
+    drop(renamers);
     // Freeing tens of thousands of names is off the caller's path.
-    rayon::spawn(move || drop((names, renamers)));
+    rayon::spawn(move || drop(names));
 
     Ok(assemble(models, &plan, dropped_functions, opset_import, ir_version, opts))
 }
@@ -105,8 +108,8 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Result<Option<Ve
         if let Some(p) = prefix(i) {
             let names = NameSet::of(m);
             let mut r = Renamer::default();
-            r.values = names.values.iter().map(|v| (v.clone(), format!("{p}{v}"))).collect();
-            r.nodes = names.nodes.iter().map(|v| (v.clone(), format!("{p}{v}"))).collect();
+            r.values = names.values.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect();
+            r.nodes = names.nodes.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect();
             r.functions = m
                 .functions
                 .iter()
@@ -416,9 +419,15 @@ fn model_prefix(i: usize) -> String {
 /// claims it first, exposed inputs and outputs claiming before anything else (so that they
 /// keep the user's names); other models get a fresh `m<i>/` name for it. An input fed by a
 /// joint takes the final name of the output feeding it.
-fn assign_value_names(models: &[ModelProto], names: &[NameSet], joints: &[Joint], plan: &Plan) -> Vec<Renamer> {
+fn assign_value_names<'a>(
+    models: &[ModelProto],
+    names: &'a [NameSet],
+    joints: &'a [Joint],
+    plan: &Plan,
+) -> Vec<FxHashMap<&'a str, String>> {
     let n = models.len();
-    let mut owner: FxHashMap<&str, usize> = FxHashMap::default();
+    let total: usize = names.iter().map(|s| s.values.len()).sum();
+    let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
     for k in 0..n {
         // Weights that IR < 4 models list as inputs are not the user's inputs: no priority.
         let inits = initializer_names(&models[k]);
@@ -446,50 +455,47 @@ fn assign_value_names(models: &[ModelProto], names: &[NameSet], joints: &[Joint]
             }
         }
     }
-    let mut generated: FxHashSet<String> = FxHashSet::default();
-    let mut renamers: Vec<Renamer> = vec![Renamer::default(); n];
+    let mut maps: Vec<FxHashMap<&'a str, String>> = Vec::with_capacity(n);
     for k in 0..n {
+        let mut fresh = FreshNames::new(model_prefix(k));
         if k > 0 {
             for (o, i) in &joints[k - 1] {
-                let upstream = renamers[k - 1].values.get(o).cloned().unwrap_or_else(|| o.clone());
+                let upstream = maps[k - 1].get(o.as_str()).cloned().unwrap_or_else(|| o.clone());
                 if upstream != *i {
-                    renamers[k].values.insert(i.clone(), upstream);
+                    fresh.renamed.insert(i.as_str(), upstream);
                 }
             }
         }
-        let prefix = model_prefix(k);
         for name in &names[k].values {
             if plan.fed_by[k].contains_key(name) {
                 continue; // aliased to its upstream output above
             }
             if owner.get(name.as_str()).is_some_and(|&o| o != k) {
-                let f = fresh(&prefix, name, |c| !owner.contains_key(c) && !generated.contains(c));
-                generated.insert(f.clone());
-                renamers[k].values.insert(name.clone(), f);
+                fresh.rename(name, |c| owner.contains_key(c));
             }
         }
+        maps.push(fresh.renamed);
     }
-    renamers
+    maps
 }
 
-fn assign_node_names(names: &[NameSet]) -> Vec<FxHashMap<String, String>> {
-    let mut owner: FxHashMap<&str, usize> = FxHashMap::default();
+fn assign_node_names(names: &[NameSet]) -> Vec<FxHashMap<&str, String>> {
+    let total: usize = names.iter().map(|s| s.nodes.len()).sum();
+    let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
     for (k, set) in names.iter().enumerate() {
         for name in &set.nodes {
             owner.entry(name).or_insert(k);
         }
     }
-    let mut generated: FxHashSet<String> = FxHashSet::default();
-    let mut maps = vec![FxHashMap::default(); names.len()];
+    let mut maps = Vec::with_capacity(names.len());
     for (k, set) in names.iter().enumerate() {
-        let prefix = model_prefix(k);
+        let mut fresh = FreshNames::new(model_prefix(k));
         for name in &set.nodes {
             if owner[name.as_str()] != k {
-                let f = fresh(&prefix, name, |c| !owner.contains_key(c) && !generated.contains(c));
-                generated.insert(f.clone());
-                maps[k].insert(name.clone(), f);
+                fresh.rename(name, |c| owner.contains_key(c));
             }
         }
+        maps.push(fresh.renamed);
     }
     maps
 }

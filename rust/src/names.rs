@@ -153,7 +153,12 @@ pub struct NameSet {
 
 impl NameSet {
     pub fn of(model: &mut ModelProto) -> NameSet {
-        let mut set = NameSet::default();
+        // Sized up front: growing the tables was a visible share of a node-heavy merge.
+        let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
+        let mut set = NameSet {
+            values: FxHashSet::with_capacity_and_hasher(2 * nodes + 8, Default::default()),
+            nodes: FxHashSet::with_capacity_and_hasher(nodes + 8, Default::default()),
+        };
         walk_model(model, &mut set);
         set
     }
@@ -172,21 +177,22 @@ impl Visitor for NameSet {
     }
 }
 
-/// Applies one model's maps. Names absent from a map are left as they are.
+/// Applies one model's maps. Names absent from a map are left as they are. The keys are
+/// borrowed from the name tables, so only the new names are allocated.
 #[derive(Default, Clone)]
-pub struct Renamer {
-    pub values: FxHashMap<String, String>,
-    pub nodes: FxHashMap<String, String>,
+pub struct Renamer<'a> {
+    pub values: FxHashMap<&'a str, String>,
+    pub nodes: FxHashMap<&'a str, String>,
     pub functions: FxHashMap<FunctionKey, String>,
 }
 
-impl Renamer {
+impl Renamer<'_> {
     pub fn is_identity(&self) -> bool {
         self.values.is_empty() && self.nodes.is_empty() && self.functions.is_empty()
     }
 }
 
-impl Visitor for Renamer {
+impl Visitor for Renamer<'_> {
     fn value(&mut self, name: &mut String) {
         if let Some(new) = self.values.get(name.as_str()) {
             name.clone_from(new);
@@ -210,6 +216,48 @@ impl Visitor for Renamer {
         if let Some(new) = self.functions.get(&function_key(f)) {
             f.name = Some(new.clone());
         }
+    }
+}
+
+/// Fresh names for one model, all starting with its own prefix (`m3/`). Prefixes of
+/// different models never make the same name, so only this model's earlier fresh names and
+/// the original names of every model (`taken`) need avoiding.
+pub struct FreshNames<'a> {
+    prefix: String,
+    /// The model's renames so far: original -> fresh.
+    pub renamed: FxHashMap<&'a str, String>,
+    /// The fresh names that needed a numeric suffix (rare), to avoid them too.
+    suffixed: FxHashSet<String>,
+}
+
+impl<'a> FreshNames<'a> {
+    pub fn new(prefix: String) -> Self {
+        FreshNames { prefix, renamed: FxHashMap::default(), suffixed: FxHashSet::default() }
+    }
+
+    /// Renames `name` to a fresh name that no `taken` name and no earlier fresh name has.
+    pub fn rename(&mut self, name: &'a str, taken: impl Fn(&str) -> bool) {
+        let p = self.prefix.len();
+        let free = |c: &str, renamed: &FxHashMap<&str, String>, suffixed: &FxHashSet<String>| {
+            // c == prefix + m is an earlier fresh name iff m was renamed to exactly c.
+            !taken(c) && !suffixed.contains(c) && renamed.get(&c[p..]).is_none_or(|v| v != c)
+        };
+        let mut candidate = String::with_capacity(p + name.len());
+        candidate.push_str(&self.prefix);
+        candidate.push_str(name);
+        if !free(&candidate, &self.renamed, &self.suffixed) {
+            let mut k = 1;
+            loop {
+                candidate.truncate(p + name.len());
+                candidate.push_str(&format!("_{k}"));
+                if free(&candidate, &self.renamed, &self.suffixed) {
+                    break;
+                }
+                k += 1;
+            }
+            self.suffixed.insert(candidate.clone());
+        }
+        self.renamed.insert(name, candidate);
     }
 }
 
@@ -287,6 +335,23 @@ mod tests {
         assert_eq!(near_misses("LOGITS", c), vec!["logits"]);
         assert!(near_misses("zzzzzzzz", c).is_empty());
         assert_eq!(did_you_mean("prob", c), " (did you mean 'probs'?)");
+    }
+
+    #[test]
+    fn fresh_names_never_collide_with_originals_or_each_other() {
+        // Another model really has a tensor called "m1/x".
+        let taken = ["m1/x", "x", "x_1"];
+        let mut f = FreshNames::new("m1/".into());
+        f.rename("x", |c| taken.contains(&c));
+        f.rename("x_1", |c| taken.contains(&c));
+        assert_eq!(f.renamed["x"], "m1/x_1");
+        assert_eq!(f.renamed["x_1"], "m1/x_1_1");
+        // In the other order, the plain name is taken by the earlier fresh one.
+        let mut g = FreshNames::new("m1/".into());
+        g.rename("x_1", |c| taken.contains(&c));
+        g.rename("x", |c| taken.contains(&c));
+        assert_eq!(g.renamed["x_1"], "m1/x_1");
+        assert_eq!(g.renamed["x"], "m1/x_2");
     }
 
     #[test]
