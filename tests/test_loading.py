@@ -163,3 +163,12 @@ def test_hub_errors_name_the_id(hub, tmp_path):
         loader.parse_hub_id("hf://repo/file.onnx")
     ref = loader.parse_hub_id("hf://org/repo@abc/d/f.onnx#sha256=" + "a" * 64)
     assert (ref.repo_id, ref.filename, ref.revision, ref.sha256) == ("org/repo", "d/f.onnx", "abc", "a" * 64)
+
+
+def test_compose_functions_take_urls_too(files, tmp_path, monkeypatch):
+    server, _ = files
+    monkeypatch.setenv("FASTSEQ_CACHE", str(tmp_path / "cache"))
+    merged = fastseq.compose([f"{server.url}/a.onnx", f"{server.url}/b.onnx"])
+    from conftest import run
+
+    np.testing.assert_allclose(run(merged, {"x": X})["y"], WANT)

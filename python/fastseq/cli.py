@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from fastseq import __version__, loader, operators
-from fastseq.errors import FastseqError
+from fastseq.compose import build
+from fastseq.errors import FastseqError, human_size
 
 
 @contextmanager
@@ -66,42 +67,29 @@ def _parse_io_map(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n}"
-
-
 def cmd_merge(args: argparse.Namespace) -> int:
-    from fastseq import _core, convert
-
     if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
         raise SystemExit(
             f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
             f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
         )
+    reuse = args.external_data == "reuse"
     with progress(f"merging {len(args.models)} models"):
-        resolved = [
-            loader.resolve(m, i, cache_dir=args.cache_dir, force_download=args.force_download)
-            for i, m in enumerate(args.models)
-        ]
-        labels = [r.label for r in resolved]
-        sources = [r.data for r in resolved]
-        if args.opset is not None:
-            loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
-            sources = convert.harmonise(loaded, labels, args.opset)
-        reuse = args.external_data == "reuse"
-        composed = _core.compose(
-            sources, labels, io_maps=args.io_map, keep_outputs=args.keep_outputs or None, link_external=reuse
+        composed, _ = build(
+            args.models,
+            args.io_map,
+            args.keep_outputs,
+            opset=args.opset,
+            cache_dir=args.cache_dir,
+            force_download=args.force_download,
+            link_external=reuse,
         )
         external = {"auto": None, "yes": True, "no": False, "reuse": True}[args.external_data]
         written = composed.save(str(args.output), external_data=external)
     info = composed.summary()
     print(
-        f"wrote {args.output} ({_size(written['model_bytes'])}"
-        + (f" + {written['data_file']} {_size(written['data_bytes'])}" if written["data_file"] else "")
+        f"wrote {args.output} ({human_size(written['model_bytes'])}"
+        + (f" + {written['data_file']} {human_size(written['data_bytes'])}" if written["data_file"] else "")
         + f"): {info['nodes']} nodes, {info['initializers']} weights"
     )
     return 0
@@ -120,7 +108,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print("inputs:\n" + io(info["inputs"]))
     print("outputs:\n" + io(info["outputs"]))
     print(
-        f"nodes: {info['nodes']}; initializers: {info['initializers']} ({_size(info['weight_bytes'])}); "
+        f"nodes: {info['nodes']}; initializers: {info['initializers']} ({human_size(info['weight_bytes'])}); "
         f"local functions: {info['functions']}"
     )
     return 0

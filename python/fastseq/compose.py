@@ -9,23 +9,54 @@ from typing import Any, Literal
 
 import onnx
 
-from fastseq import _core
-from fastseq.loader import ModelSource, resolve_local
+from fastseq import _core, convert, loader
+from fastseq.loader import ModelSource
 
 IoMap = Sequence[tuple[str, str]]
 
 
-def _core_args(models: Sequence[ModelSource]) -> tuple[list[bytes | str | _core.Composed], list[str]]:
+def build(
+    models: Sequence[ModelSource],
+    io_maps: Sequence[IoMap] | None = None,
+    keep_outputs: bool | Sequence[str] = False,
+    *,
+    ir_version: int | None = None,
+    opset: int | Literal["highest"] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force_download: bool = False,
+    token: str | bool | None = None,
+    sha256: str | Sequence[str | None] | None = None,
+    link_external: bool = False,
+) -> tuple[_core.Composed, list[str]]:
+    """Resolves every source (downloading where needed), converts opsets when asked
+    (``opset``: a version, or ``"highest"`` among the models) and composes them in the core.
+    Returns the composed model and the models' labels. What every entry point runs."""
     if isinstance(models, (onnx.ModelProto, bytes, str, os.PathLike)):
         raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
-    resolved = [resolve_local(m, i) for i, m in enumerate(models)]
-    return [r.data for r in resolved], [r.label for r in resolved]
-
-
-def _io_maps(io_maps: Sequence[IoMap] | None) -> list[list[tuple[str, str]]] | None:
-    if io_maps is None:
-        return None
-    return [[(str(o), str(i)) for o, i in joint] for joint in io_maps]
+    if isinstance(sha256, str) and len(models) > 1:
+        raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")
+    digests = [sha256] * len(models) if sha256 is None or isinstance(sha256, str) else list(sha256)
+    if len(digests) != len(models):
+        raise TypeError(f"sha256 has {len(digests)} entries for {len(models)} models")
+    resolved = [
+        loader.resolve(m, i, cache_dir=cache_dir, force_download=force_download, token=token, sha256=digest)
+        for i, (m, digest) in enumerate(zip(models, digests))
+    ]
+    labels = [r.label for r in resolved]
+    sources: list = [r.data for r in resolved]
+    if opset is not None:
+        loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
+        sources = convert.harmonise(loaded, labels, None if opset == "highest" else opset)
+    keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
+    composed = _core.compose(
+        sources,
+        labels,
+        io_maps=None if io_maps is None else [[(str(o), str(i)) for o, i in joint] for joint in io_maps],
+        keep_outputs=keep,
+        ir_version=ir_version,
+        link_external=link_external,
+    )
+    return composed, labels
 
 
 def compose_bytes(
@@ -40,17 +71,10 @@ def compose_bytes(
     ``io_maps[i]`` lists the ``(output, input)`` pairs that join model ``i`` to model
     ``i + 1``, in the models' own names; without it outputs join inputs by position.
     Inputs that no joint feeds become graph inputs. The merged outputs are the last model's,
-    plus every unconsumed output with ``keep_outputs=True``, or the named ones.
+    plus every unconsumed output with ``keep_outputs=True``, or the named ones. Models may
+    be anything :class:`fastseq.ONNXSequential` takes.
     """
-    return _compose(models, io_maps, keep_outputs, ir_version).to_bytes()
-
-
-def _compose(models, io_maps, keep_outputs, ir_version, link_external=False) -> _core.Composed:
-    data, labels = _core_args(models)
-    keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
-    return _core.compose(
-        data, labels, io_maps=_io_maps(io_maps), keep_outputs=keep, ir_version=ir_version, link_external=link_external
-    )
+    return build(models, io_maps, keep_outputs, ir_version=ir_version)[0].to_bytes()
 
 
 def compose(
@@ -61,9 +85,7 @@ def compose(
     ir_version: int | None = None,
 ) -> onnx.ModelProto:
     """Like :func:`compose_bytes`, returning an ``onnx.ModelProto`` (below 2 GB)."""
-    return onnx.ModelProto.FromString(
-        compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version)
-    )
+    return onnx.ModelProto.FromString(compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version))
 
 
 def compose_to_file(
@@ -82,7 +104,7 @@ def compose_to_file(
     nodes, not bytes."""
     target = Path(path).expanduser()
     reuse = external_data == "reuse"
-    composed = _compose(models, io_maps, keep_outputs, ir_version, link_external=reuse)
+    composed, _ = build(models, io_maps, keep_outputs, ir_version=ir_version, link_external=reuse)
     composed.save(str(target), external_data=True if reuse else external_data)
     return target
 
@@ -108,7 +130,7 @@ def merge_models(
     If/Loop bodies that read outer-scope names stay valid, and models with different IR
     versions merge (the result takes the highest).
     """
-    data, labels = _core_args([m1, m2])
+    resolved = [loader.resolve(m, i) for i, m in enumerate((m1, m2))]
     meta: dict[str, Any] = {
         "name": name,
         "doc_string": doc_string,
@@ -117,9 +139,9 @@ def merge_models(
         "domain": domain,
     }
     composed = _core.compose(
-        data,
-        labels,
-        io_maps=_io_maps([io_map]),
+        [r.data for r in resolved],
+        [r.label for r in resolved],
+        io_maps=[[(str(o), str(i)) for o, i in io_map]],
         prefixes=[prefix1, prefix2],
         inputs=list(inputs) if inputs else None,
         outputs=list(outputs) if outputs else None,

@@ -21,6 +21,15 @@ class InputError(FastseqError, ValueError):
     """The arrays passed to a pipeline do not match its inputs."""
 
 
+def human_size(n: float) -> str:
+    """1536 -> '1.5 KB', for messages and summaries."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 __all__ = [
     "CompositionError",
     "ConversionError",

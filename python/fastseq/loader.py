@@ -50,14 +50,8 @@ class HubRef:
     sha256: str | None
 
 
-def is_remote(model: object) -> bool:
-    return isinstance(model, str) and (
-        model.startswith(("http://", "https://", "hf://"))
-    )
-
-
 def resolve_local(model: ModelSource, index: int) -> Resolved:
-    """Resolves a source that needs no network."""
+    """Resolves a source that needs no network (anything but a URL or an hf:// id)."""
     if isinstance(model, onnx.ModelProto):
         name = model.graph.name or f"model #{index}"
         return Resolved(model.SerializeToString(), f"{name} (#{index})")
@@ -70,8 +64,6 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
     if isinstance(model, _core.Composed):
         return Resolved(model, f"model #{index}")
     if isinstance(model, (str, os.PathLike)):
-        if is_remote(model):
-            raise LoadError(f"model #{index}: {model} needs a download; use ONNXSequential or fastseq.load")
         path = Path(os.fspath(model)).expanduser()
         if not path.exists():
             hint = ""

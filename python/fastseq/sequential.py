@@ -13,8 +13,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from fastseq import _core, convert, loader, session
-from fastseq.errors import InputError
+from fastseq import _core, loader, session
+from fastseq.compose import build
+from fastseq.errors import InputError, human_size
 
 # onnxruntime's type strings -> numpy dtypes
 _ORT_DTYPES = {
@@ -80,27 +81,17 @@ class ONNXSequential:
     ) -> None:
         if not models:
             raise TypeError("ONNXSequential needs at least one model")
-        if isinstance(sha256, str) and len(models) > 1:
-            raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")
-        digests = [sha256] * len(models) if sha256 is None or isinstance(sha256, str) else list(sha256)
-        if len(digests) != len(models):
-            raise TypeError(f"sha256 has {len(digests)} entries for {len(models)} models")
-        resolved = [
-            loader.resolve(m, i, cache_dir=cache_dir, force_download=force_download, token=token, sha256=digest)
-            for i, (m, digest) in enumerate(zip(models, digests))
-        ]
-        self._labels = [r.label for r in resolved]
-        sources: list[Any] = [r.data for r in resolved]
-        if auto_ir_version_conversion or target_opset_version is not None:
-            loaded = [_core.load_model(s, label) for s, label in zip(sources, self._labels)]
-            sources = convert.harmonise(loaded, self._labels, target_opset_version)
-        keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
-        self._composed = _core.compose(
-            sources,
-            self._labels,
-            io_maps=None if io_maps is None else [[(str(o), str(i)) for o, i in j] for j in io_maps],
-            keep_outputs=keep,
+        self._composed, self._labels = build(
+            models,
+            io_maps,
+            keep_outputs,
             ir_version=target_ir_version,
+            opset=target_opset_version if target_opset_version is not None
+            else ("highest" if auto_ir_version_conversion else None),
+            cache_dir=cache_dir,
+            force_download=force_download,
+            token=token,
+            sha256=sha256,
         )
         self._init_session(providers, session_options)
 
@@ -225,7 +216,7 @@ class ONNXSequential:
             f"ONNXSequential({' -> '.join(self._labels)}; "
             f"inputs [{'; '.join(map(str, self.inputs))}]; outputs [{'; '.join(map(str, self.outputs))}]; "
             f"opset {opsets}; IR {info['ir_version']}; {info['nodes']} nodes; "
-            f"{_size(info['weight_bytes'])} of weights; {', '.join(self.providers)})"
+            f"{human_size(info['weight_bytes'])} of weights; {', '.join(self.providers)})"
         )
 
     # Pickling keeps the composed model and the providers; the session is rebuilt.
@@ -236,14 +227,6 @@ class ONNXSequential:
         self._labels = state["labels"]
         self._composed = _core.load_model(state["model"], " -> ".join(self._labels))
         self._init_session(state["providers"], None)
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 def _check_feeds(feeds: Mapping[str, Any], infos: list[TensorInfo]) -> dict[str, np.ndarray]:

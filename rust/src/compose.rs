@@ -85,14 +85,11 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
         .map(|(values, nodes)| Renamer { values, nodes, ..Default::default() })
         .collect();
     let dropped_functions = assign_function_names(&models, &mut renamers);
-    models
-        .par_iter_mut()
-        .zip(renamers.par_iter_mut())
-        .for_each(|(m, r)| {
-            if !r.is_identity() {
-                walk_model(m, r)
-            }
-        });
+    models.par_iter_mut().zip(renamers.par_iter_mut()).for_each(|(m, r)| {
+        if !r.is_identity() {
+            walk_model(m, r)
+        }
+    });
     drop(renamers);
     // Freeing tens of thousands of names is off the caller's path.
     rayon::spawn(move || drop(names));
@@ -107,18 +104,19 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Result<Option<Ve
     models.par_iter_mut().enumerate().for_each(|(i, m)| {
         if let Some(p) = prefix(i) {
             let names = NameSet::of(m);
-            let mut r = Renamer::default();
-            r.values = names.values.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect();
-            r.nodes = names.nodes.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect();
-            r.functions = m
-                .functions
-                .iter()
-                .map(|f| {
-                    let key = function_key(f);
-                    let new = format!("{p}{}", key.1);
-                    (key, new)
-                })
-                .collect();
+            let mut r = Renamer {
+                values: names.values.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect(),
+                nodes: names.nodes.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect(),
+                functions: m
+                    .functions
+                    .iter()
+                    .map(|f| {
+                        let key = function_key(f);
+                        let new = format!("{p}{}", key.1);
+                        (key, new)
+                    })
+                    .collect(),
+            };
             walk_model(m, &mut r);
         }
     });
@@ -252,9 +250,7 @@ fn tensor_type(vi: &ValueInfoProto) -> Option<&type_proto::Tensor> {
 }
 
 pub fn elem_type_name(t: i32) -> String {
-    tensor_proto::DataType::try_from(t)
-        .map(|d| d.as_str_name().to_lowercase())
-        .unwrap_or_else(|_| format!("type {t}"))
+    tensor_proto::DataType::try_from(t).map(|d| d.as_str_name().to_lowercase()).unwrap_or_else(|_| format!("type {t}"))
 }
 
 fn shape_text(dims: &[Option<&Dim>]) -> String {
@@ -283,9 +279,10 @@ fn check_types(where_: &str, o: &str, out: &ValueInfoProto, i: &str, inp: &Value
     let da: Vec<Option<&Dim>> = sa.dim.iter().map(|d| d.value.as_ref()).collect();
     let db: Vec<Option<&Dim>> = sb.dim.iter().map(|d| d.value.as_ref()).collect();
     let clash = da.len() != db.len()
-        || da.iter().zip(&db).any(|pair| {
-            matches!(pair, (Some(Dim::DimValue(x)), Some(Dim::DimValue(y))) if x != y && *x > 0 && *y > 0)
-        });
+        || da
+            .iter()
+            .zip(&db)
+            .any(|pair| matches!(pair, (Some(Dim::DimValue(x)), Some(Dim::DimValue(y))) if x != y && *x > 0 && *y > 0));
     if clash {
         return Err(Error::composition(format!(
             "{where_}: shape mismatch: output '{o}' has shape {} but input '{i}' expects {}",
@@ -347,7 +344,9 @@ impl Plan {
                 .map(|k| {
                     let g = graph(&models[k]);
                     (0..g.output.len())
-                        .filter(|&x| k == n - 1 || (*keep == Keep::Unconsumed && !consumed[k].contains(vi_name(&g.output[x]))))
+                        .filter(|&x| {
+                            k == n - 1 || (*keep == Keep::Unconsumed && !consumed[k].contains(vi_name(&g.output[x])))
+                        })
                         .collect()
                 })
                 .collect(),
@@ -419,6 +418,7 @@ fn model_prefix(i: usize) -> String {
 /// claims it first, exposed inputs and outputs claiming before anything else (so that they
 /// keep the user's names); other models get a fresh `m<i>/` name for it. An input fed by a
 /// joint takes the final name of the output feeding it.
+#[allow(clippy::needless_range_loop)] // k indexes models, the plan and the maps alike
 fn assign_value_names<'a>(
     models: &[ModelProto],
     names: &'a [NameSet],
@@ -569,8 +569,7 @@ fn assemble(
         let mut mg = m.graph.expect("checked on entry");
         // An IR < 4 model lists initializers as inputs; one fed by a joint is overridden.
         if !plan.fed_inputs[k].is_empty() {
-            let fed: HashSet<String> =
-                plan.fed_inputs[k].iter().map(|&x| vi_name(&mg.input[x]).to_string()).collect();
+            let fed: HashSet<String> = plan.fed_inputs[k].iter().map(|&x| vi_name(&mg.input[x]).to_string()).collect();
             mg.initializer.retain(|t| !fed.contains(t.name.as_deref().unwrap_or("")));
         }
         let mut inputs = std::mem::take(&mut mg.input);
@@ -615,14 +614,13 @@ fn assemble(
     out
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::Kind;
     use crate::proto::{
-        attribute_proto::AttributeType, tensor_shape_proto, AttributeProto, NodeProto, OperatorSetIdProto,
-        TensorProto, TensorShapeProto, TypeProto,
+        attribute_proto::AttributeType, tensor_shape_proto, AttributeProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto,
     };
 
     fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
@@ -635,7 +633,10 @@ mod tests {
         ValueInfoProto {
             name: Some(name.into()),
             r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem), shape: Some(shape) })),
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(elem),
+                    shape: Some(shape),
+                })),
                 denotation: None,
             }),
             ..Default::default()

@@ -101,9 +101,8 @@ fn entry<'a>(t: &'a TensorProto, key: &str) -> Option<&'a str> {
 fn parse_u64(t: &TensorProto, key: &str) -> Result<Option<u64>> {
     entry(t, key)
         .map(|v| {
-            v.parse::<u64>().map_err(|_| {
-                Error::load(format!("tensor '{}': external data {key} '{v}' is not a number", t.name()))
-            })
+            v.parse::<u64>()
+                .map_err(|_| Error::load(format!("tensor '{}': external data {key} '{v}' is not a number", t.name())))
         })
         .transpose()
 }
@@ -209,7 +208,7 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
 
     let mut header = model.clone();
     let linked = link_sources(&mut header, path, &token)?;
-    let result = (|| -> std::io::Result<(u64, u64)> {
+    let result = (|| -> std::io::Result<u64> {
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp)?);
         let mut offset = 0u64;
         if let Some(g) = header.graph.as_mut() {
@@ -242,14 +241,14 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
         }
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
-        Ok((0, offset))
+        Ok(offset)
     })();
     let cleanup = |linked: &[PathBuf]| {
         for l in linked {
             let _ = fs::remove_file(l);
         }
     };
-    let (_, data_len) = result.map_err(|e| {
+    let data_len = result.map_err(|e| {
         let _ = fs::remove_file(&data_tmp);
         cleanup(&linked);
         Error::export(format!("cannot write {}: {e}", data_path.display()))
@@ -304,8 +303,9 @@ fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<
             let link_name = format!("{name}.{token}.{}.{base}", links.len());
             let link_path = path.with_file_name(&link_name);
             if fs::hard_link(&source, &link_path).is_err() {
-                fs::copy(&source, &link_path)
-                    .map_err(|err| Error::export(format!("cannot link or copy {source} beside {}: {err}", path.display())))?;
+                fs::copy(&source, &link_path).map_err(|err| {
+                    Error::export(format!("cannot link or copy {source} beside {}: {err}", path.display()))
+                })?;
             }
             made.push(link_path);
             links.insert(source, link_name.clone());

@@ -57,7 +57,7 @@ mod bindings {
         /// A model file, and the folder its external data may resolve into (default: the
         /// file's own folder; a Hub cache's repo folder, whose files are links into blobs/).
         Path(PathBuf, Option<PathBuf>),
-        Model(ModelProto),
+        Model(Box<ModelProto>),
     }
 
     impl<'a, 'py> FromPyObject<'a, 'py> for Source {
@@ -68,7 +68,7 @@ mod bindings {
             }
             if let Ok(c) = ob.cast::<Composed>() {
                 // Names are copied; weights are shared slices.
-                return Ok(Source::Model(c.get().model.clone()));
+                return Ok(Source::Model(Box::new(c.get().model.clone())));
             }
             if let Ok((path, root)) = ob.extract::<(PathBuf, PathBuf)>() {
                 return Ok(Source::Path(path, Some(root)));
@@ -79,7 +79,7 @@ mod bindings {
 
     fn load(label: &str, src: Source, mode: external::Mode) -> crate::Result<ModelProto> {
         match src {
-            Source::Model(m) => Ok(m),
+            Source::Model(m) => Ok(*m),
             Source::Bytes(b) => {
                 let mut m = model::decode(label, b)?;
                 if external::has_external(&mut m) {
@@ -145,8 +145,8 @@ mod bindings {
             external_data: Option<bool>,
             threshold: usize,
         ) -> PyResult<Bound<'py, PyDict>> {
-            let external = self.linked
-                || external_data.unwrap_or_else(|| self.model.encoded_len() as u64 >= PROTOBUF_LIMIT);
+            let external =
+                self.linked || external_data.unwrap_or_else(|| self.model.encoded_len() as u64 >= PROTOBUF_LIMIT);
             let (model_len, data_len, data_name) = py
                 .detach(|| {
                     if external {
@@ -179,9 +179,8 @@ mod bindings {
         /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
         fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
             let data = Bytes::copy_from_slice(stripped);
-            let model = py
-                .detach(|| model::restore_weights(model::decode(label, data)?, &self.model, label))
-                .map_err(to_py)?;
+            let model =
+                py.detach(|| model::restore_weights(model::decode(label, data)?, &self.model, label)).map_err(to_py)?;
             Ok(Composed { model, linked: self.linked })
         }
 

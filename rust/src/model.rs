@@ -29,8 +29,7 @@ pub fn read_path(path: &Path) -> Result<Bytes> {
     let file = File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?;
     // SAFETY: the map is read-only. A file truncated by another process while mapped would
     // fault; that is the usual contract of memory-mapped readers (onnxruntime's included).
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| Error::load(format!("{shown}: cannot map: {e}")))?;
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::load(format!("{shown}: cannot map: {e}")))?;
     Ok(Bytes::from_owner(map))
 }
 
@@ -67,9 +66,7 @@ fn check_decoded(label: &str, model: &ModelProto) -> Result<()> {
 
 /// Encodes into a caller-provided buffer of exactly `model.encoded_len()` bytes.
 pub fn encode_into(model: &ModelProto, mut buf: &mut [u8]) -> Result<()> {
-    model
-        .encode(&mut buf)
-        .map_err(|e| Error::export(format!("cannot encode the merged model: {e}")))
+    model.encode(&mut buf).map_err(|e| Error::export(format!("cannot encode the merged model: {e}")))
 }
 
 /// Writes `model` to `path` atomically: a temporary file in the same folder, synced, then
@@ -104,7 +101,8 @@ fn remove_stale_temps(path: &Path) {
         let file = e.file_name().to_string_lossy().into_owned();
         let Some(rest) = file.strip_prefix(&prefix).and_then(|r| r.strip_suffix(".tmp")) else { continue };
         let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() && Path::new("/proc/self").exists() {
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() && Path::new("/proc/self").exists()
+        {
             let _ = fs::remove_file(e.path());
         }
     }
@@ -117,10 +115,7 @@ pub(crate) fn temp_path(path: &Path) -> PathBuf {
 }
 
 pub(crate) fn nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 /// Streams the protobuf encoding of `model` into `out`, byte-identical in content to
@@ -129,14 +124,15 @@ pub(crate) fn nanos() -> u128 {
 /// weights go straight from their source buffer (an mmap) to the writer.
 pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Result<u64> {
     let mut written = 0u64;
-    let header = model.clone_without_graph().encode_to_vec();
+    let header = clone_without_graph(model).encode_to_vec();
     out.write_all(&header)?;
     written += header.len() as u64;
     let Some(graph) = model.graph.as_ref() else { return Ok(written) };
 
     let mut buf = Vec::with_capacity(1 << 16);
     encode_graph_except_initializers(graph, &mut buf);
-    let init_len: usize = graph.initializer.iter().map(|t| field_len(5, tensor_len(t))).sum();
+    // A tensor streamed with its raw_data last has the same fields, so the same length.
+    let init_len: usize = graph.initializer.iter().map(|t| field_len(5, t.encoded_len())).sum();
     let mut key = Vec::with_capacity(16);
     encode_key(7, WireType::LengthDelimited, &mut key);
     encode_varint((buf.len() + init_len) as u64, &mut key);
@@ -149,26 +145,21 @@ pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Res
     Ok(written)
 }
 
-trait WithoutGraph {
-    fn clone_without_graph(&self) -> ModelProto;
-}
-
-impl WithoutGraph for ModelProto {
-    fn clone_without_graph(&self) -> ModelProto {
-        ModelProto {
-            ir_version: self.ir_version,
-            opset_import: self.opset_import.clone(),
-            producer_name: self.producer_name.clone(),
-            producer_version: self.producer_version.clone(),
-            domain: self.domain.clone(),
-            model_version: self.model_version,
-            doc_string: self.doc_string.clone(),
-            graph: None,
-            metadata_props: self.metadata_props.clone(),
-            training_info: self.training_info.clone(),
-            functions: self.functions.clone(),
-            configuration: self.configuration.clone(),
-        }
+/// The model's own fields (not the graph): small next to the graph, cloned to encode them.
+fn clone_without_graph(m: &ModelProto) -> ModelProto {
+    ModelProto {
+        ir_version: m.ir_version,
+        opset_import: m.opset_import.clone(),
+        producer_name: m.producer_name.clone(),
+        producer_version: m.producer_version.clone(),
+        domain: m.domain.clone(),
+        model_version: m.model_version,
+        doc_string: m.doc_string.clone(),
+        graph: None,
+        metadata_props: m.metadata_props.clone(),
+        training_info: m.training_info.clone(),
+        functions: m.functions.clone(),
+        configuration: m.configuration.clone(),
     }
 }
 
@@ -207,18 +198,6 @@ fn encode_graph_except_initializers(g: &GraphProto, buf: &mut Vec<u8>) {
 
 fn field_len(tag: u32, len: usize) -> usize {
     key_len(tag) + encoded_len_varint(len as u64) + len
-}
-
-fn tensor_len(t: &TensorProto) -> usize {
-    match &t.raw_data {
-        // Bytes clones are reference counts, not copies.
-        Some(raw) => {
-            let mut rest = t.clone();
-            rest.raw_data = None;
-            rest.encoded_len() + field_len(9, raw.len())
-        }
-        None => t.encoded_len(),
-    }
 }
 
 fn write_tensor(tag: u32, t: &TensorProto, out: &mut impl Write) -> std::io::Result<u64> {
@@ -376,17 +355,14 @@ pub fn strip_weights(model: &ModelProto, threshold: usize) -> ModelProto {
 /// `original` (slices of the same buffers: nothing is copied).
 pub fn restore_weights(mut stripped: ModelProto, original: &ModelProto, label: &str) -> Result<ModelProto> {
     let Some(src) = original.graph.as_ref() else { return Ok(stripped) };
-    let weights: std::collections::HashMap<&str, &Bytes> = src
-        .initializer
-        .iter()
-        .filter_map(|t| Some((t.name.as_deref()?, t.raw_data.as_ref()?)))
-        .collect();
+    let weights: std::collections::HashMap<&str, &Bytes> =
+        src.initializer.iter().filter_map(|t| Some((t.name.as_deref()?, t.raw_data.as_ref()?))).collect();
     if let Some(g) = stripped.graph.as_mut() {
         for t in &mut g.initializer {
             if t.raw_data.is_none() && t.float_data.is_empty() && t.int32_data.is_empty() && t.int64_data.is_empty() {
                 match weights.get(t.name()) {
                     Some(raw) => t.raw_data = Some((*raw).clone()),
-                    None if t.dims.iter().any(|&d| d == 0) => {}
+                    None if t.dims.contains(&0) => {}
                     None => {
                         return Err(Error::load(format!(
                             "{label}: after conversion, initializer '{}' has no weights to restore",

@@ -136,11 +136,7 @@ fn walk_function_calls(nodes: &mut [NodeProto], v: &mut impl Visitor) {
 }
 
 pub fn function_key(f: &FunctionProto) -> FunctionKey {
-    (
-        f.domain.clone().unwrap_or_default(),
-        f.name.clone().unwrap_or_default(),
-        f.overload.clone().unwrap_or_default(),
-    )
+    (f.domain.clone().unwrap_or_default(), f.name.clone().unwrap_or_default(), f.overload.clone().unwrap_or_default())
 }
 
 /// Every value and node name of a model, each once. (FxHash has no random seed, so the

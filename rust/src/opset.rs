@@ -37,10 +37,7 @@ pub fn merge_opsets(models: &[ModelProto], labels: &[String]) -> Result<Vec<Oper
     let mut conflicts = Vec::new();
     for (domain, versions) in &seen {
         if versions.len() > 1 {
-            let parts: Vec<String> = versions
-                .iter()
-                .map(|(v, who)| format!("{v} in {}", who.join(", ")))
-                .collect();
+            let parts: Vec<String> = versions.iter().map(|(v, who)| format!("{v} in {}", who.join(", "))).collect();
             conflicts.push(format!("domain '{}': {}", shown(domain), parts.join("; ")));
         }
         let version = *versions.keys().next_back().expect("non-empty");
