@@ -133,6 +133,29 @@ def test_full_disk_is_a_clear_error_and_the_old_file_stays(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "out.onnx"]
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MB tmpfs: a real full disk (ENOSPC). Needs the right to mount (root here and in CI)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_really_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path, tiny_disk):
+    onnx.save(scale_model(2.0, shape=(1, 1 << 19)), tmp_path / "big.onnx")  # 2 MB of weights
+    target = tiny_disk / "out.onnx"
+    target.write_bytes(b"old contents")
+    for external in (False, True):
+        with pytest.raises(fastseq.ExportError, match="cannot write .*No space left on device"):
+            fastseq.compose_to_file([tmp_path / "big.onnx"], target, external_data=external)
+        assert target.read_bytes() == b"old contents"
+        assert [p.name for p in tiny_disk.iterdir()] == ["out.onnx"]
+
+
 @pytest.mark.timeout(120)
 def test_one_pipeline_many_threads_same_results_as_serial():
     pipe = fastseq.ONNXSequential(scale_model(2.0), scale_model(-1.5), scale_model(0.5))

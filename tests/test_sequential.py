@@ -170,7 +170,7 @@ def test_conversion_that_cannot_be_done_names_model_and_operator():
          helper.make_tensor_value_info("scales", TensorProto.FLOAT, [4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])])
     old = helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)], ir_version=4)
-    with pytest.raises(fastseq.ConversionError, match=r"up \(#0\): cannot convert from opset 9 to 4"):
+    with pytest.raises(fastseq.ConversionError, match=r"up \(#0\): cannot convert from opset 9 to 4 \(blocked by operator Upsample\)"):
         fastseq.ONNXSequential(old, target_opset_version=4)
 
 

@@ -35,13 +35,22 @@ def convert_opset(model: _core.Composed, target: int, label: str) -> _core.Compo
         converted = onnx.version_converter.convert_version(stripped, target)
     except Exception as e:  # the converter raises RuntimeError, ValueError or its own
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        op = re.search(r"(?:for|Op(?:erator)?:?)\s+'?([A-Z][A-Za-z0-9]+)", text)
-        blocker = f" (blocked by operator {op.group(1)})" if op else ""
-        raise ConversionError(f"{label}: cannot convert from opset {source} to {target}{blocker}: {text}") from e
+        blocker = _blocking_op(stripped, text)
+        blocked = f" (blocked by operator {blocker})" if blocker else ""
+        raise ConversionError(f"{label}: cannot convert from opset {source} to {target}{blocked}: {text}") from e
     # A newer opset may need a newer IR version than the model had.
     needed = onnx.helper.find_min_ir_version_for(list(converted.opset_import), ignore_unknown=True)
     converted.ir_version = max(converted.ir_version, needed)
     return model.with_weights(converted.SerializeToString(), label)
+
+
+def _blocking_op(model: onnx.ModelProto, message: str) -> str | None:
+    """The operator the converter's message is about: one of the model's own op types that
+    the message names ("No Adapter For Relu", "adapt_upsample_9_8: ..."), longest first."""
+    lowered = message.lower()
+    ops = {n.op_type for n in model.graph.node}
+    named = [op for op in ops if re.search(rf"(?<![a-z]){op.lower()}(?![a-z])", lowered)]
+    return max(named, key=len) if named else None
 
 
 def harmonise(
