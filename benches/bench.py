@@ -19,6 +19,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ RESULTS = OUT / "results.json"
 README = HERE.parent / "README.md"
 GB = 1 << 30
 MB = 1 << 20
+REPEATS = 5  # runs of a measurement that takes little time; the median is reported
+REPEAT_BUDGET_S = 10.0
 
 
 # --- case generation ---------------------------------------------------------------------
@@ -329,6 +332,17 @@ def run(cases: list[str], timeout: float) -> dict:
                 continue
             print(f"{case}: {tool} ({mode}) ...", file=sys.stderr, flush=True)
             r = measure(tool, case, mode, timeout, session)
+            # Short runs are noisy on a shared machine: repeat them and keep the median.
+            times = [r["compose_s"]] if r.get("ok") else []
+            while r.get("ok") and len(times) < REPEATS and sum(times) < REPEAT_BUDGET_S:
+                again = measure(tool, case, mode, timeout, False)
+                if not again.get("ok"):
+                    break
+                times.append(again["compose_s"])
+                r["peak_rss"] = max(r["peak_rss"], again["peak_rss"])
+            if times:
+                r["runs"] = sorted(times)
+                r["compose_s"] = statistics.median(times)
             r.update(tool=tool, mode=mode)
             if r.get("ok"):
                 r["mb_s"] = size / MB / r["compose_s"]
@@ -357,7 +371,7 @@ def _fmt_row(r: dict) -> list[str]:
     return [
         r["tool"] + ("" if r["mode"] in ("inline", "-") else f" ({r['mode']})"),
         status,
-        f"{r['compose_s']:.2f}",
+        f"{r['compose_s']:.3f}" if r["compose_s"] < 0.1 else f"{r['compose_s']:.2f}",
         f"{r['vs_fastseq']:.1f}x" if "vs_fastseq" in r else ("1x" if r["tool"] == "fastseq" else ""),
         f"{r['vs_copy']:.2f}x" if "vs_copy" in r else "",
         f"{r['mb_s']:.0f} MB/s, {r['nodes_s']:.0f} nodes/s",
@@ -368,7 +382,7 @@ def _fmt_row(r: dict) -> list[str]:
 
 def table(report: dict) -> str:
     lines = [f"Measured on {report['machine']}, {report.get('date', '')}.", ""]
-    head = ["tool", "result", "merge+export s", "time / fastseq", "time / copy", "throughput", "peak RSS",
+    head = ["tool", "result", "merge+export s (median)", "time / fastseq", "time / copy", "throughput", "peak RSS",
             "session s"]
     for case, c in report["cases"].items():
         lines.append(f"**{case}**: {c['description']} ({c['input_bytes'] / MB:.0f} MB, {c['nodes']} nodes)")
@@ -400,6 +414,11 @@ def main() -> None:
     report = run(cases, a.timeout)
     report["date"] = time.strftime("%Y-%m-%d")
     OUT.mkdir(exist_ok=True)
+    if RESULTS.exists():  # a partial run updates its cases and keeps the others
+        previous = json.loads(RESULTS.read_text())
+        merged = {c: previous["cases"][c] for c in CASES if c in previous.get("cases", {})}
+        merged.update(report["cases"])
+        report["cases"] = {c: merged[c] for c in CASES if c in merged}
     RESULTS.write_text(json.dumps(report, indent=2))
     text = table(report)
     print(text)
