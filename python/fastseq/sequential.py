@@ -97,14 +97,12 @@ class ONNXSequential:
 
     def _init_session(self, providers, session_options) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if self._composed.encoded_len() < _core.PROTOBUF_LIMIT:
-            self._session_model: bytes | str = self._composed.to_bytes()
-        else:
+        self._model_path: str | None = None
+        if self._composed.encoded_len() >= _core.PROTOBUF_LIMIT:
             # Over 2 GB ONNX Runtime must read the model from a file with external data.
             self._tmp = tempfile.TemporaryDirectory(prefix="fastseq-")
-            path = os.path.join(self._tmp.name, "model.onnx")
-            self._composed.save(path, external_data=True)
-            self._session_model = path
+            self._model_path = os.path.join(self._tmp.name, "model.onnx")
+            self._composed.save(self._model_path, external_data=True)
         self._providers = list(providers) if providers else None
         self._session_options = session_options
         self._session = self.create_session(providers, session_options)
@@ -115,8 +113,11 @@ class ONNXSequential:
         providers: Sequence[session.Provider] | None = None,
         session_options: ort.SessionOptions | None = None,
     ) -> ort.InferenceSession:
-        """A new session over the composed model (the pipeline's own is left as it is)."""
-        return session.create(self._session_model, providers, session_options)
+        """A new session over the composed model (the pipeline's own is left as it is).
+        The serialized bytes exist only while the session is built: ONNX Runtime keeps its
+        own copy, and the core keeps the model (weights as slices of the source files)."""
+        model = self._model_path or self._composed.to_bytes()
+        return session.create(model, providers, session_options)
 
     def get_session(self) -> ort.InferenceSession:
         return self._session
@@ -187,7 +188,7 @@ class ONNXSequential:
     @property
     def model_bytes(self) -> bytes:
         """The composed model, serialized (weights inline)."""
-        return self._session_model if isinstance(self._session_model, bytes) else self._composed.to_bytes()
+        return self._composed.to_bytes()
 
     @property
     def model(self) -> onnx.ModelProto:

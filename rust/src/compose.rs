@@ -54,13 +54,15 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
     if n == 0 {
         return Err(Error::composition("no models to compose"));
     }
-    assert_eq!(labels.len(), n, "one label per model");
+    if labels.len() != n {
+        return Err(Error::composition(format!("{n} models but {} labels: one label per model", labels.len())));
+    }
     for (m, label) in models.iter().zip(labels) {
         if m.graph.is_none() {
             return Err(Error::load(format!("{label}: the model has no graph")));
         }
     }
-    let io_maps = apply_prefixes(&mut models, opts)?;
+    let io_maps = apply_prefixes(&mut models, opts);
     let opset_import = merge_opsets(&models, labels)?;
     let ir_version = match opts.ir_version {
         Some(v) if v <= 0 || v > crate::model::MAX_IR_VERSION => {
@@ -99,7 +101,7 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
 
 /// Applies `opts.prefixes` to every name of the models, and to the io_maps, as
 /// `onnx.compose.merge_models(prefix1=..., prefix2=...)` does.
-fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Result<Option<Vec<Joint>>> {
+fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Vec<Joint>> {
     let prefix = |i: usize| opts.prefixes.get(i).cloned().flatten().filter(|p| !p.is_empty());
     models.par_iter_mut().enumerate().for_each(|(i, m)| {
         if let Some(p) = prefix(i) {
@@ -120,7 +122,7 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Result<Option<Ve
             walk_model(m, &mut r);
         }
     });
-    Ok(opts.io_maps.as_ref().map(|maps| {
+    opts.io_maps.as_ref().map(|maps| {
         maps.iter()
             .enumerate()
             .map(|(j, pairs)| {
@@ -134,7 +136,7 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Result<Option<Ve
                     .collect()
             })
             .collect()
-    }))
+    })
 }
 
 fn graph(m: &ModelProto) -> &GraphProto {

@@ -145,27 +145,12 @@ mod bindings {
             external_data: Option<bool>,
             threshold: usize,
         ) -> PyResult<Bound<'py, PyDict>> {
-            let external =
-                self.linked || external_data.unwrap_or_else(|| self.model.encoded_len() as u64 >= PROTOBUF_LIMIT);
-            let (model_len, data_len, data_name) = py
-                .detach(|| {
-                    if external {
-                        external::write_with_external(&self.model, &path, threshold).map(|(a, b, n)| (a, b, Some(n)))
-                    } else if self.model.encoded_len() as u64 >= PROTOBUF_LIMIT {
-                        Err(Error::export(format!(
-                            "{}: the model is {} bytes, over the 2 GB protobuf limit: it needs external data",
-                            path.display(),
-                            self.model.encoded_len()
-                        )))
-                    } else {
-                        model::write_atomic(&self.model, &path).map(|n| (n, 0, None))
-                    }
-                })
-                .map_err(to_py)?;
+            let saved =
+                py.detach(|| model::save(&self.model, &path, external_data, self.linked, threshold)).map_err(to_py)?;
             let d = PyDict::new(py);
-            d.set_item("model_bytes", model_len)?;
-            d.set_item("data_bytes", data_len)?;
-            d.set_item("data_file", data_name)?;
+            d.set_item("model_bytes", saved.model_bytes)?;
+            d.set_item("data_bytes", saved.data_bytes)?;
+            d.set_item("data_file", saved.data_file)?;
             Ok(d)
         }
 
@@ -201,9 +186,6 @@ mod bindings {
             Ok(d)
         }
     }
-
-    /// C++ protobuf (onnx, ONNX Runtime) cannot parse a message of 2 GiB or more.
-    const PROTOBUF_LIMIT: u64 = (2u64 << 30) - (16 << 20);
 
     fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
         Ok(match k {
@@ -303,7 +285,7 @@ mod bindings {
         m.add("OpsetMismatchError", py.get_type::<OpsetMismatchError>())?;
         m.add("ExportError", py.get_type::<ExportError>())?;
         m.add("MAX_IR_VERSION", model::MAX_IR_VERSION)?;
-        m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
+        m.add("PROTOBUF_LIMIT", model::PROTOBUF_LIMIT)?;
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add_class::<Composed>()?;
         m.add_function(wrap_pyfunction!(compose_models, m)?)?;

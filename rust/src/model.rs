@@ -64,6 +64,37 @@ fn check_decoded(label: &str, model: &ModelProto) -> Result<()> {
     Ok(())
 }
 
+/// C++ protobuf (onnx, ONNX Runtime) cannot parse a message of 2 GiB or more; a margin
+/// leaves room for what a reader adds.
+pub const PROTOBUF_LIMIT: u64 = (2u64 << 30) - (16 << 20);
+
+/// What [`save`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Saved {
+    pub model_bytes: u64,
+    pub data_bytes: u64,
+    pub data_file: Option<String>,
+}
+
+/// Writes `model` to `path` atomically. `external`: Some(true) puts tensors of at least
+/// `threshold` bytes in a data file beside it, Some(false) keeps them inline, None decides
+/// by size (external at the protobuf limit). `linked` models (external data left pointing
+/// at the sources) always take the external path, which links those files.
+pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: bool, threshold: usize) -> Result<Saved> {
+    let size = model.encoded_len() as u64;
+    if linked || external.unwrap_or(size >= PROTOBUF_LIMIT) {
+        let (model_bytes, data_bytes, name) = crate::external::write_with_external(model, path, threshold)?;
+        return Ok(Saved { model_bytes, data_bytes, data_file: Some(name) });
+    }
+    if size >= PROTOBUF_LIMIT {
+        return Err(Error::export(format!(
+            "{}: the model is {size} bytes, over the 2 GB protobuf limit: it needs external data",
+            path.display()
+        )));
+    }
+    Ok(Saved { model_bytes: write_atomic(model, path)?, data_bytes: 0, data_file: None })
+}
+
 /// Encodes into a caller-provided buffer of exactly `model.encoded_len()` bytes.
 pub fn encode_into(model: &ModelProto, mut buf: &mut [u8]) -> Result<()> {
     model.encode(&mut buf).map_err(|e| Error::export(format!("cannot encode the merged model: {e}")))
