@@ -156,6 +156,24 @@ def test_hub_model_with_external_data_brings_its_companion(hub, tmp_path):
     assert any(p.endswith("/ext/big.weights") for _, p, _ in server.requests)
 
 
+@pytest.mark.parametrize("location", ["../../../escape.bin", "/etc/passwd"])
+def test_hub_external_data_locations_are_checked_before_any_download(hub, tmp_path, location):
+    server, root = hub
+    folder = root / "acme" / "models" / "evil"
+    folder.mkdir(parents=True)
+    onnx.save(scale_model(2.0, shape=(2, 512)), folder / "m.onnx", save_as_external_data=True,
+              location="m.bin", size_threshold=0)
+    model = onnx.load(str(folder / "m.onnx"), load_external_data=False)
+    for e in model.graph.initializer[0].external_data:
+        if e.key == "location":
+            e.value = location
+    onnx.save(model, str(folder / "m.onnx"))
+    with pytest.raises(fastseq.LoadError, match="external data location .* is refused"):
+        fastseq.ONNXSequential("hf://acme/models/evil/m.onnx", cache_dir=tmp_path / "c")
+    assert not any("escape" in p or "passwd" in p for _, p, _ in server.requests)
+    assert not list(tmp_path.rglob("escape.bin"))
+
+
 def test_hub_errors_name_the_id(hub, tmp_path):
     with pytest.raises(fastseq.DownloadError, match="hf://acme/models/nope.onnx"):
         fastseq.ONNXSequential("hf://acme/models/nope.onnx", cache_dir=tmp_path)

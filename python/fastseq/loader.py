@@ -73,8 +73,7 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
         return Resolved(str(path), path.name)
     raise TypeError(
         f"model #{index}: expected an onnx.ModelProto, bytes, a path, a URL, an hf:// id or "
-        f"builtin:NAME, "
-        f"got {type(model).__name__}"
+        f"builtin:NAME, got {type(model).__name__}"
     )
 
 
@@ -93,8 +92,9 @@ def resolve(
         path = hub_download(model, cache_dir, force_download, token, sha256=sha256)
         # The Hub cache links snapshot files into blobs/: external data may resolve anywhere
         # in the repo's cache folder, and nowhere else.
-        repo_root = path.parents[len(Path(parse_hub_id(model).filename).parts)]
-        return Resolved((str(path), str(repo_root.parent)), model)
+        # (path = <repo folder>/snapshots/<revision>/<filename>)
+        repo_folder = path.parents[len(Path(parse_hub_id(model).filename).parts) + 1]
+        return Resolved((str(path), str(repo_folder)), model)
     if isinstance(model, str) and model.startswith(("http://", "https://")):
         path = url_download(model, cache_dir, force_download, sha256=sha256)
         return Resolved(str(path), model.partition("#")[0].rsplit("/", 1)[-1] or model)
@@ -167,6 +167,10 @@ def hub_download(
                 check_sha256(path, expected, ref)
         folder = os.path.dirname(hub.filename)
         for location in _core.external_data_locations(str(path)):
+            # Untrusted: checked before it becomes a download (and a path in the cache).
+            if not location or os.path.isabs(location) or ".." in Path(location).parts or "\\" in location:
+                raise LoadError(f"{ref}: external data location '{location}' is refused: it must be a "
+                                "relative path inside the model's folder")
             hf_hub_download(filename=f"{folder}/{location}" if folder else location, **kwargs)
     except LocalEntryNotFoundError as e:
         raise DownloadError(f"{ref}: not in the cache and offline or unreachable: {e}") from e
