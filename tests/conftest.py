@@ -142,6 +142,15 @@ def loop_model_reading_outer_initializer() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def set_external_location(path, location: str) -> None:
+    """Points the first initializer of the external-data model at ``path`` to ``location``."""
+    model = onnx.load(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    onnx.save(model, str(path))
+
+
 @pytest.fixture
 def x24() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto
 
 import fastseq
-from conftest import scale_model
+from conftest import scale_model, set_external_location
 
 N = 1024  # initializer of N float32: 4 KB, over the external-data threshold
 
@@ -63,11 +63,7 @@ def test_locations_outside_the_model_folder_are_refused(tmp_path, location):
     folder.mkdir()
     (tmp_path / "secret.bin").write_bytes(b"\0" * 4 * N)
     save_external(scale_model(2.0, shape=(2, N)), folder / "m.onnx", "m.bin")
-    model = onnx.load(str(folder / "m.onnx"), load_external_data=False)
-    for e in model.graph.initializer[0].external_data:
-        if e.key == "location":
-            e.value = location
-    onnx.save(model, str(folder / "m.onnx"))
+    set_external_location(folder / "m.onnx", location)
     with pytest.raises(fastseq.LoadError, match="external data location .* is refused|has no location"):
         fastseq.compose([folder / "m.onnx"])
 

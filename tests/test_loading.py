@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 import fastseq
-from conftest import scale_model
+from conftest import scale_model, set_external_location
 from fastseq import loader
 from servers import serve_files, serve_hub
 
@@ -163,11 +163,7 @@ def test_hub_external_data_locations_are_checked_before_any_download(hub, tmp_pa
     folder.mkdir(parents=True)
     onnx.save(scale_model(2.0, shape=(2, 512)), folder / "m.onnx", save_as_external_data=True,
               location="m.bin", size_threshold=0)
-    model = onnx.load(str(folder / "m.onnx"), load_external_data=False)
-    for e in model.graph.initializer[0].external_data:
-        if e.key == "location":
-            e.value = location
-    onnx.save(model, str(folder / "m.onnx"))
+    set_external_location(folder / "m.onnx", location)
     with pytest.raises(fastseq.LoadError, match="external data location .* is refused"):
         fastseq.ONNXSequential("hf://acme/models/evil/m.onnx", cache_dir=tmp_path / "c")
     assert not any("escape" in p or "passwd" in p for _, p, _ in server.requests)

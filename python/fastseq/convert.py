@@ -25,9 +25,8 @@ def default_opset(opsets: list[tuple[str, int]]) -> int:
     return 0
 
 
-def convert_opset(model: _core.Composed, target: int, label: str) -> _core.Composed:
-    """Converts the default-domain opset of ``model`` to ``target``."""
-    source = default_opset(model.summary()["opsets"])
+def convert_opset(model: _core.Composed, source: int, target: int, label: str) -> _core.Composed:
+    """Converts the default-domain opset of ``model`` from ``source`` to ``target``."""
     if source in (target, 0):
         return model
     stripped = onnx.ModelProto.FromString(model.stripped_bytes(_KEEP_BYTES))
@@ -59,4 +58,4 @@ def harmonise(
     """Brings every model to one default-domain opset: ``target``, else the highest."""
     versions = [default_opset(m.summary()["opsets"]) for m in models]
     goal = target if target is not None else max(versions)
-    return [convert_opset(m, goal, label) for m, label in zip(models, labels)]
+    return [convert_opset(m, v, goal, label) for m, v, label in zip(models, versions, labels)]

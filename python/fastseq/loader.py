@@ -167,10 +167,12 @@ def hub_download(
                 check_sha256(path, expected, ref)
         folder = os.path.dirname(hub.filename)
         for location in _core.external_data_locations(str(path)):
-            # Untrusted: checked before it becomes a download (and a path in the cache).
-            if not location or os.path.isabs(location) or ".." in Path(location).parts or "\\" in location:
-                raise LoadError(f"{ref}: external data location '{location}' is refused: it must be a "
-                                "relative path inside the model's folder")
+            # Untrusted: checked by the core's rule before it becomes a download (and a path
+            # in the cache).
+            try:
+                _core.check_external_location(location)
+            except LoadError as e:
+                raise LoadError(f"{ref}: {e}") from None
             hf_hub_download(filename=f"{folder}/{location}" if folder else location, **kwargs)
     except LocalEntryNotFoundError as e:
         raise DownloadError(f"{ref}: not in the cache and offline or unreachable: {e}") from e

@@ -64,9 +64,9 @@ pub fn has_external(model: &mut ModelProto) -> bool {
     found
 }
 
-/// Checks `location` (relative to `base`) and returns the file it names, which must
-/// resolve, links followed, inside `root`.
-pub fn safe_location(base: &Path, root: &Path, location: &str) -> Result<PathBuf> {
+/// The rule every external-data location must pass before it names a file (or a download):
+/// a non-empty relative path with no `..`, no root, no drive, no NUL.
+pub fn check_relative(location: &str) -> Result<()> {
     let rel = Path::new(location);
     let bad = location.is_empty()
         || rel.is_absolute()
@@ -79,7 +79,14 @@ pub fn safe_location(base: &Path, root: &Path, location: &str) -> Result<PathBuf
             "external data location '{location}' is refused: it must be a relative path inside the model's folder"
         )));
     }
-    let path = base.join(rel);
+    Ok(())
+}
+
+/// Checks `location` (relative to `base`) and returns the file it names, which must
+/// resolve, links followed, inside `root`.
+pub fn safe_location(base: &Path, root: &Path, location: &str) -> Result<PathBuf> {
+    check_relative(location)?;
+    let path = base.join(location);
     let real_base = root
         .canonicalize()
         .map_err(|e| Error::load(format!("cannot resolve the model's folder {}: {e}", root.display())))?;

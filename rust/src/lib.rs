@@ -270,6 +270,12 @@ mod bindings {
         .map_err(to_py)
     }
 
+    /// Raises LoadError unless `location` is a safe relative external-data location.
+    #[pyfunction]
+    fn check_external_location(location: &str) -> PyResult<()> {
+        external::check_relative(location).map_err(to_py)
+    }
+
     /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
     #[pyfunction]
     fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
@@ -292,6 +298,7 @@ mod bindings {
         m.add_function(wrap_pyfunction!(load_model, m)?)?;
         m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
         m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
+        m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
         Ok(())
     }
 }
