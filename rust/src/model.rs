@@ -198,33 +198,19 @@ fn clone_without_graph(m: &ModelProto) -> ModelProto {
 /// the nodes, which can be most of a model).
 fn encode_graph_except_initializers(g: &GraphProto, buf: &mut Vec<u8>) {
     use prost::encoding::{message, string};
-    for n in &g.node {
-        message::encode(1, n, buf);
-    }
+    message::encode_repeated(1, &g.node, buf);
     if let Some(name) = &g.name {
         string::encode(2, name, buf);
     }
     if let Some(doc) = &g.doc_string {
         string::encode(10, doc, buf);
     }
-    for v in &g.input {
-        message::encode(11, v, buf);
-    }
-    for v in &g.output {
-        message::encode(12, v, buf);
-    }
-    for v in &g.value_info {
-        message::encode(13, v, buf);
-    }
-    for a in &g.quantization_annotation {
-        message::encode(14, a, buf);
-    }
-    for s in &g.sparse_initializer {
-        message::encode(15, s, buf);
-    }
-    for p in &g.metadata_props {
-        message::encode(16, p, buf);
-    }
+    message::encode_repeated(11, &g.input, buf);
+    message::encode_repeated(12, &g.output, buf);
+    message::encode_repeated(13, &g.value_info, buf);
+    message::encode_repeated(14, &g.quantization_annotation, buf);
+    message::encode_repeated(15, &g.sparse_initializer, buf);
+    message::encode_repeated(16, &g.metadata_props, buf);
 }
 
 fn field_len(tag: u32, len: usize) -> usize {
