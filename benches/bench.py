@@ -265,7 +265,9 @@ def worker(tool: str, case: str, mode: str, out: str, session: bool) -> None:
 
 
 def warm_cache(case: str) -> None:
-    """Reads every input once so that each tool starts with the same (warm) page cache."""
+    """Reads every input once so that each tool starts with the same (warm) page cache, and
+    flushes what earlier runs wrote so that no tool pays for another's writeback."""
+    os.sync()
     folder = CASES_DIR / case
     buf = bytearray(16 * MB)
     for f in sorted(folder.glob("m*.onnx")) + sorted(folder.glob("*.bin")):
