@@ -554,6 +554,9 @@ fn assemble(
         })),
         ..Default::default()
     };
+    // Sized once: growing a list of tens of thousands of nodes copies it again and again.
+    g.node.reserve_exact(models.iter().map(|m| graph(m).node.len()).sum());
+    g.initializer.reserve_exact(models.iter().map(|m| graph(m).initializer.len()).sum());
     let mut out = ModelProto {
         ir_version: Some(ir_version),
         opset_import,
