@@ -53,6 +53,22 @@ def input_pb(name: str, kind: str = "pytorch-converted") -> np.ndarray:
     return numpy_helper.to_array(tensor)
 
 
+def varint(n: int) -> bytes:
+    """Protobuf base-128 varint, for models written byte by byte."""
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def field(tag: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return varint(tag << 3 | 2) + varint(len(payload)) + payload
+
+
 def scale_model(
     scale: float,
     inp: str = "x",

@@ -8,21 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import fastseq
-from conftest import scale_model
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _field(tag: int, payload: bytes) -> bytes:
-    return _varint(tag << 3 | 2) + _varint(len(payload)) + payload
+from conftest import field, scale_model, varint
 
 
 def deeply_nested_model(depth: int) -> bytes:
@@ -30,10 +16,10 @@ def deeply_nested_model(depth: int) -> bytes:
     (Python's protobuf refuses to build it)."""
     graph = b""
     for _ in range(depth):
-        attribute = _field(1, b"g") + _varint(20 << 3) + _varint(5) + _field(6, graph)
-        node = _field(4, b"If") + _field(5, attribute)
-        graph = _field(1, node)
-    return _varint(1 << 3) + _varint(8) + _field(7, graph)  # ir_version 8, graph
+        attribute = field(1, b"g") + varint(20 << 3) + varint(5) + field(6, graph)
+        node = field(4, b"If") + field(5, attribute)
+        graph = field(1, node)
+    return varint(1 << 3) + varint(8) + field(7, graph)  # ir_version 8, graph
 
 
 def test_unknown_io_map_names_suggest_the_near_miss():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import signal
 import subprocess
@@ -16,12 +15,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import fastseq
-from conftest import run, run_chain, scale_model
+from conftest import field, run, run_chain, scale_model, varint
 from fastseq import _core, loader
-from test_errors import _field, _varint
 
 ROOT = Path(__file__).parent
 
@@ -33,11 +30,11 @@ def chain_model_bytes(nodes: int) -> bytes:
     for k in range(nodes):
         src = b"x" if k == 0 else b"n%d" % (k - 1)
         dst = b"y" if k == nodes - 1 else b"n%d" % k
-        parts.append(_field(1, _field(1, src) + _field(2, dst) + _field(4, b"Relu")))
-    value_info = lambda name: _field(1, name) + _field(2, _field(1, _varint(1 << 3) + _varint(1)))  # noqa: E731
-    graph = b"".join(parts) + _field(2, b"long") + _field(11, value_info(b"x")) + _field(12, value_info(b"y"))
-    opset = _field(8, _field(1, b"") + _varint(2 << 3) + _varint(17))
-    return _varint(1 << 3) + _varint(8) + opset + _field(7, graph)
+        parts.append(field(1, field(1, src) + field(2, dst) + field(4, b"Relu")))
+    value_info = lambda name: field(1, name) + field(2, field(1, varint(1 << 3) + varint(1)))  # noqa: E731
+    graph = b"".join(parts) + field(2, b"long") + field(11, value_info(b"x")) + field(12, value_info(b"y"))
+    opset = field(8, field(1, b"") + varint(2 << 3) + varint(17))
+    return varint(1 << 3) + varint(8) + opset + field(7, graph)
 
 
 def test_million_node_graph_composes_without_running_out_of_memory():

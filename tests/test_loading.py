@@ -4,15 +4,13 @@ real HTTP servers on 127.0.0.1 (huggingface_hub pointed at one through HF_ENDPOI
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
 import fastseq
-from conftest import scale_model, set_external_location
+from conftest import run, scale_model, set_external_location
 from fastseq import loader
 from servers import serve_files, serve_hub
 
@@ -183,6 +181,4 @@ def test_compose_functions_take_urls_too(files, tmp_path, monkeypatch):
     server, _ = files
     monkeypatch.setenv("FASTSEQ_CACHE", str(tmp_path / "cache"))
     merged = fastseq.compose([f"{server.url}/a.onnx", f"{server.url}/b.onnx"])
-    from conftest import run
-
     np.testing.assert_allclose(run(merged, {"x": X})["y"], WANT)

@@ -9,7 +9,7 @@ import onnx.compose
 import pytest
 
 import fastseq
-from conftest import FIXTURES, input_pb, pytorch_converted, run, run_chain, scale_model, session
+from conftest import FIXTURES, ONNX_DATA, input_pb, pytorch_converted, run, run_chain, scale_model
 
 # Shape-preserving models exported from torch.nn by others, all IR 3 / opset 6, all with
 # the numeric names ('0', '1', ...) of the legacy exporter: every joint clashes.
@@ -177,7 +177,7 @@ def test_sklearn_pipeline_stages_compose_like_the_whole_pipeline():
 def test_light_model_with_initializers_listed_as_inputs():
     """light/ models are IR 3 and list their weights as graph inputs: only the real input
     joins by position, and the weights stay weights."""
-    light = onnx.load(str(__import__("conftest").ONNX_DATA / "light" / "light_squeezenet.onnx"))
+    light = onnx.load(str(ONNX_DATA / "light" / "light_squeezenet.onnx"))
     inits = {t.name for t in light.graph.initializer}
     real = [i for i in light.graph.input if i.name not in inits]
     assert len(real) == 1 and len(light.graph.input) > 1

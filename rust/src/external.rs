@@ -64,6 +64,24 @@ pub fn has_external(model: &mut ModelProto) -> bool {
     found
 }
 
+/// The external-data files a model's tensors refer to (`location` entries), each once.
+pub fn locations(model: &mut ModelProto) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    if let Some(g) = model.graph.as_mut() {
+        let _ = for_each_tensor(g, &mut |t| {
+            for e in &t.external_data {
+                if let (Some("location"), Some(v)) = (e.key.as_deref(), &e.value) {
+                    if !out.contains(v) {
+                        out.push(v.clone());
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
+    out
+}
+
 /// The rule every external-data location must pass before it names a file (or a download):
 /// a non-empty relative path with no `..`, no root, no drive, no NUL.
 pub fn check_relative(location: &str) -> Result<()> {
@@ -215,22 +233,15 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
 
     let mut header = model.clone();
     let linked = link_sources(&mut header, path, &token)?;
-    let result = (|| -> std::io::Result<u64> {
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp)?);
+    let io = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", data_path.display()));
+    let result = (|| -> Result<u64> {
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp).map_err(io)?);
         let mut offset = 0u64;
         if let Some(g) = header.graph.as_mut() {
-            let mut io_err = None;
-            let _ = for_each_tensor(g, &mut |t| {
-                let Some(raw) = t.raw_data.as_ref() else { return Ok(()) };
-                if raw.len() < threshold || io_err.is_some() {
-                    return Ok(());
-                }
+            for_each_tensor(g, &mut |t| {
+                let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(()) };
                 let pad = (ALIGN - offset % ALIGN) % ALIGN;
-                let step = out.write_all(&vec![0u8; pad as usize]).and_then(|_| out.write_all(raw));
-                if let Err(e) = step {
-                    io_err = Some(e);
-                    return Ok(());
-                }
+                out.write_all(&vec![0u8; pad as usize]).and_then(|_| out.write_all(&raw)).map_err(io)?;
                 offset += pad;
                 t.external_data = vec![
                     kv("location", data_name.clone()),
@@ -238,16 +249,12 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
                     kv("length", raw.len().to_string()),
                 ];
                 offset += raw.len() as u64;
-                t.raw_data = None;
                 t.data_location = Some(DataLocation::External as i32);
                 Ok(())
-            });
-            if let Some(e) = io_err {
-                return Err(e);
-            }
+            })?;
         }
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
+        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
         Ok(offset)
     })();
     let cleanup = |linked: &[PathBuf]| {
@@ -255,10 +262,9 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
             let _ = fs::remove_file(l);
         }
     };
-    let data_len = result.map_err(|e| {
+    let data_len = result.inspect_err(|_| {
         let _ = fs::remove_file(&data_tmp);
         cleanup(&linked);
-        Error::export(format!("cannot write {}: {e}", data_path.display()))
     })?;
     if let Err(e) = fs::rename(&data_tmp, &data_path) {
         let _ = fs::remove_file(&data_tmp);
@@ -332,13 +338,9 @@ fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<
 /// Data files an earlier export wrote for the model now at `path`.
 fn previous_data_files(path: &Path) -> Vec<PathBuf> {
     let Ok(data) = crate::model::read_path(path) else { return Vec::new() };
-    let Ok(model) = <ModelProto as prost::Message>::decode(data) else { return Vec::new() };
+    let Ok(mut model) = <ModelProto as prost::Message>::decode(data) else { return Vec::new() };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    crate::model::external_locations(&model)
-        .into_iter()
-        .filter(|l| written_by_us(&name, l))
-        .map(|l| path.with_file_name(l))
-        .collect()
+    locations(&mut model).into_iter().filter(|l| written_by_us(&name, l)).map(|l| path.with_file_name(l)).collect()
 }
 
 /// `{name}.{8 hex digits}.…`: the names [`write_with_external`] gives its files, so that a

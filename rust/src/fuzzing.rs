@@ -8,9 +8,9 @@ use crate::model;
 /// Decodes `data` and, when it is a model, merges it with itself and round-trips the result.
 /// Must never panic, whatever `data` is.
 pub fn decode_and_merge(data: &[u8]) {
-    let Ok(m) = model::decode("fuzz", Bytes::copy_from_slice(data)) else { return };
+    let Ok(mut m) = model::decode("fuzz", Bytes::copy_from_slice(data)) else { return };
     let _ = model::summary(&m);
-    let _ = model::external_locations(&m);
+    let _ = crate::external::locations(&mut m);
     let stripped = model::strip_weights(&m, 16);
     let _ = model::restore_weights(stripped, &m, "fuzz");
     for keep in [Keep::Last, Keep::Unconsumed] {

@@ -50,8 +50,27 @@ mod bindings {
         }
     }
 
-    /// A model source: serialized bytes (copied once, under the GIL) or a path (mmapped,
-    /// external data resolved in place beside it).
+    /// The buffer of a Python `bytes` object, shared with the core instead of copied: `bytes`
+    /// are immutable and keep their data inside the object, which `_object` keeps alive.
+    struct PyBytesOwner {
+        ptr: *const u8,
+        len: usize,
+        _object: Py<PyBytes>,
+    }
+
+    // SAFETY: the buffer is immutable and outlives this owner (it holds a reference to the
+    // object); PyO3 defers the decref when the owner is dropped on a thread without the GIL.
+    unsafe impl Send for PyBytesOwner {}
+
+    impl AsRef<[u8]> for PyBytesOwner {
+        fn as_ref(&self) -> &[u8] {
+            // SAFETY: see above; ptr and len come from the live object's own buffer.
+            unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        }
+    }
+
+    /// A model source: serialized bytes (shared with Python, not copied), a path (mmapped,
+    /// external data resolved in place beside it) or a model the core already holds.
     enum Source {
         Bytes(Bytes),
         /// A model file, and the folder its external data may resolve into (default: the
@@ -64,7 +83,9 @@ mod bindings {
         type Error = PyErr;
         fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
             if let Ok(b) = ob.cast::<PyBytes>() {
-                return Ok(Source::Bytes(Bytes::copy_from_slice(b.as_bytes())));
+                let data = b.as_bytes();
+                let owner = PyBytesOwner { ptr: data.as_ptr(), len: data.len(), _object: b.to_owned().unbind() };
+                return Ok(Source::Bytes(Bytes::from_owner(owner)));
             }
             if let Ok(c) = ob.cast::<Composed>() {
                 // Names are copied; weights are shared slices.
@@ -264,8 +285,8 @@ mod bindings {
     fn external_data_locations(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
         py.detach(|| {
             let label = path.display().to_string();
-            let m = model::decode(&label, model::read_path(&path)?)?;
-            Ok(model::external_locations(&m))
+            let mut m = model::decode(&label, model::read_path(&path)?)?;
+            Ok(external::locations(&mut m))
         })
         .map_err(to_py)
     }

@@ -238,40 +238,6 @@ fn write_tensor(tag: u32, t: &TensorProto, out: &mut impl Write) -> std::io::Res
     Ok(n)
 }
 
-/// The external-data files a model's tensors refer to (`location` entries), each once.
-pub fn external_locations(model: &ModelProto) -> Vec<String> {
-    fn tensor(t: &TensorProto, out: &mut Vec<String>) {
-        for e in &t.external_data {
-            if e.key.as_deref() == Some("location") {
-                if let Some(v) = &e.value {
-                    if !out.contains(v) {
-                        out.push(v.clone());
-                    }
-                }
-            }
-        }
-    }
-    fn graph(g: &GraphProto, out: &mut Vec<String>) {
-        for t in &g.initializer {
-            tensor(t, out);
-        }
-        for s in &g.sparse_initializer {
-            s.values.iter().chain(s.indices.iter()).for_each(|t| tensor(t, out));
-        }
-        for n in &g.node {
-            for a in &n.attribute {
-                a.t.iter().chain(a.tensors.iter()).for_each(|t| tensor(t, out));
-                a.g.iter().chain(a.graphs.iter()).for_each(|sub| graph(sub, out));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    if let Some(g) = &model.graph {
-        graph(g, &mut out);
-    }
-    out
-}
-
 /// A short description of a model, for `fastseq inspect` and `repr`.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
