@@ -121,9 +121,18 @@ def test_truncated_model():
         fastseq.compose([data[: len(data) // 2]])
 
 
-def test_recursion_too_deep_is_an_error_not_a_crash():
-    with pytest.raises(fastseq.LoadError, match="recursion limit"):
-        fastseq.compose([deeply_nested_model(200)])
+@pytest.mark.parametrize("depth", [40, 5000])
+def test_recursion_too_deep_is_an_error_not_a_crash(depth):
+    with pytest.raises(fastseq.LoadError, match="subgraphs nested more than 32 deep"):
+        fastseq.compose([deeply_nested_model(depth)])
+
+
+def test_nesting_within_the_limit_is_kept():
+    merged = fastseq.compose([deeply_nested_model(30)])
+    graph, depth = merged.graph, 0
+    while graph.node:
+        graph, depth = graph.node[0].attribute[0].g, depth + 1
+    assert depth == 30
 
 
 def test_newer_ir_version_is_refused():
@@ -165,3 +174,28 @@ def test_failed_write_leaves_no_file(tmp_path):
         fastseq.compose_to_file([scale_model(1.0), scale_model(1.0, dtype=TensorProto.DOUBLE)], existing)
     assert existing.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.onnx"]
+
+
+def test_node_names_that_are_not_utf8_are_load_errors():
+    """Nodes are read as bytes, so the UTF-8 check prost made is made when the model loads."""
+    node = field(1, b"x") + field(2, b"\xff\xfe") + field(4, b"Relu")
+    data = varint(1 << 3) + varint(8) + field(7, field(1, node))
+    with pytest.raises(fastseq.LoadError, match="node 0 of graph '': .*UTF-8"):
+        fastseq.compose([data])
+
+
+def test_unknown_node_fields_do_not_break_renaming():
+    """A node field this schema does not know is kept (as onnx keeps it), renamed node or not,
+    and the names still follow the merge."""
+    m = scale_model(2.0)
+    twice = fastseq.compose([m, m])
+    nodes = b"".join(field(1, n.SerializeToString() + varint(99 << 3) + varint(7)) for n in m.graph.node)
+    patched = onnx.ModelProto()
+    patched.CopyFrom(m)
+    patched.graph.ClearField("node")
+    data = patched.SerializeToString() + field(7, nodes)  # a second graph field merges into the first
+    merged = fastseq.compose([data, m])
+    assert [(n.input, n.output, n.name) for n in merged.graph.node] == [
+        (n.input, n.output, n.name) for n in twice.graph.node
+    ]
+    assert fastseq.compose_bytes([data, data]).count(b"\x98\x06\x07") == 4  # field 99 = 7, in every node

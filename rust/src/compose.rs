@@ -1,6 +1,7 @@
 //! Joints and the N-way merge: all models are renamed and merged in one pass.
 use std::collections::{HashMap, HashSet};
 
+use bumpalo::Bump;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use prost::Message;
@@ -77,10 +78,17 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
     let joints = resolve_joints(&models, labels, io_maps.as_deref())?;
     let plan = Plan::new(&models, labels, &joints, opts)?;
 
-    let names: Vec<NameSet> = models.par_iter_mut().map(NameSet::of).collect();
+    // Arenas for the names of each model and for the fresh names given to them.
+    let mut arenas: Vec<(Bump, Bump, Bump)> = (0..n).map(|_| Default::default()).collect();
+    let (name_arenas, fresh_arenas): (Vec<&mut Bump>, Vec<(&mut Bump, &mut Bump)>) =
+        arenas.iter_mut().map(|(a, b, c)| (a, (b, c))).unzip();
+    let names: Vec<NameSet> = models.par_iter_mut().zip(name_arenas).map(|(m, arena)| NameSet::of(m, arena)).collect();
+    let (value_arenas, node_arenas): (Vec<&mut Bump>, Vec<&mut Bump>) = fresh_arenas.into_iter().unzip();
     // Values and node names are separate namespaces: assigned side by side.
-    let (value_maps, node_maps) =
-        rayon::join(|| assign_value_names(&models, &names, &joints, &plan), || assign_node_names(&names));
+    let (value_maps, node_maps) = rayon::join(
+        || assign_value_names(&models, &names, &joints, &plan, value_arenas),
+        || assign_node_names(&names, node_arenas),
+    );
     let mut renamers: Vec<Renamer> = value_maps
         .into_iter()
         .zip(node_maps)
@@ -92,9 +100,9 @@ pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -
             walk_model(m, r)
         }
     });
-    drop(renamers);
-    // Freeing tens of thousands of names is off the caller's path.
-    rayon::spawn(move || drop(names));
+    drop((renamers, names));
+    // Freeing the arenas is off the caller's path.
+    rayon::spawn(move || drop(arenas));
 
     Ok(assemble(models, &plan, dropped_functions, opset_import, ir_version, opts))
 }
@@ -105,10 +113,11 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Vec<Joint
     let prefix = |i: usize| opts.prefixes.get(i).cloned().flatten().filter(|p| !p.is_empty());
     models.par_iter_mut().enumerate().for_each(|(i, m)| {
         if let Some(p) = prefix(i) {
-            let names = NameSet::of(m);
+            let (arena, fresh) = (Bump::new(), Bump::new());
+            let names = NameSet::of(m, &arena);
             let mut r = Renamer {
-                values: names.values.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect(),
-                nodes: names.nodes.iter().map(|v| (v.as_str(), format!("{p}{v}"))).collect(),
+                values: prefixed(&names.values, &p, &fresh),
+                nodes: prefixed(&names.nodes, &p, &fresh),
                 functions: m
                     .functions
                     .iter()
@@ -137,6 +146,10 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Vec<Joint
             })
             .collect()
     })
+}
+
+fn prefixed<'a>(names: &FxHashSet<&'a str>, prefix: &str, arena: &'a Bump) -> FxHashMap<&'a str, &'a str> {
+    names.iter().map(|&v| (v, &*arena.alloc_str(&format!("{prefix}{v}")))).collect()
 }
 
 fn graph(m: &ModelProto) -> &GraphProto {
@@ -298,7 +311,7 @@ fn check_types(where_: &str, o: &str, out: &ValueInfoProto, i: &str, inp: &Value
 /// What the merged graph exposes and drops, by index into each model's own lists.
 struct Plan {
     /// Per model: input name -> the upstream output name feeding it.
-    fed_by: Vec<HashMap<String, String>>,
+    fed_by: Vec<FxHashMap<String, String>>,
     /// Per model: indices of graph inputs fed by a joint.
     fed_inputs: Vec<Vec<usize>>,
     /// Per model: indices of graph inputs that stay graph inputs.
@@ -312,7 +325,7 @@ struct Plan {
 impl Plan {
     fn new(models: &[ModelProto], labels: &[String], joints: &[Joint], opts: &Options) -> Result<Plan> {
         let n = models.len();
-        let mut fed_by = vec![HashMap::new(); n];
+        let mut fed_by = vec![FxHashMap::default(); n];
         let mut consumed: Vec<HashSet<&str>> = vec![HashSet::new(); n];
         for (j, pairs) in joints.iter().enumerate() {
             for (o, i) in pairs {
@@ -423,10 +436,11 @@ fn model_prefix(i: usize) -> String {
 #[allow(clippy::needless_range_loop)] // k indexes models, the plan and the maps alike
 fn assign_value_names<'a>(
     models: &[ModelProto],
-    names: &'a [NameSet],
+    names: &[NameSet<'a>],
     joints: &'a [Joint],
     plan: &Plan,
-) -> Vec<FxHashMap<&'a str, String>> {
+    arenas: Vec<&'a mut Bump>,
+) -> Vec<FxHashMap<&'a str, &'a str>> {
     let n = models.len();
     let total: usize = names.iter().map(|s| s.values.len()).sum();
     let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
@@ -451,37 +465,41 @@ fn assign_value_names<'a>(
         }
     }
     for (k, set) in names.iter().enumerate() {
-        for name in &set.values {
+        for &name in &set.values {
             if !plan.fed_by[k].contains_key(name) {
                 owner.entry(name).or_insert(k);
             }
         }
     }
-    let mut maps: Vec<FxHashMap<&'a str, String>> = Vec::with_capacity(n);
-    for k in 0..n {
-        let mut fresh = FreshNames::new(model_prefix(k));
-        if k > 0 {
-            for (o, i) in &joints[k - 1] {
-                let upstream = maps[k - 1].get(o.as_str()).cloned().unwrap_or_else(|| o.clone());
-                if upstream != *i {
-                    fresh.renamed.insert(i.as_str(), upstream);
+    // Each model's fresh names depend only on `owner`: made side by side.
+    let mut maps: Vec<FxHashMap<&'a str, &'a str>> = arenas
+        .into_par_iter()
+        .enumerate()
+        .map(|(k, arena)| {
+            let mut fresh = FreshNames::new(model_prefix(k), arena, names[k].values.len());
+            for &name in &names[k].values {
+                // An input fed by a joint is aliased to its upstream output below.
+                if !plan.fed_by[k].contains_key(name) && owner.get(name).is_some_and(|&o| o != k) {
+                    fresh.rename(name, |c| owner.contains_key(c));
                 }
             }
-        }
-        for name in &names[k].values {
-            if plan.fed_by[k].contains_key(name) {
-                continue; // aliased to its upstream output above
+            fresh.renamed
+        })
+        .collect();
+    // In model order, so that the output feeding model k has its final name. (An upstream
+    // name is an original name or another model's fresh one: never one of model k's fresh names.)
+    for k in 1..n {
+        for (o, i) in &joints[k - 1] {
+            let upstream: &'a str = maps[k - 1].get(o.as_str()).copied().unwrap_or(o.as_str());
+            if upstream != i {
+                maps[k].insert(i.as_str(), upstream);
             }
-            if owner.get(name.as_str()).is_some_and(|&o| o != k) {
-                fresh.rename(name, |c| owner.contains_key(c));
-            }
         }
-        maps.push(fresh.renamed);
     }
     maps
 }
 
-fn assign_node_names(names: &[NameSet]) -> Vec<FxHashMap<&str, String>> {
+fn assign_node_names<'a>(names: &[NameSet<'a>], arenas: Vec<&'a mut Bump>) -> Vec<FxHashMap<&'a str, &'a str>> {
     let total: usize = names.iter().map(|s| s.nodes.len()).sum();
     let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
     for (k, set) in names.iter().enumerate() {
@@ -489,17 +507,20 @@ fn assign_node_names(names: &[NameSet]) -> Vec<FxHashMap<&str, String>> {
             owner.entry(name).or_insert(k);
         }
     }
-    let mut maps = Vec::with_capacity(names.len());
-    for (k, set) in names.iter().enumerate() {
-        let mut fresh = FreshNames::new(model_prefix(k));
-        for name in &set.nodes {
-            if owner[name.as_str()] != k {
-                fresh.rename(name, |c| owner.contains_key(c));
+    names
+        .par_iter()
+        .zip(arenas)
+        .enumerate()
+        .map(|(k, (set, arena))| {
+            let mut fresh = FreshNames::new(model_prefix(k), arena, set.nodes.len());
+            for &name in &set.nodes {
+                if owner[name] != k {
+                    fresh.rename(name, |c| owner.contains_key(c));
+                }
             }
-        }
-        maps.push(fresh.renamed);
-    }
-    maps
+            fresh.renamed
+        })
+        .collect()
 }
 
 /// Local functions with the same (domain, name, overload) in several models: identical
@@ -648,7 +669,11 @@ mod tests {
         }
     }
 
-    fn node(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
+    fn node(op: &str, ins: &[&str], outs: &[&str]) -> bytes::Bytes {
+        crate::node::encode(&node_proto(op, ins, outs))
+    }
+
+    fn node_proto(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
         NodeProto {
             op_type: Some(op.into()),
             input: ins.iter().map(|s| s.to_string()).collect(),
@@ -688,7 +713,7 @@ mod tests {
     fn defined_names(g: &GraphProto) -> Vec<String> {
         let mut names: Vec<String> = g.input.iter().map(|v| vi_name(v).to_string()).collect();
         names.extend(g.initializer.iter().map(|t| t.name.clone().unwrap()));
-        names.extend(g.node.iter().flat_map(|n| n.output.clone()));
+        names.extend(g.node.iter().flat_map(|n| crate::node::decode(n).unwrap().output));
         names
     }
 
@@ -701,8 +726,9 @@ mod tests {
         let defined = defined_names(&g);
         let unique: HashSet<&String> = defined.iter().collect();
         assert_eq!(unique.len(), defined.len(), "SSA: {defined:?}");
-        assert_eq!(g.node[2].input, ["m0/y", "m1/c"]);
-        assert_eq!(g.node[3].name.as_deref(), Some("m1/relu"));
+        let node = |k: usize| crate::node::decode(&g.node[k]).unwrap();
+        assert_eq!(node(2).input, ["m0/y", "m1/c"]);
+        assert_eq!(node(3).name.as_deref(), Some("m1/relu"));
         // The crossing tensors keep their types.
         assert_eq!(g.value_info.iter().map(vi_name).collect::<Vec<_>>(), ["m0/y", "m1/y"]);
     }
@@ -716,20 +742,21 @@ mod tests {
             ..Default::default()
         };
         let g = m.graph.as_mut().unwrap();
-        g.node[1] = NodeProto {
+        g.node[1] = crate::node::encode(&NodeProto {
             attribute: vec![AttributeProto {
                 name: Some("then_branch".into()),
                 r#type: Some(AttributeType::Graph as i32),
                 g: Some(then),
                 ..Default::default()
             }],
-            ..node("If", &["t"], &["y"])
-        };
+            ..node_proto("If", &["t"], &["y"])
+        });
         let merged = compose(vec![m.clone(), m], &labels(2), &Options::default()).unwrap();
         let g = merged.graph.unwrap();
-        let sub = g.node[3].attribute[0].g.as_ref().unwrap();
-        assert_eq!(sub.node[0].input, ["m0/y", "m1/c"]);
-        assert_eq!(sub.node[0].output, ["m1/out"]);
+        let if_node = crate::node::decode(&g.node[3]).unwrap();
+        let sub = crate::node::decode(&if_node.attribute[0].g.as_ref().unwrap().node[0]).unwrap();
+        assert_eq!(sub.input, ["m0/y", "m1/c"]);
+        assert_eq!(sub.output, ["m1/out"]);
     }
 
     #[test]

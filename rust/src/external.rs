@@ -18,35 +18,46 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 use crate::proto::{tensor_proto::DataLocation, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
 
-fn for_each_tensor(g: &mut GraphProto, f: &mut impl FnMut(&mut TensorProto) -> Result<()>) -> Result<()> {
+/// Calls `f` on every tensor of `g` and of its subgraphs: initializers, sparse initializers
+/// and the tensors of node attributes. `f` returns whether it changed the tensor; a node
+/// (kept as bytes) is encoded again only then.
+fn for_each_tensor(g: &mut GraphProto, f: &mut impl FnMut(&mut TensorProto) -> Result<bool>) -> Result<bool> {
+    let mut changed = false;
     for t in &mut g.initializer {
-        f(t)?;
+        changed |= f(t)?;
     }
     for s in &mut g.sparse_initializer {
         if let Some(t) = s.values.as_mut() {
-            f(t)?;
+            changed |= f(t)?;
         }
         if let Some(t) = s.indices.as_mut() {
-            f(t)?;
+            changed |= f(t)?;
         }
     }
-    for n in &mut g.node {
+    for raw in &mut g.node {
+        if !crate::node::has_tensors_or_graphs(raw) {
+            continue;
+        }
+        // Checked when the model was decoded: a node that does not decode is not reached.
+        let Ok(mut n) = crate::node::decode(raw) else { continue };
+        let mut node_changed = false;
         for a in &mut n.attribute {
             if let Some(t) = a.t.as_mut() {
-                f(t)?;
+                node_changed |= f(t)?;
             }
             for t in &mut a.tensors {
-                f(t)?;
+                node_changed |= f(t)?;
             }
-            if let Some(sub) = a.g.as_mut() {
-                for_each_tensor(sub, f)?;
-            }
-            for sub in &mut a.graphs {
-                for_each_tensor(sub, f)?;
+            for sub in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                node_changed |= for_each_tensor(sub, f)?;
             }
         }
+        if node_changed {
+            *raw = crate::node::encode(&n);
+            changed = true;
+        }
     }
-    Ok(())
+    Ok(changed)
 }
 
 pub fn is_external(t: &TensorProto) -> bool {
@@ -58,7 +69,7 @@ pub fn has_external(model: &mut ModelProto) -> bool {
     if let Some(g) = model.graph.as_mut() {
         let _ = for_each_tensor(g, &mut |t| {
             found |= is_external(t);
-            Ok(())
+            Ok(false)
         });
     }
     found
@@ -76,7 +87,7 @@ pub fn locations(model: &mut ModelProto) -> Vec<String> {
                     }
                 }
             }
-            Ok(())
+            Ok(false)
         });
     }
     out
@@ -149,7 +160,7 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mo
     let Some(g) = model.graph.as_mut() else { return Ok(()) };
     for_each_tensor(g, &mut |t| {
         if !is_external(t) {
-            return Ok(());
+            return Ok(false);
         }
         let with_label = |e: Error| Error::load(format!("{label}: {}", e.message));
         let location = entry(t, "location")
@@ -171,7 +182,7 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mo
                     e.value = Some(path.to_string_lossy().into_owned());
                 }
             }
-            return Ok(());
+            return Ok(true);
         }
         let data = match maps.get(&path) {
             Some(d) => d.clone(),
@@ -209,8 +220,9 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mo
         }
         t.external_data.clear();
         t.data_location = None;
-        Ok(())
-    })
+        Ok(true)
+    })?;
+    Ok(())
 }
 
 fn kv(key: &str, value: String) -> StringStringEntryProto {
@@ -239,7 +251,7 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
         let mut offset = 0u64;
         if let Some(g) = header.graph.as_mut() {
             for_each_tensor(g, &mut |t| {
-                let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(()) };
+                let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(false) };
                 let pad = (ALIGN - offset % ALIGN) % ALIGN;
                 out.write_all(&vec![0u8; pad as usize]).and_then(|_| out.write_all(&raw)).map_err(io)?;
                 offset += pad;
@@ -250,7 +262,7 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
                 ];
                 offset += raw.len() as u64;
                 t.data_location = Some(DataLocation::External as i32);
-                Ok(())
+                Ok(true)
             })?;
         }
         let file = out.into_inner().map_err(|e| io(e.into_error()))?;
@@ -298,7 +310,7 @@ fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<
     let Some(g) = model.graph.as_mut() else { return Ok(made) };
     let result = for_each_tensor(g, &mut |t| {
         if !is_external(t) {
-            return Ok(());
+            return Ok(false);
         }
         for e in &mut t.external_data {
             if e.key.as_deref() != Some("location") {
@@ -324,7 +336,7 @@ fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<
             links.insert(source, link_name.clone());
             e.value = Some(link_name);
         }
-        Ok(())
+        Ok(true)
     });
     if let Err(e) = result {
         for m in &made {

@@ -9,6 +9,7 @@ pub mod external;
 pub mod fuzzing;
 pub mod model;
 pub mod names;
+pub mod node;
 pub mod opset;
 pub mod proto;
 

@@ -45,7 +45,35 @@ pub fn decode(label: &str, data: Bytes) -> Result<ModelProto> {
         ))
     })?;
     check_decoded(label, &model)?;
+    check_nodes(&model).map_err(|e| {
+        Error::load(format!("{label}: not a valid ONNX model ({size} bytes; corrupt or another file type): {e}"))
+    })?;
     Ok(model)
+}
+
+/// Nodes are kept as bytes (see [`crate::node`]), so what prost would have checked in them
+/// (UTF-8 strings, well-formed attributes, subgraphs at any depth) is checked here.
+fn check_nodes(model: &ModelProto) -> std::result::Result<(), String> {
+    fn graph(g: &GraphProto, depth: usize) -> std::result::Result<(), String> {
+        if depth > crate::node::MAX_NESTING {
+            return Err(format!("subgraphs nested more than {} deep", crate::node::MAX_NESTING));
+        }
+        for (k, raw) in g.node.iter().enumerate() {
+            let decoded = crate::node::check(raw).map_err(|e| format!("node {k} of graph '{}': {e}", g.name()))?;
+            if let Some(n) = decoded {
+                nodes(std::slice::from_ref(&n), depth)?;
+            }
+        }
+        Ok(())
+    }
+    fn nodes(ns: &[crate::proto::NodeProto], depth: usize) -> std::result::Result<(), String> {
+        ns.iter().flat_map(crate::node::subgraphs).try_for_each(|sub| graph(sub, depth + 1))
+    }
+    model.graph.iter().try_for_each(|g| graph(g, 0))?;
+    for t in &model.training_info {
+        t.initialization.iter().chain(t.algorithm.iter()).try_for_each(|g| graph(g, 0))?;
+    }
+    model.functions.iter().try_for_each(|f| nodes(&f.node, 0))
 }
 
 fn check_decoded(label: &str, model: &ModelProto) -> Result<()> {
@@ -197,8 +225,8 @@ fn clone_without_graph(m: &ModelProto) -> ModelProto {
 /// Every field of `g` but its initializers, as prost would encode them (without cloning
 /// the nodes, which can be most of a model).
 fn encode_graph_except_initializers(g: &GraphProto, buf: &mut Vec<u8>) {
-    use prost::encoding::{message, string};
-    message::encode_repeated(1, &g.node, buf);
+    use prost::encoding::{bytes, message, string};
+    bytes::encode_repeated(1, &g.node, buf);
     if let Some(name) = &g.name {
         string::encode(2, name, buf);
     }
@@ -293,7 +321,8 @@ pub fn summary(model: &ModelProto) -> Summary {
                 .and_then(|e| e.value.as_deref()?.parse::<u64>().ok())
                 .unwrap_or(0);
         }
-        for n in &g.node {
+        for raw in g.node.iter().filter(|raw| crate::node::has_tensors_or_graphs(raw)) {
+            let Ok(n) = crate::node::decode(raw) else { continue };
             for a in &n.attribute {
                 a.g.iter().chain(a.graphs.iter()).for_each(|sub| count(sub, s));
                 s.weight_bytes += a.t.as_ref().and_then(|t| t.raw_data.as_ref()).map_or(0, |r| r.len() as u64);

@@ -11,22 +11,46 @@
 //! map is injective, the model's own scoping (a subgraph reading an outer name, a subgraph
 //! shadowing it) is preserved exactly, whatever was renamed. Function bodies are local: only
 //! the calls they make to other local functions are touched.
+use bumpalo::Bump;
+use bytes::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::node;
 use crate::proto::{FunctionProto, GraphProto, ModelProto, NodeProto};
 
 /// A function is identified by (domain, name, overload).
 pub type FunctionKey = (String, String, String);
 
+/// Sees every name of a model and may replace it: each method returns the new name, or
+/// `None` to leave the name as it is.
 pub trait Visitor {
     /// A value (tensor) name. Never called for empty names (absent optional inputs).
-    fn value(&mut self, name: &mut String);
+    fn value(&mut self, name: &str) -> Option<&str>;
     /// A node name. Never called for empty names.
-    fn node_name(&mut self, _name: &mut String) {}
+    fn node_name(&mut self, _name: &str) -> Option<&str> {
+        None
+    }
+    /// Whether [`Visitor::op_type`] can rename anything (when not, calls are not looked at).
+    fn renames_calls(&self) -> bool {
+        false
+    }
     /// A node's op_type, which names a local function when its domain has one.
-    fn op_type(&mut self, _domain: &str, _overload: &str, _op_type: &mut String) {}
+    fn op_type(&mut self, _domain: &str, _overload: &str, _op_type: &str) -> Option<&str> {
+        None
+    }
     /// The name of a local function.
     fn function(&mut self, _f: &mut FunctionProto) {}
+}
+
+fn set(name: &mut String, new: Option<&str>) -> bool {
+    match new {
+        Some(new) => {
+            name.clear();
+            name.push_str(new);
+            true
+        }
+        None => false,
+    }
 }
 
 pub fn walk_model(model: &mut ModelProto, v: &mut impl Visitor) {
@@ -48,137 +72,220 @@ pub fn walk_model(model: &mut ModelProto, v: &mut impl Visitor) {
     }
     for f in &mut model.functions {
         v.function(f);
-        walk_function_calls(&mut f.node, v);
-    }
-}
-
-fn opt_value(name: &mut Option<String>, v: &mut impl Visitor) {
-    if let Some(n) = name.as_mut() {
-        if !n.is_empty() {
-            v.value(n);
+        if v.renames_calls() {
+            walk_function_calls(&mut f.node, v);
         }
     }
 }
 
-fn value(name: &mut String, v: &mut impl Visitor) {
-    if !name.is_empty() {
-        v.value(name);
+fn opt_value(name: &mut Option<String>, v: &mut impl Visitor) -> bool {
+    match name.as_mut() {
+        Some(n) if !n.is_empty() => set(n, v.value(n)),
+        _ => false,
     }
 }
 
-pub fn walk_graph(g: &mut GraphProto, v: &mut impl Visitor) {
+fn value(name: &mut String, v: &mut impl Visitor) -> bool {
+    !name.is_empty() && set(name, v.value(name))
+}
+
+/// Visits every name of `g` and of its subgraphs. Returns whether any was renamed.
+pub fn walk_graph(g: &mut GraphProto, v: &mut impl Visitor) -> bool {
+    let mut changed = false;
     for vi in g.input.iter_mut().chain(g.output.iter_mut()).chain(g.value_info.iter_mut()) {
-        opt_value(&mut vi.name, v);
+        changed |= opt_value(&mut vi.name, v);
     }
     for t in &mut g.initializer {
-        opt_value(&mut t.name, v);
+        changed |= opt_value(&mut t.name, v);
     }
     for s in &mut g.sparse_initializer {
         if let Some(values) = s.values.as_mut() {
-            opt_value(&mut values.name, v);
+            changed |= opt_value(&mut values.name, v);
         }
     }
     for a in &mut g.quantization_annotation {
-        opt_value(&mut a.tensor_name, v);
+        changed |= opt_value(&mut a.tensor_name, v);
         for p in &mut a.quant_parameter_tensor_names {
-            opt_value(&mut p.value, v);
+            changed |= opt_value(&mut p.value, v);
         }
     }
-    for node in &mut g.node {
-        walk_node(node, v);
+    for raw in &mut g.node {
+        changed |= walk_raw_node(raw, v, false);
+    }
+    changed
+}
+
+/// A node kept as bytes: a plain one (see [`node::is_plain`]) is read, and rewritten only if
+/// a name changes; any other is decoded, walked and encoded again if it changed.
+/// `calls_only`: inside a function body, where only calls to other functions are renamed.
+fn walk_raw_node(raw: &mut Bytes, v: &mut impl Visitor, calls_only: bool) -> bool {
+    match rename_plain(raw, v, calls_only) {
+        Plain::Unchanged => return false,
+        Plain::Renamed(new) => {
+            *raw = new;
+            return true;
+        }
+        Plain::No => {}
+    }
+    // Checked when the model was decoded: a node that does not decode is not reached.
+    let Ok(mut n) = node::decode(raw) else { return false };
+    let changed = if calls_only { walk_function_calls(std::slice::from_mut(&mut n), v) } else { walk_node(&mut n, v) };
+    if changed {
+        *raw = node::encode(&n);
+    }
+    changed
+}
+
+enum Plain {
+    Unchanged,
+    Renamed(Bytes),
+    /// Not a plain node: it is walked decoded (names seen so far may be seen again).
+    No,
+}
+
+/// A plain node's bytes with its names replaced, in one pass over its fields. Fields other
+/// than the names are copied as they are.
+fn rename_plain(raw: &[u8], v: &mut impl Visitor, calls_only: bool) -> Plain {
+    let call = if v.renames_calls() { Some(node::call_of(raw)) } else { None };
+    let mut out: Option<Vec<u8>> = None;
+    for f in node::fields(raw) {
+        let Ok(f) = f else { return Plain::No };
+        if !node::is_plain_field(&f) {
+            return Plain::No;
+        }
+        let new = match (f.tag, f.text()) {
+            (node::INPUT | node::OUTPUT, Some(s)) if !calls_only && !s.is_empty() => v.value(s),
+            (node::NAME, Some(s)) if !calls_only && !s.is_empty() => v.node_name(s),
+            (node::OP_TYPE, Some(s)) => match call {
+                Some((domain, overload)) => v.op_type(domain, overload, s),
+                None => None,
+            },
+            (node::INPUT | node::OUTPUT | node::NAME | node::OP_TYPE, None) => return Plain::No,
+            _ => None,
+        };
+        match (new, out.as_mut()) {
+            (Some(new), Some(o)) => node::write_string(f.tag, new, o),
+            (Some(new), None) => {
+                let start = f.raw.as_ptr() as usize - raw.as_ptr() as usize;
+                let mut o = Vec::with_capacity(raw.len() + 32);
+                o.extend_from_slice(&raw[..start]);
+                node::write_string(f.tag, new, &mut o);
+                out = Some(o);
+            }
+            (None, Some(o)) => o.extend_from_slice(f.raw),
+            (None, None) => {}
+        }
+    }
+    match out {
+        Some(o) => Plain::Renamed(Bytes::from(o)),
+        None => Plain::Unchanged,
     }
 }
 
-fn walk_node(node: &mut NodeProto, v: &mut impl Visitor) {
+fn walk_node(node: &mut NodeProto, v: &mut impl Visitor) -> bool {
+    let mut changed = false;
     for n in node.input.iter_mut().chain(node.output.iter_mut()) {
-        value(n, v);
+        changed |= value(n, v);
     }
     if let Some(n) = node.name.as_mut() {
         if !n.is_empty() {
-            v.node_name(n);
+            changed |= set(n, v.node_name(n));
         }
     }
-    visit_op_type(node, v);
+    changed |= visit_op_type(node, v);
     for dc in &mut node.device_configurations {
         for s in &mut dc.sharding_spec {
-            opt_value(&mut s.tensor_name, v);
+            changed |= opt_value(&mut s.tensor_name, v);
         }
     }
     for a in &mut node.attribute {
         if let Some(g) = a.g.as_mut() {
-            walk_graph(g, v);
+            changed |= walk_graph(g, v);
         }
         for g in &mut a.graphs {
-            walk_graph(g, v);
+            changed |= walk_graph(g, v);
         }
     }
+    changed
 }
 
-fn visit_op_type(node: &mut NodeProto, v: &mut impl Visitor) {
-    if let Some(op) = node.op_type.as_mut() {
-        v.op_type(node.domain.as_deref().unwrap_or(""), node.overload.as_deref().unwrap_or(""), op);
+fn visit_op_type(node: &mut NodeProto, v: &mut impl Visitor) -> bool {
+    if !v.renames_calls() {
+        return false;
     }
+    let Some(op) = node.op_type.as_mut() else { return false };
+    set(op, v.op_type(node.domain.as_deref().unwrap_or(""), node.overload.as_deref().unwrap_or(""), op))
 }
 
 /// Inside a function body only the calls are visited: its value names are local.
-fn walk_function_calls(nodes: &mut [NodeProto], v: &mut impl Visitor) {
+fn walk_function_calls(nodes: &mut [NodeProto], v: &mut impl Visitor) -> bool {
+    let mut changed = false;
     for node in nodes {
-        visit_op_type(node, v);
+        changed |= visit_op_type(node, v);
         for a in &mut node.attribute {
-            if let Some(g) = a.g.as_mut() {
-                walk_function_calls(&mut g.node, v);
-            }
-            for g in &mut a.graphs {
-                walk_function_calls(&mut g.node, v);
+            for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                for raw in &mut g.node {
+                    changed |= walk_raw_node(raw, v, true);
+                }
             }
         }
     }
+    changed
 }
 
 pub fn function_key(f: &FunctionProto) -> FunctionKey {
     (f.domain.clone().unwrap_or_default(), f.name.clone().unwrap_or_default(), f.overload.clone().unwrap_or_default())
 }
 
-/// Every value and node name of a model, each once. (FxHash has no random seed, so the
-/// iteration order, and with it every generated name, is the same from run to run.)
+/// Every value and node name of a model, each once, the text kept in an arena (one
+/// allocation per few thousand names instead of one per name). FxHash has no random seed,
+/// so the iteration order, and with it every generated name, is the same from run to run.
 #[derive(Default)]
-pub struct NameSet {
-    pub values: FxHashSet<String>,
-    pub nodes: FxHashSet<String>,
+pub struct NameSet<'a> {
+    pub values: FxHashSet<&'a str>,
+    pub nodes: FxHashSet<&'a str>,
 }
 
-impl NameSet {
-    pub fn of(model: &mut ModelProto) -> NameSet {
+impl<'a> NameSet<'a> {
+    pub fn of(model: &mut ModelProto, arena: &'a Bump) -> NameSet<'a> {
         // Sized up front: growing the tables was a visible share of a node-heavy merge.
         let nodes = model.graph.as_ref().map_or(0, |g| g.node.len());
-        let mut set = NameSet {
+        let set = NameSet {
             values: FxHashSet::with_capacity_and_hasher(2 * nodes + 8, Default::default()),
             nodes: FxHashSet::with_capacity_and_hasher(nodes + 8, Default::default()),
         };
-        walk_model(model, &mut set);
-        set
+        let mut collect = Collect { set, arena };
+        walk_model(model, &mut collect);
+        collect.set
     }
 }
 
-impl Visitor for NameSet {
-    fn value(&mut self, name: &mut String) {
-        if !self.values.contains(name.as_str()) {
-            self.values.insert(name.clone());
+struct Collect<'a> {
+    set: NameSet<'a>,
+    arena: &'a Bump,
+}
+
+impl Visitor for Collect<'_> {
+    fn value(&mut self, name: &str) -> Option<&str> {
+        if !self.set.values.contains(name) {
+            self.set.values.insert(self.arena.alloc_str(name));
         }
+        None
     }
-    fn node_name(&mut self, name: &mut String) {
-        if !self.nodes.contains(name.as_str()) {
-            self.nodes.insert(name.clone());
+    fn node_name(&mut self, name: &str) -> Option<&str> {
+        if !self.set.nodes.contains(name) {
+            self.set.nodes.insert(self.arena.alloc_str(name));
         }
+        None
     }
 }
 
-/// Applies one model's maps. Names absent from a map are left as they are. The keys are
-/// borrowed from the name tables, so only the new names are allocated.
+/// Applies one model's maps. Names absent from a map are left as they are. Keys and new
+/// names are borrowed (from the name sets and the fresh-name arenas): nothing is allocated.
 #[derive(Default, Clone)]
 pub struct Renamer<'a> {
-    pub values: FxHashMap<&'a str, String>,
-    pub nodes: FxHashMap<&'a str, String>,
+    pub values: FxHashMap<&'a str, &'a str>,
+    pub nodes: FxHashMap<&'a str, &'a str>,
     pub functions: FxHashMap<FunctionKey, String>,
 }
 
@@ -189,24 +296,18 @@ impl Renamer<'_> {
 }
 
 impl Visitor for Renamer<'_> {
-    fn value(&mut self, name: &mut String) {
-        if let Some(new) = self.values.get(name.as_str()) {
-            name.clone_from(new);
-        }
+    fn value(&mut self, name: &str) -> Option<&str> {
+        self.values.get(name).copied()
     }
-    fn node_name(&mut self, name: &mut String) {
-        if let Some(new) = self.nodes.get(name.as_str()) {
-            name.clone_from(new);
-        }
+    fn node_name(&mut self, name: &str) -> Option<&str> {
+        self.nodes.get(name).copied()
     }
-    fn op_type(&mut self, domain: &str, overload: &str, op_type: &mut String) {
-        if self.functions.is_empty() {
-            return;
-        }
-        let key = (domain.to_string(), op_type.clone(), overload.to_string());
-        if let Some(new) = self.functions.get(&key) {
-            op_type.clone_from(new);
-        }
+    fn renames_calls(&self) -> bool {
+        !self.functions.is_empty()
+    }
+    fn op_type(&mut self, domain: &str, overload: &str, op_type: &str) -> Option<&str> {
+        let key = (domain.to_string(), op_type.to_string(), overload.to_string());
+        self.functions.get(&key).map(String::as_str)
     }
     fn function(&mut self, f: &mut FunctionProto) {
         if let Some(new) = self.functions.get(&function_key(f)) {
@@ -220,40 +321,54 @@ impl Visitor for Renamer<'_> {
 /// the original names of every model (`taken`) need avoiding.
 pub struct FreshNames<'a> {
     prefix: String,
+    arena: &'a Bump,
     /// The model's renames so far: original -> fresh.
-    pub renamed: FxHashMap<&'a str, String>,
+    pub renamed: FxHashMap<&'a str, &'a str>,
     /// The fresh names that needed a numeric suffix (rare), to avoid them too.
-    suffixed: FxHashSet<String>,
+    suffixed: FxHashSet<&'a str>,
+    candidate: String,
 }
 
 impl<'a> FreshNames<'a> {
-    pub fn new(prefix: String) -> Self {
-        FreshNames { prefix, renamed: FxHashMap::default(), suffixed: FxHashSet::default() }
+    pub fn new(prefix: String, arena: &'a Bump, capacity: usize) -> Self {
+        FreshNames {
+            prefix,
+            arena,
+            renamed: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
+            suffixed: FxHashSet::default(),
+            candidate: String::new(),
+        }
     }
 
     /// Renames `name` to a fresh name that no `taken` name and no earlier fresh name has.
     pub fn rename(&mut self, name: &'a str, taken: impl Fn(&str) -> bool) {
         let p = self.prefix.len();
-        let free = |c: &str, renamed: &FxHashMap<&str, String>, suffixed: &FxHashSet<String>| {
+        let free = |c: &str, renamed: &FxHashMap<&str, &str>, suffixed: &FxHashSet<&str>| {
             // c == prefix + m is an earlier fresh name iff m was renamed to exactly c.
-            !taken(c) && !suffixed.contains(c) && renamed.get(&c[p..]).is_none_or(|v| v != c)
+            !taken(c) && !suffixed.contains(c) && renamed.get(&c[p..]).is_none_or(|v| *v != c)
         };
-        let mut candidate = String::with_capacity(p + name.len());
+        let candidate = &mut self.candidate;
+        candidate.clear();
         candidate.push_str(&self.prefix);
         candidate.push_str(name);
-        if !free(&candidate, &self.renamed, &self.suffixed) {
+        let mut suffixed = false;
+        if !free(candidate, &self.renamed, &self.suffixed) {
+            suffixed = true;
             let mut k = 1;
             loop {
                 candidate.truncate(p + name.len());
                 candidate.push_str(&format!("_{k}"));
-                if free(&candidate, &self.renamed, &self.suffixed) {
+                if free(candidate, &self.renamed, &self.suffixed) {
                     break;
                 }
                 k += 1;
             }
-            self.suffixed.insert(candidate.clone());
         }
-        self.renamed.insert(name, candidate);
+        let fresh: &'a str = self.arena.alloc_str(candidate);
+        if suffixed {
+            self.suffixed.insert(fresh);
+        }
+        self.renamed.insert(name, fresh);
     }
 }
 
@@ -337,13 +452,14 @@ mod tests {
     fn fresh_names_never_collide_with_originals_or_each_other() {
         // Another model really has a tensor called "m1/x".
         let taken = ["m1/x", "x", "x_1"];
-        let mut f = FreshNames::new("m1/".into());
+        let arena = Bump::new();
+        let mut f = FreshNames::new("m1/".into(), &arena, 0);
         f.rename("x", |c| taken.contains(&c));
         f.rename("x_1", |c| taken.contains(&c));
         assert_eq!(f.renamed["x"], "m1/x_1");
         assert_eq!(f.renamed["x_1"], "m1/x_1_1");
         // In the other order, the plain name is taken by the earlier fresh one.
-        let mut g = FreshNames::new("m1/".into());
+        let mut g = FreshNames::new("m1/".into(), &arena, 0);
         g.rename("x_1", |c| taken.contains(&c));
         g.rename("x", |c| taken.contains(&c));
         assert_eq!(g.renamed["x_1"], "m1/x_1");

@@ -565,8 +565,8 @@ pub struct TensorAnnotation {
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct GraphProto {
     /// The nodes in the graph, sorted topologically.
-    #[prost(message, repeated, tag = "1")]
-    pub node: ::prost::alloc::vec::Vec<NodeProto>,
+    #[prost(bytes = "bytes", repeated, tag = "1")]
+    pub node: ::prost::alloc::vec::Vec<::prost::bytes::Bytes>,
     /// The name of the graph.
     ///
     /// namespace Graph

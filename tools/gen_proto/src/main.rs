@@ -2,15 +2,29 @@
 //! system `protoc` is needed, and writes them into the source tree where they are checked in.
 use std::path::PathBuf;
 
+use prost_types::field_descriptor_proto::Type;
+
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let proto_dir = root.join("rust/proto");
     let out_dir = root.join("rust/src/proto");
-    let fds = protox::compile([proto_dir.join("onnx-ml.proto")], [&proto_dir])
-        .expect("compile onnx-ml.proto");
+    let mut fds = protox::compile([proto_dir.join("onnx-ml.proto")], [&proto_dir]).expect("compile onnx-ml.proto");
+    // Graph nodes are kept as their encoded bytes (the wire format of an embedded message and
+    // of `bytes` is the same): decoding a graph then allocates nothing per node, and
+    // `fastseq::node` reads and rewrites them in place. See rust/src/node.rs.
+    let node = fds
+        .file
+        .iter_mut()
+        .flat_map(|f| f.message_type.iter_mut())
+        .filter(|m| m.name() == "GraphProto")
+        .flat_map(|m| m.field.iter_mut())
+        .find(|f| f.name() == "node")
+        .expect("GraphProto.node");
+    node.set_type(Type::Bytes);
+    node.type_name = None;
     let mut config = prost_build::Config::new();
-    // Weights stay `Bytes`: decoding from a `Bytes` over an mmap slices instead of copying.
-    config.bytes([".onnx.TensorProto.raw_data"]);
+    // Weights and nodes stay `Bytes`: decoding from a `Bytes` over an mmap slices instead of copying.
+    config.bytes([".onnx.TensorProto.raw_data", ".onnx.GraphProto.node"]);
     config.out_dir(&out_dir);
     config.compile_fds(fds).expect("generate rust code");
     println!("wrote {}", out_dir.join("onnx.rs").display());
