@@ -136,7 +136,7 @@ pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
     let tmp = temp_path(path);
     let result = (|| -> std::io::Result<u64> {
         let file = File::create(&tmp)?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let mut out = BufWriter::with_capacity(256 << 10, file);
         let written = write_streaming(model, &mut out)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
@@ -182,22 +182,31 @@ pub(crate) fn nanos() -> u128 {
 /// which every protobuf parser accepts). Only one tensor's header is buffered at a time;
 /// weights go straight from their source buffer (an mmap) to the writer.
 pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Result<u64> {
-    let mut written = 0u64;
     let header = clone_without_graph(model).encode_to_vec();
     out.write_all(&header)?;
-    written += header.len() as u64;
-    let Some(graph) = model.graph.as_ref() else { return Ok(written) };
+    let Some(graph) = model.graph.as_ref() else { return Ok(header.len() as u64) };
 
-    let mut buf = Vec::with_capacity(1 << 16);
-    encode_graph_except_initializers(graph, &mut buf);
+    // The graph's own small fields; its nodes and initializers are written one by one.
+    let mut rest = Vec::with_capacity(1 << 12);
+    encode_graph_fields(graph, &mut rest);
+    let nodes_len: usize = graph.node.iter().map(|n| field_len(1, n.len())).sum();
     // A tensor streamed with its raw_data last has the same fields, so the same length.
     let init_len: usize = graph.initializer.iter().map(|t| field_len(5, t.encoded_len())).sum();
+    let graph_len = nodes_len + rest.len() + init_len;
     let mut key = Vec::with_capacity(16);
     encode_key(7, WireType::LengthDelimited, &mut key);
-    encode_varint((buf.len() + init_len) as u64, &mut key);
+    encode_varint(graph_len as u64, &mut key);
     out.write_all(&key)?;
-    out.write_all(&buf)?;
-    written += (key.len() + buf.len()) as u64;
+    // Nodes are kept as bytes: each is copied as it is, behind its key and length.
+    for node in &graph.node {
+        key.clear();
+        encode_key(1, WireType::LengthDelimited, &mut key);
+        encode_varint(node.len() as u64, &mut key);
+        out.write_all(&key)?;
+        out.write_all(node)?;
+    }
+    out.write_all(&rest)?;
+    let mut written = (header.len() + field_len(7, graph_len)) as u64;
     for tensor in &graph.initializer {
         written += write_tensor(5, tensor, out)?;
     }
@@ -222,11 +231,9 @@ fn clone_without_graph(m: &ModelProto) -> ModelProto {
     }
 }
 
-/// Every field of `g` but its initializers, as prost would encode them (without cloning
-/// the nodes, which can be most of a model).
-fn encode_graph_except_initializers(g: &GraphProto, buf: &mut Vec<u8>) {
-    use prost::encoding::{bytes, message, string};
-    bytes::encode_repeated(1, &g.node, buf);
+/// Every field of `g` but its nodes and initializers, as prost would encode them.
+fn encode_graph_fields(g: &GraphProto, buf: &mut Vec<u8>) {
+    use prost::encoding::{message, string};
     if let Some(name) = &g.name {
         string::encode(2, name, buf);
     }

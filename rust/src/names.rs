@@ -109,24 +109,42 @@ pub fn walk_graph(g: &mut GraphProto, v: &mut impl Visitor) -> bool {
             changed |= opt_value(&mut p.value, v);
         }
     }
-    for raw in &mut g.node {
-        changed |= walk_raw_node(raw, v, false);
+    changed |= walk_raw_nodes(&mut g.node, v, false);
+    changed
+}
+
+/// Nodes kept as bytes: a plain one (see [`node::is_plain`]) is read, and rewritten only if
+/// a name changes; any other is decoded, walked and encoded again if it changed.
+/// `calls_only`: inside a function body, where only calls to other functions are renamed.
+fn walk_raw_nodes(nodes: &mut [Bytes], v: &mut impl Visitor, calls_only: bool) -> bool {
+    let mut changed = false;
+    // Rewritten nodes go one after another into one buffer, then are sliced from it: one
+    // allocation per graph rather than one per node.
+    let mut buf: Vec<u8> = Vec::new();
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    // Reserved at the first rename: every node renamed, with names a little longer.
+    let size: usize = nodes.iter().map(|n| n.len()).sum();
+    let room = size + size / 2;
+    for (i, raw) in nodes.iter_mut().enumerate() {
+        let start = buf.len();
+        match rename_plain(raw, v, calls_only, &mut buf, room) {
+            Plain::Unchanged => {}
+            Plain::Renamed => spans.push((i, start)),
+            Plain::No => changed |= walk_decoded(raw, v, calls_only),
+        }
+    }
+    if !spans.is_empty() {
+        let shared = Bytes::from(buf);
+        let ends = spans.iter().skip(1).map(|&(_, start)| start).chain([shared.len()]);
+        for (&(i, start), end) in spans.iter().zip(ends) {
+            nodes[i] = shared.slice(start..end);
+        }
+        changed = true;
     }
     changed
 }
 
-/// A node kept as bytes: a plain one (see [`node::is_plain`]) is read, and rewritten only if
-/// a name changes; any other is decoded, walked and encoded again if it changed.
-/// `calls_only`: inside a function body, where only calls to other functions are renamed.
-fn walk_raw_node(raw: &mut Bytes, v: &mut impl Visitor, calls_only: bool) -> bool {
-    match rename_plain(raw, v, calls_only) {
-        Plain::Unchanged => return false,
-        Plain::Renamed(new) => {
-            *raw = new;
-            return true;
-        }
-        Plain::No => {}
-    }
+fn walk_decoded(raw: &mut Bytes, v: &mut impl Visitor, calls_only: bool) -> bool {
     // Checked when the model was decoded: a node that does not decode is not reached.
     let Ok(mut n) = node::decode(raw) else { return false };
     let changed = if calls_only { walk_function_calls(std::slice::from_mut(&mut n), v) } else { walk_node(&mut n, v) };
@@ -138,20 +156,27 @@ fn walk_raw_node(raw: &mut Bytes, v: &mut impl Visitor, calls_only: bool) -> boo
 
 enum Plain {
     Unchanged,
-    Renamed(Bytes),
+    /// The renamed node was appended to the buffer.
+    Renamed,
     /// Not a plain node: it is walked decoded (names seen so far may be seen again).
     No,
 }
 
-/// A plain node's bytes with its names replaced, in one pass over its fields. Fields other
-/// than the names are copied as they are.
-fn rename_plain(raw: &[u8], v: &mut impl Visitor, calls_only: bool) -> Plain {
+/// Appends to `out` a plain node's bytes with its names replaced, in one pass over its
+/// fields, if any name is replaced; `out` is left as it was otherwise. Fields other than the
+/// names are copied as they are.
+fn rename_plain(raw: &[u8], v: &mut impl Visitor, calls_only: bool, out: &mut Vec<u8>, room: usize) -> Plain {
     let call = if v.renames_calls() { Some(node::call_of(raw)) } else { None };
-    let mut out: Option<Vec<u8>> = None;
+    let start = out.len();
+    let mut renamed = false;
+    let give_up = |out: &mut Vec<u8>| {
+        out.truncate(start);
+        Plain::No
+    };
     for f in node::fields(raw) {
-        let Ok(f) = f else { return Plain::No };
+        let Ok(f) = f else { return give_up(out) };
         if !node::is_plain_field(&f) {
-            return Plain::No;
+            return give_up(out);
         }
         let new = match (f.tag, f.text()) {
             (node::INPUT | node::OUTPUT, Some(s)) if !calls_only && !s.is_empty() => v.value(s),
@@ -160,25 +185,28 @@ fn rename_plain(raw: &[u8], v: &mut impl Visitor, calls_only: bool) -> Plain {
                 Some((domain, overload)) => v.op_type(domain, overload, s),
                 None => None,
             },
-            (node::INPUT | node::OUTPUT | node::NAME | node::OP_TYPE, None) => return Plain::No,
+            (node::INPUT | node::OUTPUT | node::NAME | node::OP_TYPE, None) => return give_up(out),
             _ => None,
         };
-        match (new, out.as_mut()) {
-            (Some(new), Some(o)) => node::write_string(f.tag, new, o),
-            (Some(new), None) => {
-                let start = f.raw.as_ptr() as usize - raw.as_ptr() as usize;
-                let mut o = Vec::with_capacity(raw.len() + 32);
-                o.extend_from_slice(&raw[..start]);
-                node::write_string(f.tag, new, &mut o);
-                out = Some(o);
+        match (new, renamed) {
+            (Some(new), true) => node::write_string(f.tag, new, out),
+            (Some(new), false) => {
+                if out.capacity() == 0 {
+                    out.reserve(room);
+                }
+                let at = f.raw.as_ptr() as usize - raw.as_ptr() as usize;
+                out.extend_from_slice(&raw[..at]);
+                node::write_string(f.tag, new, out);
+                renamed = true;
             }
-            (None, Some(o)) => o.extend_from_slice(f.raw),
-            (None, None) => {}
+            (None, true) => out.extend_from_slice(f.raw),
+            (None, false) => {}
         }
     }
-    match out {
-        Some(o) => Plain::Renamed(Bytes::from(o)),
-        None => Plain::Unchanged,
+    if renamed {
+        Plain::Renamed
+    } else {
+        Plain::Unchanged
     }
 }
 
@@ -224,9 +252,7 @@ fn walk_function_calls(nodes: &mut [NodeProto], v: &mut impl Visitor) -> bool {
         changed |= visit_op_type(node, v);
         for a in &mut node.attribute {
             for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
-                for raw in &mut g.node {
-                    changed |= walk_raw_node(raw, v, true);
-                }
+                changed |= walk_raw_nodes(&mut g.node, v, true);
             }
         }
     }
@@ -340,7 +366,8 @@ impl<'a> FreshNames<'a> {
         }
     }
 
-    /// Renames `name` to a fresh name that no `taken` name and no earlier fresh name has.
+    /// Renames `name` (not renamed before) to a fresh name that no `taken` name and no
+    /// earlier fresh name has.
     pub fn rename(&mut self, name: &'a str, taken: impl Fn(&str) -> bool) {
         let p = self.prefix.len();
         let free = |c: &str, renamed: &FxHashMap<&str, &str>, suffixed: &FxHashSet<&str>| {
@@ -352,7 +379,10 @@ impl<'a> FreshNames<'a> {
         candidate.push_str(&self.prefix);
         candidate.push_str(name);
         let mut suffixed = false;
-        if !free(candidate, &self.renamed, &self.suffixed) {
+        // prefix + name is an earlier unsuffixed fresh name only if `name` was renamed before,
+        // which never happens: each name is renamed once. So the common case costs one lookup.
+        let plain_free = !taken(candidate) && !self.suffixed.contains(candidate.as_str());
+        if !plain_free {
             suffixed = true;
             let mut k = 1;
             loop {
