@@ -201,3 +201,47 @@ def test_compose_accepts_paths_bytes_and_protos_and_writes_files(tmp_path, x24):
     assert onnx.ModelProto.FromString(as_bytes) == from_file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.onnx", "m.onnx"]  # no temporary left
     np.testing.assert_allclose(run(from_file, {"x": x24})["y"], np.maximum(x24 * 3, 0))
+
+
+def _model_calling_through_subgraphs(body_op: str) -> onnx.ModelProto:
+    """custom.Relu (body `body_op`) is called from an If branch of the main graph and from
+    `Wrap`, a second local function whose body calls it; the main graph calls Wrap too."""
+    relu = _custom_relu_function(body_op)
+    wrap = helper.make_function(
+        "custom", "Wrap", ["X"], ["Y"], [helper.make_node("Relu", ["X"], ["Y"], domain="custom")],
+        [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+    )
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["a"], ["t"], domain="custom")], "then", [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 4])])
+    else_g = helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["e"])], "else", [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 4])])
+    g = helper.make_graph(
+        [helper.make_node("Wrap", ["x"], ["a"], domain="custom"),
+         helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)],
+        "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(np.array(True), "cond")],
+    )
+    return helper.make_model(
+        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+        functions=[relu, wrap], ir_version=8,
+    )
+
+
+def test_function_calls_in_subgraphs_and_in_other_functions_follow_the_rename(x24):
+    a, b = _model_calling_through_subgraphs("Neg"), _model_calling_through_subgraphs("Abs")
+    merged = fastseq.compose([a, b])
+    onnx.checker.check_model(merged, full_check=True)
+    # Wrap's bodies are the same text but call different functions: both are kept.
+    assert sorted(f.name for f in merged.functions) == ["Relu", "Relu__m1", "Wrap", "Wrap__m1"]
+    wraps = {f.name: f.node[0].op_type for f in merged.functions if f.name.startswith("Wrap")}
+    assert wraps == {"Wrap": "Relu", "Wrap__m1": "Relu__m1"}
+    ifs = [n for n in merged.graph.node if n.op_type == "If"]
+    then_calls = [next(a.g for a in n.attribute if a.name == "then_branch").node[0].op_type for n in ifs]
+    assert then_calls == ["Relu", "Relu__m1"]
+    np.testing.assert_allclose(run(merged, {"x": x24})["y"], run_chain([a, b], {"x": x24})["y"])
+    # Identical models still share every function.
+    same = fastseq.compose([a, a])
+    assert sorted(f.name for f in same.functions) == ["Relu", "Wrap"]

@@ -4,11 +4,12 @@ use std::collections::{HashMap, HashSet};
 use bumpalo::Bump;
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use prost::Message;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::names::{did_you_mean, fresh, function_key, walk_model, FreshNames, FunctionKey, NameSet, Renamer};
+use crate::names::{
+    did_you_mean, fresh, function_body, function_key, walk_model, FreshNames, FunctionKey, NameSet, Renamer,
+};
 use crate::opset::{merge_opsets, merged_ir_version};
 use crate::proto::tensor_shape_proto::dimension::Value as Dim;
 use crate::proto::{tensor_proto, type_proto, GraphProto, ModelProto, ValueInfoProto};
@@ -525,34 +526,48 @@ fn assign_node_names<'a>(names: &[NameSet<'a>], arenas: Vec<&'a mut Bump>) -> Ve
 
 /// Local functions with the same (domain, name, overload) in several models: identical
 /// bodies are kept once; different ones are renamed, callers included (same domain only).
+/// Bodies are compared with their calls renamed, so two that read the same but call
+/// different functions differ; as a rename can make its callers differ in turn, this runs
+/// until the renames stop changing (once more per level of calls, at most once per function).
 /// Returns, per model, the indices of functions dropped as duplicates.
 fn assign_function_names(models: &[ModelProto], renamers: &mut [Renamer]) -> Vec<Vec<usize>> {
-    let mut seen: FxHashMap<FunctionKey, Vec<u8>> = FxHashMap::default();
     let all: FxHashSet<FunctionKey> = models.iter().flat_map(|m| m.functions.iter().map(function_key)).collect();
-    let mut dropped = vec![Vec::new(); models.len()];
-    for (k, m) in models.iter().enumerate() {
-        for (x, f) in m.functions.iter().enumerate() {
-            let key = function_key(f);
-            let body = f.encode_to_vec();
-            match seen.get(&key) {
-                None => {
-                    seen.insert(key, body);
-                }
-                Some(existing) if *existing == body => dropped[k].push(x),
-                Some(_) => {
-                    let (domain, name, overload) = key.clone();
-                    let new = fresh(&format!("{name}__m{k}"), "", |c| {
-                        let probe = (domain.clone(), c.to_string(), overload.clone());
-                        !all.contains(&probe) && !seen.contains_key(&probe)
-                    });
-                    let new_key = (domain, new.clone(), overload);
-                    seen.insert(new_key, body);
-                    renamers[k].functions.insert(key, new);
+    let mut renames: Vec<FxHashMap<FunctionKey, String>> = vec![FxHashMap::default(); models.len()];
+    for _ in 0..=all.len() + 1 {
+        let mut seen: FxHashMap<FunctionKey, Vec<u8>> = FxHashMap::default();
+        let mut dropped = vec![Vec::new(); models.len()];
+        let mut next: Vec<FxHashMap<FunctionKey, String>> = vec![FxHashMap::default(); models.len()];
+        for (k, m) in models.iter().enumerate() {
+            for (x, f) in m.functions.iter().enumerate() {
+                let key = function_key(f);
+                let body = function_body(f, &renames[k]);
+                match seen.get(&key) {
+                    None => {
+                        seen.insert(key, body);
+                    }
+                    Some(existing) if *existing == body => dropped[k].push(x),
+                    Some(_) => {
+                        let (domain, name, overload) = key.clone();
+                        let new = fresh(&format!("{name}__m{k}"), "", |c| {
+                            let probe = (domain.clone(), c.to_string(), overload.clone());
+                            !all.contains(&probe) && !seen.contains_key(&probe)
+                        });
+                        let new_key = (domain, new.clone(), overload);
+                        seen.insert(new_key, body);
+                        next[k].insert(key, new);
+                    }
                 }
             }
         }
+        if next == renames {
+            for (r, functions) in renamers.iter_mut().zip(next) {
+                r.functions = functions;
+            }
+            return dropped;
+        }
+        renames = next;
     }
-    dropped
+    unreachable!("the renames grow with each round and are bounded by the number of functions")
 }
 
 fn assemble(
@@ -642,6 +657,8 @@ fn assemble(
 
 #[cfg(test)]
 mod tests {
+    use prost::Message;
+
     use super::*;
     use crate::error::Kind;
     use crate::proto::{

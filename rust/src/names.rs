@@ -259,6 +259,19 @@ fn walk_function_calls(nodes: &mut [NodeProto], v: &mut impl Visitor) -> bool {
     changed
 }
 
+/// `f` encoded with its calls renamed by `functions` (its own name left as it is): what
+/// decides whether two local functions are the same.
+pub fn function_body(f: &FunctionProto, functions: &FxHashMap<FunctionKey, String>) -> Vec<u8> {
+    use prost::Message;
+    if functions.is_empty() {
+        return f.encode_to_vec();
+    }
+    let mut f = f.clone();
+    let mut calls = Renamer { functions: functions.clone(), ..Default::default() };
+    walk_function_calls(&mut f.node, &mut calls);
+    f.encode_to_vec()
+}
+
 pub fn function_key(f: &FunctionProto) -> FunctionKey {
     (f.domain.clone().unwrap_or_default(), f.name.clone().unwrap_or_default(), f.overload.clone().unwrap_or_default())
 }
