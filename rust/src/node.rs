@@ -175,15 +175,6 @@ pub fn has_tensors_or_graphs(raw: &[u8]) -> bool {
     })
 }
 
-/// Whether any attribute of the node holds a graph (true when unsure).
-pub fn has_graphs(raw: &[u8]) -> bool {
-    fields(raw).any(|f| match f {
-        Ok(f) if f.tag == ATTRIBUTE => f.wire != LEN || attribute_holds(f.value, &[ATTR_GRAPH, ATTR_GRAPHS]),
-        Ok(_) => false,
-        Err(_) => true,
-    })
-}
-
 /// The (domain, overload) a plain node's op_type is looked up in; the last occurrence
 /// of a field wins, as in protobuf.
 pub fn call_of(raw: &[u8]) -> (&str, &str) {
@@ -267,14 +258,13 @@ mod tests {
         });
         let raw = encode(&n);
         assert!(!is_plain(&raw));
-        assert!(has_graphs(&raw));
         assert!(has_tensors_or_graphs(&raw));
         assert!(check(&raw).unwrap().is_some());
         let mut ints = node(&["x"], &["y"]);
         ints.attribute.push(AttributeProto { name: Some("axis".into()), i: Some(1), ..Default::default() });
         let raw = encode(&ints);
         assert!(is_plain(&raw));
-        assert!(!has_graphs(&raw));
+        assert!(!has_tensors_or_graphs(&raw));
     }
 
     #[test]
