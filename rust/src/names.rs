@@ -11,6 +11,9 @@
 //! map is injective, the model's own scoping (a subgraph reading an outer name, a subgraph
 //! shadowing it) is preserved exactly, whatever was renamed. Function bodies are local: only
 //! the calls they make to other local functions are touched.
+//!
+//! Graph nodes are kept as bytes (see [`crate::node`]): the traversal reads their names in
+//! place and writes a new node only when one of them changes.
 use bumpalo::Bump;
 use bytes::Bytes;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -22,7 +25,8 @@ use crate::proto::{FunctionProto, GraphProto, ModelProto, NodeProto};
 pub type FunctionKey = (String, String, String);
 
 /// Sees every name of a model and may replace it: each method returns the new name, or
-/// `None` to leave the name as it is.
+/// `None` to leave the name as it is. A name may be seen more than once (a node found not
+/// to be plain partway through is read again decoded), so a visitor must not count visits.
 pub trait Visitor {
     /// A value (tensor) name. Never called for empty names (absent optional inputs).
     fn value(&mut self, name: &str) -> Option<&str>;
