@@ -245,3 +245,22 @@ def test_function_calls_in_subgraphs_and_in_other_functions_follow_the_rename(x2
     # Identical models still share every function.
     same = fastseq.compose([a, a])
     assert sorted(f.name for f in same.functions) == ["Relu", "Wrap"]
+
+
+def test_sharding_specs_and_metadata_of_nodes_follow_renames():
+    """A node with device configurations is not 'plain' (its sharding specs name tensors):
+    it is decoded, renamed and encoded again; node metadata is carried as it is."""
+    def model():
+        m = scale_model(2.0)
+        mul = m.graph.node[0]
+        dc = mul.device_configurations.add(configuration_id="mesh")
+        dc.sharding_spec.add(tensor_name="t")
+        mul.metadata_props.add(key="origin", value="layer1")
+        m.graph.node[1].metadata_props.add(key="origin", value="layer2")
+        return m
+
+    merged = fastseq.compose([model(), model()])
+    muls = [n for n in merged.graph.node if n.op_type == "Mul"]
+    assert [n.output[0] for n in muls] == ["t", "m1/t"]
+    assert [n.device_configurations[0].sharding_spec[0].tensor_name for n in muls] == ["t", "m1/t"]
+    assert [p.value for n in merged.graph.node for p in n.metadata_props] == ["layer1", "layer2"] * 2
