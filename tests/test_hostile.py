@@ -235,3 +235,40 @@ def test_corrupt_hub_cache_is_detected_and_fetched_again(tmp_path, monkeypatch):
             fastseq.ONNXSequential("hf://acme/models/m.onnx#sha256=" + "1" * 64, cache_dir=tmp_path / "c")
     finally:
         server.close()
+
+
+def _compose_in_child(depth: int) -> None:
+    """Runs in a forked child: composes (its parent already used the thread pool), then
+    forks again, down to `depth`."""
+    import os
+
+    m = scale_model(2.0)
+    merged = fastseq.compose([m, m, m])
+    assert len(merged.graph.node) == 6
+    if depth > 1:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _compose_in_child(depth - 1)
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, status
+
+
+def test_composing_in_a_forked_child_after_the_parent_did():
+    """multiprocessing forks by default on Linux: a child must not inherit a thread pool
+    whose threads stayed in the parent (every parallel step would wait forever)."""
+    import multiprocessing
+
+    m = scale_model(2.0)
+    fastseq.compose([m, m])  # the parent's pool is running
+    child = multiprocessing.get_context("fork").Process(target=_compose_in_child, args=(2,))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung composing")
+    assert child.exitcode == 0
+    assert len(fastseq.compose([m, m]).graph.node) == 4  # the parent's pool still works

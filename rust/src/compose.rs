@@ -51,7 +51,11 @@ pub struct Options {
 type Joint = Vec<(String, String)>;
 
 /// Composes `models` (in order) into one model. `labels` name the models in errors.
-pub fn compose(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<ModelProto> {
+pub fn compose(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<ModelProto> {
+    crate::pool::install(|| compose_models(models, labels, opts))
+}
+
+fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<ModelProto> {
     let n = models.len();
     if n == 0 {
         return Err(Error::composition("no models to compose"));

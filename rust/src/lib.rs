@@ -11,6 +11,7 @@ pub mod model;
 pub mod names;
 pub mod node;
 pub mod opset;
+mod pool;
 pub mod proto;
 
 pub use compose::{compose, Keep, Options};
@@ -138,7 +139,7 @@ mod bindings {
 
     fn load_all(sources: Vec<Source>, labels: &[String], mode: external::Mode) -> crate::Result<Vec<ModelProto>> {
         use rayon::prelude::*;
-        sources.into_par_iter().zip(labels.par_iter()).map(|(s, l)| load(l, s, mode)).collect()
+        crate::pool::install(|| sources.into_par_iter().zip(labels.par_iter()).map(|(s, l)| load(l, s, mode)).collect())
     }
 
     /// A model held by the core: decoded once, weights as slices of the sources' memory maps.
@@ -154,7 +155,7 @@ mod bindings {
         /// a worker thread, off the caller's path.
         fn drop(&mut self) {
             let model = std::mem::take(&mut self.model);
-            rayon::spawn(move || drop(model));
+            crate::pool::spawn(move || drop(model));
         }
     }
 
