@@ -6,6 +6,8 @@
 //! read or replaced, which [`fields`] and [`write_string`] do on the bytes (see
 //! `names::walk_graph`). A node that holds subgraphs, tensors or anything unusual is decoded
 //! into a [`NodeProto`] where that is needed, and encoded again only if it changed.
+//! (Encoding such a node again copies what it holds, Constant weights in its subgraphs
+//! included: a rare case, traded for never decoding the common one.)
 //!
 //! Nothing is trusted: [`check`] validates every node when a model is decoded, as prost
 //! would have, and the scanners here return "not plain" instead of panicking on bad bytes.
