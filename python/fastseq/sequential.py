@@ -158,7 +158,7 @@ class ONNXSequential:
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
         """``pipe(x1, x2, ...)`` in the model's input order, or ``pipe(name=array, ...)``;
         returns every output, in order."""
-        infos = self.inputs
+        infos = self.inputs  # read once per call: run() would read them again
         if inputs and named:
             raise InputError("pass inputs either by position or by name, not both")
         if inputs or not named:
@@ -170,11 +170,16 @@ class ONNXSequential:
             feeds = {info.name: x for info, x in zip(infos, inputs)}
         else:
             feeds = named
-        return self.run(feeds)
+        return self._run(feeds, infos, None)
 
     def run(self, feeds: Mapping[str, Any], output_names: Sequence[str] | None = None) -> list[np.ndarray]:
         """Runs with ``feeds`` by input name; ``output_names`` selects outputs."""
-        checked = _check_feeds(feeds, self.inputs)
+        return self._run(feeds, self.inputs, output_names)
+
+    def _run(
+        self, feeds: Mapping[str, Any], infos: list[TensorInfo], output_names: Sequence[str] | None
+    ) -> list[np.ndarray]:
+        checked = _check_feeds(feeds, infos)
         if output_names is not None:
             known = [o.name for o in self.outputs]
             for name in output_names:

@@ -83,16 +83,16 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
     let joints = resolve_joints(&models, labels, io_maps.as_deref())?;
     let plan = Plan::new(&models, labels, &joints, opts)?;
 
-    // Arenas for the names of each model and for the fresh names given to them.
-    let mut arenas: Vec<(Bump, Bump, Bump)> = (0..n).map(|_| Default::default()).collect();
-    let (name_arenas, fresh_arenas): (Vec<&mut Bump>, Vec<(&mut Bump, &mut Bump)>) =
-        arenas.iter_mut().map(|(a, b, c)| (a, (b, c))).unzip();
-    let names: Vec<NameSet> = models.par_iter_mut().zip(name_arenas).map(|(m, arena)| NameSet::of(m, arena)).collect();
-    let (value_arenas, node_arenas): (Vec<&mut Bump>, Vec<&mut Bump>) = fresh_arenas.into_iter().unzip();
+    // Per model, arenas for its names and for the fresh value and node names it gets. (An
+    // arena is used by one thread at a time, hence one per model and per task.)
+    let arenas = || -> Vec<Bump> { (0..n).map(|_| Bump::new()).collect() };
+    let (mut name_arenas, mut value_arenas, mut node_arenas) = (arenas(), arenas(), arenas());
+    let names: Vec<NameSet> =
+        models.par_iter_mut().zip(&mut name_arenas).map(|(m, arena)| NameSet::of(m, arena)).collect();
     // Values and node names are separate namespaces: assigned side by side.
     let (value_maps, node_maps) = rayon::join(
-        || assign_value_names(&models, &names, &joints, &plan, value_arenas),
-        || assign_node_names(&names, node_arenas),
+        || assign_value_names(&models, &names, &joints, &plan, value_arenas.iter_mut().collect()),
+        || assign_node_names(&names, node_arenas.iter_mut().collect()),
     );
     let mut renamers: Vec<Renamer> = value_maps
         .into_iter()
@@ -107,7 +107,7 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
     });
     drop((renamers, names));
     // Freeing the arenas is off the caller's path.
-    rayon::spawn(move || drop(arenas));
+    crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas)));
 
     Ok(assemble(models, &plan, dropped_functions, opset_import, ir_version, opts))
 }

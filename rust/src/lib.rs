@@ -104,7 +104,7 @@ mod bindings {
                 return Ok(Source::Bytes(Bytes::from_owner(owner)));
             }
             if let Ok(c) = ob.cast::<Composed>() {
-                // Names are copied; weights are shared slices.
+                // Nodes and weights are shared slices (reference counts); the rest is copied.
                 return Ok(Source::Model(Box::new(c.get().model.clone())));
             }
             if let Ok((path, root)) = ob.extract::<(PathBuf, PathBuf)>() {

@@ -29,13 +29,12 @@ pub const OVERLOAD: u32 = 8;
 const METADATA_PROPS: u32 = 9;
 const DEVICE_CONFIGURATIONS: u32 = 10;
 
-// AttributeProto's fields that hold tensors or graphs.
+// AttributeProto's fields that hold tensors or graphs (the ones external data and the
+// summary look into; sparse tensors in attributes are not among them).
 const ATTR_TENSOR: u32 = 5;
 const ATTR_GRAPH: u32 = 6;
 const ATTR_TENSORS: u32 = 10;
 const ATTR_GRAPHS: u32 = 11;
-const ATTR_SPARSE_TENSOR: u32 = 22;
-const ATTR_SPARSE_TENSORS: u32 = 23;
 
 const LEN: u8 = 2;
 
@@ -168,8 +167,7 @@ pub fn is_plain_field(f: &Field) -> bool {
 
 /// Whether any attribute of the node holds a tensor or a graph (true when unsure).
 pub fn has_tensors_or_graphs(raw: &[u8]) -> bool {
-    const HOLDERS: [u32; 6] =
-        [ATTR_TENSOR, ATTR_GRAPH, ATTR_TENSORS, ATTR_GRAPHS, ATTR_SPARSE_TENSOR, ATTR_SPARSE_TENSORS];
+    const HOLDERS: [u32; 4] = [ATTR_TENSOR, ATTR_GRAPH, ATTR_TENSORS, ATTR_GRAPHS];
     fields(raw).any(|f| match f {
         Ok(f) if f.tag == ATTRIBUTE => f.wire != LEN || attribute_holds(f.value, &HOLDERS),
         Ok(_) => false,
