@@ -61,7 +61,7 @@ fn check_nodes(model: &ModelProto) -> std::result::Result<(), String> {
         for (k, raw) in g.node.iter().enumerate() {
             let decoded = crate::node::check(raw).map_err(|e| format!("node {k} of graph '{}': {e}", g.name()))?;
             if let Some(n) = decoded {
-                nodes(std::slice::from_ref(&n), depth)?;
+                crate::node::subgraphs(&n).try_for_each(|sub| graph(sub, depth + 1))?;
             }
         }
         Ok(())
