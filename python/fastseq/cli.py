@@ -117,6 +117,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from fastseq.sequential import ONNXSequential
 
+    if args.ray is not None:  # a dataset on a Ray cluster (extra: ray)
+        if not args.input or len(args.input) != 1 or not args.output:
+            raise SystemExit("fastseq run: error: --ray needs one --input (a folder of .npy files or a Parquet "
+                             "dataset) and --output (a folder for Parquet files)")
+        from fastseq.ray import run_dataset
+
+        run_dataset(args.model, args.input[0], args.output, args.ray or None, args.provider,
+                    args.concurrency, args.batch_size)
+        return 0
     pipe = ONNXSequential(args.model, providers=args.provider or None)
     feeds = {}
     for item in args.input or []:
@@ -177,9 +186,15 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a model on .npy inputs")
     r.add_argument("model")
-    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="an input; with --ray: a folder of .npy files or a Parquet dataset")
     r.add_argument("--provider", action="append", help="execution provider, in priority order")
-    r.add_argument("-o", "--output", help="write the outputs to this .npz")
+    r.add_argument("-o", "--output", help="write the outputs to this .npz (with --ray: a folder of Parquet files)")
+    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run over a dataset (--input: a folder of .npy files or Parquet) on the Ray cluster at "
+                        "ADDRESS, or on a local one (needs fastseq[ray])")
+    r.add_argument("--concurrency", type=int, help="with --ray: actors (default: the cluster's CPUs less one)")
+    r.add_argument("--batch-size", type=int, default=256, help="with --ray: rows per batch (default 256)")
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("demo", help="compose the built-in operators and classify a bundled sample")

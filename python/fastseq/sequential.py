@@ -189,6 +189,14 @@ class ONNXSequential:
                     )
         return self._session.run(list(output_names) if output_names is not None else None, checked)
 
+    # --- scale-out ------------------------------------------------------------------
+    def map_batches(self, ds: Any, **ray_kwargs: Any) -> Any:
+        """Runs this pipeline over a Ray Dataset as stateful actors (``fastseq[ray]``);
+        see :func:`fastseq.ray.map_batches`. Returns the new, lazy dataset."""
+        from fastseq import ray as fastseq_ray
+
+        return fastseq_ray.map_batches(self, ds, **ray_kwargs)
+
     # --- the model ------------------------------------------------------------------
     @property
     def model_bytes(self) -> bytes:
