@@ -332,8 +332,9 @@ def _stack(values: np.ndarray, column: str, info: Any, label: str) -> np.ndarray
     return values
 
 
-def _check_row_shape(info: Any, row: tuple[int, ...], where: str) -> None:
-    """A row of shape ``row`` fits an input with a batch axis (rank + 1) or without one."""
+def _check_row_shape(info: Any, row: tuple[int | None, ...], where: str) -> None:
+    """A row of shape ``row`` (None: a dimension that varies) fits an input with a batch
+    axis (rank + 1) or without one."""
     if info.shape is None:
         return
     want = list(info.shape)
@@ -347,7 +348,7 @@ def _check_row_shape(info: Any, row: tuple[int, ...], where: str) -> None:
             f"(rows of rank {len(want) - 1}, stacked on its batch axis)"
         )
     for got, need in zip(row, dims):
-        if isinstance(need, int) and need > 0 and got != need:
+        if isinstance(need, int) and need > 0 and isinstance(got, int) and got != need:
             raise InputError(f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want}")
 
 
@@ -416,10 +417,10 @@ def _column_type(arrow_type: Any) -> tuple[np.dtype | None, tuple[int, ...] | No
     import pyarrow as pa
 
     shape = getattr(arrow_type, "shape", None)
-    scalar = getattr(arrow_type, "scalar_type", None)
     try:
-        if scalar is not None:  # Ray's tensor extension types
-            return np.dtype(scalar.to_pandas_dtype()), tuple(shape) if shape is not None else None
+        if shape is not None:  # Ray's tensor extension types (variable dimensions are None)
+            scalar = getattr(arrow_type, "value_type", None) or getattr(arrow_type, "scalar_type", None)
+            return (np.dtype(scalar.to_pandas_dtype()) if scalar is not None else None), tuple(shape)
         if isinstance(arrow_type, pa.DataType):
             if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
                 return np.dtype(object), ()
@@ -489,8 +490,12 @@ def run_dataset(
     if not ray.is_initialized():
         ray.init(address=address or None, log_to_driver=False)
     pipe = ONNXSequential(model, providers=providers or None)
-    src = Path(source).expanduser()
+    # Absolute: tasks on a running cluster do not share this process's working directory.
+    src = Path(source).expanduser().resolve()
+    shown, output = output, Path(output).expanduser().resolve()
     input_columns = None
+    if not src.exists():
+        raise InputError(f"{src}: no such folder or Parquet dataset")
     if src.is_dir() and any(src.glob("*.npy")):
         if len(pipe.inputs) != 1:
             raise InputError(
@@ -524,5 +529,5 @@ def run_dataset(
             raise
         raise InputError(message) from None
     rows = ray.data.read_parquet(str(output)).count()
-    print(f"wrote {rows} rows to {output}")
+    print(f"wrote {rows} rows to {shown}")
     return rows
