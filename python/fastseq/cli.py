@@ -121,7 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.input or len(args.input) != 1 or not args.output:
             raise SystemExit("fastseq run: error: --ray needs one --input (a folder of .npy files or a Parquet "
                              "dataset) and --output (a folder for Parquet files)")
-        from fastseq.ray import run_dataset
+        try:
+            from fastseq.ray import run_dataset
+        except ImportError as e:
+            raise SystemExit(f"fastseq run: error: {e}") from None
 
         run_dataset(args.model, args.input[0], args.output, args.ray or None, args.provider,
                     args.concurrency, args.batch_size)

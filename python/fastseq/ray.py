@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
+
+try:
+    import ray
+except ImportError as e:  # the extra is not installed
+    raise ImportError(f"fastseq.ray needs Ray Data: pip install 'fastseq[ray]' ({e})") from e
 
 from fastseq import _core, session
 from fastseq.errors import InputError
