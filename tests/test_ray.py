@@ -311,3 +311,14 @@ def test_cli_runs_a_folder_of_npy_files_and_a_parquet_dataset_on_a_cluster(clust
     r = subprocess.run([*command[:6], "p.parquet", "--output", "out_p", *command[9:]], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
     assert r.returncode == 1
     assert "fastseq: error:" in r.stderr and "input 'x' reads the column 'x'" in r.stderr
+
+
+def test_predictor_takes_empty_batches_and_selected_outputs(pipe):
+    for shape in [("N", 4), (2, 4), (4,)]:
+        fixed = fastseq.ONNXSequential(scale_model(2.0, shape=shape))
+        out = fray.Predictor(fixed)({"x": np.zeros((0, 4), np.float32)})
+        assert out["y"].shape == (0, 4) and out["y"].dtype == np.float32, shape
+    keep = fastseq.ONNXSequential(scale_model(2.0, out="h"), scale_model(3.0, inp="h"), keep_outputs=["h", "y"])
+    x = np.ones((2, 4), np.float32)
+    assert set(fray.Predictor(keep, output_columns=["h"], drop_columns=True)({"x": x})) == {"h"}
+    np.testing.assert_allclose(fray.Predictor(keep, output_columns={"y": "z"})({"x": x})["z"], 6.0)

@@ -181,8 +181,11 @@ class Predictor:
     """A Ray Data callable class that runs a pipeline over batches.
 
     ``ds.map_batches(Predictor, fn_constructor_kwargs={"pipeline": pipe}, ...)``, where
-    ``pipeline`` is an ``ONNXSequential``, a :class:`Shipment` from :func:`ship` (the model
-    already in the object store), or the path of an exported model on shared storage.
+    ``pipeline`` is a :class:`Shipment` from :func:`ship` (the model already in the object
+    store), the path of an exported model on shared storage, or an ``ONNXSequential``. The
+    last arrives in the actor unpickled, which builds its own session first and, as pickling
+    goes today, without its session options: ``ship(pipe)`` or ``pipe.map_batches`` avoid
+    both.
 
     Columns feed the inputs of the same name; ``input_columns={"x": "pixels"}`` feeds the
     input ``x`` from the column ``pixels``. Outputs become new columns of their own names
@@ -234,17 +237,17 @@ class Predictor:
                     f"{', '.join(columns)}" + _map_hint(info.name)
                 )
             feeds[info.name] = _stack(columns[column], column, info, self.label)
-        results = _run_rows(self.session, feeds, self.inputs, rows, [o.name for o in self.outputs], self.label)
+        wanted = [o for o in self.outputs if o.name in self.renamed]  # only these are computed
+        results = _run_rows(self.session, feeds, self.inputs, rows, wanted, self.label)
         out = {} if self.drop_columns else dict(columns)
-        for info, value in zip(self.outputs, results):
-            if info.name in self.renamed:
-                name = self.renamed[info.name]
-                if name in out:
-                    raise InputError(
-                        f"{self.label}: output '{info.name}' would replace the column '{name}'; "
-                        f"name it with output_columns={{'{info.name}': 'NEW'}} or pass drop_columns=True"
-                    )
-                out[name] = value
+        for info, value in zip(wanted, results):
+            name = self.renamed[info.name]
+            if name in out:
+                raise InputError(
+                    f"{self.label}: output '{info.name}' would replace the column '{name}'; "
+                    f"name it with output_columns={{'{info.name}': 'NEW'}} or pass drop_columns=True"
+                )
+            out[name] = value
         return out
 
 
@@ -356,20 +359,28 @@ def _check_row_shape(info: Any, row: tuple[int | None, ...], where: str) -> None
             raise InputError(f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want}")
 
 
-def _run_rows(sess, feeds, inputs, rows: int, output_names, label: str) -> list[np.ndarray]:
+def _run_rows(sess, feeds, inputs, rows: int, outputs, label: str) -> list[np.ndarray]:
     """Calls the session on the whole batch when its batch axis is dynamic, N rows at a
     time when it is fixed at N, and row by row when the input has no batch axis."""
-    step, batched = rows, True
+    output_names = [o.name for o in outputs]
+    step, batched = None, True  # step: the fixed batch size, None when dynamic
     for info in inputs:
         value = feeds[info.name]
         if info.shape is None:
             continue
         if len(info.shape) == value.ndim - 1:
-            step, batched = 1, False
+            batched = False
         elif info.shape and isinstance(info.shape[0], int) and info.shape[0] > 0:
-            step = min(step, info.shape[0])
-    if step >= rows and batched:
+            step = info.shape[0] if step is None else min(step, info.shape[0])
+    if batched and step is None:
         return sess.run(output_names, feeds)
+    step = step if batched else 1
+    if rows == 0:  # nothing to call a fixed-size pipeline with: empty output columns
+        empty = []
+        for o in outputs:
+            row = list(o.shape or ())[1 if batched else 0 :]
+            empty.append(np.empty([0] + [d if isinstance(d, int) else 0 for d in row], o.dtype))
+        return empty
     if rows % step:
         raise InputError(
             f"{label}: the pipeline takes batches of exactly {step} rows; this batch has {rows} "
@@ -387,8 +398,6 @@ def _run_rows(sess, feeds, inputs, rows: int, output_names, label: str) -> list[
 def check_schema(ds: Any, shipped: Shipment, input_columns=None, output_columns=None) -> None:
     """Checks in the driver, before any actor starts, that the dataset has a column for each
     input with a dtype and row shape the pipeline takes (when Ray knows the schema)."""
-    from fastseq.sequential import TensorInfo  # noqa: F401  (the infos' class)
-
     if shipped.inputs is None:
         return
     columns, _ = _routes(shipped.inputs, shipped.outputs, input_columns, output_columns)
@@ -448,7 +457,8 @@ def map_batches(
     """``ds.map_batches`` with a :class:`Predictor` over ``pipeline``: the model is put in
     the object store once, the dataset's schema is checked here in the driver, and
     ``ray_kwargs`` (``compute``/``concurrency``, ``batch_size``, ``num_cpus``, ``num_gpus``,
-    ``batch_format``, ...) go to Ray Data as they are. Returns the new (lazy) dataset."""
+    ``batch_format``, ...) go to Ray Data as they are. Returns the new (lazy) dataset.
+    Reading the schema may run the dataset's upstream steps on its first block."""
     shipped = ship(pipeline)
     check_schema(ds, shipped, input_columns, output_columns)
     return ds.map_batches(
