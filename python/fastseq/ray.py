@@ -261,12 +261,15 @@ def _local_shipment(pipeline: Any) -> Shipment:
 
 
 def _assigned_resources() -> dict[str, Any]:
-    try:
-        context = ray.get_runtime_context()
-        cpus = context.get_assigned_resources().get("CPU")
-        return {"cpus": cpus, "gpu_ids": ray.get_gpu_ids()}
-    except Exception:  # outside Ray (a Predictor built by hand): ONNX Runtime's defaults
+    """The CPUs and GPUs Ray gave this actor; none outside Ray or in the driver (then ONNX
+    Runtime's own defaults apply)."""
+    if not ray.is_initialized():
         return {"cpus": None, "gpu_ids": []}
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except AssertionError:  # Ray's answer in the driver, which is assigned nothing
+        return {"cpus": None, "gpu_ids": []}
+    return {"cpus": cpus, "gpu_ids": ray.get_gpu_ids()}
 
 
 def _map_hint(input_name: str) -> str:
