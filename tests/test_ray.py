@@ -322,3 +322,25 @@ def test_predictor_takes_empty_batches_and_selected_outputs(pipe):
     x = np.ones((2, 4), np.float32)
     assert set(fray.Predictor(keep, output_columns=["h"], drop_columns=True)({"x": x})) == {"h"}
     np.testing.assert_allclose(fray.Predictor(keep, output_columns={"y": "z"})({"x": x})["z"], 6.0)
+
+
+def test_session_options_description_round_trips():
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    options.inter_op_num_threads = 3
+    options.intra_op_num_threads = 5
+    options.enable_mem_pattern = False
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    described = fray.describe_options(options)
+    import pickle
+
+    rebuilt = fray.build_options(pickle.loads(pickle.dumps(described)), cpus=2)
+    assert rebuilt.execution_mode == ort.ExecutionMode.ORT_PARALLEL
+    assert (rebuilt.inter_op_num_threads, rebuilt.intra_op_num_threads) == (3, 5)  # set by the user: kept
+    assert rebuilt.enable_mem_pattern is False
+    assert rebuilt.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    default = fray.build_options(fray.describe_options(None), cpus=2.5)
+    assert (default.intra_op_num_threads, default.inter_op_num_threads) == (2, 1)
+    assert default.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED

@@ -101,8 +101,9 @@ def describe_options(options: Any) -> dict[str, Any]:
         return {}
     described: dict[str, Any] = {}
     for name in _OPTION_FIELDS:
-        value = getattr(options, name)
-        described[name] = value if isinstance(value, (bool, int, float, str)) else int(value)
+        if hasattr(options, name):  # older onnxruntime builds lack some
+            value = getattr(options, name)
+            described[name] = value if isinstance(value, (bool, int, float, str)) else int(value)
     entries = {}
     for key in _CONFIG_KEYS:
         try:
@@ -121,14 +122,14 @@ def build_options(described: Mapping[str, Any], cpus: float | None) -> Any:
 
     options = session.default_options()
     enums = {
-        "graph_optimization_level": ort.GraphOptimizationLevel,
-        "execution_mode": ort.ExecutionMode,
-        "execution_order": ort.ExecutionOrder,
+        "graph_optimization_level": "GraphOptimizationLevel",
+        "execution_mode": "ExecutionMode",
+        "execution_order": "ExecutionOrder",
     }
     for name in _OPTION_FIELDS:
-        if name in described:
+        if name in described and hasattr(options, name):
             value = described[name]
-            setattr(options, name, enums[name](value) if name in enums else value)
+            setattr(options, name, getattr(ort, enums[name])(value) if name in enums else value)
     for key, value in described.get("config", {}).items():
         options.add_session_config_entry(key, value)
     if not described.get("intra_op_num_threads") and cpus:
