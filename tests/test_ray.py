@@ -234,6 +234,16 @@ def test_errors_name_the_column_and_rows_and_are_raised_in_the_driver(cluster, p
     message = fray.error_of(failed.value)
     assert message is not None and "column 'x' (row 7 of the batch) has shape [9] where row 0 has [16]" in message
 
+    # With Ray Data's own switch on, the driver raises the actor's InputError itself.
+    context = ray.data.DataContext.get_current()
+    context.raise_original_map_exception = True
+    try:
+        ragged = ray.data.from_items([{"x": data[i] if i != 7 else data[i, :9]} for i in range(20)])  # takes a copy
+    finally:
+        context.raise_original_map_exception = False
+    with pytest.raises(fastseq.InputError, match=r"column 'x' \(row 7 of the batch\) has shape \[9\]"):
+        pipe.map_batches(ragged, compute=ray.data.ActorPoolStrategy(size=1), batch_size=20, num_cpus=1).take_all()
+
 
 def test_predictor_outside_ray_checks_batches_like_an_actor(pipe, data):
     """The same class runs in-process: batch errors name the column and the rows."""

@@ -479,7 +479,8 @@ def map_batches(
 
 def error_of(exc: BaseException) -> str | None:
     """The fastseq message inside an exception that Ray Data raised for a failed batch
-    (Ray wraps an actor's error in its own class and keeps the original only as text)."""
+    (Ray wraps an actor's error in its own class and keeps the original only as text,
+    unless ``DataContext.raise_original_map_exception`` is set)."""
     for line in reversed(str(exc).splitlines()):
         for name in ("InputError", "FastseqError", "LoadError"):
             mark = f"{name}: "
