@@ -354,3 +354,13 @@ def test_session_options_description_round_trips():
     default = fray.build_options(fray.describe_options(None), cpus=2.5)
     assert (default.intra_op_num_threads, default.inter_op_num_threads) == (2, 1)
     assert default.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+
+
+def test_a_model_on_shared_storage_ships_as_its_path(tmp_path, pipe, data):
+    target = pipe.export(tmp_path / "pipe.onnx", external_data=True)  # weights in a file beside it
+    shipped = fray.ship(str(target))
+    assert shipped.model == str(target.resolve()) and shipped.inputs is None
+    out = fray.Predictor(shipped)({"x": data[:3]})
+    np.testing.assert_allclose(out["y"], pipe(data[:3])[0])
+    with pytest.raises(fastseq.InputError, match="no such model file"):
+        fray.ship(tmp_path / "missing.onnx")
