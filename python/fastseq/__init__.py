@@ -12,6 +12,8 @@ from fastseq.errors import (
     InputError,
     LoadError,
     OpsetMismatchError,
+    RunError,
+    RunTimeoutError,
 )
 from fastseq.sequential import ONNXSequential, TensorInfo
 
@@ -26,6 +28,8 @@ __all__ = [
     "LoadError",
     "ONNXSequential",
     "OpsetMismatchError",
+    "RunError",
+    "RunTimeoutError",
     "TensorInfo",
     "__version__",
     "compose",

@@ -85,7 +85,17 @@ def cmd_merge(args: argparse.Namespace) -> int:
             link_external=reuse,
         )
         external = {"auto": None, "yes": True, "no": False, "reuse": True}[args.external_data]
-        written = composed.save(str(args.output), external_data=external)
+        if args.optimize:
+            from fastseq import session
+
+            session.export_optimized(composed, args.output, args.providers, None)
+            written = {"model_bytes": args.output.stat().st_size, "data_file": f"{args.output.name}.data"}
+            data = args.output.with_name(written["data_file"])
+            written["data_bytes"] = data.stat().st_size if data.exists() else 0
+            if not written["data_bytes"]:
+                written["data_file"] = None
+        else:
+            written = composed.save(str(args.output), external_data=external)
     info = composed.summary()
     print(
         f"wrote {args.output} ({human_size(written['model_bytes'])}"
@@ -135,6 +145,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from fastseq import cache
+
+    root = cache.root_from(args.dir) if args.dir else (cache.root_from(None) or cache.default_root())
+    if args.action == "clear":
+        n = cache.clear(root)
+        print(f"removed {n} entr{'y' if n == 1 else 'ies'} from {root}")
+        return 0
+    found = cache.entries(root)
+    total = sum(e["bytes"] for e in found)
+    print(f"{root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {human_size(total)}")
+    for e in found:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"])) if e["used"] else "?"
+        what = "damaged" if e.get("damaged") else (
+            f"onnxruntime {e['onnxruntime']}, "
+            + ", ".join(p if isinstance(p, str) else p[0] for p in e["providers"] or [])
+        )
+        print(f"  {e['key']}  {human_size(e['bytes']):>9}  used {used}  {what}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from fastseq.sequential import ONNXSequential
 
@@ -167,6 +198,11 @@ def parser() -> argparse.ArgumentParser:
                         "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
     m.add_argument("--opset", type=int, help="convert every model to this default-domain opset first")
+    m.add_argument("--optimize", action="store_true",
+                   help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
+                        "in a data file), so that deployments start sessions with optimisation off")
+    m.add_argument("--providers", nargs="+", metavar="PROVIDER",
+                   help="with --optimize: the execution providers to optimise for, in priority order")
     m.add_argument("--cache-dir", help="where downloads are cached")
     m.add_argument("--force-download", action="store_true")
     m.set_defaults(func=cmd_merge)
@@ -181,6 +217,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--provider", action="append", help="execution provider, in priority order")
     r.add_argument("-o", "--output", help="write the outputs to this .npz")
     r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("cache", help="list or empty the session cache")
+    c.add_argument("action", choices=["list", "clear"])
+    c.add_argument("--dir", help="the cache folder (default: $FASTSEQ_SESSION_CACHE or ~/.cache/fastseq/sessions)")
+    c.set_defaults(func=cmd_cache)
 
     d = sub.add_parser("demo", help="compose the built-in operators and classify a bundled sample")
     d.add_argument("-o", "--output", help="also export the composed pipeline here")

@@ -38,6 +38,7 @@ class ONNXSequential(Runnable):
         keep_outputs: bool | Sequence[str] = False,
         token: str | bool | None = None,
         sha256: str | Sequence[str | None] | None = None,
+        session_cache: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         if not models:
             raise TypeError("ONNXSequential needs at least one model")
@@ -53,4 +54,4 @@ class ONNXSequential(Runnable):
             token=token,
             sha256=sha256,
         )
-        self._start(providers, session_options)
+        self._start(providers, session_options, session_cache)

@@ -3,6 +3,7 @@
 //! The core (`model`, `names`, `opset`, `compose`) is plain Rust; the `python` feature adds
 //! the PyO3 bindings below, which only convert types and release the GIL around the work.
 pub mod compose;
+pub mod digest;
 pub mod error;
 pub mod external;
 #[doc(hidden)]
@@ -200,6 +201,24 @@ mod bindings {
             Ok(d)
         }
 
+        /// Like `save(path, external_data=True)`, also returning the digest of the bytes written
+        /// (computed while writing): `(dict, digest)`.
+        #[pyo3(signature = (path, threshold=1024))]
+        fn save_with_digest<'py>(
+            &self,
+            py: Python<'py>,
+            path: PathBuf,
+            threshold: usize,
+        ) -> PyResult<(Bound<'py, PyDict>, String)> {
+            let (saved, digest) =
+                py.detach(|| crate::digest::save_with_digest(&self.model, &path, threshold)).map_err(to_py)?;
+            let d = PyDict::new(py);
+            d.set_item("model_bytes", saved.model_bytes)?;
+            d.set_item("data_bytes", saved.data_bytes)?;
+            d.set_item("data_file", saved.data_file)?;
+            Ok((d, digest))
+        }
+
         /// The model serialized without its initializers of at least `threshold` bytes.
         #[pyo3(signature = (threshold=1024))]
         fn stripped_bytes<'py>(&self, py: Python<'py>, threshold: usize) -> PyResult<Bound<'py, PyBytes>> {
@@ -322,6 +341,13 @@ mod bindings {
         external::check_relative(location).map_err(to_py)
     }
 
+    /// The XXH3-128 digest of a file's bytes, as hex.
+    #[pyfunction]
+    fn file_digest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+        py.detach(|| crate::digest::file_digest(&path))
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
+    }
+
     /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
     #[pyfunction]
     fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
@@ -345,6 +371,7 @@ mod bindings {
         m.add_function(wrap_pyfunction!(load_model, m)?)?;
         m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
         m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
+        m.add_function(wrap_pyfunction!(file_digest, m)?)?;
         m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
         Ok(())
     }
