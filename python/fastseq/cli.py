@@ -14,11 +14,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
-from fastseq import __version__, loader, operators
-from fastseq.compose import build
+from fastseq import __version__
 from fastseq.errors import FastseqError, human_size
+
+# Each command imports what it uses (numpy, onnxruntime, the loader) itself: `fastseq --help`
+# and `fastseq inspect` stay fast.
 
 
 @contextmanager
@@ -68,6 +68,8 @@ def _parse_io_map(text: str) -> list[tuple[str, str]]:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    from fastseq.compose import build
+
     if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
         raise SystemExit(
             f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
@@ -106,7 +108,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from fastseq import _core
+    from fastseq import _core, loader
 
     src = loader.resolve(args.model, 0)
     info = _core.load_model(src.data, src.label).summary()
@@ -125,6 +127,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from fastseq.sequential import ONNXSequential
 
     pipe = ONNXSequential(args.model, providers=args.provider or None)
@@ -167,6 +171,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from fastseq import operators
     from fastseq.sequential import ONNXSequential
 
     chain = ["builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head"]

@@ -7,10 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import onnx
+from typing import TYPE_CHECKING
 
-from fastseq import _core, convert, loader
-from fastseq.loader import ModelSource
+from fastseq import _core, loader
+from fastseq.loader import ModelSource, is_model_proto
+
+if TYPE_CHECKING:
+    import onnx
 
 IoMap = Sequence[tuple[str, str]]
 
@@ -31,7 +34,7 @@ def build(
     """Resolves every source (downloading where needed), converts opsets when asked
     (``opset``: a version, or ``"highest"`` among the models) and composes them in the core.
     Returns the composed model and the models' labels. What every entry point runs."""
-    if isinstance(models, (onnx.ModelProto, bytes, str, os.PathLike)):
+    if is_model_proto(models) or isinstance(models, (bytes, str, os.PathLike)):
         raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
     if isinstance(sha256, str) and len(models) > 1:
         raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")
@@ -45,6 +48,8 @@ def build(
     labels = [r.label for r in resolved]
     sources: list = [r.data for r in resolved]
     if opset is not None:
+        from fastseq import convert
+
         loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
         sources = convert.harmonise(loaded, labels, None if opset == "highest" else opset)
     keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
@@ -85,6 +90,8 @@ def compose(
     ir_version: int | None = None,
 ) -> onnx.ModelProto:
     """Like :func:`compose_bytes`, returning an ``onnx.ModelProto`` (below 2 GB)."""
+    import onnx
+
     return onnx.ModelProto.FromString(compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version))
 
 
@@ -148,4 +155,6 @@ def merge_models(
         meta={k: v for k, v in meta.items() if v is not None},
         model_version=model_version,
     )
+    import onnx
+
     return onnx.ModelProto.FromString(composed.to_bytes())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 import time
 import urllib.error
@@ -17,12 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-import onnx
+from typing import TYPE_CHECKING
 
 from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
 
-ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+if TYPE_CHECKING:
+    import onnx
+
+ModelSource = Union["onnx.ModelProto", bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+
+
+def is_model_proto(model: object) -> bool:
+    """An ``onnx.ModelProto``, without importing onnx (loaded already if one exists)."""
+    onnx = sys.modules.get("onnx")
+    return onnx is not None and isinstance(model, onnx.ModelProto)
 
 #: kornia's convention: ``hf://operators/resize`` is ``operators/resize.onnx`` in this repo.
 KORNIA_REPO = "kornia/ONNX_models"
@@ -52,7 +62,7 @@ class HubRef:
 
 def resolve_local(model: ModelSource, index: int) -> Resolved:
     """Resolves a source that needs no network (anything but a URL or an hf:// id)."""
-    if isinstance(model, onnx.ModelProto):
+    if is_model_proto(model):
         name = model.graph.name or f"model #{index}"
         return Resolved(model.SerializeToString(), f"{name} (#{index})")
     if isinstance(model, (bytes, bytearray, memoryview)):

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from fastseq import _core, session
@@ -17,6 +16,8 @@ from fastseq.errors import human_size
 from fastseq.session import TensorInfo
 
 if TYPE_CHECKING:
+    import onnx
+
     from fastseq.binding import Binding
 
 
@@ -177,6 +178,8 @@ class Runnable:
     def model(self) -> onnx.ModelProto:
         """The composed model as a fresh ``onnx.ModelProto`` (a copy: editing it changes
         nothing here). Below 2 GB only; use :meth:`export` for larger ones."""
+        import onnx
+
         return onnx.ModelProto.FromString(self.model_bytes)
 
     def summary(self) -> dict[str, Any]:
