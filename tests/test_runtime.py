@@ -351,3 +351,31 @@ def test_export_optimized_records_its_setup_and_warns_elsewhere(tmp_path):
     onnx.save(model, str(target))
     with pytest.warns(RuntimeWarning, match="optimised by onnxruntime 1.0.0"):
         fastseq.ONNXSequential(str(target))
+
+
+# --- GPU (marked; skipped without a CUDA provider and a CUDA torch) ------------------------
+def _cuda_ready() -> bool:
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_ready(), reason="needs onnxruntime-gpu, a CUDA torch and a GPU")
+def test_cuda_binding_keeps_tensors_on_the_device():
+    import torch
+
+    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=("N", 4)), scale_model(3.0, shape=("N", 4)),
+                                  providers=["CUDAExecutionProvider"])
+    x = torch.from_numpy(X.copy()).cuda()
+    b = pipe.bind(x, outputs="torch")
+    (y,) = b()
+    assert y.is_cuda
+    np.testing.assert_allclose(y.cpu().numpy(), reference(X), rtol=1e-6)
+    x.mul_(-1)
+    assert b()[0].data_ptr() == y.data_ptr()
+    np.testing.assert_allclose(y.cpu().numpy(), reference(-X), rtol=1e-6)
