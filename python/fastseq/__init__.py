@@ -1,6 +1,6 @@
 """fastseq: chain ONNX models into one graph in one pass, and run it with ONNX Runtime."""
 
-from fastseq import operators
+from fastseq import operators, ops
 from fastseq._core import MAX_IR_VERSION, __version__
 from fastseq.compose import compose, compose_bytes, compose_to_file, merge_models
 from fastseq.errors import (
@@ -33,4 +33,5 @@ __all__ = [
     "compose_to_file",
     "merge_models",
     "operators",
+    "ops",
 ]
