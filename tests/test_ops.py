@@ -209,8 +209,15 @@ def test_center_crop_crops_and_pads_like_torchvision(nhwc):
     h, w = x.shape[2:]
     for ch, cw in [(h // 2, w // 3), (h - 1, w - 2), (h + 5, w + 2), (h, w)]:
         (y,) = run(ops.center_crop((ch, cw)), x)
-        padded = np.pad(x, [(0, 0), (0, 0), ((max(ch - h, 0)) // 2, (max(ch - h, 0) + 1) // 2),
-                            ((max(cw - w, 0)) // 2, (max(cw - w, 0) + 1) // 2)])
+        padded = np.pad(
+            x,
+            [
+                (0, 0),
+                (0, 0),
+                ((max(ch - h, 0)) // 2, (max(ch - h, 0) + 1) // 2),
+                ((max(cw - w, 0)) // 2, (max(cw - w, 0) + 1) // 2),
+            ],
+        )
         top, left = (padded.shape[2] - ch) // 2, (padded.shape[3] - cw) // 2
         np.testing.assert_array_equal(y, padded[:, :, top : top + ch, left : left + cw])
     (sq,) = run(ops.center_crop(32, layout="NHWC", dtype="uint8"), nhwc)
@@ -350,7 +357,10 @@ def test_operators_around_a_real_classifier_read_photos_of_digits():
     # Every digit of the data set rendered as a 40x40 photo: the chain still reads them.
     data = load_digits()
     photos = np.stack(
-        [np.asarray(Image.fromarray((d * 255 / 16).astype(np.float32), "F").resize((40, 40), Image.BICUBIC)) for d in data.images[::3]]
+        [
+            np.asarray(Image.fromarray((d * 255 / 16).astype(np.float32), "F").resize((40, 40), Image.BICUBIC))
+            for d in data.images[::3]
+        ]
     )
     rgb = np.repeat(np.clip(photos, 0, 255).round().astype(np.uint8)[..., None], 3, axis=-1)
     _, guesses = pipe(rgb)
@@ -397,7 +407,10 @@ def test_bare_shipped_names_keep_their_models():
     image = np.load(fastseq.operators.sample())
     old = fastseq.ONNXSequential("builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head")
     new = fastseq.ONNXSequential(
-        "builtin:to_float?", "builtin:layout?src=NHWC&dst=NCHW", "builtin:resize?size=32", "builtin:normalize?",
+        "builtin:to_float?",
+        "builtin:layout?src=NHWC&dst=NCHW",
+        "builtin:resize?size=32",
+        "builtin:normalize?",
         "builtin:color_head",
     )
     np.testing.assert_allclose(new(image)[0], old(image)[0], atol=1e-6)
@@ -415,12 +428,20 @@ def test_operator_options_pick_the_opset():
 def test_command_line_merges_and_runs_operator_strings(tmp_path):
     cmd = [sys.executable, "-m", "fastseq"]
     stages = ["builtin:to_float?", "builtin:layout?src=NHWC&dst=NCHW", "builtin:resize?size=20,30&mode=nearest"]
-    r = subprocess.run([*cmd, "merge", *stages, "-o", "pre.onnx"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [*cmd, "merge", *stages, "-o", "pre.onnx"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     x = batch_of("sample")
     (y,) = run(onnx.load(tmp_path / "pre.onnx"), x)
     np.testing.assert_allclose(y, nearest(nchw_float(x) / 255, (20, 30)), atol=1e-6)
-    r = subprocess.run([*cmd, "merge", "builtin:resize?size=20&mode=bilnear", "-o", "x.onnx"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [*cmd, "merge", "builtin:resize?size=20&mode=bilnear", "-o", "x.onnx"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert r.returncode == 1 and not (tmp_path / "x.onnx").exists()
     assert r.stderr.strip() == (
         "fastseq: error: builtin:resize?size=20&mode=bilnear: resize: mode must be one of nearest, linear, cubic, "
@@ -435,7 +456,10 @@ def test_command_line_merges_and_runs_operator_strings(tmp_path):
     "build, message",
     [
         (lambda: ops.build("resise", 3), r"no built-in operator 'resise' \(did you mean 'resize'\?\)"),
-        (lambda: ops.from_string("resize?sise=3"), r"builtin:resize\?sise=3: resize has no parameter 'sise' \(did you mean 'size'\?\)"),
+        (
+            lambda: ops.from_string("resize?sise=3"),
+            r"builtin:resize\?sise=3: resize has no parameter 'sise' \(did you mean 'size'\?\)",
+        ),
         (lambda: ops.from_string("resize?mode=linear"), r"resize needs size \(e.g. builtin:resize\?size=...\)"),
         (lambda: ops.from_string("resize?size=3&size=4"), r"'size' is given twice"),
         (lambda: ops.from_string("resize?size"), r"'size' is not KEY=VALUE"),
@@ -445,7 +469,10 @@ def test_command_line_merges_and_runs_operator_strings(tmp_path):
         (lambda: ops.resize(8, keep_aspect="longer"), r"keep_aspect must be one of not_smaller, not_larger"),
         (lambda: ops.resize(8, "nearest", antialias=True), r"antialias=True needs mode 'linear' or 'cubic'"),
         (lambda: ops.resize(8, antialias=True, opset=17), r"antialias=True needs opset 18 or later, got opset=17"),
-        (lambda: ops.resize(8, dtype="float64"), r"resize: dtype must be one of uint8, int8, int32, float32, got float64"),
+        (
+            lambda: ops.resize(8, dtype="float64"),
+            r"resize: dtype must be one of uint8, int8, int32, float32, got float64",
+        ),
         (lambda: ops.resize(8, dtype="floot32"), r"dtype must be one of .* got 'floot32' \(did you mean 'float32'\?\)"),
         (lambda: ops.resize(8, layout="CHW"), r"layout must be one of NCHW, NHWC, got 'CHW'"),
         (lambda: ops.normalize([0.5, 0.5], [0.2, 0.2, 0.2]), r"mean has 2 values and std 3"),
@@ -471,7 +498,11 @@ def test_bad_parameters_are_typed_errors_naming_the_operator(build, message):
 
 
 def test_bad_builtin_strings_fail_in_every_entry_point():
-    with pytest.raises(fastseq.LoadError, match=r"builtin:grayscal: no built-in operator 'grayscal' \(did you mean 'grayscale'\?\)"):
+    with pytest.raises(
+        fastseq.LoadError, match=r"builtin:grayscal: no built-in operator 'grayscal' \(did you mean 'grayscale'\?\)"
+    ):
         fastseq.ONNXSequential("builtin:grayscal")
-    with pytest.raises(OperatorError, match=r"builtin:letterbox\?size=64&fill=x: letterbox: fill must be a finite number, got 'x'"):
+    with pytest.raises(
+        OperatorError, match=r"builtin:letterbox\?size=64&fill=x: letterbox: fill must be a finite number, got 'x'"
+    ):
         fastseq.compose(["builtin:letterbox?size=64&fill=x"])

@@ -34,8 +34,19 @@ from fastseq.ops.image import center_crop, grayscale, layout, letterbox, normali
 OPERATORS: dict[str, Callable[..., Any]] = {
     f.__name__: f
     for f in (
-        to_float, layout, rgb_to_bgr, grayscale, resize, center_crop, letterbox, normalize,
-        flatten, softmax, argmax, topk, nms,
+        to_float,
+        layout,
+        rgb_to_bgr,
+        grayscale,
+        resize,
+        center_crop,
+        letterbox,
+        normalize,
+        flatten,
+        softmax,
+        argmax,
+        topk,
+        nms,
     )
 }
 
@@ -122,7 +133,9 @@ def _checked(name: str, params: dict[str, Any], args: tuple[Any, ...], spec: str
     known = list(signature.parameters)
     for key in params:
         if key not in known:
-            raise OperatorError(f"{where}: {name} has no parameter '{key}'{near(key, known)}; parameters: {', '.join(known)}")
+            raise OperatorError(
+                f"{where}: {name} has no parameter '{key}'{near(key, known)}; parameters: {', '.join(known)}"
+            )
     positional = [p for p in signature.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
     if len(args) > len(positional):
         raise OperatorError(f"{where}: {name} takes at most {len(positional)} positional arguments, got {len(args)}")

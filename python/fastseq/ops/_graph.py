@@ -19,6 +19,8 @@ DEFAULT_OPSET = 17
 #: Softmax, Split, ReduceSum and Resize took their current form in opset 13.
 MIN_OPSET = 13
 
+#: ONNX element types used in Cast nodes and declarations (TensorProto.FLOAT, .INT64).
+FLOAT, INT64 = 1, 7
 #: Element types the operators accept, by numpy name.
 FLOATS = ("float16", "float32", "float64")
 INTEGERS = ("uint8", "int8", "uint16", "int16", "int32", "int64")
@@ -49,7 +51,8 @@ def choice(op: str, param: str, value: Any, allowed: Sequence[str], aliases: dic
     if text is not None and aliases and text in aliases:
         text = aliases[text]
     if text not in by_lower:
-        raise fail(op, f"{param} must be one of {', '.join(allowed)}, got {value!r}{near(str(value), [*allowed, *(aliases or ())])}")
+        hint = near(str(value), [*allowed, *(aliases or ())])
+        raise fail(op, f"{param} must be one of {', '.join(allowed)}, got {value!r}{hint}")
     return by_lower[text]
 
 
@@ -113,7 +116,7 @@ def dtype(op: str, value: Any, allowed: Sequence[str]) -> tuple[str, int]:
 
 
 def image_layout(op: str, value: Any) -> str:
-    """"NCHW" or "NHWC": where the channel axis of a batch of images is."""
+    """ "NCHW" or "NHWC": where the channel axis of a batch of images is."""
     return choice(op, "layout", value, ("NCHW", "NHWC"))
 
 
@@ -164,6 +167,17 @@ class Graph:
         name = self._name(kind)
         self.initializers.append(numpy_helper.from_array(array, name))
         return name
+
+    def ints(self, values: int | Sequence[int], kind: str = "ints") -> str:
+        """An int64 constant: a scalar, or a 1-D tensor from a list."""
+        import numpy as np
+
+        return self.const(np.array(values, np.int64), kind)
+
+    def scalar(self, value: float, dtype: str = "float32", kind: str = "scalar") -> str:
+        import numpy as np
+
+        return self.const(np.array(value, dtype), kind)
 
     def node(self, op_type: str, inputs: Sequence[str], outputs: int | Sequence[str] = 1, **attrs: Any) -> Any:
         """Adds a node; returns its output name (or the list of them when several)."""

@@ -13,9 +13,6 @@ import numpy as np
 
 from fastseq.ops import _graph as g
 
-_INT64 = 7
-_FLOAT = 1
-
 
 def _axis(op: str, value: Any, rank: int) -> int:
     """An axis in [-rank, rank), kept as given (negative counts from the end)."""
@@ -61,7 +58,7 @@ def argmax(
     graph = g.Graph(op)
     graph.node("ArgMax", ["input"], ["indices"], axis=ax, keepdims=int(keep))
     call = g.call_text(op, dict(axis=ax, keepdims=keep, dtype=name, rank=len(shape)))
-    outputs = [g.tensor("indices", _INT64, _without(shape, ax, keep))]
+    outputs = [g.tensor("indices", g.INT64, _without(shape, ax, keep))]
     return graph.model(call, [g.tensor("input", elem, shape)], outputs, version)
 
 
@@ -79,11 +76,18 @@ def topk(
     name, elem = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
-    graph.node("TopK", ["input", graph.const(np.array([count], np.int64), "k")], ["values", "indices"], axis=ax, largest=int(big), sorted=1)
+    graph.node(
+        "TopK",
+        ["input", graph.ints([count], "k")],
+        ["values", "indices"],
+        axis=ax,
+        largest=int(big),
+        sorted=1,
+    )
     call = g.call_text(op, dict(k=count, axis=ax, largest=big, dtype=name, rank=len(shape)))
     picked = list(shape)
     picked[ax % len(shape)] = count
-    outputs = [g.tensor("values", elem, picked), g.tensor("indices", _INT64, picked)]
+    outputs = [g.tensor("values", elem, picked), g.tensor("indices", g.INT64, picked)]
     return graph.model(call, [g.tensor("input", elem, shape)], outputs, version)
 
 
@@ -140,27 +144,29 @@ def nms(
         [
             "boxes",
             scores,
-            graph.const(np.array([limit], np.int64), "max_boxes"),
+            graph.ints([limit], "max_boxes"),
             graph.const(np.array([threshold], np.float32), "iou"),
             graph.const(np.array([floor], np.float32), "score"),
         ],
         ["selected_indices"],
         center_point_box=int(fmt == "cxcywh"),
     )
-    image_box = graph.node("Gather", [selected, graph.const(np.array([0, 2], np.int64), "image_box")], axis=1)
+    image_box = graph.node("Gather", [selected, graph.ints([0, 2], "image_box")], axis=1)
     graph.node("GatherND", ["boxes", image_box], ["selected_boxes"])
     graph.node("GatherND", [scores, selected], ["selected_scores"])
-    graph.node("Gather", [selected, graph.const(np.array(1, np.int64), "class")], ["selected_classes"], axis=1)
-    call = g.call_text(op, dict(iou=threshold, score=floor, max_boxes=limit, box_format=fmt, scores_layout=scores_order))
+    graph.node("Gather", [selected, graph.ints(1, "class")], ["selected_classes"], axis=1)
+    call = g.call_text(
+        op, dict(iou=threshold, score=floor, max_boxes=limit, box_format=fmt, scores_layout=scores_order)
+    )
     scores_shape = ["N", "classes", "boxes"] if scores_order == "NCB" else ["N", "boxes", "classes"]
     return graph.model(
         call,
-        [g.tensor("boxes", _FLOAT, ["N", "boxes", 4]), g.tensor("scores", _FLOAT, scores_shape)],
+        [g.tensor("boxes", g.FLOAT, ["N", "boxes", 4]), g.tensor("scores", g.FLOAT, scores_shape)],
         [
-            g.tensor("selected_indices", _INT64, ["selected", 3]),
-            g.tensor("selected_boxes", _FLOAT, ["selected", 4]),
-            g.tensor("selected_scores", _FLOAT, ["selected"]),
-            g.tensor("selected_classes", _INT64, ["selected"]),
+            g.tensor("selected_indices", g.INT64, ["selected", 3]),
+            g.tensor("selected_boxes", g.FLOAT, ["selected", 4]),
+            g.tensor("selected_scores", g.FLOAT, ["selected"]),
+            g.tensor("selected_classes", g.INT64, ["selected"]),
         ],
         version,
     )

@@ -48,7 +48,7 @@ def to_float(
     version = g.opset(op, opset)
     graph = g.Graph(op)
     cast = graph.node("Cast", ["input"], to=out_elem)
-    graph.node("Mul", [cast, graph.const(np.array(factor, out_name), "scale")], ["output"])
+    graph.node("Mul", [cast, graph.scalar(factor, out_name, "scale")], ["output"])
     call = g.call_text(op, dict(scale=scale, dtype=name, to=out_name, rank=len(shape)))
     return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", out_elem, shape)], version)
 
@@ -75,7 +75,7 @@ def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | Non
     name, elem = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
-    graph.node("Gather", ["input", graph.const(np.array([2, 1, 0], np.int64), "order")], ["output"], axis=order.index("C"))
+    graph.node("Gather", ["input", graph.ints([2, 1, 0], "order")], ["output"], axis=order.index("C"))
     shape = _dims(order, C=3)
     call = g.call_text(op, dict(layout=order, dtype=name))
     return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", elem, shape)], version)
@@ -95,14 +95,13 @@ def grayscale(channels: int = 1, *, layout: str = "NCHW", dtype: Any = "float32"
     axis = order.index("C")
     work = "float32" if name == "uint8" else name
     graph = g.Graph(op)
-    x = graph.node("Cast", ["input"], to=g.dtype(op, work, g.FLOATS)[1]) if name == "uint8" else "input"
-    weights = np.array(LUMA, work).reshape([3 if a == "C" else 1 for a in order])
-    luma = graph.node("ReduceSum", [graph.node("Mul", [x, graph.const(weights, "luma")]), graph.const(np.array([axis], np.int64), "axis")], keepdims=1)
+    x = graph.node("Cast", ["input"], to=g.FLOAT) if name == "uint8" else "input"
+    weights = graph.const(np.array(LUMA, work).reshape([3 if a == "C" else 1 for a in order]), "luma")
+    luma = graph.node("ReduceSum", [graph.node("Mul", [x, weights]), graph.ints([axis], "axis")], keepdims=1)
     if name == "uint8":
         # Round half up and clamp, as Pillow's fixed-point conversion does.
-        rounded = graph.node("Floor", [graph.node("Add", [luma, graph.const(np.array(0.5, np.float32), "half")])])
-        clipped = graph.node("Clip", [rounded, graph.const(np.array(0, np.float32), "lo"), graph.const(np.array(255, np.float32), "hi")])
-        luma = graph.node("Cast", [clipped], to=elem)
+        rounded = graph.node("Floor", [graph.node("Add", [luma, graph.scalar(0.5)])])
+        luma = graph.node("Cast", [graph.node("Clip", [rounded, graph.scalar(0), graph.scalar(255)])], to=elem)
     if out_channels == 3:
         graph.node("Concat", [luma, luma, luma], ["output"], axis=axis)
     else:
@@ -172,17 +171,20 @@ def _resize_nodes(
     aspect ratio is kept (the factor applied to both sides), else None."""
     ha, wa = order.index("H"), order.index("W")
     shape = graph.node("Shape", ["input"])
-    target = graph.const(np.array(hw, np.int64), "size")
+    target = graph.ints(hw, "size")
     scale = None
     if aspect is not None:
-        in_hw = graph.node("Cast", [graph.node("Gather", [shape, graph.const(np.array([ha, wa], np.int64), "hw_axes")])], to=1)
-        ratios = graph.node("Div", [graph.const(np.array(hw, np.float32), "size_f"), in_hw])
-        rh, rw = (graph.node("Gather", [ratios, graph.const(np.array(i, np.int64), "index")]) for i in (0, 1))
+        in_hw = graph.node("Cast", [graph.node("Gather", [shape, graph.ints([ha, wa], "hw_axes")])], to=g.FLOAT)
+        ratios = graph.node("Div", [graph.const(np.array(hw, np.float32), "size"), in_hw])  # [2]
+        rh, rw = (graph.node("Gather", [ratios, graph.ints(i, "index")]) for i in (0, 1))
         scale = graph.node("Max" if aspect == "not_smaller" else "Min", [rh, rw])
-        scaled = graph.node("Floor", [graph.node("Add", [graph.node("Mul", [in_hw, scale]), graph.const(np.array(0.5, np.float32), "half")])])
-        target = graph.node("Cast", [graph.node("Max", [scaled, graph.const(np.array(1, np.float32), "one")])], to=7)
-    piece = lambda a, b: graph.node("Slice", [shape, graph.const(np.array([a], np.int64), "start"), graph.const(np.array([b], np.int64), "end")])  # noqa: E731
-    parts = [piece(0, 2), target] if order == "NCHW" else [piece(0, 1), target, piece(3, 4)]
+        rounded = graph.node("Floor", [graph.node("Add", [graph.node("Mul", [in_hw, scale]), graph.scalar(0.5)])])
+        target = graph.node("Cast", [graph.node("Max", [rounded, graph.scalar(1)])], to=g.INT64)
+
+    def dims(start: int, end: int) -> str:
+        return graph.node("Slice", [shape, graph.ints([start], "start"), graph.ints([end], "end")])
+
+    parts = [dims(0, 2), target] if order == "NCHW" else [dims(0, 1), target, dims(3, 4)]
     sizes = graph.node("Concat", parts, axis=0)
     attrs: dict[str, Any] = dict(mode=mode, coordinate_transformation_mode="half_pixel")
     if mode == "nearest":
@@ -197,22 +199,22 @@ def _resize_nodes(
         # Weights that fall outside the image are dropped and the rest renormalised, as
         # Pillow and torchvision's antialiased resize do (ONNX Runtime allows it only here).
         attrs["exclude_outside"] = 1
-    if mode == "cubic" and not antialias and (order == "NHWC" or elem != 1):
+    if mode == "cubic" and not antialias and (order == "NHWC" or elem != g.FLOAT):
         # ONNX Runtime's CPU Resize shrinks with cubic only float32 channels-first images:
         # go through them, rounding back to the integer type.
-        x = graph.node("Cast", ["input"], to=1) if elem != 1 else "input"
+        x = graph.node("Cast", ["input"], to=g.FLOAT) if elem != g.FLOAT else "input"
         if order == "NHWC":
             # The Reshape (to the shape it already has) keeps ONNX Runtime's transpose
             # optimiser from moving the Transpose back past the Resize.
-            nchw_shape = graph.node("Gather", [shape, graph.const(np.array([0, 3, 1, 2], np.int64), "perm")])
+            nchw_shape = graph.node("Gather", [shape, graph.ints([0, 3, 1, 2], "perm")])
             x = graph.node("Reshape", [graph.node("Transpose", [x], perm=[0, 3, 1, 2]), nchw_shape])
-            sizes = graph.node("Gather", [sizes, graph.const(np.array([0, 3, 1, 2], np.int64), "perm")])
+            sizes = graph.node("Gather", [sizes, graph.ints([0, 3, 1, 2], "perm")])
         y = graph.node("Resize", [x, "", "", sizes], **attrs)
         if order == "NHWC":
             y = graph.node("Transpose", [y], perm=[0, 2, 3, 1])
-        if elem != 1:
+        if elem != g.FLOAT:
             info = np.iinfo(dtype)
-            lo, hi = (graph.const(np.array(v, np.float32), "bound") for v in (info.min, info.max))
+            lo, hi = graph.scalar(info.min), graph.scalar(info.max)
             y = graph.node("Cast", [graph.node("Clip", [graph.node("Round", [y]), lo, hi])], to=elem)
         graph.node("Identity", [y], [out])
     else:
@@ -220,7 +222,9 @@ def _resize_nodes(
     return scale
 
 
-def _resize_options(op: str, size: Any, mode: Any, antialias: Any, cubic_coeff: Any, layout: Any, dtype: Any, opset: Any):
+def _resize_options(
+    op: str, size: Any, mode: Any, antialias: Any, cubic_coeff: Any, layout: Any, dtype: Any, opset: Any
+):
     hw = g.size2(op, size)
     chosen = g.choice(op, "mode", mode, MODES, MODE_ALIASES)
     aa = g.flag(op, "antialias", antialias)
@@ -258,24 +262,44 @@ def resize(
     pixel. ``antialias=True`` filters when shrinking, as Pillow does (needs opset 18, which
     becomes the default then). ``dtype``: float32, uint8, int8 or int32."""
     op = "resize"
-    hw, chosen, aa, coeff, order, name, elem, version = _resize_options(op, size, mode, antialias, cubic_coeff, layout, dtype, opset)
+    hw, chosen, aa, coeff, order, name, elem, version = _resize_options(
+        op, size, mode, antialias, cubic_coeff, layout, dtype, opset
+    )
     aspect = _aspect(op, keep_aspect)
     graph = g.Graph(op)
     _resize_nodes(graph, order, hw, chosen, aspect, aa, coeff, name, elem, "output")
     out_hw = dict(H=hw[0], W=hw[1]) if aspect is None else dict(H="resized_H", W="resized_W")
-    call = g.call_text(op, dict(size=hw, mode=chosen, keep_aspect=aspect or False, antialias=aa, cubic_coeff=coeff, layout=order, dtype=name))
-    return graph.model(call, [g.tensor("input", elem, list(order))], [g.tensor("output", elem, _dims(order, **out_hw))], version)
+    call = g.call_text(
+        op,
+        dict(
+            size=hw, mode=chosen, keep_aspect=aspect or False, antialias=aa, cubic_coeff=coeff, layout=order, dtype=name
+        ),
+    )
+    return graph.model(
+        call, [g.tensor("input", elem, list(order))], [g.tensor("output", elem, _dims(order, **out_hw))], version
+    )
 
 
-def _pads(graph: g.Graph, order: str, before: str, after: str) -> str:
-    """ONNX Pad's ``pads`` ([starts of every axis, ends of every axis]) from [h, w] pairs."""
-    zero = lambda n: graph.const(np.zeros(n, np.int64), "zeros")  # noqa: E731
+def _pad_centred(graph: g.Graph, order: str, x: str, have: str, want: str, fill: str, out: str) -> tuple[str, str]:
+    """Pads ``x`` (height and width ``have``, int64 [2]) to ``want`` with ``fill``, half on
+    each side (the odd pixel after); returns the [h, w] pads before and after."""
+    missing = graph.node("Max", [graph.node("Sub", [want, have]), graph.ints([0, 0], "zeros")])
+    # Integer Div on non-negative values is floor division.
+    before = graph.node("Div", [missing, graph.ints(2, "two")])
+    after = graph.node("Sub", [missing, before])
+    # Pad's pads: the starts of every axis, then the ends.
+    zeros = [graph.ints([0] * n, "zeros") for n in (1, 2)]
     if order == "NCHW":
-        return graph.node("Concat", [zero(2), before, zero(2), after], axis=0)
-    return graph.node("Concat", [zero(1), before, zero(2), after, zero(1)], axis=0)
+        pads = [zeros[1], before, zeros[1], after]
+    else:
+        pads = [zeros[0], before, zeros[1], after, zeros[0]]
+    graph.node("Pad", [x, graph.node("Concat", pads, axis=0), fill], [out])
+    return before, after
 
 
-def center_crop(size: int | Sequence[int], *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> Any:
+def center_crop(
+    size: int | Sequence[int], *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
+) -> Any:
     """Cuts the central ``size`` (an int for a square, or ``(height, width)``) out of every
     image: the top-left corner is at ``((H - height) // 2, (W - width) // 2)``. An image
     smaller than ``size`` is padded with zeros around it first, as torchvision does."""
@@ -285,19 +309,23 @@ def center_crop(size: int | Sequence[int], *, layout: str = "NCHW", dtype: Any =
     name, elem = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
-    axes = graph.const(np.array([order.index("H"), order.index("W")], np.int64), "hw_axes")
+    axes = graph.ints([order.index("H"), order.index("W")], "hw_axes")
     in_hw = graph.node("Gather", [graph.node("Shape", ["input"]), axes])
-    target = graph.const(np.array(hw, np.int64), "size")
-    zeros = graph.const(np.zeros(2, np.int64), "zeros")
-    two = graph.const(np.array(2, np.int64), "two")
-    # Integer Div on non-negative values is floor division.
-    start = graph.node("Div", [graph.node("Max", [graph.node("Sub", [in_hw, target]), zeros]), two])
+    target = graph.ints(hw, "size")
+    start = graph.node(
+        "Div", [graph.node("Max", [graph.node("Sub", [in_hw, target]), graph.ints([0, 0])]), graph.ints(2)]
+    )
+    # Slice stops at the edge: an image smaller than size comes out whole, then is padded.
     cropped = graph.node("Slice", ["input", start, graph.node("Add", [start, target]), axes])
-    missing = graph.node("Max", [graph.node("Sub", [target, in_hw]), zeros])
-    before = graph.node("Div", [missing, two])
-    graph.node("Pad", [cropped, _pads(graph, order, before, graph.node("Sub", [missing, before]))], ["output"])
+    cropped_hw = graph.node("Gather", [graph.node("Shape", [cropped]), axes])
+    _pad_centred(graph, order, cropped, cropped_hw, target, graph.scalar(0, name, "zero"), "output")
     call = g.call_text(op, dict(size=hw, layout=order, dtype=name))
-    return graph.model(call, [g.tensor("input", elem, list(order))], [g.tensor("output", elem, _dims(order, H=hw[0], W=hw[1]))], version)
+    return graph.model(
+        call,
+        [g.tensor("input", elem, list(order))],
+        [g.tensor("output", elem, _dims(order, H=hw[0], W=hw[1]))],
+        version,
+    )
 
 
 def letterbox(
@@ -319,30 +347,33 @@ def letterbox(
     ``padding`` (int64 ``[top, left, bottom, right]``) to map detections back:
     ``x_original = (x - left) / scale``."""
     op = "letterbox"
-    hw, chosen, aa, coeff, order, name, elem, version = _resize_options(op, size, mode, antialias, cubic_coeff, layout, dtype, opset)
+    hw, chosen, aa, coeff, order, name, elem, version = _resize_options(
+        op, size, mode, antialias, cubic_coeff, layout, dtype, opset
+    )
     value = g.number(op, "fill", fill)
     if name != "float32":
         info = np.iinfo(name)
         if value != int(value) or not info.min <= value <= info.max:
             raise g.fail(op, f"fill must be an integer in [{info.min}, {info.max}] for {name} images, got {fill!r}")
     graph = g.Graph(op)
-    scale = _resize_nodes(graph, order, hw, chosen, "not_larger", aa, coeff, name, elem, f"{op}/resized")
-    axes = graph.const(np.array([order.index("H"), order.index("W")], np.int64), "hw_axes")
-    resized_hw = graph.node("Gather", [graph.node("Shape", [f"{op}/resized"]), axes])
-    missing = graph.node("Max", [graph.node("Sub", [graph.const(np.array(hw, np.int64), "size"), resized_hw]), graph.const(np.zeros(2, np.int64), "zeros")])
-    before = graph.node("Div", [missing, graph.const(np.array(2, np.int64), "two")])
-    after = graph.node("Sub", [missing, before])
-    graph.node("Pad", [f"{op}/resized", _pads(graph, order, before, after), graph.const(np.array(value, name), "fill")], ["output"])
+    resized = f"{op}/resized"
+    scale = _resize_nodes(graph, order, hw, chosen, "not_larger", aa, coeff, name, elem, resized)
+    axes = graph.ints([order.index("H"), order.index("W")], "hw_axes")
+    resized_hw = graph.node("Gather", [graph.node("Shape", [resized]), axes])
+    fill_value = graph.scalar(value, name, "fill")
+    before, after = _pad_centred(graph, order, resized, resized_hw, graph.ints(hw, "size"), fill_value, "output")
     graph.node("Identity", [scale], ["scale"])
     graph.node("Concat", [before, after], ["padding"], axis=0)
-    call = g.call_text(op, dict(size=hw, fill=fill, mode=chosen, antialias=aa, cubic_coeff=coeff, layout=order, dtype=name))
+    call = g.call_text(
+        op, dict(size=hw, fill=fill, mode=chosen, antialias=aa, cubic_coeff=coeff, layout=order, dtype=name)
+    )
     return graph.model(
         call,
         [g.tensor("input", elem, list(order))],
         [
             g.tensor("output", elem, _dims(order, H=hw[0], W=hw[1])),
-            g.tensor("scale", 1, []),
-            g.tensor("padding", 7, [4]),
+            g.tensor("scale", g.FLOAT, []),
+            g.tensor("padding", g.INT64, [4]),
         ],
         version,
     )
