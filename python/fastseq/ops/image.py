@@ -171,9 +171,10 @@ def _resize_nodes(
     aspect ratio is kept (the factor applied to both sides), else None."""
     ha, wa = order.index("H"), order.index("W")
     shape = graph.node("Shape", ["input"])
-    target = graph.ints(hw, "size")
     scale = None
-    if aspect is not None:
+    if aspect is None:
+        target = graph.ints(hw, "size")
+    else:
         in_hw = graph.node("Cast", [graph.node("Gather", [shape, graph.ints([ha, wa], "hw_axes")])], to=g.FLOAT)
         ratios = graph.node("Div", [graph.const(np.array(hw, np.float32), "size"), in_hw])  # [2]
         rh, rw = (graph.node("Gather", [ratios, graph.ints(i, "index")]) for i in (0, 1))
@@ -288,11 +289,12 @@ def _pad_centred(graph: g.Graph, order: str, x: str, have: str, want: str, fill:
     before = graph.node("Div", [missing, graph.ints(2, "two")])
     after = graph.node("Sub", [missing, before])
     # Pad's pads: the starts of every axis, then the ends.
-    zeros = [graph.ints([0] * n, "zeros") for n in (1, 2)]
     if order == "NCHW":
-        pads = [zeros[1], before, zeros[1], after]
+        two = graph.ints([0, 0], "zeros")
+        pads = [two, before, two, after]
     else:
-        pads = [zeros[0], before, zeros[1], after, zeros[0]]
+        one, two = graph.ints([0], "zeros"), graph.ints([0, 0], "zeros")
+        pads = [one, before, two, after, one]
     graph.node("Pad", [x, graph.node("Concat", pads, axis=0), fill], [out])
     return before, after
 
