@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq.ops._graph import DEFAULT_OPSET, OperatorError
 from fastseq.ops.head import argmax, flatten, nms, softmax, topk
 from fastseq.ops.image import center_crop, grayscale, layout, letterbox, normalize, resize, rgb_to_bgr, to_float
+
+if TYPE_CHECKING:
+    import onnx
 
 #: Every operator by the name it has in ``builtin:NAME?...`` strings.
 OPERATORS: dict[str, Callable[..., Any]] = {
@@ -95,13 +98,13 @@ def parse(spec: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), params
 
 
-def build(name: str, *args: Any, **params: Any) -> Any:
+def build(name: str, *args: Any, **params: Any) -> onnx.ModelProto:
     """The operator ``name`` built with these arguments: ``build("resize", 224)``. An
     unknown name or parameter is an :class:`OperatorError` with the near miss."""
     return _lookup(name, ())(*args, **_checked(name, params, args))
 
 
-def from_string(spec: str, others: Sequence[str] = ()) -> Any:
+def from_string(spec: str, others: Sequence[str] = ()) -> onnx.ModelProto:
     """Builds the operator that ``"NAME?KEY=VALUE&..."`` describes (the part after
     ``builtin:``), e.g. ``"resize?size=224,224&mode=linear"``, ``"normalize?mean=0.5&std=0.25"``,
     ``"to_float?scale=1/255"``. ``others`` are further names the caller knows (for the

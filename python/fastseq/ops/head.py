@@ -7,11 +7,14 @@ hold, so that a pipeline ending in one exposes ``probabilities`` or ``indices`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fastseq.ops import _graph as g
+
+if TYPE_CHECKING:  # onnx is imported when a model is built, not with fastseq
+    import onnx
 
 
 def _axis(op: str, value: Any, rank: int) -> int:
@@ -28,7 +31,7 @@ def _without(shape: list[str], axis: int, keep: bool) -> list[Any]:
     return shape[:ax] + ([1] if keep else []) + shape[ax + 1 :]
 
 
-def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None) -> Any:
+def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None) -> onnx.ModelProto:
     """Scores to probabilities along ``axis`` (the classes, last by default); output
     ``probabilities``. ``rank``: the number of axes fed, the first being the batch ([N,
     classes] by default)."""
@@ -45,7 +48,7 @@ def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int = 2, opset: int
 
 def argmax(
     axis: int = -1, keepdims: bool = False, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
-) -> Any:
+) -> onnx.ModelProto:
     """The index of the largest value along ``axis`` (the first one on ties), as int64
     ``indices``; ``keepdims=True`` keeps the reduced axis with length 1. ``rank``: the
     number of axes fed ([N, classes] by default)."""
@@ -64,7 +67,7 @@ def argmax(
 
 def topk(
     k: int, axis: int = -1, largest: bool = True, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
-) -> Any:
+) -> onnx.ModelProto:
     """The ``k`` largest (or smallest) values along ``axis``, sorted, as ``values`` and
     their int64 ``indices``. The axis must hold at least ``k`` entries at run time.
     ``rank``: the number of axes fed ([N, classes] by default)."""
@@ -91,7 +94,7 @@ def topk(
     return graph.model(call, [g.tensor("input", elem, shape)], outputs, version)
 
 
-def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int | None = None) -> Any:
+def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int | None = None) -> onnx.ModelProto:
     """Flattens the axes before ``axis`` into one and the axes from it on into another:
     images [N, C, H, W] become the feature rows [N, C*H*W] that a scikit-learn model
     reads. ``rank``: the number of axes fed."""
@@ -117,7 +120,7 @@ def nms(
     box_format: str = "xyxy",
     scores_layout: str = "NCB",
     opset: int | None = None,
-) -> Any:
+) -> onnx.ModelProto:
     """Non-maximum suppression per image and class over detector outputs: ``boxes``
     float32 [N, B, 4] and ``scores`` float32 [N, C, B] (``scores_layout="NBC"`` for
     [N, B, C], as YOLO heads write them).

@@ -9,11 +9,14 @@ convention); ``letterbox`` adds ``scale`` and ``padding``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fastseq.ops import _graph as g
+
+if TYPE_CHECKING:  # onnx is imported when a model is built, not with fastseq
+    import onnx
 
 #: ImageNet's channel statistics (RGB, for pixels in [0, 1]): normalize's defaults.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -34,7 +37,7 @@ def _dims(layout: str, **fixed: int | str) -> list[int | str]:
 
 def to_float(
     scale: float = 1 / 255, *, dtype: Any = "uint8", to: Any = "float32", rank: int = 4, opset: int | None = None
-) -> Any:
+) -> onnx.ModelProto:
     """Casts to floating point and multiplies by ``scale``: uint8 pixels in [0, 255] become
     [0, 1] by default. The layout is kept (see :func:`layout`).
 
@@ -53,7 +56,9 @@ def to_float(
     return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", out_elem, shape)], version)
 
 
-def layout(src: str = "NHWC", dst: str = "NCHW", *, dtype: Any = "float32", opset: int | None = None) -> Any:
+def layout(
+    src: str = "NHWC", dst: str = "NCHW", *, dtype: Any = "float32", opset: int | None = None
+) -> onnx.ModelProto:
     """Moves axes from one layout to another, named by letters: ``layout("NHWC", "NCHW")``
     turns decoded images channels-first; any permutation of distinct letters works."""
     op = "layout"
@@ -68,7 +73,7 @@ def layout(src: str = "NHWC", dst: str = "NCHW", *, dtype: Any = "float32", opse
     return graph.model(call, [g.tensor("input", elem, list(a))], [g.tensor("output", elem, list(b))], version)
 
 
-def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> Any:
+def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> onnx.ModelProto:
     """Reverses the order of three colour channels (RGB to BGR, and BGR to RGB)."""
     op = "rgb_to_bgr"
     order = g.image_layout(op, layout)
@@ -81,7 +86,9 @@ def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | Non
     return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", elem, shape)], version)
 
 
-def grayscale(channels: int = 1, *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> Any:
+def grayscale(
+    channels: int = 1, *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
+) -> onnx.ModelProto:
     """RGB to luma with the BT.601 weights (0.299, 0.587, 0.114), as Pillow's
     ``convert("L")``; ``channels=3`` repeats it into three channels (torchvision's
     ``num_output_channels``). uint8 input is rounded back to uint8."""
@@ -122,7 +129,7 @@ def normalize(
     layout: str = "NCHW",
     dtype: Any = "float32",
     opset: int | None = None,
-) -> Any:
+) -> onnx.ModelProto:
     """``(x - mean) / std`` per channel (ImageNet's statistics by default). ``mean`` and
     ``std`` are one number or one per channel; ``layout`` is any axis string with a ``C``
     (``"NC"`` for feature vectors)."""
@@ -248,7 +255,7 @@ def resize(
     layout: str = "NCHW",
     dtype: Any = "float32",
     opset: int | None = None,
-) -> Any:
+) -> onnx.ModelProto:
     """Resizes every image of the batch to ``size`` (an int for a square, or
     ``(height, width)``), with pixel centres aligned (``half_pixel``, like Pillow and
     torch's ``align_corners=False``).
@@ -301,7 +308,7 @@ def _pad_centred(graph: g.Graph, order: str, x: str, have: str, want: str, fill:
 
 def center_crop(
     size: int | Sequence[int], *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
-) -> Any:
+) -> onnx.ModelProto:
     """Cuts the central ``size`` (an int for a square, or ``(height, width)``) out of every
     image: the top-left corner is at ``((H - height) // 2, (W - width) // 2)``. An image
     smaller than ``size`` is padded with zeros around it first, as torchvision does."""
@@ -340,7 +347,7 @@ def letterbox(
     layout: str = "NCHW",
     dtype: Any = "float32",
     opset: int | None = None,
-) -> Any:
+) -> onnx.ModelProto:
     """Fits every image inside ``size`` keeping its aspect ratio (``resize(size,
     keep_aspect="not_larger")``), then pads it to exactly ``size`` with ``fill``, centred,
     as detectors (YOLO) expect.
