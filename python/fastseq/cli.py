@@ -177,7 +177,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("merge", help="compose models into one file")
-    m.add_argument("models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, in order")
+    m.add_argument("models", nargs="+",
+                   help="paths, URLs, hf:// ids, builtin:NAME or builtin:NAME?KEY=VALUE&... (quoted), in order")
     m.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
                    help="the connections of one joint; give one per joint, in order (default: by position)")
     m.add_argument("-o", "--output", required=True, type=Path, help="the merged model to write")
