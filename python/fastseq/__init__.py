@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastseq._core import MAX_IR_VERSION, __version__
+
+# Bound eagerly: the functions share their module's name, and a submodule imported later
+# would otherwise shadow a lazily bound function (compose.py imports neither onnx nor numpy).
+from fastseq.compose import compose, compose_bytes, compose_to_file, merge_models
 from fastseq.errors import (
     CompositionError,
     ConversionError,
@@ -23,18 +27,14 @@ from fastseq.errors import (
 
 # name -> the module that defines it, imported when the name is first read
 _LAZY = {
-    "compose": "fastseq.compose",
-    "compose_bytes": "fastseq.compose",
-    "compose_to_file": "fastseq.compose",
-    "merge_models": "fastseq.compose",
     "ONNXSequential": "fastseq.sequential",
     "TensorInfo": "fastseq.session",
     "operators": "fastseq.operators",
+    "ops": "fastseq.ops",
 }
 
 if TYPE_CHECKING:
-    from fastseq import operators
-    from fastseq.compose import compose, compose_bytes, compose_to_file, merge_models
+    from fastseq import operators, ops
     from fastseq.sequential import ONNXSequential
     from fastseq.session import TensorInfo
 
@@ -75,4 +75,5 @@ __all__ = [
     "compose_to_file",
     "merge_models",
     "operators",
+    "ops",
 ]

@@ -68,9 +68,7 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
     if isinstance(model, (bytes, bytearray, memoryview)):
         return Resolved(bytes(model), f"model #{index} (bytes)")
     if isinstance(model, str) and model.startswith("builtin:"):
-        from fastseq import operators
-
-        return Resolved(str(operators.path(model[len("builtin:") :])), model)
+        return resolve_builtin(model)
     if isinstance(model, _core.Composed):
         return Resolved(model, f"model #{index}")
     if isinstance(model, (str, os.PathLike)):
@@ -85,6 +83,19 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
         f"model #{index}: expected an onnx.ModelProto, bytes, a path, a URL, an hf:// id or "
         f"builtin:NAME, got {type(model).__name__}"
     )
+
+
+def resolve_builtin(model: str) -> Resolved:
+    """``builtin:NAME`` is a model shipped in ``fastseq/operators`` (byte for byte, so a
+    pipeline naming one keeps its meaning); ``builtin:NAME?KEY=VALUE&...``, or a bare name
+    that is only an operator, is built by :mod:`fastseq.ops`."""
+    from fastseq import operators, ops
+
+    spec = model[len("builtin:") :]
+    name, mark, _ = spec.partition("?")
+    if not mark and name in operators.names():
+        return Resolved(str(operators.path(name)), model)
+    return Resolved(ops.from_string(spec, others=operators.names()).SerializeToString(), model)
 
 
 def resolve(
