@@ -67,6 +67,16 @@ def _parse_io_map(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _parse_opset(text: str) -> int | str:
+    """'17' or 'highest'."""
+    if text == "highest":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected an opset version or 'highest'") from None
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
     from fastseq.compose import build
 
@@ -85,6 +95,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             force_download=args.force_download,
             link_external=reuse,
+            entry="cli",
         )
         external = {"auto": None, "yes": True, "no": False, "reuse": True}[args.external_data]
         if args.optimize:
@@ -204,7 +215,9 @@ def parser() -> argparse.ArgumentParser:
                    help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
                         "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
-    m.add_argument("--opset", type=int, help="convert every model to this default-domain opset first")
+    m.add_argument("--opset", type=_parse_opset, metavar="N|highest",
+                   help="convert the models first: ai.onnx to opset N (or the highest among them), "
+                        "other domains to the highest version they can share")
     m.add_argument("--optimize", action="store_true",
                    help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
                         "in a data file), so that deployments start sessions with optimisation off")

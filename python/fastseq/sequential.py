@@ -53,5 +53,6 @@ class ONNXSequential(Runnable):
             force_download=force_download,
             token=token,
             sha256=sha256,
+            entry="sequential",
         )
         self._start(providers, session_options, session_cache)
