@@ -46,10 +46,7 @@ pub fn merge_opsets(models: &[ModelProto], labels: &[String]) -> Result<Vec<Oper
     if !conflicts.is_empty() {
         // Neutral on purpose: how to convert depends on the entry point (ONNXSequential,
         // compose, merge_models, the CLI), so the Python layer adds the hint.
-        return Err(Error::opset(format!(
-            "the models import different opset versions: {}",
-            conflicts.join(" | ")
-        )));
+        return Err(Error::opset(format!("the models import different opset versions: {}", conflicts.join(" | "))));
     }
     Ok(merged)
 }
