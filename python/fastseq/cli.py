@@ -201,6 +201,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from fastseq.quantize import quantize
+
+    how = "static" if args.static else "dynamic"
+    with progress(f"quantizing {args.model} ({how})"):
+        result = quantize(args.model, args.output, static=args.static, calibration=args.calibration,
+                          per_channel=args.per_channel, format=args.format, preprocess=not args.no_preprocess)
+    print(f"wrote {result}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
     p.add_argument("--version", action="version", version=f"fastseq {__version__}")
@@ -242,6 +253,19 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=["list", "clear"])
     c.add_argument("--dir", help="the cache folder (default: $FASTSEQ_SESSION_CACHE or ~/.cache/fastseq/sessions)")
     c.set_defaults(func=cmd_cache)
+
+    q = sub.add_parser("quantize", help="write an int8 version of a model (onnxruntime.quantization)")
+    q.add_argument("model", help="the float model")
+    q.add_argument("-o", "--output", required=True, type=Path, help="the quantized model to write")
+    q.add_argument("--static", action="store_true",
+                   help="quantize activations too, with ranges measured on --calibration (default: dynamic)")
+    q.add_argument("--calibration", metavar="DIR",
+                   help="folder of .npy batches (one input) or .npz batches (one array per input name)")
+    q.add_argument("--per-channel", action="store_true", help="one scale per output channel of each weight")
+    q.add_argument("--format", choices=["qdq", "qoperator"],
+                   help="static: QuantizeLinear/DequantizeLinear pairs (qdq, default) or integer operators")
+    q.add_argument("--no-preprocess", action="store_true", help="skip ONNX Runtime's quant_pre_process")
+    q.set_defaults(func=cmd_quantize)
 
     d = sub.add_parser("demo", help="compose the built-in operators and classify a bundled sample")
     d.add_argument("-o", "--output", help="also export the composed pipeline here")
