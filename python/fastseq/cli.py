@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from fastseq import __version__
@@ -204,8 +204,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_quantize(args: argparse.Namespace) -> int:
     from fastseq.quantize import quantize
 
-    how = "static" if args.static else "dynamic"
-    with progress(f"quantizing {args.model} ({how})"):
+    # Static quantization draws its own bar over the calibration batches.
+    with nullcontext() if args.static else progress(f"quantizing {args.model}"):
         result = quantize(args.model, args.output, static=args.static, calibration=args.calibration,
                           per_channel=args.per_channel, format=args.format, preprocess=not args.no_preprocess)
     print(f"wrote {result}")
