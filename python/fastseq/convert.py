@@ -109,18 +109,29 @@ def _nodes(nodes) -> Iterator[onnx.NodeProto]:
                     yield from _nodes(g.node)
 
 
-def _ops_by_domain(model: onnx.ModelProto) -> dict[str, set[str]]:
-    """The operators ``model`` uses per domain, in its graph and its local functions' bodies.
-    Calls of the model's own local functions are left out: the model defines them itself,
-    so they do not depend on the version of the domain they sit in."""
+def _version_in(owner: onnx.ModelProto | onnx.FunctionProto, domain: str) -> int | None:
+    return next((e.version for e in owner.opset_import if _domain(e.domain) == domain), None)
+
+
+def _follows(function: onnx.FunctionProto, model: onnx.ModelProto, domain: str) -> bool:
+    """Whether ``function`` sees ``domain`` at the model's version (it imports the same
+    version, or does not say): then its body moves with the model."""
+    own = _version_in(function, domain)
+    return own is None or own == _version_in(model, domain)
+
+
+def _ops_of(model: onnx.ModelProto, domain: str) -> set[str]:
+    """The operators of ``domain`` the model uses at its own version of it: in its graph and
+    in the bodies of the local functions that follow it. Calls of the model's own local
+    functions are left out: the model defines them, whatever the domain's version."""
     local = {(_domain(f.domain), f.name) for f in model.functions}
-    used: dict[str, set[str]] = {}
-    for body in [model.graph.node] + [f.node for f in model.functions]:
-        for node in _nodes(body):
-            key = (_domain(node.domain), node.op_type)
-            if key not in local:
-                used.setdefault(key[0], set()).add(node.op_type)
-    return used
+    bodies = [model.graph.node] + [f.node for f in model.functions if _follows(f, model, domain)]
+    return {
+        node.op_type
+        for body in bodies
+        for node in _nodes(body)
+        if _domain(node.domain) == domain and (domain, node.op_type) not in local
+    }
 
 
 def _since(op: str, version: int, domain: str) -> int | None:
@@ -175,9 +186,9 @@ def _settle(domain: str, versions: dict[int, int], ops: dict[int, set[str]], lab
 
 
 def _set_version(model: onnx.ModelProto, domain: str, goal: int) -> None:
-    """Imports ``goal`` for ``domain`` in the model and in the local functions importing it
-    (a duplicate import of the domain is dropped)."""
-    for owner in [model, *model.functions]:
+    """Imports ``goal`` for ``domain`` in the model and in the local functions that follow
+    it (a duplicate import of the domain is dropped)."""
+    for owner in [model] + [f for f in model.functions if _follows(f, model, domain)]:
         kept = []
         for entry in owner.opset_import:
             if _domain(entry.domain) == domain:
@@ -210,7 +221,7 @@ def harmonise(
     for domain in sorted({d for imp in imports for d in imp} - {""}):
         versions = {i: imp[domain] for i, imp in enumerate(imports) if domain in imp}
         if len(set(versions.values())) > 1:
-            ops = {i: _ops_by_domain(proto(i)).get(domain, set()) for i in versions}
+            ops = {i: _ops_of(proto(i), domain) for i in versions}
             goals[domain] = _settle(domain, versions, ops, labels)
 
     out = []
