@@ -219,3 +219,24 @@ def test_cli_hint_names_the_flag_and_the_flag_works(iris, tmp_path):
     done = subprocess.run(cmd + ["--opset", "highest"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert _imports(onnx.load(tmp_path / "m.onnx"))["ai.onnx.ml"] == 3
+
+
+def test_function_bodies_move_with_the_model_and_are_checked(iris):
+    """A local function whose body uses ai.onnx.ml at the model's version moves with it."""
+    X, _, scaler, _ = iris
+    body = [helper.make_node("Binarizer", ["a"], ["b"], domain="ai.onnx.ml", threshold=0.5)]
+    fn = helper.make_function("local.fns", "Threshold", ["a"], ["b"], body,
+                              [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    graph = helper.make_graph(
+        [helper.make_node("Threshold", ["x"], ["y"], domain="local.fns")], "thresholds",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+    )
+    thresholds = helper.make_model(graph, functions=[fn], ir_version=8, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1), helper.make_opsetid("local.fns", 1)])
+    a = to_onnx(scaler, X[:1], target_opset=OPSETS)  # ml 3
+    merged = fastseq.compose([a, thresholds], io_maps=[[(a.graph.output[0].name, "x")]], opset="highest")
+    assert _imports(merged)["ai.onnx.ml"] == 3
+    assert {o.domain: o.version for o in merged.functions[0].opset_import}["ai.onnx.ml"] == 3
+    got = run(merged, {a.graph.input[0].name: X})["y"]
+    np.testing.assert_array_equal(got, (scaler.transform(X) > 0.5).astype(np.float32))
