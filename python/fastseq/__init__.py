@@ -5,6 +5,8 @@ onnx nor for onnxruntime until a model is composed or run."""
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from fastseq._core import MAX_IR_VERSION, __version__
@@ -46,9 +48,22 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'fastseq' has no attribute '{name}'")
     mod = importlib.import_module(module)
-    value = mod if module.endswith("." + name) else getattr(mod, name)
+    value = mod if name == "operators" else getattr(mod, name)
     globals()[name] = value
     return value
+
+
+class _Package(types.ModuleType):
+    """Importing the submodule fastseq.compose (the package's own modules do) makes Python
+    set ``fastseq.compose`` to that module; the public name is the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "compose" and isinstance(value, types.ModuleType):
+            value = value.compose
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__() -> list[str]:
