@@ -174,3 +174,29 @@ def test_cli_errors_are_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("fastseq: error: static=True needs calibration data")
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_hub_models_are_quantized_from_the_cache(tmp_path, monkeypatch, digits):
+    from servers import serve_hub
+
+    root = tmp_path / "hub" / "acme" / "digits"
+    root.mkdir(parents=True)
+    (root / "mlp.onnx").write_bytes((FIXTURES / "digits_mlp.onnx").read_bytes())
+    server = serve_hub(tmp_path / "hub")
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        from huggingface_hub import constants
+
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # read per call
+        out = tmp_path / "out"
+        out.mkdir()
+        result = quantize("hf://acme/digits/mlp.onnx", out / "q.onnx")
+    finally:
+        server.close()
+    assert result.size_after < 0.4 * result.size_before
+    assert list((tmp_path / "hf-cache").rglob("mlp.onnx"))
+    X, _ = digits
+    Xs = ((X - X[:TRAIN].mean(0)) / np.where(X[:TRAIN].std(0) == 0, 1, X[:TRAIN].std(0))).astype(np.float32)
+    want = fastseq.ONNXSequential(FIXTURES / "digits_mlp.onnx")(Xs[TRAIN:])[0]
+    got = fastseq.ONNXSequential(result.path)(Xs[TRAIN:])[0]
+    assert (got == want).mean() >= 0.98

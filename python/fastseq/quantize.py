@@ -65,8 +65,9 @@ def quantize(
     progress: bool | None = None,
     label: str | None = None,
 ) -> QuantizeResult:
-    """Writes an int8 version of ``model`` (a path, bytes or ``onnx.ModelProto``) to
-    ``output`` and returns what was written.
+    """Writes an int8 version of ``model`` (a path, an ``http(s)://`` URL, an ``hf://`` id,
+    ``builtin:NAME``, bytes or an ``onnx.ModelProto``) to ``output`` and returns what was
+    written.
 
     Without ``static`` the quantization is dynamic: weights become int8, activations are
     quantized at run time (ONNX Runtime's integer MatMul/Conv operators; ``format`` can only
@@ -96,6 +97,11 @@ def quantize(
     if not target.parent.is_dir():
         raise InputError(f"cannot write {target}: the folder {target.parent} does not exist")
     name = label or (Path(os.fspath(model)).name if isinstance(model, (str, os.PathLike)) else "model")
+    if isinstance(model, str) and model.startswith(("hf://", "http://", "https://", "builtin:")):
+        from fastseq import loader
+
+        data = loader.resolve(model, 0).data  # downloaded into the cache; a local path
+        model = data[0] if isinstance(data, tuple) else data
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         source, size_before = _as_file(model, work)
