@@ -240,3 +240,17 @@ def test_function_bodies_move_with_the_model_and_are_checked(iris):
     assert {o.domain: o.version for o in merged.functions[0].opset_import}["ai.onnx.ml"] == 3
     got = run(merged, {a.graph.input[0].name: X})["y"]
     np.testing.assert_array_equal(got, (scaler.transform(X) > 0.5).astype(np.float32))
+
+
+def test_ai_onnx_conversion_and_ml_settling_in_one_pass(iris):
+    """One model needs both: ai.onnx 15 -> 18 through the converter, ai.onnx.ml 1 -> 3."""
+    X, y, scaler, Xs = iris
+    clf = LogisticRegression(max_iter=500).fit(Xs, y)
+    a = to_onnx(scaler, X[:1], target_opset=OPSETS)
+    b = to_onnx(clf, Xs[:1], target_opset={"": 15, "ai.onnx.ml": 3}, options={"zipmap": False})
+    assert _imports(b)[""] == 15 and _imports(b)["ai.onnx.ml"] == 1
+    pipe = fastseq.ONNXSequential(a, b, io_maps=_joint(a, b), target_opset_version=18)
+    assert sorted(map(tuple, pipe.summary()["opsets"])) == [("", 18), ("ai.onnx.ml", 3)]
+    label, probs = pipe(X)
+    np.testing.assert_array_equal(label, clf.predict(Xs))
+    np.testing.assert_allclose(probs, clf.predict_proba(Xs), rtol=1e-4, atol=1e-5)

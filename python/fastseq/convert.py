@@ -200,6 +200,20 @@ def _set_version(model: onnx.ModelProto, domain: str, goal: int) -> None:
         owner.opset_import.extend(kept)
 
 
+def _dedupe_imports(model: onnx.ModelProto) -> None:
+    """Keeps the first import of each domain: skl2onnx writes ai.onnx twice, and the
+    converter would move only one of the two."""
+    seen: set[str] = set()
+    kept = []
+    for entry in model.opset_import:
+        if _domain(entry.domain) not in seen:
+            seen.add(_domain(entry.domain))
+            kept.append(entry)
+    if len(kept) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+
+
 def harmonise(
     models: list[_core.Composed], labels: list[str], target: int | None
 ) -> list[_core.Composed]:
@@ -207,7 +221,12 @@ def harmonise(
     highest) through onnx.version_converter, every other domain to the highest version that
     no model's operators object to. Raises :class:`ConversionError` naming the model, the
     operator and the versions when that cannot be done."""
-    imports = [{_domain(d): v for d, v in m.summary()["opsets"]} for m in models]
+    imports: list[dict[str, int]] = []
+    for m in models:
+        first: dict[str, int] = {}
+        for d, v in m.summary()["opsets"]:
+            first.setdefault(_domain(d), v)  # the import _dedupe_imports keeps
+        imports.append(first)
     stripped: dict[int, onnx.ModelProto] = {}
 
     def proto(i: int) -> onnx.ModelProto:
@@ -232,6 +251,7 @@ def harmonise(
             out.append(model)
             continue
         edited = proto(i)
+        _dedupe_imports(edited)
         if convert_default:
             edited = _convert_default(edited, defaults[i], default_goal, labels[i])
         for domain, goal in moves.items():
