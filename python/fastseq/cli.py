@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from fastseq import __version__
@@ -67,6 +67,16 @@ def _parse_io_map(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _parse_opset(text: str) -> int | str:
+    """'17' or 'highest'."""
+    if text == "highest":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected an opset version or 'highest'") from None
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
     from fastseq.compose import build
 
@@ -85,6 +95,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             force_download=args.force_download,
             link_external=reuse,
+            entry="cli",
         )
         external = {"auto": None, "yes": True, "no": False, "reuse": True}[args.external_data]
         if args.optimize:
@@ -209,6 +220,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if right == len(labels) else 1
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from fastseq.quantize import quantize
+
+    # Static quantization draws its own bar over the calibration batches.
+    with nullcontext() if args.static else progress(f"quantizing {args.model}"):
+        result = quantize(args.model, args.output, static=args.static, calibration=args.calibration,
+                          per_channel=args.per_channel, format=args.format, preprocess=not args.no_preprocess)
+    print(f"wrote {result}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
     p.add_argument("--version", action="version", version=f"fastseq {__version__}")
@@ -224,7 +246,9 @@ def parser() -> argparse.ArgumentParser:
                    help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
                         "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
-    m.add_argument("--opset", type=int, help="convert every model to this default-domain opset first")
+    m.add_argument("--opset", type=_parse_opset, metavar="N|highest",
+                   help="convert the models first: ai.onnx to opset N (or the highest among them), "
+                        "other domains to the highest version they can share")
     m.add_argument("--optimize", action="store_true",
                    help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
                         "in a data file), so that deployments start sessions with optimisation off")
@@ -249,6 +273,19 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=["list", "clear"])
     c.add_argument("--dir", help="the cache folder (default: $FASTSEQ_SESSION_CACHE or ~/.cache/fastseq/sessions)")
     c.set_defaults(func=cmd_cache)
+
+    q = sub.add_parser("quantize", help="write an int8 version of a model (onnxruntime.quantization)")
+    q.add_argument("model", help="the float model")
+    q.add_argument("-o", "--output", required=True, type=Path, help="the quantized model to write")
+    q.add_argument("--static", action="store_true",
+                   help="quantize activations too, with ranges measured on --calibration (default: dynamic)")
+    q.add_argument("--calibration", metavar="DIR",
+                   help="folder of .npy batches (one input) or .npz batches (one array per input name)")
+    q.add_argument("--per-channel", action="store_true", help="one scale per output channel of each weight")
+    q.add_argument("--format", choices=["qdq", "qoperator"],
+                   help="static: QuantizeLinear/DequantizeLinear pairs (qdq, default) or integer operators")
+    q.add_argument("--no-preprocess", action="store_true", help="skip ONNX Runtime's quant_pre_process")
+    q.set_defaults(func=cmd_quantize)
 
     d = sub.add_parser("demo", help="put built-in operators around a shipped classifier and read bundled digits")
     d.add_argument("-o", "--output", help="also export the composed pipeline here")

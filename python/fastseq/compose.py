@@ -10,6 +10,7 @@ from typing import Any, Literal
 from typing import TYPE_CHECKING
 
 from fastseq import _core, loader
+from fastseq.errors import OpsetMismatchError
 from fastseq.loader import ModelSource, is_model_proto
 
 if TYPE_CHECKING:
@@ -30,10 +31,13 @@ def build(
     token: str | bool | None = None,
     sha256: str | Sequence[str | None] | None = None,
     link_external: bool = False,
+    entry: str = "compose",
 ) -> tuple[_core.Composed, list[str]]:
     """Resolves every source (downloading where needed), converts opsets when asked
-    (``opset``: a version, or ``"highest"`` among the models) and composes them in the core.
-    Returns the composed model and the models' labels. What every entry point runs."""
+    (``opset``: an ai.onnx version, or ``"highest"`` among the models; other domains go to
+    one version either way) and composes them in the core. Returns the composed model and
+    the models' labels. What every entry point runs; ``entry`` (a key of
+    ``convert.HINTS``) says which, so that an opset mismatch names its own remedy."""
     if is_model_proto(models) or isinstance(models, (bytes, str, os.PathLike)):
         raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
     if isinstance(sha256, str) and len(models) > 1:
@@ -53,15 +57,24 @@ def build(
         loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
         sources = convert.harmonise(loaded, labels, None if opset == "highest" else opset)
     keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
-    composed = _core.compose(
-        sources,
-        labels,
-        io_maps=None if io_maps is None else [[(str(o), str(i)) for o, i in joint] for joint in io_maps],
-        keep_outputs=keep,
-        ir_version=ir_version,
-        link_external=link_external,
-    )
+    try:
+        composed = _core.compose(
+            sources,
+            labels,
+            io_maps=None if io_maps is None else [[(str(o), str(i)) for o, i in joint] for joint in io_maps],
+            keep_outputs=keep,
+            ir_version=ir_version,
+            link_external=link_external,
+        )
+    except OpsetMismatchError as e:
+        raise _hinted(e, entry) from None
     return composed, labels
+
+
+def _hinted(error: OpsetMismatchError, entry: str) -> OpsetMismatchError:
+    from fastseq import convert  # imports onnx: only on this error path
+
+    return convert.with_hint(error, entry)
 
 
 def compose_bytes(
@@ -70,6 +83,7 @@ def compose_bytes(
     keep_outputs: bool | Sequence[str] = False,
     *,
     ir_version: int | None = None,
+    opset: int | Literal["highest"] | None = None,
 ) -> bytes:
     """Composes ``models`` in order and returns the merged model, serialized.
 
@@ -77,9 +91,11 @@ def compose_bytes(
     ``i + 1``, in the models' own names; without it outputs join inputs by position.
     Inputs that no joint feeds become graph inputs. The merged outputs are the last model's,
     plus every unconsumed output with ``keep_outputs=True``, or the named ones. Models may
-    be anything :class:`fastseq.ONNXSequential` takes.
+    be anything :class:`fastseq.ONNXSequential` takes. Models importing different versions
+    of a domain are refused unless ``opset`` is given: ``"highest"`` (or an ai.onnx version
+    N) converts them first, every other domain to the highest version they can share.
     """
-    return build(models, io_maps, keep_outputs, ir_version=ir_version)[0].to_bytes()
+    return build(models, io_maps, keep_outputs, ir_version=ir_version, opset=opset)[0].to_bytes()
 
 
 def compose(
@@ -88,11 +104,12 @@ def compose(
     keep_outputs: bool | Sequence[str] = False,
     *,
     ir_version: int | None = None,
+    opset: int | Literal["highest"] | None = None,
 ) -> onnx.ModelProto:
     """Like :func:`compose_bytes`, returning an ``onnx.ModelProto`` (below 2 GB)."""
     import onnx
 
-    return onnx.ModelProto.FromString(compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version))
+    return onnx.ModelProto.FromString(compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version, opset=opset))
 
 
 def compose_to_file(
@@ -103,6 +120,7 @@ def compose_to_file(
     *,
     ir_version: int | None = None,
     external_data: bool | Literal["reuse"] | None = None,
+    opset: int | Literal["highest"] | None = None,
 ) -> Path:
     """Like :func:`compose_bytes`, streaming the result into ``path`` atomically. The
     weights go to one data file beside it with ``external_data=True``, or by default when
@@ -111,7 +129,7 @@ def compose_to_file(
     nodes, not bytes."""
     target = Path(path).expanduser()
     reuse = external_data == "reuse"
-    composed, _ = build(models, io_maps, keep_outputs, ir_version=ir_version, link_external=reuse)
+    composed, _ = build(models, io_maps, keep_outputs, ir_version=ir_version, link_external=reuse, opset=opset)
     composed.save(str(target), external_data=True if reuse else external_data)
     return target
 
@@ -145,16 +163,19 @@ def merge_models(
         "producer_version": producer_version,
         "domain": domain,
     }
-    composed = _core.compose(
-        [r.data for r in resolved],
-        [r.label for r in resolved],
-        io_maps=[[(str(o), str(i)) for o, i in io_map]],
-        prefixes=[prefix1, prefix2],
-        inputs=list(inputs) if inputs else None,
-        outputs=list(outputs) if outputs else None,
-        meta={k: v for k, v in meta.items() if v is not None},
-        model_version=model_version,
-    )
+    try:
+        composed = _core.compose(
+            [r.data for r in resolved],
+            [r.label for r in resolved],
+            io_maps=[[(str(o), str(i)) for o, i in io_map]],
+            prefixes=[prefix1, prefix2],
+            inputs=list(inputs) if inputs else None,
+            outputs=list(outputs) if outputs else None,
+            meta={k: v for k, v in meta.items() if v is not None},
+            model_version=model_version,
+        )
+    except OpsetMismatchError as e:
+        raise _hinted(e, "merge_models") from None
     import onnx
 
     return onnx.ModelProto.FromString(composed.to_bytes())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import onnxruntime as ort
 
@@ -11,6 +12,9 @@ from fastseq import loader, session
 from fastseq.compose import build
 from fastseq.runnable import Runnable
 from fastseq.session import TensorInfo
+
+if TYPE_CHECKING:
+    from fastseq import quantize
 
 __all__ = ["ONNXSequential", "TensorInfo"]
 
@@ -53,5 +57,14 @@ class ONNXSequential(Runnable):
             force_download=force_download,
             token=token,
             sha256=sha256,
+            entry="sequential",
         )
         self._start(providers, session_options, session_cache)
+
+    def quantize(self, path: str | os.PathLike[str], **options: Any) -> quantize.QuantizeResult:
+        """Writes an int8 build of the composed pipeline to ``path`` (``onnxruntime.quantization``;
+        options as :func:`fastseq.quantize.quantize`: ``static``, ``calibration``,
+        ``per_channel``, ``format``) and returns what was written."""
+        from fastseq import quantize
+
+        return quantize.quantize_composed(self._composed, path, " -> ".join(self._labels), **options)
