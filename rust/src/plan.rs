@@ -555,6 +555,11 @@ impl Plan {
                 let p = &edges[prev];
                 return Err(Error::composition(if p == e {
                     format!("{where_}: the connection '{}' -> '{}' is listed twice", e.output, e.input)
+                } else if p.from == e.from {
+                    format!(
+                        "{where_}: input '{}' of {} is fed twice, by '{}' and by '{}'",
+                        e.input, labels[e.to], p.output, e.output
+                    )
                 } else {
                     format!(
                         "{where_}: input '{}' of {} is fed twice, by '{}' of {} and by '{}' of {}",
