@@ -255,7 +255,10 @@ mod bindings {
             for (k, renamed) in o.values.iter().chain(&o.node_names).enumerate() {
                 let stage = k % o.values.len().max(1);
                 for (new, old) in renamed.iter() {
-                    names.set_item(new, (stage, old))?;
+                    // A graph input feeding several stages is named after the first.
+                    if !names.contains(new)? {
+                        names.set_item(new, (stage, old))?;
+                    }
                 }
             }
             Ok((stages, names))
