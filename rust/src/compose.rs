@@ -14,6 +14,9 @@ pub use crate::plan::{elem_type_name, Adapt, Edge, PruneReport};
 use crate::plan::{graph, vi_name, Plan, Target};
 use crate::proto::ModelProto;
 
+/// Exposed graph inputs: (name, the (stage, input) pairs it feeds).
+pub type GraphInputs = Vec<(String, Vec<(usize, String)>)>;
+
 /// Which outputs of the earlier models stay graph outputs besides the last model's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Keep {
@@ -43,7 +46,7 @@ pub struct Options {
     pub edges: Option<Vec<Edge>>,
     /// Exposed graph inputs: name -> the (stage, input) pairs it feeds. Unfed inputs not
     /// listed are exposed under their own name when unique, `label.input` when not.
-    pub graph_inputs: Option<Vec<(String, Vec<(usize, String)>)>>,
+    pub graph_inputs: Option<GraphInputs>,
     /// Exposed graph outputs: (name, stage, output). Without it: every output no edge consumes.
     pub graph_outputs: Option<Vec<(String, usize, String)>>,
     /// Leave out what no graph output needs. Default: on in the graph form, off in the linear one.
