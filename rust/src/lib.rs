@@ -11,6 +11,7 @@ pub mod fuzzing;
 pub mod load;
 pub mod model;
 pub mod names;
+pub mod naming;
 pub mod node;
 pub mod opset;
 pub mod plan;
