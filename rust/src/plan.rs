@@ -507,6 +507,12 @@ impl Plan {
                  name the exposed inputs and outputs there",
             ));
         }
+        if graph_form && matches!(opts.keep_outputs, Keep::Names(_)) {
+            return Err(Error::composition(
+                "keep_outputs with names applies to the linear form; with edges, graph_inputs or \
+                 graph_outputs, list the outputs to expose in graph_outputs",
+            ));
+        }
         if opts.edges.is_some() && opts.io_maps.is_some() {
             return Err(Error::composition("pass either io_maps (a chain) or edges (a graph), not both"));
         }
