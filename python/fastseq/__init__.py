@@ -13,7 +13,9 @@ from fastseq.errors import (
     LoadError,
     OpsetMismatchError,
 )
+from fastseq.pipeline import Pipeline
 from fastseq.sequential import ONNXSequential, TensorInfo
+from fastseq.spec import PipelineSpec
 
 __all__ = [
     "MAX_IR_VERSION",
@@ -26,6 +28,8 @@ __all__ = [
     "LoadError",
     "ONNXSequential",
     "OpsetMismatchError",
+    "Pipeline",
+    "PipelineSpec",
     "TensorInfo",
     "__version__",
     "compose",
