@@ -1,18 +1,18 @@
-//! Joints and the N-way merge: all models are renamed and merged in one pass.
-use std::collections::{HashMap, HashSet};
-
+//! Orchestration: load-free composition of decoded models. The plan (plan.rs) says what
+//! connects to what; the naming step here gives every value and node of every stage its
+//! final name in one pass (names.rs does the renaming); assemble.rs lays the result out.
 use bumpalo::Bump;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use rayon::prelude::*;
 
+use crate::assemble::{assemble, dedupe, AdapterNames, Deduped};
 use crate::error::{Error, Result};
-use crate::names::{
-    did_you_mean, fresh, function_body, function_key, walk_model, FreshNames, FunctionKey, NameSet, Renamer,
-};
+use crate::names::{fresh, function_body, function_key, walk_model, FreshNames, FunctionKey, NameSet, Renamer};
 use crate::opset::{merge_opsets, merged_ir_version};
-use crate::proto::tensor_shape_proto::dimension::Value as Dim;
-use crate::proto::{tensor_proto, type_proto, GraphProto, ModelProto, ValueInfoProto};
+pub use crate::plan::{elem_type_name, Adapt, Edge, PruneReport};
+use crate::plan::{graph, vi_name, Plan, Target};
+use crate::proto::ModelProto;
 
 /// Which outputs of the earlier models stay graph outputs besides the last model's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,6 +26,8 @@ pub enum Keep {
     Names(Vec<String>),
 }
 
+/// How to compose. The linear form (`io_maps`, `keep_outputs`, `inputs`, `outputs`) and the
+/// graph form (`edges`, `graph_inputs`, `graph_outputs`) both become edges in the plan.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// `io_maps[j]`: the (output of model j, input of model j+1) pairs of joint j, in the
@@ -37,6 +39,18 @@ pub struct Options {
     /// Restrict the merged graph's inputs / outputs to these names (`merge_models` style).
     pub inputs: Option<Vec<String>>,
     pub outputs: Option<Vec<String>>,
+    /// Any earlier stage's output to any later stage's input (instead of io_maps).
+    pub edges: Option<Vec<Edge>>,
+    /// Exposed graph inputs: name -> the (stage, input) pairs it feeds. Unfed inputs not
+    /// listed are exposed under their own name when unique, `label.input` when not.
+    pub graph_inputs: Option<Vec<(String, Vec<(usize, String)>)>>,
+    /// Exposed graph outputs: (name, stage, output). Without it: every output no edge consumes.
+    pub graph_outputs: Option<Vec<(String, usize, String)>>,
+    /// Leave out what no graph output needs. Default: on in the graph form, off in the linear one.
+    pub prune: Option<bool>,
+    /// Store identical weights of different stages once. Default: as `prune`.
+    pub dedupe: Option<bool>,
+    pub adapt: Adapt,
     /// Stamp this IR version instead of the highest of the models.
     pub ir_version: Option<i64>,
     pub graph_name: Option<String>,
@@ -47,15 +61,78 @@ pub struct Options {
     pub model_version: Option<i64>,
 }
 
-/// A resolved joint: pairs of (output of model j, input of model j+1), user names.
-type Joint = Vec<(String, String)>;
+impl Options {
+    /// Whether the graph form is used (edges, graph inputs or graph outputs given).
+    pub fn is_graph(&self) -> bool {
+        self.edges.is_some() || self.graph_inputs.is_some() || self.graph_outputs.is_some()
+    }
+}
+
+/// What the composition did besides merging.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub pruned: PruneReport,
+    pub deduped: Deduped,
+    /// (edge index, "Cast to float, Unsqueeze of axis 0").
+    pub adapters: Vec<(usize, String)>,
+    /// (stage, output) pairs that no edge consumes and no graph output exposes.
+    pub unused_outputs: Vec<(usize, String)>,
+}
+
+/// The names one stage's values and nodes had before they were renamed in the merged graph:
+/// (new, old) pairs kept in one buffer per stage.
+#[derive(Debug, Clone, Default)]
+pub struct Renamed {
+    text: String,
+    spans: Vec<(u32, u32, u32)>,
+}
+
+impl Renamed {
+    fn push(&mut self, new: &str, old: &str) {
+        self.spans.push((self.text.len() as u32, new.len() as u32, old.len() as u32));
+        self.text.push_str(new);
+        self.text.push_str(old);
+    }
+
+    /// (merged name, original name) pairs.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.spans.iter().map(|&(at, new, old)| {
+            let (at, new, old) = (at as usize, new as usize, old as usize);
+            (&self.text[at..at + new], &self.text[at + new..at + new + old])
+        })
+    }
+}
+
+/// Where the merged graph's parts come from, to translate runtime errors back.
+#[derive(Debug, Clone, Default)]
+pub struct Origins {
+    /// Per stage: (first node, end node) in the merged graph.
+    pub nodes: Vec<(usize, usize)>,
+    /// Per stage: its values' renames, then its nodes'.
+    pub values: Vec<Renamed>,
+    pub node_names: Vec<Renamed>,
+}
+
+/// A composed model with its report and origins.
+#[derive(Debug, Clone, Default)]
+pub struct Composition {
+    pub model: ModelProto,
+    pub report: Report,
+    pub origins: Origins,
+}
 
 /// Composes `models` (in order) into one model. `labels` name the models in errors.
 pub fn compose(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<ModelProto> {
+    compose_graph(models, labels, opts).map(|c| c.model)
+}
+
+/// Like [`compose`], with what was pruned, deduplicated and adapted, and where each part
+/// of the merged graph came from.
+pub fn compose_graph(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     crate::pool::install(|| compose_models(models, labels, opts))
 }
 
-fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<ModelProto> {
+fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     let n = models.len();
     if n == 0 {
         return Err(Error::composition("no models to compose"));
@@ -68,7 +145,8 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
             return Err(Error::load(format!("{label}: the model has no graph")));
         }
     }
-    let io_maps = apply_prefixes(&mut models, opts);
+    let prefixed = apply_prefixes(&mut models, opts);
+    let opts = prefixed.as_ref().unwrap_or(opts);
     let opset_import = merge_opsets(&models, labels)?;
     let ir_version = match opts.ir_version {
         Some(v) if v <= 0 || v > crate::model::MAX_IR_VERSION => {
@@ -80,8 +158,8 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
         Some(v) => v,
         None => merged_ir_version(&models),
     };
-    let joints = resolve_joints(&models, labels, io_maps.as_deref())?;
-    let plan = Plan::new(&models, labels, &joints, opts)?;
+    let mut plan = Plan::new(&models, labels, opts)?;
+    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan) } else { Deduped::default() };
 
     // Per model, arenas for its names and for the fresh value and node names it gets. (An
     // arena is used by one thread at a time, hence one per model and per task.)
@@ -90,10 +168,14 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
     let names: Vec<NameSet> =
         models.par_iter_mut().zip(&mut name_arenas).map(|(m, arena)| NameSet::of(m, arena)).collect();
     // Values and node names are separate namespaces: assigned side by side.
-    let (value_maps, node_maps) = rayon::join(
-        || assign_value_names(&models, &names, &joints, &plan, value_arenas.iter_mut().collect()),
+    let mut extra = Bump::new();
+    let (values, nodes) = rayon::join(
+        || assign_value_names(&models, &names, &plan, value_arenas.iter_mut().collect(), &mut extra),
         || assign_node_names(&names, node_arenas.iter_mut().collect()),
     );
+    let ValueNames { maps: value_maps, adapters, renamed: value_renamed } = values;
+    let (node_maps, node_renamed): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
+    let adapters = name_adapter_nodes(adapters, &plan, &names);
     let mut renamers: Vec<Renamer> = value_maps
         .into_iter()
         .zip(node_maps)
@@ -107,15 +189,27 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
     });
     drop((renamers, names));
     // Freeing the arenas is off the caller's path.
-    crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas)));
+    crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas, extra)));
 
-    Ok(assemble(models, &plan, dropped_functions, opset_import, ir_version, opts))
+    let (model, ranges) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    let report = Report {
+        pruned: plan.pruned.clone(),
+        deduped,
+        adapters: plan.adapters.iter().map(|a| (a.edge, a.describe())).collect(),
+        unused_outputs: plan.unused.clone(),
+    };
+    let origins = Origins { nodes: ranges, values: value_renamed, node_names: node_renamed };
+    Ok(Composition { model, report, origins })
 }
 
-/// Applies `opts.prefixes` to every name of the models, and to the io_maps, as
-/// `onnx.compose.merge_models(prefix1=..., prefix2=...)` does.
-fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Vec<Joint>> {
+/// Applies `opts.prefixes` to every name of the models, as `onnx.compose.merge_models(
+/// prefix1=..., prefix2=...)` does. Returns the options with the stage names they refer to
+/// prefixed too, or `None` when there are no prefixes.
+fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Options> {
     let prefix = |i: usize| opts.prefixes.get(i).cloned().flatten().filter(|p| !p.is_empty());
+    if (0..models.len()).all(|i| prefix(i).is_none()) {
+        return None;
+    }
     models.par_iter_mut().enumerate().for_each(|(i, m)| {
         if let Some(p) = prefix(i) {
             let (arena, fresh) = (Bump::new(), Bump::new());
@@ -136,375 +230,154 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Vec<Joint
             walk_model(m, &mut r);
         }
     });
-    opts.io_maps.as_ref().map(|maps| {
+    let name = |stage: usize, s: &str| prefix(stage).map_or_else(|| s.to_string(), |p| format!("{p}{s}"));
+    let mut out = opts.clone();
+    out.io_maps = opts.io_maps.as_ref().map(|maps| {
         maps.iter()
             .enumerate()
-            .map(|(j, pairs)| {
-                pairs
-                    .iter()
-                    .map(|(o, i)| {
-                        let o = prefix(j).map_or_else(|| o.clone(), |p| format!("{p}{o}"));
-                        let i = prefix(j + 1).map_or_else(|| i.clone(), |p| format!("{p}{i}"));
-                        (o, i)
-                    })
-                    .collect()
-            })
+            .map(|(j, pairs)| pairs.iter().map(|(o, i)| (name(j, o), name(j + 1, i))).collect())
             .collect()
-    })
+    });
+    out.edges = opts.edges.as_ref().map(|edges| {
+        edges
+            .iter()
+            .map(|e| Edge { from: e.from, output: name(e.from, &e.output), to: e.to, input: name(e.to, &e.input) })
+            .collect()
+    });
+    out.graph_inputs = opts.graph_inputs.as_ref().map(|gi| {
+        gi.iter().map(|(n, feeds)| (n.clone(), feeds.iter().map(|(s, i)| (*s, name(*s, i))).collect())).collect()
+    });
+    out.graph_outputs =
+        opts.graph_outputs.as_ref().map(|go| go.iter().map(|(n, s, o)| (n.clone(), *s, name(*s, o))).collect());
+    Some(out)
 }
 
 fn prefixed<'a>(names: &FxHashSet<&'a str>, prefix: &str, arena: &'a Bump) -> FxHashMap<&'a str, &'a str> {
     names.iter().map(|&v| (v, &*arena.alloc_str(&format!("{prefix}{v}")))).collect()
 }
 
-fn graph(m: &ModelProto) -> &GraphProto {
-    m.graph.as_ref().expect("checked on entry")
-}
-
-fn vi_name(vi: &ValueInfoProto) -> &str {
-    vi.name.as_deref().unwrap_or("")
-}
-
-fn initializer_names(m: &ModelProto) -> HashSet<&str> {
-    let g = graph(m);
-    g.initializer
-        .iter()
-        .filter_map(|t| t.name.as_deref())
-        .chain(g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()?.name.as_deref()))
-        .collect()
-}
-
-/// Graph inputs that are real inputs (IR < 4 models also list their initializers).
-fn real_inputs(m: &ModelProto) -> Vec<&ValueInfoProto> {
-    let inits = initializer_names(m);
-    graph(m).input.iter().filter(|vi| !inits.contains(vi_name(vi))).collect()
-}
-
-fn quoted(names: &[&str]) -> String {
-    if names.is_empty() {
-        return "none".to_string();
-    }
-    names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
-}
-
-fn resolve_joints(models: &[ModelProto], labels: &[String], io_maps: Option<&[Joint]>) -> Result<Vec<Joint>> {
-    let joints = models.len() - 1;
-    if let Some(maps) = io_maps {
-        if maps.len() != joints {
-            return Err(Error::composition(format!(
-                "io_maps has {} entr{} but {} models have {joints} joint{}: io_maps[i] lists the \
-                 (output, input) pairs from model i to model i+1",
-                maps.len(),
-                if maps.len() == 1 { "y" } else { "ies" },
-                models.len(),
-                if joints == 1 { "" } else { "s" },
-            )));
-        }
-    }
-    let mut resolved = Vec::with_capacity(joints);
-    for j in 0..joints {
-        let (up, down) = (&models[j], &models[j + 1]);
-        let where_ = format!("joint {j} ({} -> {})", labels[j], labels[j + 1]);
-        let outs: Vec<&str> = graph(up).output.iter().map(vi_name).collect();
-        let all_ins: Vec<&str> = graph(down).input.iter().map(vi_name).collect();
-        let pairs: Joint = match io_maps {
-            Some(maps) => maps[j].clone(),
-            None => {
-                let ins: Vec<&str> = real_inputs(down).into_iter().map(vi_name).collect();
-                if outs.len() != ins.len() {
-                    return Err(Error::composition(format!(
-                        "{where_}: without io_maps outputs are joined to inputs by position, but {} \
-                         has {} output{} ({}) and {} has {} input{} ({}); pass io_maps",
-                        labels[j],
-                        outs.len(),
-                        if outs.len() == 1 { "" } else { "s" },
-                        quoted(&outs),
-                        labels[j + 1],
-                        ins.len(),
-                        if ins.len() == 1 { "" } else { "s" },
-                        quoted(&ins),
-                    )));
-                }
-                outs.iter().zip(&ins).map(|(o, i)| (o.to_string(), i.to_string())).collect()
-            }
-        };
-        let mut fed: HashMap<&str, &str> = HashMap::new();
-        for (o, i) in &pairs {
-            if !outs.contains(&o.as_str()) {
-                return Err(Error::composition(format!(
-                    "{where_}: '{o}' is not an output of {}{}; its outputs are {}",
-                    labels[j],
-                    did_you_mean(o, outs.iter().copied()),
-                    quoted(&outs)
-                )));
-            }
-            if !all_ins.contains(&i.as_str()) {
-                return Err(Error::composition(format!(
-                    "{where_}: '{i}' is not an input of {}{}; its inputs are {}",
-                    labels[j + 1],
-                    did_you_mean(i, all_ins.iter().copied()),
-                    quoted(&all_ins)
-                )));
-            }
-            if let Some(prev) = fed.insert(i.as_str(), o.as_str()) {
-                return Err(Error::composition(if prev == o {
-                    format!("{where_}: the connection '{o}' -> '{i}' is listed twice")
-                } else {
-                    format!("{where_}: input '{i}' of {} is fed twice, by '{prev}' and by '{o}'", labels[j + 1])
-                }));
-            }
-            let out_vi = graph(up).output.iter().find(|v| vi_name(v) == o).expect("checked");
-            let in_vi = graph(down).input.iter().find(|v| vi_name(v) == i).expect("checked");
-            check_types(&where_, o, out_vi, i, in_vi)?;
-        }
-        resolved.push(pairs);
-    }
-    Ok(resolved)
-}
-
-fn tensor_type(vi: &ValueInfoProto) -> Option<&type_proto::Tensor> {
-    match vi.r#type.as_ref()?.value.as_ref()? {
-        type_proto::Value::TensorType(t) => Some(t),
-        _ => None,
-    }
-}
-
-pub fn elem_type_name(t: i32) -> String {
-    tensor_proto::DataType::try_from(t).map(|d| d.as_str_name().to_lowercase()).unwrap_or_else(|_| format!("type {t}"))
-}
-
-fn shape_text(dims: &[Option<&Dim>]) -> String {
-    let parts: Vec<String> = dims
-        .iter()
-        .map(|d| match d {
-            Some(Dim::DimValue(v)) => v.to_string(),
-            Some(Dim::DimParam(p)) => p.clone(),
-            None => "?".to_string(),
-        })
-        .collect();
-    format!("[{}]", parts.join(", "))
-}
-
-fn check_types(where_: &str, o: &str, out: &ValueInfoProto, i: &str, inp: &ValueInfoProto) -> Result<()> {
-    let (Some(a), Some(b)) = (tensor_type(out), tensor_type(inp)) else { return Ok(()) };
-    let (ea, eb) = (a.elem_type.unwrap_or(0), b.elem_type.unwrap_or(0));
-    if ea != 0 && eb != 0 && ea != eb {
-        return Err(Error::composition(format!(
-            "{where_}: element type mismatch: output '{o}' is {} but input '{i}' expects {}",
-            elem_type_name(ea),
-            elem_type_name(eb)
-        )));
-    }
-    let (Some(sa), Some(sb)) = (a.shape.as_ref(), b.shape.as_ref()) else { return Ok(()) };
-    let da: Vec<Option<&Dim>> = sa.dim.iter().map(|d| d.value.as_ref()).collect();
-    let db: Vec<Option<&Dim>> = sb.dim.iter().map(|d| d.value.as_ref()).collect();
-    let clash = da.len() != db.len()
-        || da
-            .iter()
-            .zip(&db)
-            .any(|pair| matches!(pair, (Some(Dim::DimValue(x)), Some(Dim::DimValue(y))) if x != y && *x > 0 && *y > 0));
-    if clash {
-        return Err(Error::composition(format!(
-            "{where_}: shape mismatch: output '{o}' has shape {} but input '{i}' expects {}",
-            shape_text(&da),
-            shape_text(&db)
-        )));
-    }
-    Ok(())
-}
-
-/// What the merged graph exposes and drops, by index into each model's own lists.
-struct Plan {
-    /// Per model: input name -> the upstream output name feeding it.
-    fed_by: Vec<FxHashMap<String, String>>,
-    /// Per model: indices of graph inputs fed by a joint.
-    fed_inputs: Vec<Vec<usize>>,
-    /// Per model: indices of graph inputs that stay graph inputs.
-    inputs: Vec<Vec<usize>>,
-    /// Per model: indices of graph outputs that become graph outputs.
-    outputs: Vec<Vec<usize>>,
-    /// Per model: indices of consumed outputs that are not exposed (kept as value_info).
-    internal_outputs: Vec<Vec<usize>>,
-}
-
-impl Plan {
-    fn new(models: &[ModelProto], labels: &[String], joints: &[Joint], opts: &Options) -> Result<Plan> {
-        let n = models.len();
-        let mut fed_by = vec![FxHashMap::default(); n];
-        let mut consumed: Vec<HashSet<&str>> = vec![HashSet::new(); n];
-        for (j, pairs) in joints.iter().enumerate() {
-            for (o, i) in pairs {
-                fed_by[j + 1].insert(i.clone(), o.clone());
-                consumed[j].insert(o.as_str());
-            }
-        }
-        let fed_inputs: Vec<Vec<usize>> = (0..n)
-            .map(|k| {
-                let g = graph(&models[k]);
-                (0..g.input.len()).filter(|&x| fed_by[k].contains_key(vi_name(&g.input[x]))).collect()
-            })
-            .collect();
-        let mut inputs: Vec<Vec<usize>> = (0..n)
-            .map(|k| {
-                let g = graph(&models[k]);
-                (0..g.input.len()).filter(|&x| !fed_by[k].contains_key(vi_name(&g.input[x]))).collect()
-            })
-            .collect();
-        if let Some(wanted) = &opts.inputs {
-            inputs = select(models, labels, wanted, "input", |m| &graph(m).input, Some(&inputs))?;
-        }
-        let outputs = match (&opts.outputs, &opts.keep_outputs) {
-            (Some(wanted), _) => select(models, labels, wanted, "output", |m| &graph(m).output, None)?,
-            (None, Keep::Names(wanted)) => {
-                let mut chosen = select(models, labels, wanted, "output", |m| &graph(m).output, None)?;
-                chosen[n - 1] = (0..graph(&models[n - 1]).output.len()).collect();
-                chosen
-            }
-            (None, keep) => (0..n)
-                .map(|k| {
-                    let g = graph(&models[k]);
-                    (0..g.output.len())
-                        .filter(|&x| {
-                            k == n - 1 || (*keep == Keep::Unconsumed && !consumed[k].contains(vi_name(&g.output[x])))
-                        })
-                        .collect()
-                })
-                .collect(),
-        };
-        let internal_outputs = (0..n)
-            .map(|k| {
-                let g = graph(&models[k]);
-                (0..g.output.len())
-                    .filter(|x| consumed[k].contains(vi_name(&g.output[*x])) && !outputs[k].contains(x))
-                    .collect()
-            })
-            .collect();
-        Ok(Plan { fed_by, fed_inputs, inputs, outputs, internal_outputs })
-    }
-}
-
-/// Indices of the named inputs (or outputs) per model; every name must match exactly one.
-fn select(
-    models: &[ModelProto],
-    labels: &[String],
-    wanted: &[String],
-    what: &str,
-    list: impl Fn(&ModelProto) -> &Vec<ValueInfoProto>,
-    within: Option<&Vec<Vec<usize>>>,
-) -> Result<Vec<Vec<usize>>> {
-    let mut chosen = vec![Vec::new(); models.len()];
-    for name in wanted {
-        let mut hits = Vec::new();
-        for (k, m) in models.iter().enumerate() {
-            for (x, vi) in list(m).iter().enumerate() {
-                if vi_name(vi) == name && within.is_none_or(|w| w[k].contains(&x)) {
-                    hits.push((k, x));
-                }
-            }
-        }
-        match hits.as_slice() {
-            [(k, x)] => {
-                if !chosen[*k].contains(x) {
-                    chosen[*k].push(*x)
-                }
-            }
-            [] => {
-                let all: Vec<&str> = models.iter().flat_map(|m| list(m).iter().map(vi_name)).collect();
-                return Err(Error::composition(format!(
-                    "'{name}' is not an {what} of any model{}",
-                    did_you_mean(name, all.iter().copied())
-                )));
-            }
-            many => {
-                let who: Vec<&str> = many.iter().map(|(k, _)| labels[*k].as_str()).collect();
-                return Err(Error::composition(format!(
-                    "'{name}' is an {what} of several models ({}); it is ambiguous",
-                    who.join(", ")
-                )));
-            }
-        }
-    }
-    for c in &mut chosen {
-        c.sort_unstable();
-    }
-    Ok(chosen)
-}
-
 fn model_prefix(i: usize) -> String {
     format!("m{i}/")
 }
 
-/// Gives every value name its final name. A name keeps its spelling in the model that
-/// claims it first, exposed inputs and outputs claiming before anything else (so that they
-/// keep the user's names); other models get a fresh `m<i>/` name for it. An input fed by a
-/// joint takes the final name of the output feeding it.
-#[allow(clippy::needless_range_loop)] // k indexes models, the plan and the maps alike
+/// Marks a name that an exposed graph input or output claims (not a stage).
+const EXPOSED: usize = usize::MAX;
+
+struct ValueNames<'a> {
+    maps: Vec<FxHashMap<&'a str, &'a str>>,
+    /// Per adapter: (final upstream name, fresh output name, fresh names for the rest).
+    adapters: Vec<(String, String, String, String)>,
+    renamed: Vec<Renamed>,
+}
+
+/// Gives every value name its final name. Exposed names chosen by the caller claim their
+/// spelling first; then a name keeps its spelling in the model that claims it first, exposed
+/// inputs and outputs of the linear form claiming before anything else (so that they keep
+/// the user's names); other models get a fresh `m<i>/` name for it. An input fed by an edge
+/// (or a weight stored once) takes the final name of the value feeding it.
 fn assign_value_names<'a>(
     models: &[ModelProto],
     names: &[NameSet<'a>],
-    joints: &'a [Joint],
-    plan: &Plan,
+    plan: &'a Plan,
     arenas: Vec<&'a mut Bump>,
-) -> Vec<FxHashMap<&'a str, &'a str>> {
+    extra: &'a mut Bump,
+) -> ValueNames<'a> {
+    let extra: &'a Bump = extra;
     let n = models.len();
     let total: usize = names.iter().map(|s| s.values.len()).sum();
     let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
-    for k in 0..n {
-        // Weights that IR < 4 models list as inputs are not the user's inputs: no priority.
-        let inits = initializer_names(&models[k]);
-        let g = graph(&models[k]);
-        for &x in &plan.inputs[k] {
-            let name = vi_name(&g.input[x]);
-            if !inits.contains(name) {
-                owner.entry(name).or_insert(k);
-            }
+    for pinned in &plan.pinned {
+        for fin in pinned.values() {
+            owner.entry(fin.as_str()).or_insert(EXPOSED);
         }
     }
-    for k in 0..n {
-        let g = graph(&models[k]);
-        for &x in &plan.outputs[k] {
-            let name = vi_name(&g.output[x]);
-            if !plan.fed_by[k].contains_key(name) {
-                owner.entry(name).or_insert(k);
-            }
+    // Weights that IR < 4 models list as inputs are not the user's inputs: no priority.
+    for gi in plan.inputs.iter().filter(|gi| gi.name.is_none() && !gi.weight) {
+        owner.entry(vi_name(&graph(&models[gi.stage]).input[gi.index])).or_insert(gi.stage);
+    }
+    for go in plan.outputs.iter().filter(|go| go.name.is_none()) {
+        let name = vi_name(&graph(&models[go.stage]).output[go.index]);
+        if !plan.alias[go.stage].contains_key(name) {
+            owner.entry(name).or_insert(go.stage);
         }
     }
+    let own = |k: usize, name: &str| !plan.alias[k].contains_key(name) && !plan.pinned[k].contains_key(name);
     for (k, set) in names.iter().enumerate() {
         for &name in &set.values {
-            if !plan.fed_by[k].contains_key(name) {
+            if own(k, name) {
                 owner.entry(name).or_insert(k);
             }
         }
     }
     // Each model's fresh names depend only on `owner`: made side by side.
-    let mut maps: Vec<FxHashMap<&'a str, &'a str>> = arenas
+    let (mut maps, mut renamed): (Vec<FxHashMap<&'a str, &'a str>>, Vec<Renamed>) = arenas
         .into_par_iter()
         .enumerate()
         .map(|(k, arena)| {
             let mut fresh = FreshNames::new(model_prefix(k), arena, names[k].values.len());
             for &name in &names[k].values {
-                // An input fed by a joint is aliased to its upstream output below.
-                if !plan.fed_by[k].contains_key(name) && owner.get(name).is_some_and(|&o| o != k) {
+                if own(k, name) && owner.get(name).is_some_and(|&o| o != k) {
                     fresh.rename(name, |c| owner.contains_key(c));
                 }
             }
-            fresh.renamed
+            let mut renamed = Renamed::default();
+            for (old, new) in &fresh.renamed {
+                renamed.push(new, old);
+            }
+            (fresh.renamed, renamed)
         })
-        .collect();
-    // In model order, so that the output feeding model k has its final name. (An upstream
-    // name is an original name or another model's fresh one: never one of model k's fresh names.)
-    for k in 1..n {
-        for (o, i) in &joints[k - 1] {
-            let upstream: &'a str = maps[k - 1].get(o.as_str()).copied().unwrap_or(o.as_str());
-            if upstream != i {
-                maps[k].insert(i.as_str(), upstream);
+        .unzip();
+    for k in 0..n {
+        for (old, new) in &plan.pinned[k] {
+            if old != new {
+                maps[k].insert(old, new);
+                renamed[k].push(new, old);
             }
         }
     }
-    maps
+    // Adapter names avoid every original and exposed name; fresh names start with `m<i>/`.
+    let mut used: FxHashSet<String> = FxHashSet::default();
+    let mut pick = |base: String| {
+        let name = fresh("fastseq/", &base, |c| !owner.contains_key(c) && !used.contains(c));
+        used.insert(name.clone());
+        name
+    };
+    let mut adapter_names: FxHashMap<usize, String> = FxHashMap::default();
+    let mut adapters = Vec::with_capacity(plan.adapters.len());
+    for a in &plan.adapters {
+        let e = &plan.edges[a.edge];
+        let base = format!("adapt{}/{}", a.edge, e.input);
+        let (out, between, axes) = (pick(base.clone()), pick(format!("{base}/cast")), pick(format!("{base}/axes")));
+        adapter_names.insert(a.edge, out.clone());
+        adapters.push((String::new(), out, between, axes));
+    }
+    let adapter_names: FxHashMap<usize, &'a str> =
+        adapter_names.into_iter().map(|(e, s)| (e, &*extra.alloc_str(&s))).collect();
+    // In model order, so that the value feeding model k has its final name. (An upstream
+    // name is an original name or another model's fresh one: never one of model k's fresh names.)
+    for k in 1..n {
+        for (input, target) in &plan.alias[k] {
+            let fin: &'a str = match target {
+                Target::Value(s, name) => maps[*s].get(name.as_str()).copied().unwrap_or(name.as_str()),
+                Target::Adapter(e) => adapter_names[e],
+            };
+            if fin != input {
+                maps[k].insert(input.as_str(), fin);
+            }
+        }
+    }
+    for (a, names) in plan.adapters.iter().zip(&mut adapters) {
+        let e = &plan.edges[a.edge];
+        names.0 = maps[e.from].get(e.output.as_str()).copied().unwrap_or(e.output.as_str()).to_string();
+    }
+    ValueNames { maps, adapters, renamed }
 }
 
-fn assign_node_names<'a>(names: &[NameSet<'a>], arenas: Vec<&'a mut Bump>) -> Vec<FxHashMap<&'a str, &'a str>> {
+#[allow(clippy::type_complexity)]
+fn assign_node_names<'a>(
+    names: &[NameSet<'a>],
+    arenas: Vec<&'a mut Bump>,
+) -> Vec<(FxHashMap<&'a str, &'a str>, Renamed)> {
     let total: usize = names.iter().map(|s| s.nodes.len()).sum();
     let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
     for (k, set) in names.iter().enumerate() {
@@ -523,7 +396,36 @@ fn assign_node_names<'a>(names: &[NameSet<'a>], arenas: Vec<&'a mut Bump>) -> Ve
                     fresh.rename(name, |c| owner.contains_key(c));
                 }
             }
-            fresh.renamed
+            let mut renamed = Renamed::default();
+            for (old, new) in &fresh.renamed {
+                renamed.push(new, old);
+            }
+            (fresh.renamed, renamed)
+        })
+        .collect()
+}
+
+/// The adapters' names: values from the naming step, nodes fresh among every node name.
+fn name_adapter_nodes(
+    adapters: Vec<(String, String, String, String)>,
+    plan: &Plan,
+    names: &[NameSet],
+) -> Vec<AdapterNames> {
+    let mut used: FxHashSet<String> = FxHashSet::default();
+    let mut pick = |base: String| {
+        let name = fresh("fastseq/", &base, |c| !used.contains(c) && names.iter().all(|s| !s.nodes.contains(c)));
+        used.insert(name.clone());
+        name
+    };
+    plan.adapters
+        .iter()
+        .zip(adapters)
+        .map(|(a, (input, output, between, axes))| AdapterNames {
+            input,
+            output,
+            between,
+            axes,
+            nodes: [pick(format!("adapt{}/Cast", a.edge)), pick(format!("adapt{}/Axis", a.edge))],
         })
         .collect()
 }
@@ -574,100 +476,18 @@ fn assign_function_names(models: &[ModelProto], renamers: &mut [Renamer]) -> Vec
     unreachable!("the renames grow with each round and are bounded by the number of functions")
 }
 
-fn assemble(
-    models: Vec<ModelProto>,
-    plan: &Plan,
-    dropped_functions: Vec<Vec<usize>>,
-    opset_import: Vec<crate::proto::OperatorSetIdProto>,
-    ir_version: i64,
-    opts: &Options,
-) -> ModelProto {
-    let graph_names: Vec<String> =
-        models.iter().filter_map(|m| graph(m).name.clone()).filter(|s| !s.is_empty()).collect();
-    let mut g = GraphProto {
-        name: Some(opts.graph_name.clone().unwrap_or_else(|| {
-            if graph_names.is_empty() {
-                "fastseq".to_string()
-            } else {
-                graph_names.join("+")
-            }
-        })),
-        ..Default::default()
-    };
-    // Sized once: growing a list of tens of thousands of nodes copies it again and again.
-    g.node.reserve_exact(models.iter().map(|m| graph(m).node.len()).sum());
-    g.initializer.reserve_exact(models.iter().map(|m| graph(m).initializer.len()).sum());
-    let mut out = ModelProto {
-        ir_version: Some(ir_version),
-        opset_import,
-        producer_name: Some(opts.producer_name.clone().unwrap_or_else(|| "fastseq".to_string())),
-        producer_version: Some(opts.producer_version.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string())),
-        domain: opts.domain.clone(),
-        model_version: opts.model_version,
-        doc_string: opts.doc_string.clone(),
-        ..Default::default()
-    };
-    let mut meta_seen: HashSet<(String, String)> = HashSet::new();
-    let mut output_seen: HashSet<String> = HashSet::new();
-    let mut internal: Vec<ValueInfoProto> = Vec::new();
-    for (k, m) in models.into_iter().enumerate() {
-        let mut mg = m.graph.expect("checked on entry");
-        // An IR < 4 model lists initializers as inputs; one fed by a joint is overridden.
-        if !plan.fed_inputs[k].is_empty() {
-            let fed: HashSet<String> = plan.fed_inputs[k].iter().map(|&x| vi_name(&mg.input[x]).to_string()).collect();
-            mg.initializer.retain(|t| !fed.contains(t.name.as_deref().unwrap_or("")));
-        }
-        let mut inputs = std::mem::take(&mut mg.input);
-        let mut outputs = std::mem::take(&mut mg.output);
-        for &x in &plan.inputs[k] {
-            g.input.push(std::mem::take(&mut inputs[x]));
-        }
-        for &x in &plan.outputs[k] {
-            if output_seen.insert(vi_name(&outputs[x]).to_string()) {
-                g.output.push(outputs[x].clone());
-            }
-        }
-        for &x in &plan.internal_outputs[k] {
-            internal.push(std::mem::take(&mut outputs[x]));
-        }
-        g.node.append(&mut mg.node);
-        g.initializer.append(&mut mg.initializer);
-        g.sparse_initializer.append(&mut mg.sparse_initializer);
-        g.value_info.append(&mut mg.value_info);
-        g.quantization_annotation.append(&mut mg.quantization_annotation);
-        g.metadata_props.append(&mut mg.metadata_props);
-        let drop = &dropped_functions[k];
-        out.functions.extend(m.functions.into_iter().enumerate().filter(|(x, _)| !drop.contains(x)).map(|(_, f)| f));
-        out.training_info.extend(m.training_info);
-        out.configuration.extend(m.configuration);
-        for p in m.metadata_props {
-            let key = (p.key.clone().unwrap_or_default(), p.value.clone().unwrap_or_default());
-            if meta_seen.insert(key) {
-                out.metadata_props.push(p);
-            }
-        }
-    }
-    // The types of the tensors that cross a joint stay known to shape inference.
-    let mut info_seen: HashSet<String> = g.value_info.iter().map(|v| vi_name(v).to_string()).collect();
-    info_seen.extend(output_seen);
-    for vi in internal {
-        if info_seen.insert(vi_name(&vi).to_string()) {
-            g.value_info.push(vi);
-        }
-    }
-    out.graph = Some(g);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use prost::Message;
 
+    use std::collections::HashSet;
+
     use super::*;
     use crate::error::Kind;
+    use crate::proto::tensor_shape_proto::dimension::Value as Dim;
     use crate::proto::{
-        attribute_proto::AttributeType, tensor_shape_proto, AttributeProto, NodeProto, OperatorSetIdProto, TensorProto,
-        TensorShapeProto, TypeProto,
+        attribute_proto::AttributeType, tensor_shape_proto, type_proto, AttributeProto, GraphProto, NodeProto,
+        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
     };
 
     fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
@@ -820,5 +640,271 @@ mod tests {
         scale(1).encode(&mut full).unwrap();
         full.truncate(full.len() - 3);
         assert_eq!(decode("cut", bytes::Bytes::from(full)).unwrap_err().kind, Kind::Load);
+    }
+
+    // ---- The graph form ----
+
+    /// A model of one node over same-shaped float tensors: `op(ins...) -> y`.
+    fn join(op: &str, ins: &[&str]) -> ModelProto {
+        let mut m = scale(1);
+        let g = m.graph.as_mut().unwrap();
+        g.node = vec![node(op, ins, &["y"])];
+        g.initializer.clear();
+        g.input = ins.iter().map(|i| vi(i, 1, &[2, 4])).collect();
+        m
+    }
+
+    fn edge(from: usize, output: &str, to: usize, input: &str) -> Edge {
+        Edge { from, output: output.into(), to, input: input.into() }
+    }
+
+    fn graph_opts(edges: Vec<Edge>, outputs: &[(&str, usize, &str)]) -> Options {
+        Options {
+            edges: Some(edges),
+            graph_outputs: Some(outputs.iter().map(|(n, s, o)| (n.to_string(), *s, o.to_string())).collect()),
+            ..Default::default()
+        }
+    }
+
+    fn node_at(g: &GraphProto, k: usize) -> NodeProto {
+        crate::node::decode(&g.node[k]).unwrap()
+    }
+
+    fn names(vis: &[ValueInfoProto]) -> Vec<&str> {
+        vis.iter().map(vi_name).collect()
+    }
+
+    fn distinct(c: f32) -> ModelProto {
+        let mut m = scale(1);
+        let t = &mut m.graph.as_mut().unwrap().initializer[0];
+        t.raw_data = Some(bytes::Bytes::from(c.to_le_bytes().repeat(4)));
+        m
+    }
+
+    #[test]
+    fn fan_out_fan_in_and_a_skip() {
+        // pre -> left, pre -> right, (left, right, pre) -> join.
+        let models = vec![distinct(1.0), distinct(2.0), distinct(3.0), join("Sum", &["a", "b", "s"])];
+        let edges = vec![
+            edge(0, "y", 1, "x"),
+            edge(0, "y", 2, "x"),
+            edge(1, "y", 3, "a"),
+            edge(2, "y", 3, "b"),
+            edge(0, "y", 3, "s"),
+        ];
+        let c = compose_graph(models, &labels(4), &graph_opts(edges, &[("out", 3, "y")])).unwrap();
+        let g = c.model.graph.unwrap();
+        assert_eq!(names(&g.input), ["x"]);
+        assert_eq!(names(&g.output), ["out"]);
+        assert_eq!(g.node.len(), 7);
+        let defined = defined_names(&g);
+        assert_eq!(defined.iter().collect::<HashSet<_>>().len(), defined.len(), "SSA: {defined:?}");
+        // Both branches read pre's output; the join reads both branches and pre's output.
+        // (pre's 'y' keeps its name: no exposed name claims it.)
+        assert_eq!(node_at(&g, 2).input, ["y", "m1/c"]);
+        assert_eq!(node_at(&g, 4).input, ["y", "m2/c"]);
+        assert_eq!(node_at(&g, 6).input, ["m1/y", "m2/y", "y"]);
+        assert_eq!(node_at(&g, 6).output, ["out"]);
+        assert!(c.report.unused_outputs.is_empty() && c.report.pruned == PruneReport::default());
+        assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 6), (6, 7)]);
+    }
+
+    #[test]
+    fn a_graph_input_feeds_several_stages_under_the_callers_name() {
+        let opts = Options {
+            edges: Some(vec![]),
+            graph_inputs: Some(vec![("image".into(), vec![(0, "x".into()), (1, "x".into())])]),
+            ..Default::default()
+        };
+        let c = compose_graph(vec![distinct(1.0), distinct(2.0)], &labels(2), &opts).unwrap();
+        let g = c.model.graph.as_ref().unwrap();
+        assert_eq!(names(&g.input), ["image"]);
+        assert_eq!(node_at(g, 0).input[0], "image");
+        assert_eq!(node_at(g, 2).input[0], "image");
+        // Outputs no edge consumes are exposed; the clash is resolved with the stage labels.
+        assert_eq!(names(&g.output), ["m0.onnx.y", "m1.onnx.y"]);
+        let renamed: Vec<(&str, &str)> = c.origins.values[1].iter().collect();
+        assert!(renamed.contains(&("m1/c", "c")) && renamed.contains(&("image", "x")), "{renamed:?}");
+        let nodes: Vec<(&str, &str)> = c.origins.node_names[1].iter().collect();
+        assert!(nodes.contains(&("m1/mul", "mul")), "{nodes:?}");
+    }
+
+    #[test]
+    fn unfed_inputs_keep_their_names_when_unique() {
+        let opts = Options { edges: Some(vec![]), ..Default::default() };
+        let mut other = join("Neg", &["z"]);
+        let g = other.graph.as_mut().unwrap();
+        g.output[0].name = Some("w".into());
+        g.node = vec![node("Neg", &["z"], &["w"])];
+        let c = compose_graph(vec![distinct(1.0), other], &labels(2), &opts).unwrap();
+        let g = c.model.graph.unwrap();
+        assert_eq!(names(&g.input), ["x", "z"]);
+        assert_eq!(names(&g.output), ["y", "w"]);
+    }
+
+    fn composition_error(models: Vec<ModelProto>, opts: &Options) -> String {
+        let n = models.len();
+        let err = compose_graph(models, &labels(n), opts).unwrap_err();
+        assert_eq!(err.kind, Kind::Composition);
+        err.message
+    }
+
+    #[test]
+    fn edge_errors_name_stages_tensors_and_near_misses() {
+        let three = || vec![distinct(1.0), distinct(2.0), distinct(3.0)];
+        let loop_ = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x"), edge(2, "y", 0, "x")], &[]);
+        let msg = composition_error(three(), &loop_);
+        assert!(msg.contains("the edges form a loop: m0.onnx -> m1.onnx -> m2.onnx -> m0.onnx"), "{msg}");
+        let back = graph_opts(vec![edge(2, "y", 0, "x")], &[]);
+        assert!(composition_error(three(), &back).contains("m2.onnx comes after m0.onnx in the stage order"));
+        let msg = composition_error(three(), &graph_opts(vec![edge(0, "y", 7, "x")], &[]));
+        assert!(msg.contains("there is no stage 7 (3 stages given)"), "{msg}");
+        let msg = composition_error(three(), &graph_opts(vec![edge(0, "Y", 1, "x")], &[]));
+        assert!(
+            msg.contains("edge 0 (m0.onnx.Y -> m1.onnx.x): 'Y' is not an output of m0.onnx (did you mean 'y'?)"),
+            "{msg}"
+        );
+        let twice = graph_opts(vec![edge(0, "y", 2, "x"), edge(1, "y", 2, "x")], &[]);
+        let msg = composition_error(three(), &twice);
+        assert!(msg.contains("input 'x' of m2.onnx is fed twice, by 'y' of m0.onnx and by 'y' of m1.onnx"), "{msg}");
+        let opts = Options {
+            edges: Some(vec![edge(0, "y", 1, "x")]),
+            graph_inputs: Some(vec![("x".into(), vec![(1, "x".into())])]),
+            ..Default::default()
+        };
+        assert!(composition_error(three(), &opts).contains("is fed twice, by this graph input and by edge 0"));
+        let msg = composition_error(three(), &graph_opts(vec![], &[("a", 0, "y"), ("a", 1, "y")]));
+        assert!(msg.contains("the name 'a' is exposed twice"), "{msg}");
+        let msg = composition_error(three(), &graph_opts(vec![], &[("a", 0, "yy")]));
+        assert!(msg.contains("graph output 'a': 'yy' is not an output of m0.onnx (did you mean 'y'?)"), "{msg}");
+    }
+
+    fn with_shape(mut m: ModelProto, input: &[i64], output: &[i64], elem: i32) -> ModelProto {
+        let g = m.graph.as_mut().unwrap();
+        g.input[0] = vi("x", elem, input);
+        g.output[0] = vi("y", elem, output);
+        m
+    }
+
+    #[test]
+    fn mismatches_say_which_adapter_fixes_them_and_adapt_inserts_it() {
+        let pair = || vec![scale(1), with_shape(scale(11), &[2, 4], &[2, 4], 11)];
+        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
+        let msg = composition_error(pair(), &opts);
+        assert!(msg.contains("output 'y' is float but input 'x' expects double; pass adapt=True"), "{msg}");
+        assert!(msg.ends_with("to insert a Cast to double"), "{msg}");
+        let c = compose_graph(pair(), &labels(2), &Options { adapt: Adapt::All, ..opts.clone() }).unwrap();
+        let g = c.model.graph.unwrap();
+        let cast = node_at(&g, 2);
+        assert_eq!((cast.op_type.as_deref(), cast.input.clone()), (Some("Cast"), vec!["y".to_string()]));
+        assert_eq!(node_at(&g, 3).input[0], cast.output[0]);
+        assert_eq!(c.report.adapters, [(0, "Cast to double".to_string())]);
+        assert_eq!(c.origins.nodes, [(0, 2), (2, 5)]);
+
+        // A missing leading axis: an Unsqueeze (axes as an input from opset 13).
+        let batch = || vec![with_shape(scale(1), &[2, 4], &[4], 1), with_shape(scale(1), &[1, 4], &[1, 4], 1)];
+        let msg = composition_error(batch(), &opts);
+        assert!(msg.contains("output 'y' has shape [4] but input 'x' expects [1, 4]"), "{msg}");
+        assert!(msg.ends_with("insert a Unsqueeze of axis 0"), "{msg}");
+        let adapt = Options { adapt: Adapt::Edges(vec![0]), ..opts.clone() };
+        let g = compose_graph(batch(), &labels(2), &adapt).unwrap().model.graph.unwrap();
+        let unsqueeze = node_at(&g, 2);
+        assert_eq!(unsqueeze.op_type.as_deref(), Some("Unsqueeze"));
+        assert!(g.initializer.iter().any(|t| t.name.as_deref() == Some(unsqueeze.input[1].as_str())));
+        // Two different static sizes: no adapter helps, both sides are named.
+        let wide = vec![scale(1), with_shape(scale(1), &[2, 5], &[2, 5], 1)];
+        let msg = composition_error(wide, &adapt);
+        assert!(
+            msg.contains("output 'y' has shape [2, 4] but input 'x' expects [2, 5]") && !msg.contains("adapt"),
+            "{msg}"
+        );
+    }
+
+    fn symbolic(m: &mut ModelProto, input: &str, output: &str) {
+        let g = m.graph.as_mut().unwrap();
+        for (vi, p) in [(&mut g.input[0], input), (&mut g.output[0], output)] {
+            let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_mut().unwrap().value.as_mut() else { panic!() };
+            t.shape.as_mut().unwrap().dim[0].value = Some(Dim::DimParam(p.into()));
+        }
+    }
+
+    #[test]
+    fn symbolic_dims_joined_by_an_edge_take_one_name() {
+        let (mut a, mut b) = (scale(1), scale(1));
+        symbolic(&mut a, "batch", "batch");
+        symbolic(&mut b, "N", "N");
+        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
+        let g = compose_graph(vec![a, b], &labels(2), &opts).unwrap().model.graph.unwrap();
+        let dim = |vi: &ValueInfoProto| match vi.r#type.as_ref().unwrap().value.as_ref().unwrap() {
+            type_proto::Value::TensorType(t) => t.shape.as_ref().unwrap().dim[0].value.clone(),
+            _ => None,
+        };
+        assert_eq!(dim(&g.output[0]), Some(Dim::DimParam("batch".into())));
+    }
+
+    #[test]
+    fn pruning_leaves_out_what_no_output_needs() {
+        let models = vec![distinct(1.0), distinct(2.0), distinct(3.0)];
+        let edges = vec![edge(0, "y", 1, "x"), edge(0, "y", 2, "x")];
+        let c = compose_graph(models.clone(), &labels(3), &graph_opts(edges.clone(), &[("left", 1, "y")])).unwrap();
+        let g = c.model.graph.unwrap();
+        assert_eq!(g.node.len(), 4);
+        assert_eq!(g.initializer.len(), 2);
+        assert_eq!(c.report.pruned.stages, [2]);
+        assert_eq!((c.report.pruned.nodes, c.report.pruned.initializers), (2, 1));
+        assert_eq!(c.report.unused_outputs, [(2, "y".to_string())]);
+        assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 4)]);
+        // Off on request: everything stays.
+        let keep = Options { prune: Some(false), ..graph_opts(edges, &[("left", 1, "y")]) };
+        assert_eq!(compose_graph(models, &labels(3), &keep).unwrap().model.graph.unwrap().node.len(), 6);
+    }
+
+    #[test]
+    fn identical_weights_are_stored_once() {
+        let opts = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("out", 2, "y")]);
+        let c = compose_graph(vec![scale(1), scale(1), distinct(5.0)], &labels(3), &opts).unwrap();
+        assert_eq!(c.report.deduped, Deduped { initializers: 1, bytes: 16 });
+        let g = c.model.graph.unwrap();
+        assert_eq!(g.initializer.iter().map(|t| t.name.clone().unwrap()).collect::<Vec<_>>(), ["c", "m2/c"]);
+        assert_eq!(node_at(&g, 2).input, ["y", "c"]);
+        // Off on request, and off in the linear form unless asked.
+        let off = Options { dedupe: Some(false), ..opts };
+        assert_eq!(
+            compose_graph(vec![scale(1), scale(1), scale(1)], &labels(3), &off).unwrap().report.deduped.initializers,
+            0
+        );
+        let linear = compose_graph(vec![scale(1), scale(1)], &labels(2), &Options::default()).unwrap();
+        assert_eq!(linear.model.graph.unwrap().initializer.len(), 2);
+    }
+
+    #[test]
+    fn weights_equal_in_their_sampled_bytes_only_are_not_merged() {
+        let big = |flip: bool| {
+            let mut m = scale(1);
+            let mut data = vec![7u8; 40_000];
+            if flip {
+                data[6_000] = 8; // outside the sampled ends and middle
+            }
+            let t = &mut m.graph.as_mut().unwrap().initializer[0];
+            t.dims = vec![10_000];
+            t.raw_data = Some(bytes::Bytes::from(data));
+            m
+        };
+        let opts = Options { edges: Some(vec![]), ..Default::default() };
+        let c = compose_graph(vec![big(false), big(true), big(false)], &labels(3), &opts).unwrap();
+        assert_eq!(c.report.deduped, Deduped { initializers: 1, bytes: 40_000 });
+        let g = c.model.graph.unwrap();
+        assert_eq!(node_at(&g, 4).input[1], "c");
+        assert_eq!(node_at(&g, 2).input[1], "m1/c");
+    }
+
+    #[test]
+    fn the_linear_form_is_converted_to_edges_in_one_place() {
+        let (edges, wheres) = crate::plan::linear_edges(&[scale(1), scale(1)], &labels(2), None).unwrap();
+        assert_eq!(edges, [edge(0, "y", 1, "x")]);
+        assert_eq!(wheres, ["joint 0 (m0.onnx -> m1.onnx)"]);
+        // io_maps and edges together are refused.
+        let both = Options { io_maps: Some(vec![vec![]]), edges: Some(vec![]), ..Default::default() };
+        assert!(composition_error(vec![scale(1), scale(1)], &both).contains("not both"));
     }
 }
