@@ -108,21 +108,26 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _print_cleanups(report: dict, layout) -> None:
-    """One line per clean-up the build did (pipelines only)."""
-    pruned = [s.name for s in layout.stages if s.pruned] if layout is not None else []
-    if pruned:
-        print(f"pruned stages: {', '.join(pruned)}")
-    for key, text in (
-        ("pruned_nodes", "pruned nodes"),
-        ("pruned_initializers", "pruned initializers"),
-        ("deduped_initializers", "deduplicated weights"),
-    ):
-        if report.get(key):
-            print(f"{text}: {report[key]}")
-    if report.get("deduped_bytes"):
-        print(f"deduplicated: {human_size(report['deduped_bytes'])} saved")
-    for adapter in report.get("adapters") or []:
-        print(f"adapter: {adapter}")
+    """One line per clean-up the build did (what the core reports)."""
+    pruned = report.get("pruned") or {}
+    stages = pruned.get("stages") or ([s.name for s in layout.stages if s.pruned] if layout is not None else [])
+    if stages or pruned.get("nodes") or pruned.get("initializers"):
+        print(
+            f"pruned: {len(stages)} stage(s){' (' + ', '.join(stages) + ')' if stages else ''}, "
+            f"{pruned.get('nodes', 0)} node(s), {pruned.get('initializers', 0)} initializer(s)"
+            + (f", inputs {', '.join(pruned['inputs'])}" if pruned.get("inputs") else "")
+        )
+    elif layout is not None:
+        print("pruned: nothing")
+    if report.get("deduped_initializers"):
+        print(
+            f"deduplicated: {report['deduped_initializers']} initializer(s), "
+            f"{human_size(report['deduped_bytes'])} saved"
+        )
+    for edge, description in report.get("adapters") or []:
+        print(f"adapter on edges[{edge}]: {description}")
+    for stage, output in report.get("unused_outputs") or []:
+        print(f"unused output: {stage}.{output}")
 
 
 def _io(items) -> str:
@@ -166,8 +171,6 @@ def _inspect_pipeline(args: argparse.Namespace) -> int:
     print("edges:\n" + ("\n".join(f"  {e}" for e in layout.edges) or "  (none)"))
     _print_summary(built.composed.summary())
     _print_cleanups(built.report, layout)
-    if not any(s.pruned for s in layout.stages) and not built.report.get("pruned_nodes"):
-        print("pruned: nothing")
     text = drawing.to_dot(layout, Path(args.model).stem)
     if args.dot:
         Path(args.dot).write_text(text, encoding="utf-8")

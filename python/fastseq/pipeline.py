@@ -115,11 +115,11 @@ class Pipeline(Runnable):
         return list(self._layout.edges)
 
     def report(self) -> dict[str, Any]:
-        """What the build cleaned up: pruned stages (by name, from the stage graph) and the
-        core's report (pruned nodes, deduplicated bytes, adapters, unused outputs)."""
-        report = dict(self._report)
-        report["pruned_stages"] = [s.name for s in self._layout.stages if s.pruned]
-        return report
+        """What the build did besides merging, as the core reports it: ``pruned``
+        (``stages``, ``nodes``, ``initializers``, ``inputs``), ``deduped_initializers``,
+        ``deduped_bytes``, ``adapters`` ([(edge index, description)]) and
+        ``unused_outputs`` ([(stage, output)])."""
+        return dict(self._report)
 
     def to_dot(self) -> str:
         """The stage graph as Graphviz DOT text (no Graphviz needed)."""

@@ -489,8 +489,9 @@ def _build_graph(
         **_extra(replace(spec, adapt=adapt), graph=True),
         **common,
     )
-    layout = _layout(spec, order, ins, outs, exposed, composed, loaded, names)
-    return Built(composed, list(order), layout, _report(composed))
+    report = _report(composed)
+    layout = _layout(spec, order, ins, outs, exposed, composed, report)
+    return Built(composed, list(order), layout, report)
 
 
 def topological_order(names: Sequence[str], edges: Sequence[Edge], at: _Where | None = None) -> list[str]:
@@ -555,8 +556,7 @@ def _layout(
     outs: dict[str, dict[str, IoInfo]],
     exposed: list[Exposed],
     composed: _core.Composed,
-    loaded: list[_core.Composed],
-    names: list[str],
+    report: dict[str, Any],
 ) -> Layout:
     """Which stage inputs the graph inputs feed (the user's, then the unfed ones under their
     own name when unique, else ``stage.input``), and which stages no output needs."""
@@ -576,11 +576,13 @@ def _layout(
             if e.dst in needed and e.src not in needed:
                 needed.add(e.src)
                 changed = True
-    prune = spec.prune is not False
+    # The core says which stages it left out; the stage graph says the same where it is silent.
+    pruned = set((report.get("pruned") or {}).get("stages") or ())
+    if spec.prune is not False:
+        pruned |= set(order) - needed
     label = {st.name: _source_label(st.source) for st in spec.stages}
     views = [
-        StageView(n, label[n], list(ins[n].values()), list(outs[n].values()), prune and n not in needed)
-        for n in order
+        StageView(n, label[n], list(ins[n].values()), list(outs[n].values()), n in pruned) for n in order
     ]
     return Layout(views, list(spec.edges), graph_inputs, exposed)
 
