@@ -50,7 +50,7 @@ fn sample_hash(b: &[u8]) -> u64 {
 /// outputs, exposed or fed by an edge are left alone.
 pub fn dedupe(models: &[ModelProto], plan: &mut Plan) -> Deduped {
     // (stage, index, bytes) of each candidate, grouped by (type, dims, size).
-    let mut groups: FxHashMap<(i32, &[i64], usize), Vec<(usize, usize, &Bytes)>> = FxHashMap::default();
+    let mut groups: FxHashMap<(i32, &[i64], usize), Vec<Weight>> = FxHashMap::default();
     for (k, m) in models.iter().enumerate() {
         let g = graph(m);
         let io: FxHashSet<&str> = g.input.iter().chain(&g.output).map(vi_name).collect();
@@ -75,7 +75,7 @@ pub fn dedupe(models: &[ModelProto], plan: &mut Plan) -> Deduped {
             let subs = if sub[0].2.len() <= 3 * SAMPLE { vec![sub] } else { split_by_hash(sub, true) };
             for members in subs {
                 // Members are in stage order: each is compared with the distinct contents seen so far.
-                let mut keepers: Vec<(usize, usize, &Bytes)> = Vec::new();
+                let mut keepers: Vec<Weight> = Vec::new();
                 for (k, x, b) in members {
                     match keepers.iter().find(|(_, _, kb)| kb.as_ref() == b.as_ref()) {
                         Some(&(j, y, _)) if j < k => {
@@ -103,6 +103,7 @@ pub fn dedupe(models: &[ModelProto], plan: &mut Plan) -> Deduped {
     saved
 }
 
+/// (stage, initializer index, its bytes).
 type Weight<'m> = (usize, usize, &'m Bytes);
 
 /// Splits a group of weights by a hash of a sample of their bytes, or of all of them;

@@ -11,6 +11,7 @@ pub mod fuzzing;
 pub mod load;
 pub mod model;
 pub mod names;
+pub mod naming;
 pub mod node;
 pub mod opset;
 pub mod plan;
@@ -255,7 +256,10 @@ mod bindings {
             for (k, renamed) in o.values.iter().chain(&o.node_names).enumerate() {
                 let stage = k % o.values.len().max(1);
                 for (new, old) in renamed.iter() {
-                    names.set_item(new, (stage, old))?;
+                    // A graph input feeding several stages is named after the first.
+                    if !names.contains(new)? {
+                        names.set_item(new, (stage, old))?;
+                    }
                 }
             }
             Ok((stages, names))

@@ -835,7 +835,6 @@ impl Plan {
             auto_in.iter().map(|&(k, x)| own(k, vi_name(&graph(&models[k]).input[x]))).collect();
         let wanted_out: Vec<(String, String)> =
             auto_out.iter().map(|&(k, x)| own(k, vi_name(&graph(&models[k]).output[x]))).collect();
-        drop(claim);
         for (&(k, x), name) in auto_in.iter().zip(auto_names(&wanted_in, &mut taken)) {
             let own = vi_name(&graph(&models[k]).input[x]).to_string();
             inputs.push(GraphInput {
