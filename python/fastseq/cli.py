@@ -76,8 +76,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
         from fastseq import pipefile
 
-        if args.io_map is not None:
-            raise SystemExit("fastseq merge: error: --io-map is for a chain of models; a pipeline file has edges")
+        if args.io_map is not None or args.keep_outputs:
+            raise SystemExit(
+                "fastseq merge: error: --io-map and --keep-outputs are for a chain of models; "
+                "a pipeline file has edges and outputs"
+            )
         spec = pipefile.read(args.models[0])
         what = f"merging {len(spec.stages)} stages"
     else:
@@ -183,11 +186,13 @@ def _inspect_pipeline(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if _is_pipeline_file(args.model):
+        from fastseq import pipefile
         from fastseq.pipeline import Pipeline
 
-        pipe = Pipeline.from_file(args.model)
+        spec = pipefile.read(args.model)
         if args.provider:
-            pipe._switch(list(args.provider))
+            spec.providers = list(args.provider)
+        pipe = Pipeline.from_spec(spec)
     else:
         from fastseq.sequential import ONNXSequential
 

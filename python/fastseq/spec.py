@@ -466,7 +466,7 @@ def _build_graph(
                 (f"{spec.origin}: " if spec.origin else "")
                 + f"output(s) {', '.join(unused)} never used and not exported: left out",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=_user_stacklevel(),
             )
     else:
         sinks = [(n, o) for n in order for o in outs[n] if (n, o) not in consumed]
@@ -492,6 +492,17 @@ def _build_graph(
     report = _report(composed)
     layout = _layout(spec, order, ins, outs, exposed, composed, report)
     return Built(composed, list(order), layout, report)
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first caller outside fastseq (warnings point at user code)."""
+    import sys
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def topological_order(names: Sequence[str], edges: Sequence[Edge], at: _Where | None = None) -> list[str]:
