@@ -289,6 +289,9 @@ def test_dotted_names_split_after_the_longest_known_stage():
     assert spec.parse_edge("det.v2.boxes.0 -> cls.in.x", stages, "") == spec.Edge("det.v2", "boxes.0", "cls", "in.x")
     assert spec.parse_edge(" det.out -> cls.x ", stages, "") == spec.Edge("det", "out", "cls", "x")
     assert spec.parse_edge((("det", "a.b"), ("cls", "c")), stages, "") == spec.Edge("det", "a.b", "cls", "c")
+    outputs = spec.parse_outputs(["cls.best=cls.p.0", "det.v2.boxes", "det.a=b"], stages, spec._Where(None))
+    assert outputs == [spec.Exposed("cls.best", "cls", "p.0"), spec.Exposed("boxes", "det.v2", "boxes"),
+                       spec.Exposed("a=b", "det", "a=b")]
 
 
 # --- pickling, pipeline files, the command line, the picture ---------------------------------

@@ -258,10 +258,13 @@ def parse_outputs(outputs: Sequence[Any], stages: Sequence[str], at: _Where) -> 
             raw.append((text.name, text.stage, text.output))
             continue
         name: str | None = None
-        if isinstance(text, str) and "=" in text and not any(text.startswith(s + ".") for s in stages):
-            name, text = (p.strip() for p in text.split("=", 1))
-            if not name:
-                raise CompositionError(where + "an empty name before '='")
+        if isinstance(text, str) and "=" in text:
+            left, right = (p.strip() for p in text.split("=", 1))
+            # "name=stage.out" renames; a tensor name with "=" in it is a plain "stage.out".
+            if any(right.startswith(s + ".") for s in stages) or not any(left.startswith(s + ".") for s in stages):
+                name, text = left, right
+                if not name:
+                    raise CompositionError(where + "an empty name before '='")
         raw.append((name, *parse_port(text, stages, where)))
     own = [out for name, _, out in raw if name is None]
     exposed = [
