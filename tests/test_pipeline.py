@@ -356,7 +356,8 @@ def test_pipeline_file_errors_name_the_file_and_the_key(tmp_path):
     assert error("edges = [\n" + stages, fastseq.LoadError).startswith(f"{f}: not valid TOML")
     assert error('edgs = []\n' + stages, fastseq.LoadError) == f"{f}: edgs: not a pipeline key (did you mean 'edges'?)"
     assert "stages: a [stages] table" in error('edges = []\n', fastseq.LoadError)
-    assert "no such file" in error('[stages]\na = "missing.onnx"\n', fastseq.LoadError)
+    msg = error('[stages]\na = "missing.onnx"\n', fastseq.LoadError)
+    assert msg.startswith(f"{f}: stages.a: ") and "missing.onnx: no such file" in msg
     msg = error(stages + '[session_options]\nintra_op_threads = 2\n', fastseq.LoadError)
     assert msg.startswith(f"{f}: session_options: 'intra_op_threads' is not a session option")
     assert "did you mean 'intra_op_num_threads'" in msg

@@ -163,10 +163,9 @@ def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
     for key in ("opset", "ir_version", "model_version", "cache_dir"):
         if getattr(spec, key) is not None:
             top[key] = getattr(spec, key)
-    if spec.prune is not None:
-        top["prune"] = spec.prune
-    if not spec.dedupe:
-        top["dedupe"] = False
+    for key in ("prune", "dedupe"):
+        if getattr(spec, key) is not None:
+            top[key] = getattr(spec, key)
     if spec.adapt:
         top["adapt"] = spec.adapt
     if spec.external_data is not None:

@@ -65,8 +65,9 @@ class Pipeline(Runnable):
             adapt=adapt,
             providers=list(providers) if providers else None,
             session_options=session_options,
-            prune=prune,
-            dedupe=dedupe,
+            # Only a departure from the graph defaults is recorded (and written to a file).
+            prune=None if prune else False,
+            dedupe=None if dedupe else False,
             opset=opset,
             ir_version=ir_version,
             metadata=dict(metadata or {}),

@@ -94,9 +94,9 @@ class PipelineSpec:
     cache_dir: str | None = None
     force_download: bool = False
     token: str | bool | None = None
-    #: graph clean-ups: prune (default on for a graph), dedupe weights, adapters
+    #: clean-ups: prune, dedupe weights (None: on for a graph, off for a chain), adapters
     prune: bool | None = None
-    dedupe: bool = True
+    dedupe: bool | None = None
     adapt: bool | list[int] = False
     #: the pipeline file this came from, named in messages
     origin: str | None = None
@@ -337,29 +337,43 @@ def build(spec: PipelineSpec) -> Built:
     if not spec.stages:
         raise CompositionError("no models to compose")
     link = spec.external_data == "reuse"
-    resolved = [
-        loader.resolve(
-            st.source,
-            i,
-            cache_dir=spec.cache_dir,
-            force_download=spec.force_download,
-            token=spec.token,
-            sha256=st.sha256,
-        )
-        for i, st in enumerate(spec.stages)
-    ]
+    try:
+        return _build(spec, link)
+    except FastseqError as e:
+        if spec.origin and not str(e).startswith(spec.origin):
+            raise type(e)(f"{spec.origin}: {e}") from e
+        raise
+
+
+def _build(spec: PipelineSpec, link: bool) -> Built:
+    resolved, loaded = [], []
+    load = spec.opset is not None or spec.is_graph
+    for i, st in enumerate(spec.stages):
+        try:
+            r = loader.resolve(
+                st.source,
+                i,
+                cache_dir=spec.cache_dir,
+                force_download=spec.force_download,
+                token=spec.token,
+                sha256=st.sha256,
+            )
+            resolved.append(r)
+            if load:
+                loaded.append(_core.load_model(r.data, st.name or r.label))
+        except FastseqError as e:
+            if st.name is None:
+                raise
+            # A named stage: say which key of the description the failing source is.
+            raise type(e)(f"stages.{st.name}: {e}") from e
     labels = [st.name or r.label for st, r in zip(spec.stages, resolved)]
     sources: list[Any] = [r.data for r in resolved]
-    loaded: list[_core.Composed] | None = None
-    if spec.opset is not None or spec.is_graph:
-        loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
     if spec.opset is not None:
         from fastseq import convert
 
-        assert loaded is not None
         loaded = convert.harmonise(loaded, labels, None if spec.opset == "highest" else int(spec.opset))
         sources = list(loaded)
-    elif loaded is not None and not link:
+    elif load and not link:
         # The core reads the decoded models rather than decoding the sources again. (To
         # link the sources' data files it needs the sources themselves.)
         sources = list(loaded)
@@ -370,41 +384,29 @@ def build(spec: PipelineSpec) -> Built:
         model_version=spec.model_version,
         link_external=link,
     )
-    try:
-        if not spec.is_graph:
-            keep = spec.keep_outputs if isinstance(spec.keep_outputs, bool) else list(spec.keep_outputs)
-            composed = _core.compose(
-                sources,
-                labels,
-                io_maps=spec.io_maps,
-                keep_outputs=keep,
-                inputs=spec.only_inputs,
-                outputs=spec.only_outputs,
-                **_extra(spec, graph=False),
-                **common,
-            )
-            return Built(composed, labels, None, _report(composed))
-        assert loaded is not None
+    if spec.is_graph:
         return _build_graph(spec, sources, labels, loaded, common)
-    except FastseqError as e:
-        if spec.origin and not str(e).startswith(spec.origin):
-            raise type(e)(f"{spec.origin}: {e}") from e
-        raise
+    keep = spec.keep_outputs if isinstance(spec.keep_outputs, bool) else list(spec.keep_outputs)
+    composed = _core.compose(
+        sources,
+        labels,
+        io_maps=spec.io_maps,
+        keep_outputs=keep,
+        inputs=spec.only_inputs,
+        outputs=spec.only_outputs,
+        **_extra(spec),
+        **common,
+    )
+    return Built(composed, labels, None, _report(composed))
 
 
-def _extra(spec: PipelineSpec, graph: bool) -> dict[str, Any]:
-    """The clean-up options, passed only where they differ from the core's defaults (so
-    that a core without them still composes chains)."""
-    extra: dict[str, Any] = {}
-    if spec.prune is not None:
-        extra["prune"] = spec.prune
-    elif graph:
-        extra["prune"] = True
-    if not spec.dedupe:
-        extra["dedupe"] = False
+def _extra(spec: PipelineSpec) -> dict[str, Any]:
+    """The clean-up options that were set; the core's defaults (on for a graph, off for a
+    chain, which keeps what the linear entry points always did) stand for the others."""
+    extra: dict[str, Any] = {"prune": spec.prune, "dedupe": spec.dedupe}
     if spec.adapt:
         extra["adapt"] = spec.adapt
-    return extra
+    return {k: v for k, v in extra.items() if v is not None}
 
 
 def _report(composed: _core.Composed) -> dict[str, Any]:
@@ -489,7 +491,7 @@ def _build_graph(
         edges=[(index[e.src], e.output, index[e.dst], e.input) for e in spec.edges],
         graph_inputs=[(n, [(index[s], i) for s, i in t]) for n, t in spec.inputs.items()] or None,
         graph_outputs=[(o.name, index[o.stage], o.output) for o in exposed],
-        **_extra(replace(spec, adapt=adapt), graph=True),
+        **_extra(replace(spec, adapt=adapt)),
         **common,
     )
     report = _report(composed)
