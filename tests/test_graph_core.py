@@ -13,7 +13,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from conftest import FIXTURES, input_pb, pytorch_converted, run, scale_model
+from conftest import (
+    FIXTURES,
+    if_model_reading_outer_initializer,
+    input_pb,
+    pytorch_converted,
+    run,
+    run_chain,
+    scale_model,
+)
 from fastseq import _core
 
 BACKBONE, HEAD = str(FIXTURES / "torch_cnn_backbone.onnx"), str(FIXTURES / "torch_head.onnx")
@@ -258,3 +266,17 @@ def test_the_linear_form_is_unchanged_and_reports_nothing(x24):
     np.testing.assert_allclose(run(merged, {"x": x24})["y"], np.maximum(np.maximum(x24 * 2, 0) * 2, 0), rtol=1e-6)
     asked = _core.compose([a.SerializeToString(), b.SerializeToString()], ["a", "b"], dedupe=True)
     assert [t.name for t in model(asked).graph.initializer] == ["c"] and asked.report()["deduped_bytes"] == 16
+
+
+def test_pruning_keeps_what_subgraphs_read_from_outer_scopes(x24):
+    """Both If branches read the outer initializer 'c': pruning must see through them."""
+    m = if_model_reading_outer_initializer()
+    composed = _core.compose([m.SerializeToString()] * 3, ["a", "b", "c"], edges=[(0, "y", 1, "x"), (0, "y", 2, "x")],
+                             graph_outputs=[("out", 1, "y")])
+    merged = model(composed)
+    assert composed.report()["pruned"]["stages"] == ["c"]
+    # The pruned copy's weights go with it; the second copy's are the first one's (deduplicated).
+    assert sorted(t.name for t in merged.graph.initializer) == ["c", "zero"]
+    for sign in (1, -1):
+        x = np.abs(x24) * sign
+        np.testing.assert_allclose(run(merged, {"x": x})["out"], run_chain([m, m], {"x": x})["y"], rtol=1e-6)

@@ -47,17 +47,27 @@ fn sample_hash(b: &[u8]) -> u64 {
 /// it is left out. Weights are grouped by type, dims and size, then by a hash of a sample,
 /// then of all their bytes; equal hashes are confirmed byte for byte, in place (the bytes
 /// are slices of the sources, never copied). Weights that are graph inputs (IR < 4),
-/// outputs, exposed or fed by an edge are left alone.
+/// outputs, exposed or fed by an edge are left alone, and so are the weights of a model
+/// with training information.
 pub fn dedupe(models: &[ModelProto], plan: &mut Plan) -> Deduped {
     // (stage, index, bytes) of each candidate, grouped by (type, dims, size).
     let mut groups: FxHashMap<(i32, &[i64], usize), Vec<Weight>> = FxHashMap::default();
     for (k, m) in models.iter().enumerate() {
+        // Training graphs update weights by name: two stages' weights must stay two.
+        if !m.training_info.is_empty() {
+            continue;
+        }
         let g = graph(m);
         let io: FxHashSet<&str> = g.input.iter().chain(&g.output).map(vi_name).collect();
         for (x, t) in g.initializer.iter().enumerate() {
             let (Some(raw), Some(name)) = (t.raw_data.as_ref(), t.name.as_deref()) else { continue };
             let kept = plan.kept.as_ref().is_none_or(|kept| kept.initializers[k][x]);
-            if !kept || io.contains(name) || plan.pinned[k].contains_key(name) || plan.alias[k].contains_key(name) {
+            if !kept
+                || crate::external::is_external(t)
+                || io.contains(name)
+                || plan.pinned[k].contains_key(name)
+                || plan.alias[k].contains_key(name)
+            {
                 continue;
             }
             groups.entry((t.data_type.unwrap_or(0), &t.dims, raw.len())).or_default().push((k, x, raw));

@@ -616,6 +616,11 @@ mod tests {
         assert_eq!((c.report.pruned.nodes, c.report.pruned.initializers), (2, 1));
         assert_eq!(c.report.unused_outputs, [(2, "y".to_string())]);
         assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 4)]);
+        // A chain whose tail nothing needs: pruning walks back through it.
+        let chain = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("first", 0, "y")]);
+        let c = compose_graph(models.clone(), &labels(3), &chain).unwrap();
+        assert_eq!(c.report.pruned.stages, [1, 2]);
+        assert_eq!(c.model.graph.unwrap().node.len(), 2);
         // Off on request: everything stays.
         let keep = Options { prune: Some(false), ..graph_opts(edges, &[("left", 1, "y")]) };
         assert_eq!(compose_graph(models, &labels(3), &keep).unwrap().model.graph.unwrap().node.len(), 6);

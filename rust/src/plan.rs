@@ -507,6 +507,12 @@ impl Plan {
                  name the exposed inputs and outputs there",
             ));
         }
+        if graph_form && matches!(opts.keep_outputs, Keep::Names(_)) {
+            return Err(Error::composition(
+                "keep_outputs with names applies to the linear form; with edges, graph_inputs or \
+                 graph_outputs, list the outputs to expose in graph_outputs",
+            ));
+        }
         if opts.edges.is_some() && opts.io_maps.is_some() {
             return Err(Error::composition("pass either io_maps (a chain) or edges (a graph), not both"));
         }
@@ -631,7 +637,7 @@ impl Plan {
             unused,
         };
         if opts.prune.unwrap_or(graph_form) {
-            plan.prune(models, labels);
+            plan.prune(models);
         }
         // An IR < 4 weight listed as an input and fed by an edge is overridden: dropped.
         if plan.fed_inputs.iter().any(|f| !f.is_empty()) {
@@ -884,45 +890,62 @@ impl Plan {
 
     /// Leaves out the nodes, weights, value_info and graph inputs that no graph output needs,
     /// walking the stages backwards (an edge makes its output needed when its input is).
-    fn prune(&mut self, models: &[ModelProto], labels: &[String]) {
+    fn prune(&mut self, models: &[ModelProto]) {
+        use rayon::prelude::*;
         let n = models.len();
-        let arena = Bump::new();
-        let mut needed: Vec<FxHashSet<&str>> = vec![FxHashSet::default(); n];
+        // What each stage must produce: its exposed outputs, and the outputs edges take.
+        let mut wanted: Vec<FxHashSet<&str>> = vec![FxHashSet::default(); n];
         for o in &self.outputs {
-            needed[o.stage].insert(vi_name(&graph(&models[o.stage]).output[o.index]));
+            wanted[o.stage].insert(vi_name(&graph(&models[o.stage]).output[o.index]));
         }
-        let mut kept = Kept::default();
-        let mut report = PruneReport::default();
-        let mut nodes_kept: Vec<Vec<bool>> = vec![Vec::new(); n];
-        for k in (0..n).rev() {
-            let g = graph(&models[k]);
-            let mut keep = vec![false; g.node.len()];
-            for (x, raw) in g.node.iter().enumerate().rev() {
-                if node_needed(raw, &needed[k]) {
-                    keep[x] = true;
-                    let set = &mut needed[k];
-                    node_reads(raw, &arena, &mut |name| {
-                        set.insert(name);
-                    });
+        let exposed = wanted.clone();
+        let feeder = |target: &'_ Target| -> (usize, usize) {
+            let (s, out) = match target {
+                Target::Value(s, out) => (*s, out.as_str()),
+                Target::Adapter(e) => (self.edges[*e].from, self.edges[*e].output.as_str()),
+            };
+            (s, graph(&models[s]).output.iter().position(|v| vi_name(v) == out).unwrap_or(usize::MAX))
+        };
+        for alias in &self.alias {
+            for target in alias.values() {
+                let (s, x) = feeder(target);
+                if let Some(vi) = graph(&models[s]).output.get(x) {
+                    wanted[s].insert(vi_name(vi));
                 }
             }
+        }
+        // Each stage's liveness side by side, assuming every edge's output is needed; then,
+        // from the last stage back, a stage whose consumers turn out not to need all of
+        // it is walked again (rare: only where something is pruned).
+        let (mut arenas, again): (Vec<Bump>, Bump) = ((0..n).map(|_| Bump::new()).collect(), Bump::new());
+        let mut live: Vec<(Vec<bool>, FxHashSet<&str>)> = arenas
+            .par_iter_mut()
+            .zip(wanted.par_iter())
+            .enumerate()
+            .map(|(k, (arena, seeds))| liveness(graph(&models[k]), seeds, arena))
+            .collect();
+        for k in (0..n).rev() {
+            let mut actual = exposed[k].clone();
+            for (t, alias) in self.alias.iter().enumerate().skip(k + 1) {
+                for (input, target) in alias {
+                    let (s, x) = feeder(target);
+                    if s == k && live[t].1.contains(input.as_str()) {
+                        actual.extend(graph(&models[k]).output.get(x).map(vi_name));
+                    }
+                }
+            }
+            if actual.len() != wanted[k].len() {
+                live[k] = liveness(graph(&models[k]), &actual, &again);
+            }
+        }
+        let (nodes_kept, needed): (Vec<Vec<bool>>, Vec<FxHashSet<&str>>) = live.into_iter().unzip();
+        let mut kept = Kept::default();
+        let mut report = PruneReport::default();
+        for (k, keep) in nodes_kept.iter().enumerate() {
             let dropped = keep.iter().filter(|&&b| !b).count();
             report.nodes += dropped;
             if dropped > 0 && dropped == keep.len() {
                 report.stages.push(k);
-            }
-            nodes_kept[k] = keep;
-            // Needed inputs fed by edges make the feeding outputs needed.
-            let (before, after) = needed.split_at_mut(k);
-            for (input, target) in &self.alias[k] {
-                if !after[0].contains(input.as_str()) {
-                    continue;
-                }
-                let (s, out) = match target {
-                    Target::Value(s, out) => (*s, out.as_str()),
-                    Target::Adapter(e) => (self.edges[*e].from, self.edges[*e].output.as_str()),
-                };
-                before[s].insert(out);
             }
         }
         for (k, m) in models.iter().enumerate() {
@@ -948,39 +971,61 @@ impl Plan {
             }
             used || gi.explicit
         });
-        let _ = labels;
         self.kept = Some(kept);
         self.pruned = report;
     }
 }
 
-/// Whether any output of the node (kept as bytes) is in `needed`.
-fn node_needed(raw: &bytes::Bytes, needed: &FxHashSet<&str>) -> bool {
-    for f in crate::node::fields(raw) {
-        match f {
-            Ok(f) if f.tag == crate::node::OUTPUT => {
-                if f.text().is_some_and(|s| !s.is_empty() && needed.contains(s)) {
-                    return true;
-                }
-            }
-            Ok(_) => {}
-            // Checked when the model was decoded; kept when unsure.
-            Err(_) => return true,
-        }
+/// Which nodes of `g` produce what `seeds` names, directly or through other nodes, and
+/// every name those nodes read.
+fn liveness<'a>(g: &'a GraphProto, seeds: &FxHashSet<&'a str>, arena: &'a Bump) -> (Vec<bool>, FxHashSet<&'a str>) {
+    let mut needed = seeds.clone();
+    let mut keep = vec![false; g.node.len()];
+    let (mut reads, mut found) = (Vec::new(), Vec::new());
+    for (x, raw) in g.node.iter().enumerate().rev() {
+        keep[x] = read_if_needed(raw, &needed, &mut reads, arena, &mut |name| found.push(name));
+        needed.extend(found.drain(..));
     }
-    false
+    (keep, needed)
 }
 
-/// Calls `f` on every name the node reads: its inputs and, for a node with subgraphs,
-/// every name in them (the outer names they read among them; the rest is harmless).
-fn node_reads<'a>(raw: &'a bytes::Bytes, arena: &'a Bump, f: &mut impl FnMut(&'a str)) {
-    for fl in crate::node::fields(raw).flatten() {
-        if fl.tag == crate::node::INPUT {
-            if let Some(s) = fl.text().filter(|s| !s.is_empty()) {
-                f(s);
+/// NodeProto.attribute (node.rs keeps its own field numbers private).
+const NODE_ATTRIBUTE: u32 = 5;
+
+/// If any output of the node (kept as bytes) is in `needed`, calls `f` on every name it
+/// reads and returns true. One pass over the node's fields; a node with subgraphs is decoded.
+fn read_if_needed<'a>(
+    raw: &'a bytes::Bytes,
+    needed: &FxHashSet<&str>,
+    inputs: &mut Vec<&'a str>,
+    arena: &'a Bump,
+    f: &mut impl FnMut(&'a str),
+) -> bool {
+    inputs.clear();
+    let (mut wanted, mut attributes) = (false, false);
+    for fl in crate::node::fields(raw) {
+        match fl {
+            Ok(fl) if fl.tag == crate::node::INPUT => inputs.extend(fl.text().filter(|s| !s.is_empty())),
+            Ok(fl) if fl.tag == crate::node::OUTPUT => {
+                wanted |= fl.text().is_some_and(|s| !s.is_empty() && needed.contains(s));
             }
+            Ok(fl) => attributes |= fl.tag == NODE_ATTRIBUTE,
+            // Checked when the model was decoded; kept when unsure.
+            Err(_) => wanted = true,
         }
     }
+    if wanted {
+        inputs.iter().for_each(|&s| f(s));
+        if attributes {
+            subgraph_reads(raw, arena, f);
+        }
+    }
+    wanted
+}
+
+/// Calls `f` on every name in the node's subgraphs (the outer names they read among them;
+/// the rest is harmless).
+fn subgraph_reads<'a>(raw: &'a bytes::Bytes, arena: &'a Bump, f: &mut impl FnMut(&'a str)) {
     if !crate::node::has_tensors_or_graphs(raw) {
         return;
     }
