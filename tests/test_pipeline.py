@@ -476,3 +476,31 @@ def test_linear_entry_points_build_a_chain_description():
         warnings.simplefilter("error")
         built = spec.build(chain)
     assert built.layout is None and built.labels == ["scale (#0)", "scale (#1)"]
+
+
+def test_pipeline_file_stages_from_a_url_with_a_digest(tmp_path, monkeypatch, image):
+    from servers import serve_files
+
+    www = tmp_path / "www"
+    www.mkdir()
+    head = onnx.load(HEAD)
+    onnx.save(head, www / "head.onnx")
+    digest = __import__("hashlib").sha256((www / "head.onnx").read_bytes()).hexdigest()
+    monkeypatch.setenv("FASTSEQ_CACHE", str(tmp_path / "cache"))
+    server = serve_files(www)
+    try:
+        f = tmp_path / "pipeline.toml"
+        text = (
+            'edges = ["backbone.features -> cls.features"]\n[stages]\n'
+            f'backbone = "{BACKBONE}"\ncls = {{ source = "{server.url}/head.onnx", sha256 = "{{}}" }}\n'
+        )
+        f.write_text(text.replace("{}", digest))
+        pipe = fastseq.Pipeline.from_file(f)
+        features = only(run(BACKBONE, {"image": image}))
+        np.testing.assert_allclose(pipe(image)[0], only(run(HEAD, {"features": features})), rtol=1e-5, atol=1e-6)
+        assert fastseq.Pipeline.from_file(pipe.to_file(tmp_path / "again.toml")).spec.stages == pipe.spec.stages
+        f.write_text(text.replace("{}", "0" * 64))
+        with pytest.raises(fastseq.DownloadError, match=rf"^{re.escape(str(f))}: stages\.cls: .*sha256"):
+            fastseq.Pipeline.from_file(f)
+    finally:
+        server.close()
