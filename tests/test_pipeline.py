@@ -504,3 +504,14 @@ def test_pipeline_file_stages_from_a_url_with_a_digest(tmp_path, monkeypatch, im
             fastseq.Pipeline.from_file(f)
     finally:
         server.close()
+
+
+def test_topological_order_keeps_the_given_order_and_finds_long_loops():
+    edges = [spec.Edge("c", "y", "a", "x"), spec.Edge("b", "y", "a", "z")]
+    assert spec.topological_order(["a", "b", "c", "d"], edges) == ["b", "c", "a", "d"]
+    # A chain far longer than Python's recursion limit, closed into a loop at the end.
+    names = [f"s{i}" for i in range(5000)]
+    chain = [spec.Edge(a, "y", b, "x") for a, b in zip(names, names[1:])]
+    assert spec.topological_order(list(reversed(names)), chain) == names
+    with pytest.raises(fastseq.CompositionError, match=r"cycle: s0 -> s1 -> .* -> s4999 -> s0$"):
+        spec.topological_order(names, chain + [spec.Edge("s4999", "y", "s0", "x")])

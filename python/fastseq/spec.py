@@ -482,7 +482,7 @@ def _build_graph(
     if clash:
         raise CompositionError(at.key("inputs") + f"'{sorted(clash)[0]}' is both a graph input and a graph output")
 
-    index = {n: order.index(n) for n in names}
+    index = {n: k for k, n in enumerate(order)}
     by_order = sorted(range(len(names)), key=lambda i: index[names[i]])
     adapt = spec.adapt if isinstance(spec.adapt, bool) else list(spec.adapt)
     composed = _core.compose(
@@ -521,47 +521,48 @@ def topological_order(names: Sequence[str], edges: Sequence[Edge], at: _Where | 
     if cycle:
         where = (at or _Where(None)).key("edges")
         raise CompositionError(where + f"the edges make a cycle: {' -> '.join(cycle)}")
+    # Kahn's algorithm, the ready stage that came first in the given order going next.
+    import heapq
+
+    position = {n: i for i, n in enumerate(names)}
     waiting = {n: 0 for n in names}
     for n in names:
         for m in after[n]:
             waiting[m] += 1
+    ready = [position[n] for n in names if waiting[n] == 0]
+    heapq.heapify(ready)
     order: list[str] = []
-    ready = [n for n in names if waiting[n] == 0]
-    position = {n: i for i, n in enumerate(names)}
     while ready:
-        ready.sort(key=position.__getitem__)
-        n = ready.pop(0)
+        n = names[heapq.heappop(ready)]
         order.append(n)
         for m in after[n]:
             waiting[m] -= 1
             if waiting[m] == 0:
-                ready.append(m)
+                heapq.heappush(ready, position[m])
     return order
 
 
 def _find_cycle(names: Sequence[str], after: dict[str, list[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1 on the path, 2 done
-    path: list[str] = []
-
-    def visit(n: str) -> list[str] | None:
-        state[n] = 1
-        path.append(n)
-        for m in after[n]:
-            if state.get(m) == 1:
+    """A loop among the stages, as the path that closes it, or None. Iterative, so that a
+    long pipeline does not meet Python's recursion limit."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in names:
+        if root in state:
+            continue
+        path: list[str] = [root]
+        todo = [iter(after[root])]
+        state[root] = 1
+        while todo:
+            m = next(todo[-1], None)
+            if m is None:
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(m) == 1:
                 return path[path.index(m) :] + [m]
-            if m not in state:
-                found = visit(m)
-                if found:
-                    return found
-        path.pop()
-        state[n] = 2
-        return None
-
-    for n in names:
-        if n not in state:
-            found = visit(n)
-            if found:
-                return found
+            elif m not in state:
+                state[m] = 1
+                path.append(m)
+                todo.append(iter(after[m]))
     return None
 
 
