@@ -350,3 +350,47 @@ pub fn assemble(
     out.graph = Some(g);
     (out, ranges)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::compose::testing::*;
+
+    #[test]
+    fn identical_weights_are_stored_once() {
+        let opts = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("out", 2, "y")]);
+        let c = compose_graph(vec![scale(1), scale(1), distinct(5.0)], &labels(3), &opts).unwrap();
+        assert_eq!(c.report.deduped, Deduped { initializers: 1, bytes: 16 });
+        let g = c.model.graph.unwrap();
+        assert_eq!(g.initializer.iter().map(|t| t.name.clone().unwrap()).collect::<Vec<_>>(), ["c", "m2/c"]);
+        assert_eq!(node_at(&g, 2).input, ["y", "c"]);
+        // Off on request, and off in the linear form unless asked.
+        let off = Options { dedupe: Some(false), ..opts };
+        assert_eq!(
+            compose_graph(vec![scale(1), scale(1), scale(1)], &labels(3), &off).unwrap().report.deduped.initializers,
+            0
+        );
+        let linear = compose_graph(vec![scale(1), scale(1)], &labels(2), &Options::default()).unwrap();
+        assert_eq!(linear.model.graph.unwrap().initializer.len(), 2);
+    }
+
+    #[test]
+    fn weights_equal_in_their_sampled_bytes_only_are_not_merged() {
+        let big = |flip: bool| {
+            let mut m = scale(1);
+            let mut data = vec![7u8; 40_000];
+            if flip {
+                data[6_000] = 8; // outside the sampled ends and middle
+            }
+            let t = &mut m.graph.as_mut().unwrap().initializer[0];
+            t.dims = vec![10_000];
+            t.raw_data = Some(bytes::Bytes::from(data));
+            m
+        };
+        let opts = Options { edges: Some(vec![]), ..Default::default() };
+        let c = compose_graph(vec![big(false), big(true), big(false)], &labels(3), &opts).unwrap();
+        assert_eq!(c.report.deduped, Deduped { initializers: 1, bytes: 40_000 });
+        let g = c.model.graph.unwrap();
+        assert_eq!(node_at(&g, 4).input[1], "c");
+        assert_eq!(node_at(&g, 2).input[1], "m1/c");
+    }
+}

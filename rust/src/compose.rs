@@ -237,22 +237,22 @@ fn prefixed<'a>(names: &FxHashSet<&'a str>, prefix: &str, arena: &'a Bump) -> Fx
     names.iter().map(|&v| (v, &*arena.alloc_str(&format!("{prefix}{v}")))).collect()
 }
 
+/// Small models and option builders shared by the unit tests of the composition modules.
 #[cfg(test)]
-mod tests {
-    use prost::Message;
+pub(crate) mod testing {
+    pub(crate) use std::collections::HashSet;
 
-    use std::collections::HashSet;
-
-    use super::*;
-    use crate::error::Kind;
-    use crate::plan::vi_name;
-    use crate::proto::tensor_shape_proto::dimension::Value as Dim;
-    use crate::proto::{
-        attribute_proto::AttributeType, tensor_shape_proto, type_proto, AttributeProto, GraphProto, NodeProto,
-        OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    pub(crate) use crate::assemble::Deduped;
+    pub(crate) use crate::compose::{compose, compose_graph, Adapt, Edge, Options, PruneReport};
+    pub(crate) use crate::error::Kind;
+    pub(crate) use crate::plan::vi_name;
+    pub(crate) use crate::proto::tensor_shape_proto::dimension::Value as Dim;
+    pub(crate) use crate::proto::{
+        tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto, ValueInfoProto,
     };
 
-    fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    pub(crate) fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
         let shape = TensorShapeProto {
             dim: dims
                 .iter()
@@ -272,11 +272,11 @@ mod tests {
         }
     }
 
-    fn node(op: &str, ins: &[&str], outs: &[&str]) -> bytes::Bytes {
+    pub(crate) fn node(op: &str, ins: &[&str], outs: &[&str]) -> bytes::Bytes {
         crate::node::encode(&node_proto(op, ins, outs))
     }
 
-    fn node_proto(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
+    pub(crate) fn node_proto(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
         NodeProto {
             op_type: Some(op.into()),
             input: ins.iter().map(|s| s.to_string()).collect(),
@@ -287,7 +287,7 @@ mod tests {
     }
 
     /// y = Relu(x * c), with an initializer 'c' and an internal 't'.
-    fn scale(elem: i32) -> ModelProto {
+    pub(crate) fn scale(elem: i32) -> ModelProto {
         ModelProto {
             ir_version: Some(8),
             opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
@@ -309,16 +309,83 @@ mod tests {
         }
     }
 
-    fn labels(n: usize) -> Vec<String> {
+    pub(crate) fn labels(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("m{i}.onnx")).collect()
     }
 
-    fn defined_names(g: &GraphProto) -> Vec<String> {
+    pub(crate) fn defined_names(g: &GraphProto) -> Vec<String> {
         let mut names: Vec<String> = g.input.iter().map(|v| vi_name(v).to_string()).collect();
         names.extend(g.initializer.iter().map(|t| t.name.clone().unwrap()));
         names.extend(g.node.iter().flat_map(|n| crate::node::decode(n).unwrap().output));
         names
     }
+
+    /// A model of one node over same-shaped float tensors: `op(ins...) -> y`.
+    pub(crate) fn join(op: &str, ins: &[&str]) -> ModelProto {
+        let mut m = scale(1);
+        let g = m.graph.as_mut().unwrap();
+        g.node = vec![node(op, ins, &["y"])];
+        g.initializer.clear();
+        g.input = ins.iter().map(|i| vi(i, 1, &[2, 4])).collect();
+        m
+    }
+
+    pub(crate) fn edge(from: usize, output: &str, to: usize, input: &str) -> Edge {
+        Edge { from, output: output.into(), to, input: input.into() }
+    }
+
+    pub(crate) fn graph_opts(edges: Vec<Edge>, outputs: &[(&str, usize, &str)]) -> Options {
+        Options {
+            edges: Some(edges),
+            graph_outputs: Some(outputs.iter().map(|(n, s, o)| (n.to_string(), *s, o.to_string())).collect()),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn node_at(g: &GraphProto, k: usize) -> NodeProto {
+        crate::node::decode(&g.node[k]).unwrap()
+    }
+
+    pub(crate) fn names(vis: &[ValueInfoProto]) -> Vec<&str> {
+        vis.iter().map(vi_name).collect()
+    }
+
+    pub(crate) fn distinct(c: f32) -> ModelProto {
+        let mut m = scale(1);
+        let t = &mut m.graph.as_mut().unwrap().initializer[0];
+        t.raw_data = Some(bytes::Bytes::from(c.to_le_bytes().repeat(4)));
+        m
+    }
+
+    pub(crate) fn composition_error(models: Vec<ModelProto>, opts: &Options) -> String {
+        let n = models.len();
+        let err = compose_graph(models, &labels(n), opts).unwrap_err();
+        assert_eq!(err.kind, Kind::Composition);
+        err.message
+    }
+
+    pub(crate) fn with_shape(mut m: ModelProto, input: &[i64], output: &[i64], elem: i32) -> ModelProto {
+        let g = m.graph.as_mut().unwrap();
+        g.input[0] = vi("x", elem, input);
+        g.output[0] = vi("y", elem, output);
+        m
+    }
+
+    pub(crate) fn symbolic(m: &mut ModelProto, input: &str, output: &str) {
+        let g = m.graph.as_mut().unwrap();
+        for (vi, p) in [(&mut g.input[0], input), (&mut g.output[0], output)] {
+            let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_mut().unwrap().value.as_mut() else { panic!() };
+            t.shape.as_mut().unwrap().dim[0].value = Some(Dim::DimParam(p.into()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::testing::*;
+    use crate::proto::{attribute_proto::AttributeType, AttributeProto};
 
     #[test]
     fn chain_renames_only_clashing_internal_names() {
@@ -404,45 +471,6 @@ mod tests {
         assert_eq!(decode("cut", bytes::Bytes::from(full)).unwrap_err().kind, Kind::Load);
     }
 
-    // ---- The graph form ----
-
-    /// A model of one node over same-shaped float tensors: `op(ins...) -> y`.
-    fn join(op: &str, ins: &[&str]) -> ModelProto {
-        let mut m = scale(1);
-        let g = m.graph.as_mut().unwrap();
-        g.node = vec![node(op, ins, &["y"])];
-        g.initializer.clear();
-        g.input = ins.iter().map(|i| vi(i, 1, &[2, 4])).collect();
-        m
-    }
-
-    fn edge(from: usize, output: &str, to: usize, input: &str) -> Edge {
-        Edge { from, output: output.into(), to, input: input.into() }
-    }
-
-    fn graph_opts(edges: Vec<Edge>, outputs: &[(&str, usize, &str)]) -> Options {
-        Options {
-            edges: Some(edges),
-            graph_outputs: Some(outputs.iter().map(|(n, s, o)| (n.to_string(), *s, o.to_string())).collect()),
-            ..Default::default()
-        }
-    }
-
-    fn node_at(g: &GraphProto, k: usize) -> NodeProto {
-        crate::node::decode(&g.node[k]).unwrap()
-    }
-
-    fn names(vis: &[ValueInfoProto]) -> Vec<&str> {
-        vis.iter().map(vi_name).collect()
-    }
-
-    fn distinct(c: f32) -> ModelProto {
-        let mut m = scale(1);
-        let t = &mut m.graph.as_mut().unwrap().initializer[0];
-        t.raw_data = Some(bytes::Bytes::from(c.to_le_bytes().repeat(4)));
-        m
-    }
-
     #[test]
     fn fan_out_fan_in_and_a_skip() {
         // pre -> left, pre -> right, (left, right, pre) -> join.
@@ -472,26 +500,6 @@ mod tests {
     }
 
     #[test]
-    fn a_graph_input_feeds_several_stages_under_the_callers_name() {
-        let opts = Options {
-            edges: Some(vec![]),
-            graph_inputs: Some(vec![("image".into(), vec![(0, "x".into()), (1, "x".into())])]),
-            ..Default::default()
-        };
-        let c = compose_graph(vec![distinct(1.0), distinct(2.0)], &labels(2), &opts).unwrap();
-        let g = c.model.graph.as_ref().unwrap();
-        assert_eq!(names(&g.input), ["image"]);
-        assert_eq!(node_at(g, 0).input[0], "image");
-        assert_eq!(node_at(g, 2).input[0], "image");
-        // Outputs no edge consumes are exposed; the clash is resolved with the stage labels.
-        assert_eq!(names(&g.output), ["m0.onnx.y", "m1.onnx.y"]);
-        let renamed: Vec<(&str, &str)> = c.origins.values[1].iter().collect();
-        assert!(renamed.contains(&("m1/c", "c")) && renamed.contains(&("image", "x")), "{renamed:?}");
-        let nodes: Vec<(&str, &str)> = c.origins.node_names[1].iter().collect();
-        assert!(nodes.contains(&("m1/mul", "mul")), "{nodes:?}");
-    }
-
-    #[test]
     fn unfed_inputs_keep_their_names_when_unique() {
         let opts = Options { edges: Some(vec![]), ..Default::default() };
         let mut other = join("Neg", &["z"]);
@@ -502,176 +510,5 @@ mod tests {
         let g = c.model.graph.unwrap();
         assert_eq!(names(&g.input), ["x", "z"]);
         assert_eq!(names(&g.output), ["y", "w"]);
-    }
-
-    fn composition_error(models: Vec<ModelProto>, opts: &Options) -> String {
-        let n = models.len();
-        let err = compose_graph(models, &labels(n), opts).unwrap_err();
-        assert_eq!(err.kind, Kind::Composition);
-        err.message
-    }
-
-    #[test]
-    fn edge_errors_name_stages_tensors_and_near_misses() {
-        let three = || vec![distinct(1.0), distinct(2.0), distinct(3.0)];
-        let loop_ = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x"), edge(2, "y", 0, "x")], &[]);
-        let msg = composition_error(three(), &loop_);
-        assert!(msg.contains("the edges form a loop: m0.onnx -> m1.onnx -> m2.onnx -> m0.onnx"), "{msg}");
-        let back = graph_opts(vec![edge(2, "y", 0, "x")], &[]);
-        assert!(composition_error(three(), &back).contains("m2.onnx comes after m0.onnx in the stage order"));
-        let msg = composition_error(three(), &graph_opts(vec![edge(0, "y", 7, "x")], &[]));
-        assert!(msg.contains("there is no stage 7 (3 stages given)"), "{msg}");
-        let msg = composition_error(three(), &graph_opts(vec![edge(0, "Y", 1, "x")], &[]));
-        assert!(
-            msg.contains("edge 0 (m0.onnx.Y -> m1.onnx.x): 'Y' is not an output of m0.onnx (did you mean 'y'?)"),
-            "{msg}"
-        );
-        let twice = graph_opts(vec![edge(0, "y", 2, "x"), edge(1, "y", 2, "x")], &[]);
-        let msg = composition_error(three(), &twice);
-        assert!(msg.contains("input 'x' of m2.onnx is fed twice, by 'y' of m0.onnx and by 'y' of m1.onnx"), "{msg}");
-        let opts = Options {
-            edges: Some(vec![edge(0, "y", 1, "x")]),
-            graph_inputs: Some(vec![("x".into(), vec![(1, "x".into())])]),
-            ..Default::default()
-        };
-        assert!(composition_error(three(), &opts).contains("is fed twice, by this graph input and by edge 0"));
-        let msg = composition_error(three(), &graph_opts(vec![], &[("a", 0, "y"), ("a", 1, "y")]));
-        assert!(msg.contains("the name 'a' is exposed twice"), "{msg}");
-        let msg = composition_error(three(), &graph_opts(vec![], &[("a", 0, "yy")]));
-        assert!(msg.contains("graph output 'a': 'yy' is not an output of m0.onnx (did you mean 'y'?)"), "{msg}");
-    }
-
-    fn with_shape(mut m: ModelProto, input: &[i64], output: &[i64], elem: i32) -> ModelProto {
-        let g = m.graph.as_mut().unwrap();
-        g.input[0] = vi("x", elem, input);
-        g.output[0] = vi("y", elem, output);
-        m
-    }
-
-    #[test]
-    fn mismatches_say_which_adapter_fixes_them_and_adapt_inserts_it() {
-        let pair = || vec![scale(1), with_shape(scale(11), &[2, 4], &[2, 4], 11)];
-        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
-        let msg = composition_error(pair(), &opts);
-        assert!(msg.contains("output 'y' is float but input 'x' expects double; pass adapt=True"), "{msg}");
-        assert!(msg.ends_with("to insert a Cast to double"), "{msg}");
-        let c = compose_graph(pair(), &labels(2), &Options { adapt: Adapt::All, ..opts.clone() }).unwrap();
-        let g = c.model.graph.unwrap();
-        let cast = node_at(&g, 2);
-        assert_eq!((cast.op_type.as_deref(), cast.input.clone()), (Some("Cast"), vec!["y".to_string()]));
-        assert_eq!(node_at(&g, 3).input[0], cast.output[0]);
-        assert_eq!(c.report.adapters, [(0, "Cast to double".to_string())]);
-        assert_eq!(c.origins.nodes, [(0, 2), (2, 5)]);
-
-        // A missing leading axis: an Unsqueeze (axes as an input from opset 13).
-        let batch = || vec![with_shape(scale(1), &[2, 4], &[4], 1), with_shape(scale(1), &[1, 4], &[1, 4], 1)];
-        let msg = composition_error(batch(), &opts);
-        assert!(msg.contains("output 'y' has shape [4] but input 'x' expects [1, 4]"), "{msg}");
-        assert!(msg.ends_with("insert a Unsqueeze of axis 0"), "{msg}");
-        let adapt = Options { adapt: Adapt::Edges(vec![0]), ..opts.clone() };
-        let g = compose_graph(batch(), &labels(2), &adapt).unwrap().model.graph.unwrap();
-        let unsqueeze = node_at(&g, 2);
-        assert_eq!(unsqueeze.op_type.as_deref(), Some("Unsqueeze"));
-        assert!(g.initializer.iter().any(|t| t.name.as_deref() == Some(unsqueeze.input[1].as_str())));
-        // Two different static sizes: no adapter helps, both sides are named.
-        let wide = vec![scale(1), with_shape(scale(1), &[2, 5], &[2, 5], 1)];
-        let msg = composition_error(wide, &adapt);
-        assert!(
-            msg.contains("output 'y' has shape [2, 4] but input 'x' expects [2, 5]") && !msg.contains("adapt"),
-            "{msg}"
-        );
-    }
-
-    fn symbolic(m: &mut ModelProto, input: &str, output: &str) {
-        let g = m.graph.as_mut().unwrap();
-        for (vi, p) in [(&mut g.input[0], input), (&mut g.output[0], output)] {
-            let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_mut().unwrap().value.as_mut() else { panic!() };
-            t.shape.as_mut().unwrap().dim[0].value = Some(Dim::DimParam(p.into()));
-        }
-    }
-
-    #[test]
-    fn symbolic_dims_joined_by_an_edge_take_one_name() {
-        let (mut a, mut b) = (scale(1), scale(1));
-        symbolic(&mut a, "batch", "batch");
-        symbolic(&mut b, "N", "N");
-        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
-        let g = compose_graph(vec![a, b], &labels(2), &opts).unwrap().model.graph.unwrap();
-        let dim = |vi: &ValueInfoProto| match vi.r#type.as_ref().unwrap().value.as_ref().unwrap() {
-            type_proto::Value::TensorType(t) => t.shape.as_ref().unwrap().dim[0].value.clone(),
-            _ => None,
-        };
-        assert_eq!(dim(&g.output[0]), Some(Dim::DimParam("batch".into())));
-    }
-
-    #[test]
-    fn pruning_leaves_out_what_no_output_needs() {
-        let models = vec![distinct(1.0), distinct(2.0), distinct(3.0)];
-        let edges = vec![edge(0, "y", 1, "x"), edge(0, "y", 2, "x")];
-        let c = compose_graph(models.clone(), &labels(3), &graph_opts(edges.clone(), &[("left", 1, "y")])).unwrap();
-        let g = c.model.graph.unwrap();
-        assert_eq!(g.node.len(), 4);
-        assert_eq!(g.initializer.len(), 2);
-        assert_eq!(c.report.pruned.stages, [2]);
-        assert_eq!((c.report.pruned.nodes, c.report.pruned.initializers), (2, 1));
-        assert_eq!(c.report.unused_outputs, [(2, "y".to_string())]);
-        assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 4)]);
-        // A chain whose tail nothing needs: pruning walks back through it.
-        let chain = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("first", 0, "y")]);
-        let c = compose_graph(models.clone(), &labels(3), &chain).unwrap();
-        assert_eq!(c.report.pruned.stages, [1, 2]);
-        assert_eq!(c.model.graph.unwrap().node.len(), 2);
-        // Off on request: everything stays.
-        let keep = Options { prune: Some(false), ..graph_opts(edges, &[("left", 1, "y")]) };
-        assert_eq!(compose_graph(models, &labels(3), &keep).unwrap().model.graph.unwrap().node.len(), 6);
-    }
-
-    #[test]
-    fn identical_weights_are_stored_once() {
-        let opts = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("out", 2, "y")]);
-        let c = compose_graph(vec![scale(1), scale(1), distinct(5.0)], &labels(3), &opts).unwrap();
-        assert_eq!(c.report.deduped, Deduped { initializers: 1, bytes: 16 });
-        let g = c.model.graph.unwrap();
-        assert_eq!(g.initializer.iter().map(|t| t.name.clone().unwrap()).collect::<Vec<_>>(), ["c", "m2/c"]);
-        assert_eq!(node_at(&g, 2).input, ["y", "c"]);
-        // Off on request, and off in the linear form unless asked.
-        let off = Options { dedupe: Some(false), ..opts };
-        assert_eq!(
-            compose_graph(vec![scale(1), scale(1), scale(1)], &labels(3), &off).unwrap().report.deduped.initializers,
-            0
-        );
-        let linear = compose_graph(vec![scale(1), scale(1)], &labels(2), &Options::default()).unwrap();
-        assert_eq!(linear.model.graph.unwrap().initializer.len(), 2);
-    }
-
-    #[test]
-    fn weights_equal_in_their_sampled_bytes_only_are_not_merged() {
-        let big = |flip: bool| {
-            let mut m = scale(1);
-            let mut data = vec![7u8; 40_000];
-            if flip {
-                data[6_000] = 8; // outside the sampled ends and middle
-            }
-            let t = &mut m.graph.as_mut().unwrap().initializer[0];
-            t.dims = vec![10_000];
-            t.raw_data = Some(bytes::Bytes::from(data));
-            m
-        };
-        let opts = Options { edges: Some(vec![]), ..Default::default() };
-        let c = compose_graph(vec![big(false), big(true), big(false)], &labels(3), &opts).unwrap();
-        assert_eq!(c.report.deduped, Deduped { initializers: 1, bytes: 40_000 });
-        let g = c.model.graph.unwrap();
-        assert_eq!(node_at(&g, 4).input[1], "c");
-        assert_eq!(node_at(&g, 2).input[1], "m1/c");
-    }
-
-    #[test]
-    fn the_linear_form_is_converted_to_edges_in_one_place() {
-        let (edges, wheres) = crate::plan::linear_edges(&[scale(1), scale(1)], &labels(2), None).unwrap();
-        assert_eq!(edges, [edge(0, "y", 1, "x")]);
-        assert_eq!(wheres, ["joint 0 (m0.onnx -> m1.onnx)"]);
-        // io_maps and edges together are refused.
-        let both = Options { io_maps: Some(vec![vec![]]), edges: Some(vec![]), ..Default::default() };
-        assert!(composition_error(vec![scale(1), scale(1)], &both).contains("not both"));
     }
 }

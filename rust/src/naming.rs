@@ -254,3 +254,28 @@ pub fn assign_function_names(models: &[ModelProto], renamers: &mut [Renamer]) ->
     }
     unreachable!("the renames grow with each round and are bounded by the number of functions")
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::compose::testing::*;
+
+    #[test]
+    fn a_graph_input_feeds_several_stages_under_the_callers_name() {
+        let opts = Options {
+            edges: Some(vec![]),
+            graph_inputs: Some(vec![("image".into(), vec![(0, "x".into()), (1, "x".into())])]),
+            ..Default::default()
+        };
+        let c = compose_graph(vec![distinct(1.0), distinct(2.0)], &labels(2), &opts).unwrap();
+        let g = c.model.graph.as_ref().unwrap();
+        assert_eq!(names(&g.input), ["image"]);
+        assert_eq!(node_at(g, 0).input[0], "image");
+        assert_eq!(node_at(g, 2).input[0], "image");
+        // Outputs no edge consumes are exposed; the clash is resolved with the stage labels.
+        assert_eq!(names(&g.output), ["m0.onnx.y", "m1.onnx.y"]);
+        let renamed: Vec<(&str, &str)> = c.origins.values[1].iter().collect();
+        assert!(renamed.contains(&("m1/c", "c")) && renamed.contains(&("image", "x")), "{renamed:?}");
+        let nodes: Vec<(&str, &str)> = c.origins.node_names[1].iter().collect();
+        assert!(nodes.contains(&("m1/mul", "mul")), "{nodes:?}");
+    }
+}
