@@ -31,12 +31,16 @@ _LAZY = {
     "TensorInfo": "fastseq.session",
     "operators": "fastseq.operators",
     "ops": "fastseq.ops",
+    "Pipeline": "fastseq.pipeline",
+    "PipelineSpec": "fastseq.spec",
 }
 
 if TYPE_CHECKING:
     from fastseq import operators, ops
+    from fastseq.pipeline import Pipeline
     from fastseq.sequential import ONNXSequential
     from fastseq.session import TensorInfo
+    from fastseq.spec import PipelineSpec
 
 
 def __getattr__(name: str) -> Any:
@@ -66,6 +70,8 @@ __all__ = [
     "LoadError",
     "ONNXSequential",
     "OpsetMismatchError",
+    "Pipeline",
+    "PipelineSpec",
     "RunError",
     "RunTimeoutError",
     "TensorInfo",

@@ -15,7 +15,13 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from fastseq import __version__
+from fastseq.compose import save
 from fastseq.errors import FastseqError, human_size
+from fastseq.spec import PipelineSpec, build
+
+
+def _is_pipeline_file(arg: str) -> bool:
+    return arg.endswith(".toml")
 
 # Each command imports what it uses (numpy, onnxruntime, the loader) itself: `fastseq --help`
 # and `fastseq inspect` stay fast.
@@ -78,71 +84,142 @@ def _parse_opset(text: str) -> int | str:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from fastseq.compose import build
+    if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
+        from fastseq import pipefile
 
-    if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
-        raise SystemExit(
-            f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
-            f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
-        )
-    reuse = args.external_data == "reuse"
-    with progress(f"merging {len(args.models)} models"):
-        composed, _ = build(
-            args.models,
-            args.io_map,
-            args.keep_outputs,
-            opset=args.opset,
-            cache_dir=args.cache_dir,
-            force_download=args.force_download,
-            link_external=reuse,
-            entry="cli",
-        )
-        external = {"auto": None, "yes": True, "no": False, "reuse": True}[args.external_data]
+        if args.io_map is not None or args.keep_outputs:
+            raise SystemExit(
+                "fastseq merge: error: --io-map and --keep-outputs are for a chain of models; "
+                "a pipeline file has edges and outputs"
+            )
+        spec = pipefile.read(args.models[0])
+        what = f"merging {len(spec.stages)} stages"
+    else:
+        if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
+            raise SystemExit(
+                f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
+                f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
+            )
+        spec = PipelineSpec.chain(args.models, args.io_map, keep_outputs=args.keep_outputs)
+        what = f"merging {len(args.models)} models"
+    spec.cache_dir = args.cache_dir or spec.cache_dir
+    spec.force_download = args.force_download
+    if args.opset is not None:
+        spec.opset = args.opset
+    if args.external_data is not None:
+        spec.external_data = {"auto": None, "yes": True, "no": False, "reuse": "reuse"}[args.external_data]
+    spec.entry = "cli"
+    with progress(what):
+        built = build(spec)
         if args.optimize:
             from fastseq import session
 
-            session.export_optimized(composed, args.output, args.providers, None)
-            written = {"model_bytes": args.output.stat().st_size, "data_file": f"{args.output.name}.data"}
-            data = args.output.with_name(written["data_file"])
-            written["data_bytes"] = data.stat().st_size if data.exists() else 0
-            if not written["data_bytes"]:
-                written["data_file"] = None
+            session.export_optimized(built.composed, args.output, args.providers, None)
+            data = args.output.with_name(f"{args.output.name}.data")
+            written = {"model_bytes": args.output.stat().st_size,
+                       "data_file": data.name if data.exists() else None,
+                       "data_bytes": data.stat().st_size if data.exists() else 0}
         else:
-            written = composed.save(str(args.output), external_data=external)
-    info = composed.summary()
+            written = save(built.composed, args.output, spec.external_data)
+    info = built.composed.summary()
     print(
         f"wrote {args.output} ({human_size(written['model_bytes'])}"
         + (f" + {written['data_file']} {human_size(written['data_bytes'])}" if written["data_file"] else "")
         + f"): {info['nodes']} nodes, {info['initializers']} weights"
     )
+    _print_cleanups(built.report, built.layout)
     return 0
+
+
+def _print_cleanups(report: dict, layout) -> None:
+    """One line per clean-up the build did (what the core reports)."""
+    pruned = report.get("pruned") or {}
+    stages = pruned.get("stages") or ([s.name for s in layout.stages if s.pruned] if layout is not None else [])
+    if stages or pruned.get("nodes") or pruned.get("initializers"):
+        print(
+            f"pruned: {len(stages)} stage(s){' (' + ', '.join(stages) + ')' if stages else ''}, "
+            f"{pruned.get('nodes', 0)} node(s), {pruned.get('initializers', 0)} initializer(s)"
+            + (f", inputs {', '.join(pruned['inputs'])}" if pruned.get("inputs") else "")
+        )
+    elif layout is not None:
+        print("pruned: nothing")
+    if report.get("deduped_initializers"):
+        print(
+            f"deduplicated: {report['deduped_initializers']} initializer(s), "
+            f"{human_size(report['deduped_bytes'])} saved"
+        )
+    for edge, description in report.get("adapters") or []:
+        print(f"adapter on edges[{edge}]: {description}")
+    for stage, output in report.get("unused_outputs") or []:
+        print(f"unused output: {stage}.{output}")
+
+
+def _io(items) -> str:
+    return "\n".join(f"  {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in items) or "  (none)"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from fastseq import _core, loader
 
+    if _is_pipeline_file(args.model):
+        return _inspect_pipeline(args)
+    if args.svg or args.dot:
+        raise SystemExit("fastseq inspect: error: --svg and --dot draw a pipeline file (pipeline.toml)")
     src = loader.resolve(args.model, 0)
     info = _core.load_model(src.data, src.label).summary()
-    def io(items):
-        return "\n".join(f"  {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in items) or "  (none)"
     print(f"{src.label}")
+    _print_summary(info)
+    return 0
+
+
+def _print_summary(info: dict) -> None:
     print(f"IR version {info['ir_version']}; producer {info['producer'] or '?'}")
     print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in info["opsets"]))
-    print("inputs:\n" + io(info["inputs"]))
-    print("outputs:\n" + io(info["outputs"]))
+    print("inputs:\n" + _io(info["inputs"]))
+    print("outputs:\n" + _io(info["outputs"]))
     print(
         f"nodes: {info['nodes']}; initializers: {info['initializers']} ({human_size(info['weight_bytes'])}); "
         f"local functions: {info['functions']}"
     )
+
+
+def _inspect_pipeline(args: argparse.Namespace) -> int:
+    from fastseq import drawing, pipefile
+
+    spec = pipefile.read(args.model)
+    built = build(spec)
+    layout = built.layout
+    print(f"{args.model}: {len(layout.stages)} stages, {len(layout.edges)} edges")
+    for st in layout.stages:
+        print(f"  {st.name}: {st.label}{' (pruned)' if st.pruned else ''}")
+    print("edges:\n" + ("\n".join(f"  {e}" for e in layout.edges) or "  (none)"))
+    _print_summary(built.composed.summary())
+    _print_cleanups(built.report, layout)
+    text = drawing.to_dot(layout, Path(args.model).stem)
+    if args.dot:
+        Path(args.dot).write_text(text, encoding="utf-8")
+        print(f"wrote {args.dot}")
+    if args.svg:
+        Path(args.svg).write_text(drawing.to_svg(text), encoding="utf-8")
+        print(f"wrote {args.svg}")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fastseq.sequential import ONNXSequential
+    if _is_pipeline_file(args.model):
+        from fastseq import pipefile
+        from fastseq.pipeline import Pipeline
 
-    pipe = ONNXSequential(args.model, providers=args.provider or None)
+        spec = pipefile.read(args.model)
+        if args.provider:
+            spec.providers = list(args.provider)
+        pipe = Pipeline.from_spec(spec)
+    else:
+        from fastseq.sequential import ONNXSequential
+
+        pipe = ONNXSequential(args.model, providers=args.provider or None)
     feeds = {}
     for item in args.input or []:
         name, sep, file = item.partition("=")
@@ -238,11 +315,12 @@ def parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("merge", help="compose models into one file")
     m.add_argument("models", nargs="+",
-                   help="paths, URLs, hf:// ids, builtin:NAME or builtin:NAME?KEY=VALUE&... (quoted), in order")
+                   help="paths, URLs, hf:// ids, builtin:NAME or builtin:NAME?KEY=VALUE&... (quoted), in order; "
+                        "or one pipeline.toml")
     m.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
                    help="the connections of one joint; give one per joint, in order (default: by position)")
     m.add_argument("-o", "--output", required=True, type=Path, help="the merged model to write")
-    m.add_argument("--external-data", choices=["auto", "yes", "no", "reuse"], default="auto", nargs="?", const="yes",
+    m.add_argument("--external-data", choices=["auto", "yes", "no", "reuse"], default=None, nargs="?", const="yes",
                    help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
                         "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
@@ -258,12 +336,15 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--force-download", action="store_true")
     m.set_defaults(func=cmd_merge)
 
-    i = sub.add_parser("inspect", help="inputs, outputs, opsets, node and weight counts")
-    i.add_argument("model")
+    i = sub.add_parser("inspect", help="inputs, outputs, opsets, node and weight counts; a pipeline's "
+                                       "stages, edges and what was pruned")
+    i.add_argument("model", help="a model, or a pipeline.toml")
+    i.add_argument("--svg", help="draw the pipeline's stage graph to this SVG (needs Graphviz)")
+    i.add_argument("--dot", help="write the pipeline's stage graph as Graphviz DOT text")
     i.set_defaults(func=cmd_inspect)
 
-    r = sub.add_parser("run", help="run a model on .npy inputs")
-    r.add_argument("model")
+    r = sub.add_parser("run", help="run a model or a pipeline.toml on .npy inputs")
+    r.add_argument("model", help="a model, or a pipeline.toml")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
     r.add_argument("--provider", action="append", help="execution provider, in priority order")
     r.add_argument("-o", "--output", help="write the outputs to this .npz")

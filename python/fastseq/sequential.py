@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import onnxruntime as ort
 
 from fastseq import loader, session
-from fastseq.compose import build
 from fastseq.runnable import Runnable
 from fastseq.session import TensorInfo
+from fastseq.spec import PipelineSpec, build
 
 if TYPE_CHECKING:
     from fastseq import quantize
@@ -46,19 +46,22 @@ class ONNXSequential(Runnable):
     ) -> None:
         if not models:
             raise TypeError("ONNXSequential needs at least one model")
-        self._composed, self._labels = build(
+        # kornia's linear form: a chain whose io_maps[i] joins model i to model i + 1.
+        spec = PipelineSpec.chain(
             models,
             io_maps,
-            keep_outputs,
+            sha256=sha256,
+            keep_outputs=keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs),
             ir_version=target_ir_version,
             opset=target_opset_version if target_opset_version is not None
             else ("highest" if auto_ir_version_conversion else None),
-            cache_dir=cache_dir,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
             force_download=force_download,
             token=token,
-            sha256=sha256,
             entry="sequential",
         )
+        built = build(spec)
+        self._composed, self._labels = built.composed, built.labels
         self._start(providers, session_options, session_cache)
 
     def quantize(self, path: str | os.PathLike[str], **options: Any) -> quantize.QuantizeResult:
