@@ -57,7 +57,7 @@ def test_no_private_files_are_left_behind(tmp_path, monkeypatch):
     pipe.as_cpu()
     assert not os.listdir(tmp_path / "tmp")
     if os.path.isdir("/dev/shm"):
-        assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("fastseq-")]
+        assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("fastseq-session-")]
 
 
 def test_session_above_the_protobuf_limit(tmp_path):

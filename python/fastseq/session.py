@@ -176,7 +176,7 @@ def _private_folder(size: int) -> Iterator[str]:
             base = "/dev/shm"
     except OSError:
         pass
-    folder = tempfile.mkdtemp(prefix="fastseq-", dir=base)
+    folder = tempfile.mkdtemp(prefix="fastseq-session-", dir=base)
     try:
         yield folder
     finally:
