@@ -139,12 +139,44 @@ def gen_subgraphs(folder: Path, models: int = 20) -> None:
         _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
 
 
+def gen_dag(folder: Path, stages: int = 20, nodes: int = 1500) -> None:
+    """20 stages x 1500 nodes (node_heavy's 30,000 nodes) as a graph: stage i reads stage
+    i - 1 and, through a skip edge, stage i - 2. Wired by a pipeline.toml beside them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    np = _np()
+    edges = []
+    for i in range(stages):
+        skip = i >= 2
+        c = numpy_helper.from_array(np.full(64, 0.001 * (i + 1), np.float32), "c")
+        ns, prev = [], "x"
+        if skip:
+            ns.append(helper.make_node("Add", ["x", "skip"], ["joined"], name="join"))
+            prev = "joined"
+        body = nodes - len(ns)
+        for k in range(body):
+            out = "y" if k == body - 1 else f"n{k}"
+            ns.append(helper.make_node("Add", [prev, "c"], [out], name=f"add{k}") if k % 2 == 0
+                      else helper.make_node("Relu", [prev], [out], name=f"relu{k}"))
+            prev = out
+        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 64]) for n in (["x", "skip"] if skip else ["x"])]
+        g = helper.make_graph(ns, f"stage{i}", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [c])
+        _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
+        if i >= 1:
+            edges.append(f'  "m{i - 1:02d}.y -> m{i:02d}.x",')
+        if skip:
+            edges.append(f'  "m{i - 2:02d}.y -> m{i:02d}.skip",')
+    stage_lines = [f'm{i:02d} = "m{i:02d}.onnx"' for i in range(stages)]
+    (folder / "pipeline.toml").write_text("edges = [\n" + "\n".join(edges) + "\n]\n\n[stages]\n" + "\n".join(stage_lines) + "\n")
+
+
 CASES = {
     "node_heavy": (gen_node_heavy, "50 models x 600 nodes"),
     "weight_heavy": (gen_weight_heavy, "16 models x 64 MB inline"),
     "subgraphs": (gen_subgraphs, "20 models with If/Loop reading outer initializers"),
     "big3": (gen_big3, "6 models x 512 MB inline, 3 GB"),
     "big10": (gen_big10, "10 models x 1 GB external data, 10 GB"),
+    "dag": (gen_dag, "20 stages x 1500 nodes with skip edges (a pipeline.toml)"),
 }
 QUICK = ["node_heavy", "weight_heavy", "subgraphs"]
 
@@ -177,6 +209,14 @@ def tool_fastseq(files, out: Path, mode: str) -> None:
     import fastseq
 
     external = {"inline": None, "external": True, "reuse": "reuse"}[mode]
+    pipeline = files[0].parent / "pipeline.toml"
+    if pipeline.exists():  # a graph: the pipeline file wires the stages
+        from fastseq import pipefile, spec
+        from fastseq.compose import save
+
+        description = pipefile.read(pipeline)
+        save(spec.build(description).composed, out, external)
+        return
     fastseq.compose_to_file([str(f) for f in files], out, external_data=external)
 
 
@@ -314,6 +354,8 @@ PLAN = {
              ("copy", "-", False)],
     "big10": [("fastseq", "reuse", False), ("fastseq", "external", False), ("onnx.compose", "inline", False),
               ("kornia", "inline", False), ("copy", "-", False)],
+    # The peers chain models pairwise: neither takes skip edges, so only the copy compares.
+    "dag": [("fastseq", "inline", True), ("copy", "-", False)],
 }
 
 

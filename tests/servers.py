@@ -58,6 +58,8 @@ class _FileHandler(BaseHTTPRequestHandler):
         if path is None or not path.is_file():
             self.send_response(404)
             self.send_header("Content-Length", "0")
+            for k, v in headers.items():  # the Hub's X-Error-Code says what is missing
+                self.send_header(k, v)
             self.end_headers()
             return
         data = path.read_bytes()
@@ -89,7 +91,8 @@ def serve_files(root: Path) -> _Server:
 
 def serve_hub(root: Path) -> _Server:
     """GET/HEAD /{org}/{repo}/resolve/{revision}/{path} answers root/org/repo/path, or
-    root/org/repo@revision/path for a revision other than main."""
+    root/org/repo@revision/path for a revision other than main. Like the Hub, a 404 carries
+    X-Error-Code: RepoNotFound, RevisionNotFound or EntryNotFound."""
 
     class Handler(_FileHandler):
         def _resolve(self):
@@ -99,6 +102,14 @@ def serve_hub(root: Path) -> _Server:
             org, repo, _, revision, *rest = parts
             folder = f"{repo}" if revision == "main" else f"{repo}@{revision}"
             commit = hashlib.sha1(f"{org}/{repo}@{revision}".encode()).hexdigest()
-            return root / org / folder / "/".join(rest), {"X-Repo-Commit": commit}
+            if not (root / org / repo).is_dir():
+                return None, {"X-Error-Code": "RepoNotFound"}
+            if not (root / org / folder).is_dir():
+                return None, {"X-Error-Code": "RevisionNotFound"}
+            path = root / org / folder / "/".join(rest)
+            headers = {"X-Repo-Commit": commit}
+            if not path.is_file():
+                headers["X-Error-Code"] = "EntryNotFound"
+            return path, headers
 
     return _Server(Handler)

@@ -16,11 +16,11 @@ def fastseq(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
-def test_demo_classifies_the_bundled_sample_without_network(tmp_path):
+def test_demo_classifies_the_bundled_digits_without_network(tmp_path):
     r = fastseq("demo", "-o", str(tmp_path / "demo.onnx"))
     assert r.returncode == 0, r.stderr
-    assert "prediction: red" in r.stdout
-    assert "builtin:to_float -> builtin:resize -> builtin:normalize -> builtin:color_head" in r.stdout
+    assert "prediction: 3 0 7 4 (4 of 4 right)" in r.stdout
+    assert "builtin:resize?size=8,8&mode=linear -> builtin:normalize?mean=0.5&std=0.5 -> builtin:flatten -> builtin:digits" in r.stdout
     onnx.checker.check_model(str(tmp_path / "demo.onnx"))
 
 

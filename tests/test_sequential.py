@@ -129,7 +129,6 @@ def test_session_goes_through_external_data_above_the_protobuf_limit(monkeypatch
 
     monkeypatch.setattr(_core, "PROTOBUF_LIMIT", 100)  # treat anything as "over 2 GB"
     pipe = fastseq.ONNXSequential(scale_model(2.0), scale_model(3.0))
-    assert pipe._model_path is not None and pipe._model_path.endswith("model.onnx")
     np.testing.assert_allclose(pipe(X)[0], np.maximum(np.maximum(2 * X, 0) * 3, 0))
 
 

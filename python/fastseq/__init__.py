@@ -1,7 +1,16 @@
-"""fastseq: chain ONNX models into one graph in one pass, and run it with ONNX Runtime."""
+"""fastseq: chain ONNX models into one graph in one pass, and run it with ONNX Runtime.
 
-from fastseq import operators
+The public names are loaded on first use: ``import fastseq`` (and the CLI) pays neither for
+onnx nor for onnxruntime until a model is composed or run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from fastseq._core import MAX_IR_VERSION, __version__
+
+# Bound eagerly: the functions share their module's name, and a submodule imported later
+# would otherwise shadow a lazily bound function (compose.py imports neither onnx nor numpy).
 from fastseq.compose import compose, compose_bytes, compose_to_file, merge_models
 from fastseq.errors import (
     CompositionError,
@@ -12,8 +21,43 @@ from fastseq.errors import (
     InputError,
     LoadError,
     OpsetMismatchError,
+    RunError,
+    RunTimeoutError,
 )
-from fastseq.sequential import ONNXSequential, TensorInfo
+
+# name -> the module that defines it, imported when the name is first read
+_LAZY = {
+    "ONNXSequential": "fastseq.sequential",
+    "TensorInfo": "fastseq.session",
+    "operators": "fastseq.operators",
+    "ops": "fastseq.ops",
+    "Pipeline": "fastseq.pipeline",
+    "PipelineSpec": "fastseq.spec",
+}
+
+if TYPE_CHECKING:
+    from fastseq import operators, ops
+    from fastseq.pipeline import Pipeline
+    from fastseq.sequential import ONNXSequential
+    from fastseq.session import TensorInfo
+    from fastseq.spec import PipelineSpec
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastseq' has no attribute '{name}'")
+    mod = importlib.import_module(module)
+    value = mod if module.endswith("." + name) else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "MAX_IR_VERSION",
@@ -26,6 +70,10 @@ __all__ = [
     "LoadError",
     "ONNXSequential",
     "OpsetMismatchError",
+    "Pipeline",
+    "PipelineSpec",
+    "RunError",
+    "RunTimeoutError",
     "TensorInfo",
     "__version__",
     "compose",
@@ -33,4 +81,5 @@ __all__ = [
     "compose_to_file",
     "merge_models",
     "operators",
+    "ops",
 ]

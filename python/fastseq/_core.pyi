@@ -25,11 +25,21 @@ class Composed:
     def stripped_bytes(self, threshold: int = 1024) -> bytes: ...
     def with_weights(self, stripped: bytes, label: str) -> Composed: ...
     def summary(self) -> dict[str, Any]: ...
+    def report(self) -> dict[str, Any]:
+        """What the composition did besides merging: ``pruned`` (``stages`` (labels),
+        ``nodes``, ``initializers``, ``inputs``), ``deduped_initializers``, ``deduped_bytes``,
+        ``adapters`` ([(edge index, description)]) and ``unused_outputs`` ([(stage, output)])."""
+    def origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
+        """Per stage (label, first node, end node) in the merged graph, and every renamed
+        value or node name of the merged graph -> (stage index, original name)."""
 
 def compose(
     sources: Sequence[Source],
     labels: Sequence[str],
     io_maps: Sequence[Sequence[tuple[str, str]]] | None = None,
+    edges: Sequence[tuple[int, str, int, str]] | None = None,
+    graph_inputs: Sequence[tuple[str, Sequence[tuple[int, str]]]] | None = None,
+    graph_outputs: Sequence[tuple[str, int, str]] | None = None,
     keep_outputs: bool | Sequence[str] | None = None,
     prefixes: Sequence[str | None] | None = None,
     inputs: Sequence[str] | None = None,
@@ -38,7 +48,16 @@ def compose(
     meta: dict[str, str] | None = None,
     model_version: int | None = None,
     link_external: bool = False,
-) -> Composed: ...
+    prune: bool | None = None,
+    dedupe: bool | None = None,
+    adapt: bool | Sequence[int] | None = None,
+) -> Composed:
+    """Loads and composes ``sources`` (``labels`` name them in errors). The linear form:
+    ``io_maps[i]`` joins model i to i + 1 (by position without it). The graph form:
+    ``edges`` (from stage, output, to stage, input), any earlier stage to any later one;
+    ``graph_inputs`` (name, [(stage, input), ...]) and ``graph_outputs`` (name, stage,
+    output) expose values under the caller's names. ``prune`` and ``dedupe`` default to on in
+    the graph form, off in the linear one; ``adapt``: True or a list of edge indices."""
 def load_model(source: Source, label: str | None = None) -> Composed: ...
 def external_data_locations(path: str) -> list[str]: ...
 def did_you_mean(name: str, candidates: Sequence[str]) -> str: ...

@@ -11,14 +11,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-import numpy as np
-
-from fastseq import __version__, loader, operators
-from fastseq.compose import build
+from fastseq import __version__
+from fastseq.compose import save
 from fastseq.errors import FastseqError, human_size
+from fastseq.spec import PipelineSpec, build
+
+
+def _is_pipeline_file(arg: str) -> bool:
+    return arg.endswith(".toml")
+
+# Each command imports what it uses (numpy, onnxruntime, the loader) itself: `fastseq --help`
+# and `fastseq inspect` stay fast.
 
 
 @contextmanager
@@ -67,55 +73,140 @@ def _parse_io_map(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _parse_opset(text: str) -> int | str:
+    """'17' or 'highest'."""
+    if text == "highest":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected an opset version or 'highest'") from None
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
-    if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
-        raise SystemExit(
-            f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
-            f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
-        )
-    reuse = args.external_data == "reuse"
-    with progress(f"merging {len(args.models)} models"):
-        composed, _ = build(
-            args.models,
-            args.io_map,
-            args.keep_outputs,
-            opset=args.opset,
-            cache_dir=args.cache_dir,
-            force_download=args.force_download,
-            link_external=reuse,
-        )
-        external = {"auto": None, "yes": True, "no": False, "reuse": True}[args.external_data]
-        written = composed.save(str(args.output), external_data=external)
-    info = composed.summary()
+    if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
+        from fastseq import pipefile
+
+        if args.io_map is not None or args.keep_outputs:
+            raise SystemExit(
+                "fastseq merge: error: --io-map and --keep-outputs are for a chain of models; "
+                "a pipeline file has edges and outputs"
+            )
+        spec = pipefile.read(args.models[0])
+        what = f"merging {len(spec.stages)} stages"
+    else:
+        if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
+            raise SystemExit(
+                f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
+                f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
+            )
+        spec = PipelineSpec.chain(args.models, args.io_map, keep_outputs=args.keep_outputs)
+        what = f"merging {len(args.models)} models"
+    spec.cache_dir = args.cache_dir or spec.cache_dir
+    spec.force_download = args.force_download
+    if args.opset is not None:
+        spec.opset = args.opset
+    if args.external_data is not None:
+        spec.external_data = {"auto": None, "yes": True, "no": False, "reuse": "reuse"}[args.external_data]
+    spec.entry = "cli"
+    with progress(what):
+        built = build(spec)
+        if args.optimize:
+            from fastseq import session
+
+            session.export_optimized(built.composed, args.output, args.providers, None)
+            data = args.output.with_name(f"{args.output.name}.data")
+            written = {"model_bytes": args.output.stat().st_size,
+                       "data_file": data.name if data.exists() else None,
+                       "data_bytes": data.stat().st_size if data.exists() else 0}
+        else:
+            written = save(built.composed, args.output, spec.external_data)
+    info = built.composed.summary()
     print(
         f"wrote {args.output} ({human_size(written['model_bytes'])}"
         + (f" + {written['data_file']} {human_size(written['data_bytes'])}" if written["data_file"] else "")
         + f"): {info['nodes']} nodes, {info['initializers']} weights"
     )
+    _print_cleanups(built.report, built.layout)
     return 0
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from fastseq import _core
+def _print_cleanups(report: dict, layout) -> None:
+    """One line per clean-up the build did (what the core reports)."""
+    pruned = report.get("pruned") or {}
+    stages = pruned.get("stages") or ([s.name for s in layout.stages if s.pruned] if layout is not None else [])
+    if stages or pruned.get("nodes") or pruned.get("initializers"):
+        print(
+            f"pruned: {len(stages)} stage(s){' (' + ', '.join(stages) + ')' if stages else ''}, "
+            f"{pruned.get('nodes', 0)} node(s), {pruned.get('initializers', 0)} initializer(s)"
+            + (f", inputs {', '.join(pruned['inputs'])}" if pruned.get("inputs") else "")
+        )
+    elif layout is not None:
+        print("pruned: nothing")
+    if report.get("deduped_initializers"):
+        print(
+            f"deduplicated: {report['deduped_initializers']} initializer(s), "
+            f"{human_size(report['deduped_bytes'])} saved"
+        )
+    for edge, description in report.get("adapters") or []:
+        print(f"adapter on edges[{edge}]: {description}")
+    for stage, output in report.get("unused_outputs") or []:
+        print(f"unused output: {stage}.{output}")
 
+
+def _io(items) -> str:
+    return "\n".join(f"  {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in items) or "  (none)"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from fastseq import _core, loader
+
+    if _is_pipeline_file(args.model):
+        return _inspect_pipeline(args)
+    if args.svg or args.dot:
+        raise SystemExit("fastseq inspect: error: --svg and --dot draw a pipeline file (pipeline.toml)")
     src = loader.resolve(args.model, 0)
     info = _core.load_model(src.data, src.label).summary()
-    def io(items):
-        return "\n".join(f"  {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in items) or "  (none)"
     print(f"{src.label}")
+    _print_summary(info)
+    return 0
+
+
+def _print_summary(info: dict) -> None:
     print(f"IR version {info['ir_version']}; producer {info['producer'] or '?'}")
     print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in info["opsets"]))
-    print("inputs:\n" + io(info["inputs"]))
-    print("outputs:\n" + io(info["outputs"]))
+    print("inputs:\n" + _io(info["inputs"]))
+    print("outputs:\n" + _io(info["outputs"]))
     print(
         f"nodes: {info['nodes']}; initializers: {info['initializers']} ({human_size(info['weight_bytes'])}); "
         f"local functions: {info['functions']}"
     )
+
+
+def _inspect_pipeline(args: argparse.Namespace) -> int:
+    from fastseq import drawing, pipefile
+
+    spec = pipefile.read(args.model)
+    built = build(spec)
+    layout = built.layout
+    print(f"{args.model}: {len(layout.stages)} stages, {len(layout.edges)} edges")
+    for st in layout.stages:
+        print(f"  {st.name}: {st.label}{' (pruned)' if st.pruned else ''}")
+    print("edges:\n" + ("\n".join(f"  {e}" for e in layout.edges) or "  (none)"))
+    _print_summary(built.composed.summary())
+    _print_cleanups(built.report, layout)
+    text = drawing.to_dot(layout, Path(args.model).stem)
+    if args.dot:
+        Path(args.dot).write_text(text, encoding="utf-8")
+        print(f"wrote {args.dot}")
+    if args.svg:
+        Path(args.svg).write_text(drawing.to_svg(text), encoding="utf-8")
+        print(f"wrote {args.svg}")
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fastseq.sequential import ONNXSequential
+    import numpy as np
 
     if args.ray is not None:  # a dataset on a Ray cluster (extra: ray)
         if not args.input or len(args.input) != 1 or not args.output:
@@ -125,11 +216,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             from fastseq.ray import run_dataset
         except ImportError as e:
             raise SystemExit(f"fastseq run: error: {e}") from None
+    if _is_pipeline_file(args.model):
+        from fastseq import pipefile
+        from fastseq.pipeline import Pipeline
 
-        run_dataset(args.model, args.input[0], args.output, args.ray or None, args.provider,
-                    args.concurrency, args.batch_size)
+        spec = pipefile.read(args.model)
+        if args.provider:
+            spec.providers = list(args.provider)
+        pipe = Pipeline.from_spec(spec)
+    else:
+        from fastseq.sequential import ONNXSequential
+
+        pipe = ONNXSequential(args.model, providers=args.provider or None)
+    if args.ray is not None:
+        run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
         return 0
-    pipe = ONNXSequential(args.model, providers=args.provider or None)
     feeds = {}
     for item in args.input or []:
         name, sep, file = item.partition("=")
@@ -147,20 +248,74 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from fastseq import cache
+
+    root = cache.root_from(args.dir) if args.dir else (cache.root_from(None) or cache.default_root())
+    if args.action == "clear":
+        n = cache.clear(root)
+        print(f"removed {n} entr{'y' if n == 1 else 'ies'} from {root}")
+        return 0
+    found = cache.entries(root)
+    total = sum(e["bytes"] for e in found)
+    print(f"{root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {human_size(total)}")
+    for e in found:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"])) if e["used"] else "?"
+        what = "damaged" if e.get("damaged") else (
+            f"onnxruntime {e['onnxruntime']}, "
+            + ", ".join(p if isinstance(p, str) else p[0] for p in e["providers"] or [])
+        )
+        print(f"  {e['key']}  {human_size(e['bytes']):>9}  used {used}  {what}")
+    return 0
+
+
+#: The demo: photos of digits through operators built to order (``builtin:NAME?...``, the
+#: strings the CLI and pipeline files take), the shipped scikit-learn classifier, and a head.
+DEMO = [
+    "builtin:to_float?scale=1/255",  # uint8 [N, H, W, 3] -> float in [0, 1]
+    "builtin:layout?src=NHWC&dst=NCHW",  # channels first
+    "builtin:grayscale",  # RGB -> luma [N, 1, H, W]
+    "builtin:resize?size=8,8&mode=linear",  # the classifier's 8x8 pixels
+    "builtin:normalize?mean=0.5&std=0.5",  # as it was trained
+    "builtin:flatten",  # [N, 64] feature rows
+    "builtin:digits",  # logistic regression exported by skl2onnx: label, logits
+    "builtin:softmax",  # logits -> probabilities
+    "builtin:argmax",  # probabilities -> class indices
+]
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from fastseq import operators
     from fastseq.sequential import ONNXSequential
 
-    chain = ["builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head"]
-    pipe = ONNXSequential(*chain)
-    image = np.load(operators.sample())
-    (probs,) = pipe(image)
+    # Every joint is positional but the classifier's: its second output feeds softmax.
+    io_maps = [[("output", "input")]] * 6 + [[("logits", "input")], [("probabilities", "input")]]
+    pipe = ONNXSequential(*DEMO, io_maps=io_maps, keep_outputs=["probabilities"])
+    sample = np.load(operators.digits_sample())
+    images, labels = sample["images"], sample["labels"]
+    outputs = dict(zip((o.name for o in pipe.outputs), pipe(images)))
+    probs, predicted = outputs["probabilities"], outputs["indices"]
     print(pipe)
-    best = int(np.argmax(probs[0]))
-    print(f"input: sample image {list(image.shape)} {image.dtype}")
-    print("probabilities: " + ", ".join(f"{c} {p:.3f}" for c, p in zip(operators.CLASSES, probs[0])))
-    print(f"prediction: {operators.CLASSES[best]}")
+    print(f"input: {len(images)} photos of handwritten digits {list(images.shape)} {images.dtype}")
+    for i, (label, guess) in enumerate(zip(labels, predicted)):
+        print(f"  photo {i}: predicted {guess} (probability {probs[i, guess]:.3f}), labelled {label}")
+    right = int((predicted == labels).sum())
+    print(f"prediction: {' '.join(map(str, predicted))} ({right} of {len(labels)} right)")
     if args.output:
         print(f"exported {pipe.export(args.output)}")
+    return 0 if right == len(labels) else 1
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from fastseq.quantize import quantize
+
+    # Static quantization draws its own bar over the calibration batches.
+    with nullcontext() if args.static else progress(f"quantizing {args.model}"):
+        result = quantize(args.model, args.output, static=args.static, calibration=args.calibration,
+                          per_channel=args.per_channel, format=args.format, preprocess=not args.no_preprocess)
+    print(f"wrote {result}")
     return 0
 
 
@@ -170,25 +325,37 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("merge", help="compose models into one file")
-    m.add_argument("models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, in order")
+    m.add_argument("models", nargs="+",
+                   help="paths, URLs, hf:// ids, builtin:NAME or builtin:NAME?KEY=VALUE&... (quoted), in order; "
+                        "or one pipeline.toml")
     m.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
                    help="the connections of one joint; give one per joint, in order (default: by position)")
     m.add_argument("-o", "--output", required=True, type=Path, help="the merged model to write")
-    m.add_argument("--external-data", choices=["auto", "yes", "no", "reuse"], default="auto", nargs="?", const="yes",
+    m.add_argument("--external-data", choices=["auto", "yes", "no", "reuse"], default=None, nargs="?", const="yes",
                    help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
                         "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
-    m.add_argument("--opset", type=int, help="convert every model to this default-domain opset first")
+    m.add_argument("--opset", type=_parse_opset, metavar="N|highest",
+                   help="convert the models first: ai.onnx to opset N (or the highest among them), "
+                        "other domains to the highest version they can share")
+    m.add_argument("--optimize", action="store_true",
+                   help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
+                        "in a data file), so that deployments start sessions with optimisation off")
+    m.add_argument("--providers", nargs="+", metavar="PROVIDER",
+                   help="with --optimize: the execution providers to optimise for, in priority order")
     m.add_argument("--cache-dir", help="where downloads are cached")
     m.add_argument("--force-download", action="store_true")
     m.set_defaults(func=cmd_merge)
 
-    i = sub.add_parser("inspect", help="inputs, outputs, opsets, node and weight counts")
-    i.add_argument("model")
+    i = sub.add_parser("inspect", help="inputs, outputs, opsets, node and weight counts; a pipeline's "
+                                       "stages, edges and what was pruned")
+    i.add_argument("model", help="a model, or a pipeline.toml")
+    i.add_argument("--svg", help="draw the pipeline's stage graph to this SVG (needs Graphviz)")
+    i.add_argument("--dot", help="write the pipeline's stage graph as Graphviz DOT text")
     i.set_defaults(func=cmd_inspect)
 
-    r = sub.add_parser("run", help="run a model on .npy inputs")
-    r.add_argument("model")
+    r = sub.add_parser("run", help="run a model or a pipeline.toml on .npy inputs, or over a dataset on Ray")
+    r.add_argument("model", help="a model, or a pipeline.toml")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input; with --ray: a folder of .npy files or a Parquet dataset")
     r.add_argument("--provider", action="append", help="execution provider, in priority order")
@@ -200,7 +367,25 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=int, default=256, help="with --ray: rows per batch (default 256)")
     r.set_defaults(func=cmd_run)
 
-    d = sub.add_parser("demo", help="compose the built-in operators and classify a bundled sample")
+    c = sub.add_parser("cache", help="list or empty the session cache")
+    c.add_argument("action", choices=["list", "clear"])
+    c.add_argument("--dir", help="the cache folder (default: $FASTSEQ_SESSION_CACHE or ~/.cache/fastseq/sessions)")
+    c.set_defaults(func=cmd_cache)
+
+    q = sub.add_parser("quantize", help="write an int8 version of a model (onnxruntime.quantization)")
+    q.add_argument("model", help="the float model")
+    q.add_argument("-o", "--output", required=True, type=Path, help="the quantized model to write")
+    q.add_argument("--static", action="store_true",
+                   help="quantize activations too, with ranges measured on --calibration (default: dynamic)")
+    q.add_argument("--calibration", metavar="DIR",
+                   help="folder of .npy batches (one input) or .npz batches (one array per input name)")
+    q.add_argument("--per-channel", action="store_true", help="one scale per output channel of each weight")
+    q.add_argument("--format", choices=["qdq", "qoperator"],
+                   help="static: QuantizeLinear/DequantizeLinear pairs (qdq, default) or integer operators")
+    q.add_argument("--no-preprocess", action="store_true", help="skip ONNX Runtime's quant_pre_process")
+    q.set_defaults(func=cmd_quantize)
+
+    d = sub.add_parser("demo", help="put built-in operators around a shipped classifier and read bundled digits")
     d.add_argument("-o", "--output", help="also export the composed pipeline here")
     d.set_defaults(func=cmd_demo)
     return p

@@ -1,62 +1,17 @@
-"""compose() and merge_models(): the Rust core behind a Python signature."""
+"""compose() and merge_models(): chains described as a PipelineSpec and built by the core."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import onnx
-
-from fastseq import _core, convert, loader
 from fastseq.loader import ModelSource
+from fastseq.spec import IoMap, PipelineSpec, Stage, build
 
-IoMap = Sequence[tuple[str, str]]
-
-
-def build(
-    models: Sequence[ModelSource],
-    io_maps: Sequence[IoMap] | None = None,
-    keep_outputs: bool | Sequence[str] = False,
-    *,
-    ir_version: int | None = None,
-    opset: int | Literal["highest"] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    force_download: bool = False,
-    token: str | bool | None = None,
-    sha256: str | Sequence[str | None] | None = None,
-    link_external: bool = False,
-) -> tuple[_core.Composed, list[str]]:
-    """Resolves every source (downloading where needed), converts opsets when asked
-    (``opset``: a version, or ``"highest"`` among the models) and composes them in the core.
-    Returns the composed model and the models' labels. What every entry point runs."""
-    if isinstance(models, (onnx.ModelProto, bytes, str, os.PathLike)):
-        raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
-    if isinstance(sha256, str) and len(models) > 1:
-        raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")
-    digests = [sha256] * len(models) if sha256 is None or isinstance(sha256, str) else list(sha256)
-    if len(digests) != len(models):
-        raise TypeError(f"sha256 has {len(digests)} entries for {len(models)} models")
-    resolved = [
-        loader.resolve(m, i, cache_dir=cache_dir, force_download=force_download, token=token, sha256=digest)
-        for i, (m, digest) in enumerate(zip(models, digests))
-    ]
-    labels = [r.label for r in resolved]
-    sources: list = [r.data for r in resolved]
-    if opset is not None:
-        loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
-        sources = convert.harmonise(loaded, labels, None if opset == "highest" else opset)
-    keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
-    composed = _core.compose(
-        sources,
-        labels,
-        io_maps=None if io_maps is None else [[(str(o), str(i)) for o, i in joint] for joint in io_maps],
-        keep_outputs=keep,
-        ir_version=ir_version,
-        link_external=link_external,
-    )
-    return composed, labels
+if TYPE_CHECKING:
+    import onnx
 
 
 def compose_bytes(
@@ -65,6 +20,7 @@ def compose_bytes(
     keep_outputs: bool | Sequence[str] = False,
     *,
     ir_version: int | None = None,
+    opset: int | Literal["highest"] | None = None,
 ) -> bytes:
     """Composes ``models`` in order and returns the merged model, serialized.
 
@@ -72,9 +28,12 @@ def compose_bytes(
     ``i + 1``, in the models' own names; without it outputs join inputs by position.
     Inputs that no joint feeds become graph inputs. The merged outputs are the last model's,
     plus every unconsumed output with ``keep_outputs=True``, or the named ones. Models may
-    be anything :class:`fastseq.ONNXSequential` takes.
+    be anything :class:`fastseq.ONNXSequential` takes. Models importing different versions
+    of a domain are refused unless ``opset`` is given: ``"highest"`` (or an ai.onnx version
+    N) converts them first, every other domain to the highest version they can share.
     """
-    return build(models, io_maps, keep_outputs, ir_version=ir_version)[0].to_bytes()
+    spec = PipelineSpec.chain(models, io_maps, keep_outputs=_keep(keep_outputs), ir_version=ir_version, opset=opset)
+    return build(spec).composed.to_bytes()
 
 
 def compose(
@@ -83,9 +42,12 @@ def compose(
     keep_outputs: bool | Sequence[str] = False,
     *,
     ir_version: int | None = None,
+    opset: int | Literal["highest"] | None = None,
 ) -> onnx.ModelProto:
     """Like :func:`compose_bytes`, returning an ``onnx.ModelProto`` (below 2 GB)."""
-    return onnx.ModelProto.FromString(compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version))
+    import onnx
+
+    return onnx.ModelProto.FromString(compose_bytes(models, io_maps, keep_outputs, ir_version=ir_version, opset=opset))
 
 
 def compose_to_file(
@@ -96,6 +58,7 @@ def compose_to_file(
     *,
     ir_version: int | None = None,
     external_data: bool | Literal["reuse"] | None = None,
+    opset: int | Literal["highest"] | None = None,
 ) -> Path:
     """Like :func:`compose_bytes`, streaming the result into ``path`` atomically. The
     weights go to one data file beside it with ``external_data=True``, or by default when
@@ -103,10 +66,22 @@ def compose_to_file(
     of the sources are linked beside it instead of copied: the cost is in the number of
     nodes, not bytes."""
     target = Path(path).expanduser()
-    reuse = external_data == "reuse"
-    composed, _ = build(models, io_maps, keep_outputs, ir_version=ir_version, link_external=reuse)
-    composed.save(str(target), external_data=True if reuse else external_data)
+    spec = PipelineSpec.chain(
+        models, io_maps, keep_outputs=_keep(keep_outputs), ir_version=ir_version, external_data=external_data,
+        opset=opset,
+    )
+    save(build(spec).composed, target, spec.external_data)
     return target
+
+
+def save(composed, target: Path, external_data: bool | Literal["reuse"] | None) -> dict[str, Any]:
+    """Writes ``composed`` to ``target`` in the spec's external-data mode ("reuse" was
+    decided at build time: the model already refers to the sources' data files)."""
+    return composed.save(str(target), external_data=True if external_data == "reuse" else external_data)
+
+
+def _keep(keep_outputs: bool | Sequence[str]) -> bool | list[str]:
+    return keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
 
 
 def merge_models(
@@ -130,7 +105,8 @@ def merge_models(
     If/Loop bodies that read outer-scope names stay valid, and models with different IR
     versions merge (the result takes the highest).
     """
-    resolved = [loader.resolve(m, i) for i, m in enumerate((m1, m2))]
+    import onnx
+
     meta: dict[str, Any] = {
         "name": name,
         "doc_string": doc_string,
@@ -138,14 +114,14 @@ def merge_models(
         "producer_version": producer_version,
         "domain": domain,
     }
-    composed = _core.compose(
-        [r.data for r in resolved],
-        [r.label for r in resolved],
+    spec = PipelineSpec(
+        [Stage(None, m1), Stage(None, m2)],
         io_maps=[[(str(o), str(i)) for o, i in io_map]],
         prefixes=[prefix1, prefix2],
-        inputs=list(inputs) if inputs else None,
-        outputs=list(outputs) if outputs else None,
-        meta={k: v for k, v in meta.items() if v is not None},
+        only_inputs=list(inputs) if inputs else None,
+        only_outputs=list(outputs) if outputs else None,
+        metadata={k: v for k, v in meta.items() if v is not None},
         model_version=model_version,
+        entry="merge_models",
     )
-    return onnx.ModelProto.FromString(composed.to_bytes())
+    return onnx.ModelProto.FromString(build(spec).composed.to_bytes())

@@ -21,6 +21,15 @@ class InputError(FastseqError, ValueError):
     """The arrays passed to a pipeline do not match its inputs."""
 
 
+class RunError(FastseqError):
+    """ONNX Runtime refused or failed on a composed model (session creation or a call); the
+    message names the stage and its own node and tensor names, the original is the cause."""
+
+
+class RunTimeoutError(RunError, TimeoutError):
+    """A call ran past its ``timeout`` or was terminated through its ``RunOptions``."""
+
+
 def human_size(n: float) -> str:
     """1536 -> '1.5 KB', for messages and summaries."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -39,4 +48,6 @@ __all__ = [
     "InputError",
     "LoadError",
     "OpsetMismatchError",
+    "RunError",
+    "RunTimeoutError",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 import time
 import urllib.error
@@ -17,12 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-import onnx
+from typing import TYPE_CHECKING
 
 from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
 
-ModelSource = Union[onnx.ModelProto, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+if TYPE_CHECKING:
+    import onnx
+
+ModelSource = Union["onnx.ModelProto", bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+
+
+def is_model_proto(model: object) -> bool:
+    """An ``onnx.ModelProto``, without importing onnx (loaded already if one exists)."""
+    onnx = sys.modules.get("onnx")
+    return onnx is not None and isinstance(model, onnx.ModelProto)
 
 #: kornia's convention: ``hf://operators/resize`` is ``operators/resize.onnx`` in this repo.
 KORNIA_REPO = "kornia/ONNX_models"
@@ -52,15 +62,13 @@ class HubRef:
 
 def resolve_local(model: ModelSource, index: int) -> Resolved:
     """Resolves a source that needs no network (anything but a URL or an hf:// id)."""
-    if isinstance(model, onnx.ModelProto):
+    if is_model_proto(model):
         name = model.graph.name or f"model #{index}"
         return Resolved(model.SerializeToString(), f"{name} (#{index})")
     if isinstance(model, (bytes, bytearray, memoryview)):
         return Resolved(bytes(model), f"model #{index} (bytes)")
     if isinstance(model, str) and model.startswith("builtin:"):
-        from fastseq import operators
-
-        return Resolved(str(operators.path(model[len("builtin:") :])), model)
+        return resolve_builtin(model)
     if isinstance(model, _core.Composed):
         return Resolved(model, f"model #{index}")
     if isinstance(model, (str, os.PathLike)):
@@ -75,6 +83,19 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
         f"model #{index}: expected an onnx.ModelProto, bytes, a path, a URL, an hf:// id or "
         f"builtin:NAME, got {type(model).__name__}"
     )
+
+
+def resolve_builtin(model: str) -> Resolved:
+    """``builtin:NAME`` is a model shipped in ``fastseq/operators`` (byte for byte, so a
+    pipeline naming one keeps its meaning); ``builtin:NAME?KEY=VALUE&...``, or a bare name
+    that is only an operator, is built by :mod:`fastseq.ops`."""
+    from fastseq import operators, ops
+
+    spec = model[len("builtin:") :]
+    name, mark, _ = spec.partition("?")
+    if not mark and name in operators.names():
+        return Resolved(str(operators.path(name)), model)
+    return Resolved(ops.from_string(spec, others=operators.names()).SerializeToString(), model)
 
 
 def resolve(
@@ -139,46 +160,154 @@ def hub_download(
 ) -> Path:
     """Downloads an hf:// model through huggingface_hub (its cache, token and offline mode),
     with the external-data files it references. With an expected sha256 (argument or
-    ``#sha256=`` fragment), a cached copy that does not match is fetched again."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    ``#sha256=`` fragment), a cached copy that does not match is fetched again.
 
+    A file that is not cached fails at once when the Hub is unreachable or ``HF_HUB_OFFLINE``
+    is set (huggingface_hub alone would retry for about 20 s), and a missing file, revision
+    or repository is named as such."""
     hub = parse_hub_id(ref)
-    kwargs = dict(
+    repo = _HubRepo(
+        ref=ref,
         repo_id=hub.repo_id,
+        revision=hub.revision,
         # Read at call time, so that HF_ENDPOINT set after import is honoured too.
         endpoint=os.environ.get("HF_ENDPOINT") or None,
-        revision=hub.revision,
         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-        force_download=force_download,
         token=token,
     )
     expected = sha256 or hub.sha256
-    try:
-        path = Path(hf_hub_download(filename=hub.filename, **kwargs))
-        if expected is not None:
-            try:
-                check_sha256(path, expected, ref)
-            except DownloadError:
-                if force_download:
-                    raise
-                kwargs["force_download"] = True  # a corrupt cached copy: once more from the server
-                path = Path(hf_hub_download(filename=hub.filename, **kwargs))
-                check_sha256(path, expected, ref)
-        folder = os.path.dirname(hub.filename)
-        for location in _core.external_data_locations(str(path)):
-            # Untrusted: checked by the core's rule before it becomes a download (and a path
-            # in the cache).
-            try:
-                _core.check_external_location(location)
-            except LoadError as e:
-                raise LoadError(f"{ref}: {e}") from None
-            hf_hub_download(filename=f"{folder}/{location}" if folder else location, **kwargs)
-    except LocalEntryNotFoundError as e:
-        raise DownloadError(f"{ref}: not in the cache and offline or unreachable: {e}") from e
-    except (HfHubHTTPError, OSError, ValueError) as e:
-        raise DownloadError(f"{ref}: download of {hub.repo_id}/{hub.filename} failed: {e}") from e
+    path = repo.download(hub.filename, force_download)
+    if expected is not None:
+        try:
+            check_sha256(path, expected, ref)
+        except DownloadError:
+            if force_download:
+                raise
+            path = repo.download(hub.filename, True)  # a corrupt cached copy: once more from the server
+            check_sha256(path, expected, ref)
+    folder = os.path.dirname(hub.filename)
+    for location in _core.external_data_locations(str(path)):
+        # Untrusted: checked by the core's rule before it becomes a download (and a path in
+        # the cache).
+        try:
+            _core.check_external_location(location)
+        except LoadError as e:
+            raise LoadError(f"{ref}: {e}") from None
+        repo.download(f"{folder}/{location}" if folder else location, force_download)
     return path
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE (read now, not only when huggingface_hub was imported) or FASTSEQ_OFFLINE."""
+    from huggingface_hub import constants
+
+    truthy = ("1", "on", "yes", "true")
+    return (
+        constants.is_offline_mode()
+        or os.environ.get("HF_HUB_OFFLINE", "").lower() in truthy
+        or os.environ.get("FASTSEQ_OFFLINE", "").lower() in truthy
+    )
+
+
+@dataclass(frozen=True)
+class _HubRepo:
+    """One repository at one revision, as an hf:// id names it."""
+
+    ref: str
+    repo_id: str
+    revision: str | None
+    endpoint: str | None
+    cache_dir: str | None
+    token: str | bool | None
+
+    @property
+    def where(self) -> str:
+        return f"{self.repo_id} at {self.revision or 'main'}"
+
+    def download(self, filename: str, force: bool) -> Path:
+        """``filename`` from the cache or the Hub. Errors say which of file, revision,
+        repository, access or network is at fault, with the cause."""
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        kwargs = dict(
+            repo_id=self.repo_id,
+            filename=filename,
+            revision=self.revision,
+            endpoint=self.endpoint,
+            cache_dir=self.cache_dir,
+            token=self.token,
+        )
+        if _hub_offline():
+            if force:
+                raise DownloadError(f"{self.ref}: force_download=True needs the Hub, but HF_HUB_OFFLINE is set")
+            try:
+                return Path(hf_hub_download(**kwargs, local_files_only=True))
+            except LocalEntryNotFoundError:
+                raise DownloadError(
+                    f"{self.ref}: {filename} of {self.where} is not in the cache and HF_HUB_OFFLINE is set"
+                ) from None
+        cached = None if force else try_to_load_from_cache(
+            self.repo_id, filename, cache_dir=self.cache_dir, revision=self.revision
+        )
+        if not isinstance(cached, str):
+            # Not cached: huggingface_hub would retry an unreachable Hub for ~20 s before
+            # giving up, so ask once, without retries, and say what is wrong.
+            self._probe(filename, force)
+        try:
+            return Path(hf_hub_download(**kwargs, force_download=force))
+        except Exception as e:  # noqa: BLE001  (huggingface_hub raises many kinds; all are a failed download)
+            raise DownloadError(f"{self.ref}: download of {filename} from {self.where} failed: {_causes(e)}") from e
+
+    def _probe(self, filename: str, force: bool) -> None:
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        url = hf_hub_url(self.repo_id, filename, revision=self.revision, endpoint=self.endpoint)
+        endpoint = self.endpoint or constants.ENDPOINT
+        need = "force_download=True asks for a fresh copy" if force else f"{filename} of {self.where} is not in the cache"
+        try:
+            get_hf_file_metadata(url, token=self.token, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        except GatedRepoError as e:
+            raise DownloadError(f"{self.ref}: {self.repo_id} is gated: accept its terms on the Hub and pass "
+                                f"token= (or log in with `hf auth login`)") from e
+        except RepositoryNotFoundError as e:
+            raise DownloadError(f"{self.ref}: repository {self.repo_id} not found at {endpoint} (a private "
+                                f"repository needs token=)") from e
+        except RevisionNotFoundError as e:
+            raise DownloadError(f"{self.ref}: revision {self.revision or 'main'} not found in {self.repo_id}") from e
+        except EntryNotFoundError as e:
+            raise DownloadError(f"{self.ref}: {filename} not found in {self.where}") from e
+        except HfHubHTTPError as e:
+            status = getattr(e.response, "status_code", None)
+            if status == 404:
+                raise DownloadError(f"{self.ref}: {filename} not found in {self.where}") from e
+            if status in (401, 403):
+                raise DownloadError(f"{self.ref}: access to {self.repo_id} refused (HTTP {status}): pass token= "
+                                    f"(or log in with `hf auth login`)") from e
+            raise DownloadError(f"{self.ref}: the Hub at {endpoint} answered HTTP {status} for {filename} "
+                                f"({_causes(e)}) and {need}") from e
+        except Exception as e:  # noqa: BLE001  (connection refused, DNS, timeouts: httpx or requests)
+            raise DownloadError(f"{self.ref}: the Hub at {endpoint} is unreachable ({_causes(e)}) and {need}") from e
+
+
+def _causes(e: BaseException) -> str:
+    """``e`` and what caused it, in one line: huggingface_hub's force-download failure says
+    only "failed due to the above error", the cause being the useful part."""
+    parts = []
+    seen: BaseException | None = e
+    while seen is not None and len(parts) < 4:
+        text = " ".join(str(seen).split()) or type(seen).__name__
+        if text not in parts:
+            parts.append(text)
+        seen = seen.__cause__ or seen.__context__
+    return ": ".join(parts)
 
 
 def check_sha256(path: Path, expected: str, source: str) -> None:

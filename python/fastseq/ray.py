@@ -207,20 +207,22 @@ class Predictor:
         output_columns: Mapping[str, str] | Sequence[str] | None = None,
         drop_columns: bool = False,
     ) -> None:
-        from fastseq.sequential import TensorInfo
-
         shipped = _local_shipment(pipeline)
         model = ray.get(shipped.model) if isinstance(shipped.model, ray.ObjectRef) else shipped.model
         resources = _assigned_resources()
+        # The core decodes the bytes (or reads the path and its external data) and hands the
+        # model to ONNX Runtime the way every fastseq session gets it.
+        composed = _core.load_model(model, shipped.label)
+        del model
         self.session = session.create(
-            model,
+            composed,
             actor_providers(shipped.providers, resources["gpu_ids"]),
             build_options(shipped.options, resources["cpus"]),
         )
-        del model  # ONNX Runtime keeps its own copy
+        del composed  # ONNX Runtime has its own copy
         self.label = shipped.label
-        self.inputs = [TensorInfo.of(a) for a in self.session.get_inputs()]
-        self.outputs = [TensorInfo.of(a) for a in self.session.get_outputs()]
+        self.inputs = [session.TensorInfo.of(a) for a in self.session.get_inputs()]
+        self.outputs = [session.TensorInfo.of(a) for a in self.session.get_outputs()]
         self.columns, self.renamed = _routes(self.inputs, self.outputs, input_columns, output_columns)
         self.drop_columns = drop_columns
 
@@ -490,35 +492,32 @@ def error_of(exc: BaseException) -> str | None:
 
 
 def run_dataset(
-    model: str,
+    pipe: Any,
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
     address: str | None = None,
-    providers: Sequence[Any] | None = None,
     concurrency: int | None = None,
     batch_size: int = 256,
 ) -> int:
-    """``fastseq run MODEL --input SOURCE --output OUTPUT --ray [ADDRESS]``: runs a model
-    over a folder of ``.npy`` files (each holding rows on axis 0, for a one-input model) or a
-    Parquet dataset (a column per input), on the cluster at ``address`` or a local one, and
-    writes the outputs (plus the columns that fed no input) as Parquet. Returns the rows."""
+    """``fastseq run MODEL --input SOURCE --output OUTPUT --ray [ADDRESS]``: runs a built
+    pipeline over a folder of ``.npy`` files (each holding rows on axis 0, for a one-input
+    pipeline) or a Parquet dataset (a column per input), on the cluster at ``address`` or a
+    local one, and writes the outputs (plus the columns that fed no input) as Parquet.
+    Returns the rows written."""
     import ray.data
 
-    from fastseq.sequential import ONNXSequential
-
-    if not ray.is_initialized():
-        ray.init(address=address or None, log_to_driver=False)
-    pipe = ONNXSequential(model, providers=providers or None)
     # Absolute: tasks on a running cluster do not share this process's working directory.
     src = Path(source).expanduser().resolve()
     shown, output = output, Path(output).expanduser().resolve()
-    input_columns = None
     if not src.exists():
         raise InputError(f"{src}: no such folder or Parquet dataset")
+    if not ray.is_initialized():
+        ray.init(address=address or None, log_to_driver=False)
+    input_columns = None
     if src.is_dir() and any(src.glob("*.npy")):
         if len(pipe.inputs) != 1:
             raise InputError(
-                f"{model} has {len(pipe.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
+                f"{_label(pipe)} has {len(pipe.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
                 "with a column per input)"
             )
         ds = ray.data.read_numpy(str(src), include_paths=True)

@@ -1,18 +1,23 @@
-//! Joints and the N-way merge: all models are renamed and merged in one pass.
-use std::collections::{HashMap, HashSet};
-
+//! Orchestration of a composition of decoded models: the plan (plan.rs) says what connects
+//! to what, naming.rs gives every value and node its final name, names.rs renames, and
+//! assemble.rs lays the result out.
 use bumpalo::Bump;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use rayon::prelude::*;
 
+use crate::assemble::{assemble, dedupe, Deduped};
 use crate::error::{Error, Result};
-use crate::names::{
-    did_you_mean, fresh, function_body, function_key, walk_model, FreshNames, FunctionKey, NameSet, Renamer,
-};
+use crate::names::{function_key, walk_model, NameSet, Renamer};
+pub use crate::naming::Renamed;
+use crate::naming::{assign_function_names, assign_node_names, assign_value_names, name_adapter_nodes, ValueNames};
 use crate::opset::{merge_opsets, merged_ir_version};
-use crate::proto::tensor_shape_proto::dimension::Value as Dim;
-use crate::proto::{tensor_proto, type_proto, GraphProto, ModelProto, ValueInfoProto};
+use crate::plan::Plan;
+pub use crate::plan::{elem_type_name, Adapt, Edge, PruneReport};
+use crate::proto::ModelProto;
+
+/// Exposed graph inputs: (name, the (stage, input) pairs it feeds).
+pub type GraphInputs = Vec<(String, Vec<(usize, String)>)>;
 
 /// Which outputs of the earlier models stay graph outputs besides the last model's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,6 +31,8 @@ pub enum Keep {
     Names(Vec<String>),
 }
 
+/// How to compose. The linear form (`io_maps`, `keep_outputs`, `inputs`, `outputs`) and the
+/// graph form (`edges`, `graph_inputs`, `graph_outputs`) both become edges in the plan.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// `io_maps[j]`: the (output of model j, input of model j+1) pairs of joint j, in the
@@ -37,6 +44,18 @@ pub struct Options {
     /// Restrict the merged graph's inputs / outputs to these names (`merge_models` style).
     pub inputs: Option<Vec<String>>,
     pub outputs: Option<Vec<String>>,
+    /// Any earlier stage's output to any later stage's input (instead of io_maps).
+    pub edges: Option<Vec<Edge>>,
+    /// Exposed graph inputs: name -> the (stage, input) pairs it feeds. Unfed inputs not
+    /// listed are exposed under their own name when unique, `label.input` when not.
+    pub graph_inputs: Option<GraphInputs>,
+    /// Exposed graph outputs: (name, stage, output). Without it: every output no edge consumes.
+    pub graph_outputs: Option<Vec<(String, usize, String)>>,
+    /// Leave out what no graph output needs. Default: on in the graph form, off in the linear one.
+    pub prune: Option<bool>,
+    /// Store identical weights of different stages once. Default: as `prune`.
+    pub dedupe: Option<bool>,
+    pub adapt: Adapt,
     /// Stamp this IR version instead of the highest of the models.
     pub ir_version: Option<i64>,
     pub graph_name: Option<String>,
@@ -47,15 +66,54 @@ pub struct Options {
     pub model_version: Option<i64>,
 }
 
-/// A resolved joint: pairs of (output of model j, input of model j+1), user names.
-type Joint = Vec<(String, String)>;
+impl Options {
+    /// Whether the graph form is used (edges, graph inputs or graph outputs given).
+    pub fn is_graph(&self) -> bool {
+        self.edges.is_some() || self.graph_inputs.is_some() || self.graph_outputs.is_some()
+    }
+}
+
+/// What the composition did besides merging.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub pruned: PruneReport,
+    pub deduped: Deduped,
+    /// (edge index, "Cast to float, Unsqueeze of axis 0").
+    pub adapters: Vec<(usize, String)>,
+    /// (stage, output) pairs that no edge consumes and no graph output exposes.
+    pub unused_outputs: Vec<(usize, String)>,
+}
+
+/// Where the merged graph's parts come from, to translate runtime errors back.
+#[derive(Debug, Clone, Default)]
+pub struct Origins {
+    /// Per stage: (first node, end node) in the merged graph.
+    pub nodes: Vec<(usize, usize)>,
+    /// Per stage: its values' renames, then its nodes'.
+    pub values: Vec<Renamed>,
+    pub node_names: Vec<Renamed>,
+}
+
+/// A composed model with its report and origins.
+#[derive(Debug, Clone, Default)]
+pub struct Composition {
+    pub model: ModelProto,
+    pub report: Report,
+    pub origins: Origins,
+}
 
 /// Composes `models` (in order) into one model. `labels` name the models in errors.
 pub fn compose(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<ModelProto> {
+    compose_graph(models, labels, opts).map(|c| c.model)
+}
+
+/// Like [`compose`], with what was pruned, deduplicated and adapted, and where each part
+/// of the merged graph came from.
+pub fn compose_graph(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     crate::pool::install(|| compose_models(models, labels, opts))
 }
 
-fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<ModelProto> {
+fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     let n = models.len();
     if n == 0 {
         return Err(Error::composition("no models to compose"));
@@ -68,7 +126,8 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
             return Err(Error::load(format!("{label}: the model has no graph")));
         }
     }
-    let io_maps = apply_prefixes(&mut models, opts);
+    let prefixed = apply_prefixes(&mut models, opts);
+    let opts = prefixed.as_ref().unwrap_or(opts);
     let opset_import = merge_opsets(&models, labels)?;
     let ir_version = match opts.ir_version {
         Some(v) if v <= 0 || v > crate::model::MAX_IR_VERSION => {
@@ -80,8 +139,8 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
         Some(v) => v,
         None => merged_ir_version(&models),
     };
-    let joints = resolve_joints(&models, labels, io_maps.as_deref())?;
-    let plan = Plan::new(&models, labels, &joints, opts)?;
+    let mut plan = Plan::new(&models, labels, opts)?;
+    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan) } else { Deduped::default() };
 
     // Per model, arenas for its names and for the fresh value and node names it gets. (An
     // arena is used by one thread at a time, hence one per model and per task.)
@@ -90,10 +149,14 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
     let names: Vec<NameSet> =
         models.par_iter_mut().zip(&mut name_arenas).map(|(m, arena)| NameSet::of(m, arena)).collect();
     // Values and node names are separate namespaces: assigned side by side.
-    let (value_maps, node_maps) = rayon::join(
-        || assign_value_names(&models, &names, &joints, &plan, value_arenas.iter_mut().collect()),
+    let mut extra = Bump::new();
+    let (values, nodes) = rayon::join(
+        || assign_value_names(&models, &names, &plan, value_arenas.iter_mut().collect(), &mut extra),
         || assign_node_names(&names, node_arenas.iter_mut().collect()),
     );
+    let ValueNames { maps: value_maps, adapters, renamed: value_renamed } = values;
+    let (node_maps, node_renamed): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
+    let adapters = name_adapter_nodes(adapters, &plan, &names);
     let mut renamers: Vec<Renamer> = value_maps
         .into_iter()
         .zip(node_maps)
@@ -107,15 +170,27 @@ fn compose_models(mut models: Vec<ModelProto>, labels: &[String], opts: &Options
     });
     drop((renamers, names));
     // Freeing the arenas is off the caller's path.
-    crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas)));
+    crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas, extra)));
 
-    Ok(assemble(models, &plan, dropped_functions, opset_import, ir_version, opts))
+    let (model, ranges) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    let report = Report {
+        pruned: plan.pruned.clone(),
+        deduped,
+        adapters: plan.adapters.iter().map(|a| (a.edge, a.describe())).collect(),
+        unused_outputs: plan.unused.clone(),
+    };
+    let origins = Origins { nodes: ranges, values: value_renamed, node_names: node_renamed };
+    Ok(Composition { model, report, origins })
 }
 
-/// Applies `opts.prefixes` to every name of the models, and to the io_maps, as
-/// `onnx.compose.merge_models(prefix1=..., prefix2=...)` does.
-fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Vec<Joint>> {
+/// Applies `opts.prefixes` to every name of the models, as `onnx.compose.merge_models(
+/// prefix1=..., prefix2=...)` does. Returns the options with the stage names they refer to
+/// prefixed too, or `None` when there are no prefixes.
+fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Options> {
     let prefix = |i: usize| opts.prefixes.get(i).cloned().flatten().filter(|p| !p.is_empty());
+    if (0..models.len()).all(|i| prefix(i).is_none()) {
+        return None;
+    }
     models.par_iter_mut().enumerate().for_each(|(i, m)| {
         if let Some(p) = prefix(i) {
             let (arena, fresh) = (Bump::new(), Bump::new());
@@ -136,541 +211,48 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Vec<Joint
             walk_model(m, &mut r);
         }
     });
-    opts.io_maps.as_ref().map(|maps| {
+    let name = |stage: usize, s: &str| prefix(stage).map_or_else(|| s.to_string(), |p| format!("{p}{s}"));
+    let mut out = opts.clone();
+    out.io_maps = opts.io_maps.as_ref().map(|maps| {
         maps.iter()
             .enumerate()
-            .map(|(j, pairs)| {
-                pairs
-                    .iter()
-                    .map(|(o, i)| {
-                        let o = prefix(j).map_or_else(|| o.clone(), |p| format!("{p}{o}"));
-                        let i = prefix(j + 1).map_or_else(|| i.clone(), |p| format!("{p}{i}"));
-                        (o, i)
-                    })
-                    .collect()
-            })
+            .map(|(j, pairs)| pairs.iter().map(|(o, i)| (name(j, o), name(j + 1, i))).collect())
             .collect()
-    })
+    });
+    out.edges = opts.edges.as_ref().map(|edges| {
+        edges
+            .iter()
+            .map(|e| Edge { from: e.from, output: name(e.from, &e.output), to: e.to, input: name(e.to, &e.input) })
+            .collect()
+    });
+    out.graph_inputs = opts.graph_inputs.as_ref().map(|gi| {
+        gi.iter().map(|(n, feeds)| (n.clone(), feeds.iter().map(|(s, i)| (*s, name(*s, i))).collect())).collect()
+    });
+    out.graph_outputs =
+        opts.graph_outputs.as_ref().map(|go| go.iter().map(|(n, s, o)| (n.clone(), *s, name(*s, o))).collect());
+    Some(out)
 }
 
 fn prefixed<'a>(names: &FxHashSet<&'a str>, prefix: &str, arena: &'a Bump) -> FxHashMap<&'a str, &'a str> {
     names.iter().map(|&v| (v, &*arena.alloc_str(&format!("{prefix}{v}")))).collect()
 }
 
-fn graph(m: &ModelProto) -> &GraphProto {
-    m.graph.as_ref().expect("checked on entry")
-}
-
-fn vi_name(vi: &ValueInfoProto) -> &str {
-    vi.name.as_deref().unwrap_or("")
-}
-
-fn initializer_names(m: &ModelProto) -> HashSet<&str> {
-    let g = graph(m);
-    g.initializer
-        .iter()
-        .filter_map(|t| t.name.as_deref())
-        .chain(g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()?.name.as_deref()))
-        .collect()
-}
-
-/// Graph inputs that are real inputs (IR < 4 models also list their initializers).
-fn real_inputs(m: &ModelProto) -> Vec<&ValueInfoProto> {
-    let inits = initializer_names(m);
-    graph(m).input.iter().filter(|vi| !inits.contains(vi_name(vi))).collect()
-}
-
-fn quoted(names: &[&str]) -> String {
-    if names.is_empty() {
-        return "none".to_string();
-    }
-    names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
-}
-
-fn resolve_joints(models: &[ModelProto], labels: &[String], io_maps: Option<&[Joint]>) -> Result<Vec<Joint>> {
-    let joints = models.len() - 1;
-    if let Some(maps) = io_maps {
-        if maps.len() != joints {
-            return Err(Error::composition(format!(
-                "io_maps has {} entr{} but {} models have {joints} joint{}: io_maps[i] lists the \
-                 (output, input) pairs from model i to model i+1",
-                maps.len(),
-                if maps.len() == 1 { "y" } else { "ies" },
-                models.len(),
-                if joints == 1 { "" } else { "s" },
-            )));
-        }
-    }
-    let mut resolved = Vec::with_capacity(joints);
-    for j in 0..joints {
-        let (up, down) = (&models[j], &models[j + 1]);
-        let where_ = format!("joint {j} ({} -> {})", labels[j], labels[j + 1]);
-        let outs: Vec<&str> = graph(up).output.iter().map(vi_name).collect();
-        let all_ins: Vec<&str> = graph(down).input.iter().map(vi_name).collect();
-        let pairs: Joint = match io_maps {
-            Some(maps) => maps[j].clone(),
-            None => {
-                let ins: Vec<&str> = real_inputs(down).into_iter().map(vi_name).collect();
-                if outs.len() != ins.len() {
-                    return Err(Error::composition(format!(
-                        "{where_}: without io_maps outputs are joined to inputs by position, but {} \
-                         has {} output{} ({}) and {} has {} input{} ({}); pass io_maps",
-                        labels[j],
-                        outs.len(),
-                        if outs.len() == 1 { "" } else { "s" },
-                        quoted(&outs),
-                        labels[j + 1],
-                        ins.len(),
-                        if ins.len() == 1 { "" } else { "s" },
-                        quoted(&ins),
-                    )));
-                }
-                outs.iter().zip(&ins).map(|(o, i)| (o.to_string(), i.to_string())).collect()
-            }
-        };
-        let mut fed: HashMap<&str, &str> = HashMap::new();
-        for (o, i) in &pairs {
-            if !outs.contains(&o.as_str()) {
-                return Err(Error::composition(format!(
-                    "{where_}: '{o}' is not an output of {}{}; its outputs are {}",
-                    labels[j],
-                    did_you_mean(o, outs.iter().copied()),
-                    quoted(&outs)
-                )));
-            }
-            if !all_ins.contains(&i.as_str()) {
-                return Err(Error::composition(format!(
-                    "{where_}: '{i}' is not an input of {}{}; its inputs are {}",
-                    labels[j + 1],
-                    did_you_mean(i, all_ins.iter().copied()),
-                    quoted(&all_ins)
-                )));
-            }
-            if let Some(prev) = fed.insert(i.as_str(), o.as_str()) {
-                return Err(Error::composition(if prev == o {
-                    format!("{where_}: the connection '{o}' -> '{i}' is listed twice")
-                } else {
-                    format!("{where_}: input '{i}' of {} is fed twice, by '{prev}' and by '{o}'", labels[j + 1])
-                }));
-            }
-            let out_vi = graph(up).output.iter().find(|v| vi_name(v) == o).expect("checked");
-            let in_vi = graph(down).input.iter().find(|v| vi_name(v) == i).expect("checked");
-            check_types(&where_, o, out_vi, i, in_vi)?;
-        }
-        resolved.push(pairs);
-    }
-    Ok(resolved)
-}
-
-fn tensor_type(vi: &ValueInfoProto) -> Option<&type_proto::Tensor> {
-    match vi.r#type.as_ref()?.value.as_ref()? {
-        type_proto::Value::TensorType(t) => Some(t),
-        _ => None,
-    }
-}
-
-pub fn elem_type_name(t: i32) -> String {
-    tensor_proto::DataType::try_from(t).map(|d| d.as_str_name().to_lowercase()).unwrap_or_else(|_| format!("type {t}"))
-}
-
-fn shape_text(dims: &[Option<&Dim>]) -> String {
-    let parts: Vec<String> = dims
-        .iter()
-        .map(|d| match d {
-            Some(Dim::DimValue(v)) => v.to_string(),
-            Some(Dim::DimParam(p)) => p.clone(),
-            None => "?".to_string(),
-        })
-        .collect();
-    format!("[{}]", parts.join(", "))
-}
-
-fn check_types(where_: &str, o: &str, out: &ValueInfoProto, i: &str, inp: &ValueInfoProto) -> Result<()> {
-    let (Some(a), Some(b)) = (tensor_type(out), tensor_type(inp)) else { return Ok(()) };
-    let (ea, eb) = (a.elem_type.unwrap_or(0), b.elem_type.unwrap_or(0));
-    if ea != 0 && eb != 0 && ea != eb {
-        return Err(Error::composition(format!(
-            "{where_}: element type mismatch: output '{o}' is {} but input '{i}' expects {}",
-            elem_type_name(ea),
-            elem_type_name(eb)
-        )));
-    }
-    let (Some(sa), Some(sb)) = (a.shape.as_ref(), b.shape.as_ref()) else { return Ok(()) };
-    let da: Vec<Option<&Dim>> = sa.dim.iter().map(|d| d.value.as_ref()).collect();
-    let db: Vec<Option<&Dim>> = sb.dim.iter().map(|d| d.value.as_ref()).collect();
-    let clash = da.len() != db.len()
-        || da
-            .iter()
-            .zip(&db)
-            .any(|pair| matches!(pair, (Some(Dim::DimValue(x)), Some(Dim::DimValue(y))) if x != y && *x > 0 && *y > 0));
-    if clash {
-        return Err(Error::composition(format!(
-            "{where_}: shape mismatch: output '{o}' has shape {} but input '{i}' expects {}",
-            shape_text(&da),
-            shape_text(&db)
-        )));
-    }
-    Ok(())
-}
-
-/// What the merged graph exposes and drops, by index into each model's own lists.
-struct Plan {
-    /// Per model: input name -> the upstream output name feeding it.
-    fed_by: Vec<FxHashMap<String, String>>,
-    /// Per model: indices of graph inputs fed by a joint.
-    fed_inputs: Vec<Vec<usize>>,
-    /// Per model: indices of graph inputs that stay graph inputs.
-    inputs: Vec<Vec<usize>>,
-    /// Per model: indices of graph outputs that become graph outputs.
-    outputs: Vec<Vec<usize>>,
-    /// Per model: indices of consumed outputs that are not exposed (kept as value_info).
-    internal_outputs: Vec<Vec<usize>>,
-}
-
-impl Plan {
-    fn new(models: &[ModelProto], labels: &[String], joints: &[Joint], opts: &Options) -> Result<Plan> {
-        let n = models.len();
-        let mut fed_by = vec![FxHashMap::default(); n];
-        let mut consumed: Vec<HashSet<&str>> = vec![HashSet::new(); n];
-        for (j, pairs) in joints.iter().enumerate() {
-            for (o, i) in pairs {
-                fed_by[j + 1].insert(i.clone(), o.clone());
-                consumed[j].insert(o.as_str());
-            }
-        }
-        let fed_inputs: Vec<Vec<usize>> = (0..n)
-            .map(|k| {
-                let g = graph(&models[k]);
-                (0..g.input.len()).filter(|&x| fed_by[k].contains_key(vi_name(&g.input[x]))).collect()
-            })
-            .collect();
-        let mut inputs: Vec<Vec<usize>> = (0..n)
-            .map(|k| {
-                let g = graph(&models[k]);
-                (0..g.input.len()).filter(|&x| !fed_by[k].contains_key(vi_name(&g.input[x]))).collect()
-            })
-            .collect();
-        if let Some(wanted) = &opts.inputs {
-            inputs = select(models, labels, wanted, "input", |m| &graph(m).input, Some(&inputs))?;
-        }
-        let outputs = match (&opts.outputs, &opts.keep_outputs) {
-            (Some(wanted), _) => select(models, labels, wanted, "output", |m| &graph(m).output, None)?,
-            (None, Keep::Names(wanted)) => {
-                let mut chosen = select(models, labels, wanted, "output", |m| &graph(m).output, None)?;
-                chosen[n - 1] = (0..graph(&models[n - 1]).output.len()).collect();
-                chosen
-            }
-            (None, keep) => (0..n)
-                .map(|k| {
-                    let g = graph(&models[k]);
-                    (0..g.output.len())
-                        .filter(|&x| {
-                            k == n - 1 || (*keep == Keep::Unconsumed && !consumed[k].contains(vi_name(&g.output[x])))
-                        })
-                        .collect()
-                })
-                .collect(),
-        };
-        let internal_outputs = (0..n)
-            .map(|k| {
-                let g = graph(&models[k]);
-                (0..g.output.len())
-                    .filter(|x| consumed[k].contains(vi_name(&g.output[*x])) && !outputs[k].contains(x))
-                    .collect()
-            })
-            .collect();
-        Ok(Plan { fed_by, fed_inputs, inputs, outputs, internal_outputs })
-    }
-}
-
-/// Indices of the named inputs (or outputs) per model; every name must match exactly one.
-fn select(
-    models: &[ModelProto],
-    labels: &[String],
-    wanted: &[String],
-    what: &str,
-    list: impl Fn(&ModelProto) -> &Vec<ValueInfoProto>,
-    within: Option<&Vec<Vec<usize>>>,
-) -> Result<Vec<Vec<usize>>> {
-    let mut chosen = vec![Vec::new(); models.len()];
-    for name in wanted {
-        let mut hits = Vec::new();
-        for (k, m) in models.iter().enumerate() {
-            for (x, vi) in list(m).iter().enumerate() {
-                if vi_name(vi) == name && within.is_none_or(|w| w[k].contains(&x)) {
-                    hits.push((k, x));
-                }
-            }
-        }
-        match hits.as_slice() {
-            [(k, x)] => {
-                if !chosen[*k].contains(x) {
-                    chosen[*k].push(*x)
-                }
-            }
-            [] => {
-                let all: Vec<&str> = models.iter().flat_map(|m| list(m).iter().map(vi_name)).collect();
-                return Err(Error::composition(format!(
-                    "'{name}' is not an {what} of any model{}",
-                    did_you_mean(name, all.iter().copied())
-                )));
-            }
-            many => {
-                let who: Vec<&str> = many.iter().map(|(k, _)| labels[*k].as_str()).collect();
-                return Err(Error::composition(format!(
-                    "'{name}' is an {what} of several models ({}); it is ambiguous",
-                    who.join(", ")
-                )));
-            }
-        }
-    }
-    for c in &mut chosen {
-        c.sort_unstable();
-    }
-    Ok(chosen)
-}
-
-fn model_prefix(i: usize) -> String {
-    format!("m{i}/")
-}
-
-/// Gives every value name its final name. A name keeps its spelling in the model that
-/// claims it first, exposed inputs and outputs claiming before anything else (so that they
-/// keep the user's names); other models get a fresh `m<i>/` name for it. An input fed by a
-/// joint takes the final name of the output feeding it.
-#[allow(clippy::needless_range_loop)] // k indexes models, the plan and the maps alike
-fn assign_value_names<'a>(
-    models: &[ModelProto],
-    names: &[NameSet<'a>],
-    joints: &'a [Joint],
-    plan: &Plan,
-    arenas: Vec<&'a mut Bump>,
-) -> Vec<FxHashMap<&'a str, &'a str>> {
-    let n = models.len();
-    let total: usize = names.iter().map(|s| s.values.len()).sum();
-    let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
-    for k in 0..n {
-        // Weights that IR < 4 models list as inputs are not the user's inputs: no priority.
-        let inits = initializer_names(&models[k]);
-        let g = graph(&models[k]);
-        for &x in &plan.inputs[k] {
-            let name = vi_name(&g.input[x]);
-            if !inits.contains(name) {
-                owner.entry(name).or_insert(k);
-            }
-        }
-    }
-    for k in 0..n {
-        let g = graph(&models[k]);
-        for &x in &plan.outputs[k] {
-            let name = vi_name(&g.output[x]);
-            if !plan.fed_by[k].contains_key(name) {
-                owner.entry(name).or_insert(k);
-            }
-        }
-    }
-    for (k, set) in names.iter().enumerate() {
-        for &name in &set.values {
-            if !plan.fed_by[k].contains_key(name) {
-                owner.entry(name).or_insert(k);
-            }
-        }
-    }
-    // Each model's fresh names depend only on `owner`: made side by side.
-    let mut maps: Vec<FxHashMap<&'a str, &'a str>> = arenas
-        .into_par_iter()
-        .enumerate()
-        .map(|(k, arena)| {
-            let mut fresh = FreshNames::new(model_prefix(k), arena, names[k].values.len());
-            for &name in &names[k].values {
-                // An input fed by a joint is aliased to its upstream output below.
-                if !plan.fed_by[k].contains_key(name) && owner.get(name).is_some_and(|&o| o != k) {
-                    fresh.rename(name, |c| owner.contains_key(c));
-                }
-            }
-            fresh.renamed
-        })
-        .collect();
-    // In model order, so that the output feeding model k has its final name. (An upstream
-    // name is an original name or another model's fresh one: never one of model k's fresh names.)
-    for k in 1..n {
-        for (o, i) in &joints[k - 1] {
-            let upstream: &'a str = maps[k - 1].get(o.as_str()).copied().unwrap_or(o.as_str());
-            if upstream != i {
-                maps[k].insert(i.as_str(), upstream);
-            }
-        }
-    }
-    maps
-}
-
-fn assign_node_names<'a>(names: &[NameSet<'a>], arenas: Vec<&'a mut Bump>) -> Vec<FxHashMap<&'a str, &'a str>> {
-    let total: usize = names.iter().map(|s| s.nodes.len()).sum();
-    let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
-    for (k, set) in names.iter().enumerate() {
-        for name in &set.nodes {
-            owner.entry(name).or_insert(k);
-        }
-    }
-    names
-        .par_iter()
-        .zip(arenas)
-        .enumerate()
-        .map(|(k, (set, arena))| {
-            let mut fresh = FreshNames::new(model_prefix(k), arena, set.nodes.len());
-            for &name in &set.nodes {
-                if owner[name] != k {
-                    fresh.rename(name, |c| owner.contains_key(c));
-                }
-            }
-            fresh.renamed
-        })
-        .collect()
-}
-
-/// Local functions with the same (domain, name, overload) in several models: identical
-/// bodies are kept once; different ones are renamed, callers included (same domain only).
-/// Bodies are compared with their calls renamed, so two that read the same but call
-/// different functions differ; as a rename can make its callers differ in turn, this runs
-/// until the renames stop changing (once more per level of calls, at most once per function).
-/// Returns, per model, the indices of functions dropped as duplicates.
-fn assign_function_names(models: &[ModelProto], renamers: &mut [Renamer]) -> Vec<Vec<usize>> {
-    let all: FxHashSet<FunctionKey> = models.iter().flat_map(|m| m.functions.iter().map(function_key)).collect();
-    let mut renames: Vec<FxHashMap<FunctionKey, String>> = vec![FxHashMap::default(); models.len()];
-    for _ in 0..=all.len() + 1 {
-        let mut seen: FxHashMap<FunctionKey, Vec<u8>> = FxHashMap::default();
-        let mut dropped = vec![Vec::new(); models.len()];
-        let mut next: Vec<FxHashMap<FunctionKey, String>> = vec![FxHashMap::default(); models.len()];
-        for (k, m) in models.iter().enumerate() {
-            for (x, f) in m.functions.iter().enumerate() {
-                let key = function_key(f);
-                let body = function_body(f, &renames[k]);
-                match seen.get(&key) {
-                    None => {
-                        seen.insert(key, body);
-                    }
-                    Some(existing) if *existing == body => dropped[k].push(x),
-                    Some(_) => {
-                        let (domain, name, overload) = key.clone();
-                        let new = fresh(&format!("{name}__m{k}"), "", |c| {
-                            let probe = (domain.clone(), c.to_string(), overload.clone());
-                            !all.contains(&probe) && !seen.contains_key(&probe)
-                        });
-                        let new_key = (domain, new.clone(), overload);
-                        seen.insert(new_key, body);
-                        next[k].insert(key, new);
-                    }
-                }
-            }
-        }
-        if next == renames {
-            for (r, functions) in renamers.iter_mut().zip(next) {
-                r.functions = functions;
-            }
-            return dropped;
-        }
-        renames = next;
-    }
-    unreachable!("the renames grow with each round and are bounded by the number of functions")
-}
-
-fn assemble(
-    models: Vec<ModelProto>,
-    plan: &Plan,
-    dropped_functions: Vec<Vec<usize>>,
-    opset_import: Vec<crate::proto::OperatorSetIdProto>,
-    ir_version: i64,
-    opts: &Options,
-) -> ModelProto {
-    let graph_names: Vec<String> =
-        models.iter().filter_map(|m| graph(m).name.clone()).filter(|s| !s.is_empty()).collect();
-    let mut g = GraphProto {
-        name: Some(opts.graph_name.clone().unwrap_or_else(|| {
-            if graph_names.is_empty() {
-                "fastseq".to_string()
-            } else {
-                graph_names.join("+")
-            }
-        })),
-        ..Default::default()
-    };
-    // Sized once: growing a list of tens of thousands of nodes copies it again and again.
-    g.node.reserve_exact(models.iter().map(|m| graph(m).node.len()).sum());
-    g.initializer.reserve_exact(models.iter().map(|m| graph(m).initializer.len()).sum());
-    let mut out = ModelProto {
-        ir_version: Some(ir_version),
-        opset_import,
-        producer_name: Some(opts.producer_name.clone().unwrap_or_else(|| "fastseq".to_string())),
-        producer_version: Some(opts.producer_version.clone().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string())),
-        domain: opts.domain.clone(),
-        model_version: opts.model_version,
-        doc_string: opts.doc_string.clone(),
-        ..Default::default()
-    };
-    let mut meta_seen: HashSet<(String, String)> = HashSet::new();
-    let mut output_seen: HashSet<String> = HashSet::new();
-    let mut internal: Vec<ValueInfoProto> = Vec::new();
-    for (k, m) in models.into_iter().enumerate() {
-        let mut mg = m.graph.expect("checked on entry");
-        // An IR < 4 model lists initializers as inputs; one fed by a joint is overridden.
-        if !plan.fed_inputs[k].is_empty() {
-            let fed: HashSet<String> = plan.fed_inputs[k].iter().map(|&x| vi_name(&mg.input[x]).to_string()).collect();
-            mg.initializer.retain(|t| !fed.contains(t.name.as_deref().unwrap_or("")));
-        }
-        let mut inputs = std::mem::take(&mut mg.input);
-        let mut outputs = std::mem::take(&mut mg.output);
-        for &x in &plan.inputs[k] {
-            g.input.push(std::mem::take(&mut inputs[x]));
-        }
-        for &x in &plan.outputs[k] {
-            if output_seen.insert(vi_name(&outputs[x]).to_string()) {
-                g.output.push(outputs[x].clone());
-            }
-        }
-        for &x in &plan.internal_outputs[k] {
-            internal.push(std::mem::take(&mut outputs[x]));
-        }
-        g.node.append(&mut mg.node);
-        g.initializer.append(&mut mg.initializer);
-        g.sparse_initializer.append(&mut mg.sparse_initializer);
-        g.value_info.append(&mut mg.value_info);
-        g.quantization_annotation.append(&mut mg.quantization_annotation);
-        g.metadata_props.append(&mut mg.metadata_props);
-        let drop = &dropped_functions[k];
-        out.functions.extend(m.functions.into_iter().enumerate().filter(|(x, _)| !drop.contains(x)).map(|(_, f)| f));
-        out.training_info.extend(m.training_info);
-        out.configuration.extend(m.configuration);
-        for p in m.metadata_props {
-            let key = (p.key.clone().unwrap_or_default(), p.value.clone().unwrap_or_default());
-            if meta_seen.insert(key) {
-                out.metadata_props.push(p);
-            }
-        }
-    }
-    // The types of the tensors that cross a joint stay known to shape inference.
-    let mut info_seen: HashSet<String> = g.value_info.iter().map(|v| vi_name(v).to_string()).collect();
-    info_seen.extend(output_seen);
-    for vi in internal {
-        if info_seen.insert(vi_name(&vi).to_string()) {
-            g.value_info.push(vi);
-        }
-    }
-    out.graph = Some(g);
-    out
-}
-
+/// Small models and option builders shared by the unit tests of the composition modules.
 #[cfg(test)]
-mod tests {
-    use prost::Message;
+pub(crate) mod testing {
+    pub(crate) use std::collections::HashSet;
 
-    use super::*;
-    use crate::error::Kind;
-    use crate::proto::{
-        attribute_proto::AttributeType, tensor_shape_proto, AttributeProto, NodeProto, OperatorSetIdProto, TensorProto,
-        TensorShapeProto, TypeProto,
+    pub(crate) use crate::assemble::Deduped;
+    pub(crate) use crate::compose::{compose, compose_graph, Adapt, Edge, Options, PruneReport};
+    pub(crate) use crate::error::Kind;
+    pub(crate) use crate::plan::vi_name;
+    pub(crate) use crate::proto::tensor_shape_proto::dimension::Value as Dim;
+    pub(crate) use crate::proto::{
+        tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+        TensorShapeProto, TypeProto, ValueInfoProto,
     };
 
-    fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
+    pub(crate) fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
         let shape = TensorShapeProto {
             dim: dims
                 .iter()
@@ -690,11 +272,11 @@ mod tests {
         }
     }
 
-    fn node(op: &str, ins: &[&str], outs: &[&str]) -> bytes::Bytes {
+    pub(crate) fn node(op: &str, ins: &[&str], outs: &[&str]) -> bytes::Bytes {
         crate::node::encode(&node_proto(op, ins, outs))
     }
 
-    fn node_proto(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
+    pub(crate) fn node_proto(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
         NodeProto {
             op_type: Some(op.into()),
             input: ins.iter().map(|s| s.to_string()).collect(),
@@ -705,7 +287,7 @@ mod tests {
     }
 
     /// y = Relu(x * c), with an initializer 'c' and an internal 't'.
-    fn scale(elem: i32) -> ModelProto {
+    pub(crate) fn scale(elem: i32) -> ModelProto {
         ModelProto {
             ir_version: Some(8),
             opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
@@ -727,16 +309,83 @@ mod tests {
         }
     }
 
-    fn labels(n: usize) -> Vec<String> {
+    pub(crate) fn labels(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("m{i}.onnx")).collect()
     }
 
-    fn defined_names(g: &GraphProto) -> Vec<String> {
+    pub(crate) fn defined_names(g: &GraphProto) -> Vec<String> {
         let mut names: Vec<String> = g.input.iter().map(|v| vi_name(v).to_string()).collect();
         names.extend(g.initializer.iter().map(|t| t.name.clone().unwrap()));
         names.extend(g.node.iter().flat_map(|n| crate::node::decode(n).unwrap().output));
         names
     }
+
+    /// A model of one node over same-shaped float tensors: `op(ins...) -> y`.
+    pub(crate) fn join(op: &str, ins: &[&str]) -> ModelProto {
+        let mut m = scale(1);
+        let g = m.graph.as_mut().unwrap();
+        g.node = vec![node(op, ins, &["y"])];
+        g.initializer.clear();
+        g.input = ins.iter().map(|i| vi(i, 1, &[2, 4])).collect();
+        m
+    }
+
+    pub(crate) fn edge(from: usize, output: &str, to: usize, input: &str) -> Edge {
+        Edge { from, output: output.into(), to, input: input.into() }
+    }
+
+    pub(crate) fn graph_opts(edges: Vec<Edge>, outputs: &[(&str, usize, &str)]) -> Options {
+        Options {
+            edges: Some(edges),
+            graph_outputs: Some(outputs.iter().map(|(n, s, o)| (n.to_string(), *s, o.to_string())).collect()),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn node_at(g: &GraphProto, k: usize) -> NodeProto {
+        crate::node::decode(&g.node[k]).unwrap()
+    }
+
+    pub(crate) fn names(vis: &[ValueInfoProto]) -> Vec<&str> {
+        vis.iter().map(vi_name).collect()
+    }
+
+    pub(crate) fn distinct(c: f32) -> ModelProto {
+        let mut m = scale(1);
+        let t = &mut m.graph.as_mut().unwrap().initializer[0];
+        t.raw_data = Some(bytes::Bytes::from(c.to_le_bytes().repeat(4)));
+        m
+    }
+
+    pub(crate) fn composition_error(models: Vec<ModelProto>, opts: &Options) -> String {
+        let n = models.len();
+        let err = compose_graph(models, &labels(n), opts).unwrap_err();
+        assert_eq!(err.kind, Kind::Composition);
+        err.message
+    }
+
+    pub(crate) fn with_shape(mut m: ModelProto, input: &[i64], output: &[i64], elem: i32) -> ModelProto {
+        let g = m.graph.as_mut().unwrap();
+        g.input[0] = vi("x", elem, input);
+        g.output[0] = vi("y", elem, output);
+        m
+    }
+
+    pub(crate) fn symbolic(m: &mut ModelProto, input: &str, output: &str) {
+        let g = m.graph.as_mut().unwrap();
+        for (vi, p) in [(&mut g.input[0], input), (&mut g.output[0], output)] {
+            let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_mut().unwrap().value.as_mut() else { panic!() };
+            t.shape.as_mut().unwrap().dim[0].value = Some(Dim::DimParam(p.into()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::testing::*;
+    use crate::proto::{attribute_proto::AttributeType, AttributeProto};
 
     #[test]
     fn chain_renames_only_clashing_internal_names() {
@@ -820,5 +469,46 @@ mod tests {
         scale(1).encode(&mut full).unwrap();
         full.truncate(full.len() - 3);
         assert_eq!(decode("cut", bytes::Bytes::from(full)).unwrap_err().kind, Kind::Load);
+    }
+
+    #[test]
+    fn fan_out_fan_in_and_a_skip() {
+        // pre -> left, pre -> right, (left, right, pre) -> join.
+        let models = vec![distinct(1.0), distinct(2.0), distinct(3.0), join("Sum", &["a", "b", "s"])];
+        let edges = vec![
+            edge(0, "y", 1, "x"),
+            edge(0, "y", 2, "x"),
+            edge(1, "y", 3, "a"),
+            edge(2, "y", 3, "b"),
+            edge(0, "y", 3, "s"),
+        ];
+        let c = compose_graph(models, &labels(4), &graph_opts(edges, &[("out", 3, "y")])).unwrap();
+        let g = c.model.graph.unwrap();
+        assert_eq!(names(&g.input), ["x"]);
+        assert_eq!(names(&g.output), ["out"]);
+        assert_eq!(g.node.len(), 7);
+        let defined = defined_names(&g);
+        assert_eq!(defined.iter().collect::<HashSet<_>>().len(), defined.len(), "SSA: {defined:?}");
+        // Both branches read pre's output; the join reads both branches and pre's output.
+        // (pre's 'y' keeps its name: no exposed name claims it.)
+        assert_eq!(node_at(&g, 2).input, ["y", "m1/c"]);
+        assert_eq!(node_at(&g, 4).input, ["y", "m2/c"]);
+        assert_eq!(node_at(&g, 6).input, ["m1/y", "m2/y", "y"]);
+        assert_eq!(node_at(&g, 6).output, ["out"]);
+        assert!(c.report.unused_outputs.is_empty() && c.report.pruned == PruneReport::default());
+        assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 6), (6, 7)]);
+    }
+
+    #[test]
+    fn unfed_inputs_keep_their_names_when_unique() {
+        let opts = Options { edges: Some(vec![]), ..Default::default() };
+        let mut other = join("Neg", &["z"]);
+        let g = other.graph.as_mut().unwrap();
+        g.output[0].name = Some("w".into());
+        g.node = vec![node("Neg", &["z"], &["w"])];
+        let c = compose_graph(vec![distinct(1.0), other], &labels(2), &opts).unwrap();
+        let g = c.model.graph.unwrap();
+        assert_eq!(names(&g.input), ["x", "z"]);
+        assert_eq!(names(&g.output), ["y", "w"]);
     }
 }

@@ -236,9 +236,23 @@ const ALIGN: u64 = 4096;
 /// beside it instead (a hard link, or a copy across file systems). Returns (model bytes,
 /// data bytes written, data file name). Atomic as described above.
 pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
+    write_with_external_tee(model, path, threshold, None, &mut std::io::sink())
+}
+
+/// [`write_with_external`], also sending every byte of the data file and then the model file
+/// to `tee` (a digest computed while encoding, instead of reading the files again).
+/// `data_name` fixes the data file's name (in a private folder, where no other export can
+/// collide with it, so that the bytes, and their digest, depend on the model alone).
+pub fn write_with_external_tee(
+    model: &ModelProto,
+    path: &Path,
+    threshold: usize,
+    data_name: Option<&str>,
+    tee: &mut dyn Write,
+) -> Result<(u64, u64, String)> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
     let token = format!("{:08x}", (crate::model::nanos() as u64 ^ std::process::id() as u64) & 0xffff_ffff);
-    let data_name = format!("{name}.{token}.data");
+    let data_name = data_name.map_or_else(|| format!("{name}.{token}.data"), str::to_string);
     let data_path = path.with_file_name(&data_name);
     let data_tmp = crate::model::temp_path(&data_path);
     let old_data = previous_data_files(path);
@@ -253,7 +267,9 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
             for_each_tensor(g, &mut |t| {
                 let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(false) };
                 let pad = (ALIGN - offset % ALIGN) % ALIGN;
-                out.write_all(&vec![0u8; pad as usize]).and_then(|_| out.write_all(&raw)).map_err(io)?;
+                let zeros = vec![0u8; pad as usize];
+                out.write_all(&zeros).and_then(|_| out.write_all(&raw)).map_err(io)?;
+                tee.write_all(&zeros).and_then(|_| tee.write_all(&raw)).map_err(io)?;
                 offset += pad;
                 t.external_data = vec![
                     kv("location", data_name.clone()),
@@ -282,6 +298,12 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
         let _ = fs::remove_file(&data_tmp);
         cleanup(&linked);
         return Err(Error::export(format!("cannot write {}: {e}", data_path.display())));
+    }
+    // The header is small: encoded once more for the tee.
+    if let Err(e) = tee.write_all(&prost::Message::encode_to_vec(&header)) {
+        let _ = fs::remove_file(&data_path);
+        cleanup(&linked);
+        return Err(Error::export(format!("cannot digest {}: {e}", path.display())));
     }
     match crate::model::write_atomic(&header, path) {
         Ok(n) => {

@@ -40,10 +40,27 @@ pub fn compose_two(data: &[u8]) {
         Options::default(),
         Options { keep_outputs: Keep::Unconsumed, ..Default::default() },
         Options { io_maps: Some(vec![vec![]]), ..Default::default() },
+        graph_form(&a, &b),
     ] {
         if let Ok(merged) = compose(vec![a.clone(), b.clone()], &["a".into(), "b".into()], &opts) {
             round_trip(&merged);
         }
+    }
+}
+
+/// The graph form: a's first output to b's first input, b's first output exposed, every
+/// clean-up on (prune, dedupe, adapters).
+fn graph_form(a: &crate::proto::ModelProto, b: &crate::proto::ModelProto) -> Options {
+    let first = |m: &crate::proto::ModelProto, outputs: bool| {
+        let g = m.graph.as_ref();
+        let list = g.map(|g| if outputs { &g.output } else { &g.input });
+        list.and_then(|l| l.first()?.name.clone()).unwrap_or_default()
+    };
+    Options {
+        edges: Some(vec![crate::Edge { from: 0, output: first(a, true), to: 1, input: first(b, false) }]),
+        graph_outputs: Some(vec![("out".into(), 1, first(b, true))]),
+        adapt: crate::Adapt::All,
+        ..Default::default()
     }
 }
 

@@ -2,19 +2,25 @@
 //!
 //! The core (`model`, `names`, `opset`, `compose`) is plain Rust; the `python` feature adds
 //! the PyO3 bindings below, which only convert types and release the GIL around the work.
+pub mod assemble;
 pub mod compose;
+pub mod digest;
 pub mod error;
 pub mod external;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod load;
 pub mod model;
 pub mod names;
+pub mod naming;
 pub mod node;
 pub mod opset;
+pub mod plan;
 mod pool;
 pub mod proto;
 
-pub use compose::{compose, Keep, Options};
+pub use compose::{compose, compose_graph, Composition, Keep, Options, Report};
+pub use plan::{Adapt, Edge};
 
 // Rayon's threads allocate and free side by side; mimalloc made a node-heavy merge about
 // 10% faster than glibc's allocator (and 2x before nodes were kept as bytes).
@@ -48,8 +54,10 @@ mod bindings {
     use pyo3::prelude::*;
     use pyo3::types::{PyBool, PyBytes, PyDict};
 
+    use crate::compose::{Origins, Report};
+    use crate::load::{self, Source};
     use crate::proto::ModelProto;
-    use crate::{external, model, Error, Keep, Kind, Options};
+    use crate::{external, model, Adapt, Edge, Error, Keep, Kind, Options};
 
     create_exception!(_core, FastseqError, PyException, "Base class of every fastseq error.");
     create_exception!(_core, LoadError, FastseqError, "A source is not a usable ONNX model.");
@@ -85,61 +93,27 @@ mod bindings {
         }
     }
 
-    /// A model source: serialized bytes (shared with Python, not copied), a path (mmapped,
-    /// external data resolved in place beside it) or a model the core already holds.
-    enum Source {
-        Bytes(Bytes),
-        /// A model file, and the folder its external data may resolve into (default: the
-        /// file's own folder; a Hub cache's repo folder, whose files are links into blobs/).
-        Path(PathBuf, Option<PathBuf>),
-        Model(Box<ModelProto>),
-    }
+    /// A model source (see [`crate::load::Source`]): Python `bytes` (shared, not copied), a
+    /// path or (path, root folder), or a model the core already holds.
+    struct PySource(Source);
 
-    impl<'a, 'py> FromPyObject<'a, 'py> for Source {
+    impl<'a, 'py> FromPyObject<'a, 'py> for PySource {
         type Error = PyErr;
         fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
             if let Ok(b) = ob.cast::<PyBytes>() {
                 let data = b.as_bytes();
                 let owner = PyBytesOwner { ptr: data.as_ptr(), len: data.len(), _object: b.to_owned().unbind() };
-                return Ok(Source::Bytes(Bytes::from_owner(owner)));
+                return Ok(PySource(Source::Bytes(Bytes::from_owner(owner))));
             }
             if let Ok(c) = ob.cast::<Composed>() {
                 // Nodes and weights are shared slices (reference counts); the rest is copied.
-                return Ok(Source::Model(Box::new(c.get().model.clone())));
+                return Ok(PySource(Source::Model(Box::new(c.get().model.clone()))));
             }
             if let Ok((path, root)) = ob.extract::<(PathBuf, PathBuf)>() {
-                return Ok(Source::Path(path, Some(root)));
+                return Ok(PySource(Source::Path(path, Some(root))));
             }
-            Ok(Source::Path(ob.extract::<PathBuf>()?, None))
+            Ok(PySource(Source::Path(ob.extract::<PathBuf>()?, None)))
         }
-    }
-
-    fn load(label: &str, src: Source, mode: external::Mode) -> crate::Result<ModelProto> {
-        match src {
-            Source::Model(m) => Ok(*m),
-            Source::Bytes(b) => {
-                let mut m = model::decode(label, b)?;
-                if external::has_external(&mut m) {
-                    return Err(Error::load(format!(
-                        "{label}: the model keeps its weights in external data files; pass it as a path \
-                         so that they can be found beside it"
-                    )));
-                }
-                Ok(m)
-            }
-            Source::Path(p, root) => {
-                let data = model::read_path(&p)?;
-                let mut m = model::decode(label, data)?;
-                let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-                external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label, mode)?;
-                Ok(m)
-            }
-        }
-    }
-
-    fn load_all(sources: Vec<Source>, labels: &[String], mode: external::Mode) -> crate::Result<Vec<ModelProto>> {
-        use rayon::prelude::*;
-        crate::pool::install(|| sources.into_par_iter().zip(labels.par_iter()).map(|(s, l)| load(l, s, mode)).collect())
     }
 
     /// A model held by the core: decoded once, weights as slices of the sources' memory maps.
@@ -148,6 +122,17 @@ mod bindings {
         model: ModelProto,
         /// External tensors still point at their sources' files (link mode).
         linked: bool,
+        /// What the composition pruned, deduplicated and adapted (empty for a loaded model).
+        report: Report,
+        /// Where the merged graph's nodes and renamed names come from.
+        origins: Origins,
+        labels: Vec<String>,
+    }
+
+    impl Composed {
+        fn of(model: ModelProto, linked: bool) -> Composed {
+            Composed { model, linked, report: Report::default(), origins: Origins::default(), labels: Vec::new() }
+        }
     }
 
     impl Drop for Composed {
@@ -155,7 +140,8 @@ mod bindings {
         /// a worker thread, off the caller's path.
         fn drop(&mut self) {
             let model = std::mem::take(&mut self.model);
-            crate::pool::spawn(move || drop(model));
+            let origins = std::mem::take(&mut self.origins);
+            crate::pool::spawn(move || drop((model, origins)));
         }
     }
 
@@ -200,6 +186,24 @@ mod bindings {
             Ok(d)
         }
 
+        /// Like `save(path, external_data=True)`, also returning the digest of the bytes written
+        /// (computed while writing): `(dict, digest)`.
+        #[pyo3(signature = (path, threshold=1024))]
+        fn save_with_digest<'py>(
+            &self,
+            py: Python<'py>,
+            path: PathBuf,
+            threshold: usize,
+        ) -> PyResult<(Bound<'py, PyDict>, String)> {
+            let (saved, digest) =
+                py.detach(|| crate::digest::save_with_digest(&self.model, &path, threshold)).map_err(to_py)?;
+            let d = PyDict::new(py);
+            d.set_item("model_bytes", saved.model_bytes)?;
+            d.set_item("data_bytes", saved.data_bytes)?;
+            d.set_item("data_file", saved.data_file)?;
+            Ok((d, digest))
+        }
+
         /// The model serialized without its initializers of at least `threshold` bytes.
         #[pyo3(signature = (threshold=1024))]
         fn stripped_bytes<'py>(&self, py: Python<'py>, threshold: usize) -> PyResult<Bound<'py, PyBytes>> {
@@ -212,7 +216,9 @@ mod bindings {
             let data = Bytes::copy_from_slice(stripped);
             let model =
                 py.detach(|| model::restore_weights(model::decode(label, data)?, &self.model, label)).map_err(to_py)?;
-            Ok(Composed { model, linked: self.linked })
+            let mut c = Composed::of(model, self.linked);
+            c.labels = self.labels.clone();
+            Ok(c)
         }
 
         /// Inputs, outputs, opsets, counts and sizes.
@@ -231,6 +237,52 @@ mod bindings {
             d.set_item("encoded_len", s.encoded_len)?;
             Ok(d)
         }
+
+        /// What the composition did besides merging: `pruned` (dict: `stages` (labels),
+        /// `nodes`, `initializers`, `inputs`), `deduped_initializers`, `deduped_bytes`,
+        /// `adapters` (list of (edge index, description)) and `unused_outputs` (list of
+        /// (stage index, output name)).
+        fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+            let r = &self.report;
+            let pruned = PyDict::new(py);
+            let label = |k: usize| self.labels.get(k).cloned().unwrap_or_else(|| format!("stage {k}"));
+            pruned.set_item("stages", r.pruned.stages.iter().map(|&k| label(k)).collect::<Vec<_>>())?;
+            pruned.set_item("nodes", r.pruned.nodes)?;
+            pruned.set_item("initializers", r.pruned.initializers)?;
+            pruned.set_item("inputs", &r.pruned.inputs)?;
+            let d = PyDict::new(py);
+            d.set_item("pruned", pruned)?;
+            d.set_item("deduped_initializers", r.deduped.initializers)?;
+            d.set_item("deduped_bytes", r.deduped.bytes)?;
+            d.set_item("adapters", &r.adapters)?;
+            d.set_item("unused_outputs", &r.unused_outputs)?;
+            Ok(d)
+        }
+
+        /// Where the merged graph came from: a list, per stage, of (label, first node index,
+        /// end node index) in the merged graph, and a dict from every renamed value or node
+        /// name of the merged graph to (stage index, original name).
+        #[allow(clippy::type_complexity)]
+        fn origins<'py>(&self, py: Python<'py>) -> PyResult<(Vec<(String, usize, usize)>, Bound<'py, PyDict>)> {
+            let o = &self.origins;
+            let stages = o
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(k, &(a, b))| (self.labels.get(k).cloned().unwrap_or_default(), a, b))
+                .collect();
+            let names = PyDict::new(py);
+            for (k, renamed) in o.values.iter().chain(&o.node_names).enumerate() {
+                let stage = k % o.values.len().max(1);
+                for (new, old) in renamed.iter() {
+                    // A graph input feeding several stages is named after the first.
+                    if !names.contains(new)? {
+                        names.set_item(new, (stage, old))?;
+                    }
+                }
+            }
+            Ok((stages, names))
+        }
     }
 
     fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
@@ -247,16 +299,38 @@ mod bindings {
         })
     }
 
-    /// Loads and composes the models; every argument but the sources is optional.
+    fn adapt(a: Option<Bound<'_, PyAny>>) -> PyResult<Adapt> {
+        Ok(match a {
+            None => Adapt::Off,
+            Some(a) if a.is_instance_of::<PyBool>() => {
+                if a.extract::<bool>()? {
+                    Adapt::All
+                } else {
+                    Adapt::Off
+                }
+            }
+            Some(a) => Adapt::Edges(a.extract::<Vec<usize>>()?),
+        })
+    }
+
+    /// Loads and composes the models; every argument but the sources and labels is optional.
+    /// `edges`: (from stage, output, to stage, input) tuples, any earlier stage to any later
+    /// one (instead of `io_maps`); `graph_inputs`: (exposed name, [(stage, input), ...]);
+    /// `graph_outputs`: (exposed name, stage, output). `prune` and `dedupe` default to on in
+    /// that graph form and off in the linear one; `adapt`: True, or a list of edge indices.
     #[pyfunction(name = "compose")]
-    #[pyo3(signature = (sources, labels, io_maps=None, keep_outputs=None, prefixes=None, inputs=None,
-                        outputs=None, ir_version=None, meta=None, model_version=None, link_external=false))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (sources, labels, io_maps=None, edges=None, graph_inputs=None, graph_outputs=None,
+                        keep_outputs=None, prefixes=None, inputs=None, outputs=None, ir_version=None, meta=None,
+                        model_version=None, link_external=false, prune=None, dedupe=None, adapt=None))]
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn compose_models(
         py: Python<'_>,
-        sources: Vec<Source>,
+        sources: Vec<PySource>,
         labels: Vec<String>,
         io_maps: Option<Vec<Vec<(String, String)>>>,
+        edges: Option<Vec<(usize, String, usize, String)>>,
+        graph_inputs: Option<Vec<(String, Vec<(usize, String)>)>>,
+        graph_outputs: Option<Vec<(String, usize, String)>>,
         keep_outputs: Option<Bound<'_, PyAny>>,
         prefixes: Option<Vec<Option<String>>>,
         inputs: Option<Vec<String>>,
@@ -265,6 +339,9 @@ mod bindings {
         meta: Option<HashMap<String, String>>,
         model_version: Option<i64>,
         link_external: bool,
+        prune: Option<bool>,
+        dedupe: Option<bool>,
+        adapt: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Composed> {
         if sources.len() != labels.len() {
             return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
@@ -272,10 +349,17 @@ mod bindings {
         let meta = meta.unwrap_or_default();
         let opts = Options {
             io_maps,
+            edges: edges
+                .map(|es| es.into_iter().map(|(from, output, to, input)| Edge { from, output, to, input }).collect()),
+            graph_inputs,
+            graph_outputs,
             keep_outputs: self::keep_outputs(keep_outputs)?,
             prefixes: prefixes.unwrap_or_default(),
             inputs,
             outputs,
+            prune,
+            dedupe,
+            adapt: self::adapt(adapt)?,
             ir_version,
             graph_name: meta.get("name").cloned(),
             doc_string: meta.get("doc_string").cloned(),
@@ -284,25 +368,32 @@ mod bindings {
             domain: meta.get("domain").cloned(),
             model_version,
         };
-        let model = py
+        let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
+        let composed = py
             .detach(|| {
                 let mode = if link_external { external::Mode::Link } else { external::Mode::InPlace };
-                load_all(sources, &labels, mode).and_then(|ms| crate::compose::compose(ms, &labels, &opts))
+                load::load_all(sources, &labels, mode).and_then(|ms| crate::compose::compose_graph(ms, &labels, &opts))
             })
             .map_err(to_py)?;
-        Ok(Composed { model, linked: link_external })
+        Ok(Composed {
+            model: composed.model,
+            linked: link_external,
+            report: composed.report,
+            origins: composed.origins,
+            labels,
+        })
     }
 
     /// Loads one model (external data resolved) without composing it.
     #[pyfunction]
     #[pyo3(signature = (source, label=None))]
-    fn load_model(py: Python<'_>, source: Source, label: Option<String>) -> PyResult<Composed> {
-        let label = label.unwrap_or_else(|| match &source {
-            Source::Path(p, _) => p.display().to_string(),
-            Source::Bytes(_) | Source::Model(_) => "model".to_string(),
-        });
-        let model = py.detach(|| load(&label, source, external::Mode::InPlace)).map_err(to_py)?;
-        Ok(Composed { model, linked: false })
+    fn load_model(py: Python<'_>, source: PySource, label: Option<String>) -> PyResult<Composed> {
+        let source = source.0;
+        let label = label.unwrap_or_else(|| source.default_label());
+        let model = py.detach(|| load::load(&label, source, external::Mode::InPlace)).map_err(to_py)?;
+        let mut c = Composed::of(model, false);
+        c.labels = vec![label];
+        Ok(c)
     }
 
     /// The external-data files that the model at `path` refers to (not opened).
@@ -320,6 +411,13 @@ mod bindings {
     #[pyfunction]
     fn check_external_location(location: &str) -> PyResult<()> {
         external::check_relative(location).map_err(to_py)
+    }
+
+    /// The XXH3-128 digest of a file's bytes, as hex.
+    #[pyfunction]
+    fn file_digest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+        py.detach(|| crate::digest::file_digest(&path))
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
     }
 
     /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
@@ -345,6 +443,7 @@ mod bindings {
         m.add_function(wrap_pyfunction!(load_model, m)?)?;
         m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
         m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
+        m.add_function(wrap_pyfunction!(file_digest, m)?)?;
         m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
         Ok(())
     }

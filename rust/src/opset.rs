@@ -44,11 +44,9 @@ pub fn merge_opsets(models: &[ModelProto], labels: &[String]) -> Result<Vec<Oper
         merged.push(OperatorSetIdProto { domain: Some(domain.clone()), version: Some(version) });
     }
     if !conflicts.is_empty() {
-        return Err(Error::opset(format!(
-            "the models import different opset versions: {}. Convert them to one version first \
-             (auto_ir_version_conversion=True, or target_opset_version=N).",
-            conflicts.join(" | ")
-        )));
+        // Neutral on purpose: how to convert depends on the entry point (ONNXSequential,
+        // compose, merge_models, the CLI), so the Python layer adds the hint.
+        return Err(Error::opset(format!("the models import different opset versions: {}", conflicts.join(" | "))));
     }
     Ok(merged)
 }
@@ -89,5 +87,6 @@ mod tests {
         let err = merge_opsets(&ms, &labels).unwrap_err();
         assert_eq!(err.kind, crate::error::Kind::Opset);
         assert!(err.message.contains("13 in resize.onnx; 17 in head.onnx"), "{}", err.message);
+        assert!(!err.message.contains("auto_ir_version_conversion"), "{}", err.message);
     }
 }

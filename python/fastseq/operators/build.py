@@ -1,8 +1,10 @@
-"""Writes the built-in operator models and the demo sample beside this file.
+"""Writes the built-in operator models and the demo samples beside this file.
 
 The .onnx files are committed and shipped in the wheel; rerun this after changing one:
-    python python/fastseq/operators/build.py
-Only onnx and numpy are needed. Names and conventions follow kornia's operators.
+    python python/fastseq/operators/build.py           # everything
+    python python/fastseq/operators/build.py digits    # only the digits classifier + sample
+The fixed operators need only onnx and numpy; the digits classifier needs scikit-learn,
+skl2onnx and Pillow (the test extra). Names and conventions follow kornia's operators.
 """
 
 from __future__ import annotations
@@ -108,10 +110,62 @@ def sample() -> None:
     np.save(HERE / "sample.npy", img)
 
 
+def digits() -> None:
+    """``digits.onnx``: a logistic regression trained on scikit-learn's bundled digits
+    (8x8 grey images, 0 to 16), exported with skl2onnx: [N, 64] pixels scaled to [0, 1]
+    and normalised with mean 0.5, std 0.5 -> ``label`` [N] and ``logits`` [N, 10] (raw
+    scores: their softmax is the model's ``predict_proba``). ``digits.npz``: held-out
+    digits as the photos the demo feeds, uint8 RGB [N, 64, 64, 3] (``images``), with their
+    ``labels``."""
+    from onnx import version_converter
+    from PIL import Image
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType, Int64TensorType
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    x = ((data.images.reshape(len(data.images), -1) / 16.0 - 0.5) / 0.5).astype(np.float32)
+    index = np.arange(len(x))
+    train, test = train_test_split(index, test_size=0.25, random_state=0, stratify=data.target)
+    clf = LogisticRegression(max_iter=5000).fit(x[train], data.target[train])
+    print(f"digits: held-out accuracy {clf.score(x[test], data.target[test]):.3f}")
+    model = convert_sklearn(
+        clf,
+        initial_types=[("input", FloatTensorType([None, 64]))],
+        final_types=[("label", Int64TensorType([None])), ("logits", FloatTensorType([None, 10]))],
+        options={id(clf): {"zipmap": False, "raw_scores": True}},
+        target_opset={"": OPSET[0].version, "ai.onnx.ml": 3},
+    )
+    # skl2onnx stamps the lowest opset its nodes need (9); the stages of a pipeline share one.
+    model = version_converter.convert_version(model, OPSET[0].version)
+    model.graph.name = "digits"
+    model.doc_string = digits.__doc__
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, HERE / "digits.onnx")
+
+    # One held-out digit of each of four classes, as a camera would give it: upscaled 8x
+    # (bicubic), pale yellow ink on a dark background, RGB.
+    picks = [next(i for i in test if data.target[i] == c) for c in (3, 0, 7, 4)]
+    ink = np.array([255, 235, 180], np.float32)
+    images = []
+    for i in picks:
+        grey = Image.fromarray((data.images[i] * (255 / 16)).astype(np.float32), "F").resize((64, 64), Image.BICUBIC)
+        level = np.clip(np.asarray(grey), 0, 255)[..., None] / 255
+        images.append(np.clip(level * ink + (1 - level) * 12, 0, 255).round().astype(np.uint8))
+    assert (clf.predict(x[picks]) == data.target[picks]).all()
+    np.savez_compressed(HERE / "digits.npz", images=np.stack(images), labels=data.target[picks])
+
+
 if __name__ == "__main__":
-    to_float()
-    resize()
-    normalize()
-    color_head()
-    sample()
-    print("wrote", sorted(p.name for p in HERE.iterdir() if p.suffix in (".onnx", ".npy")))
+    import sys
+
+    if sys.argv[1:] != ["digits"]:
+        to_float()
+        resize()
+        normalize()
+        color_head()
+        sample()
+    digits()
+    print("wrote", sorted(p.name for p in HERE.iterdir() if p.suffix in (".onnx", ".npy", ".npz")))

@@ -1,0 +1,255 @@
+"""IO binding: inputs and outputs bound to buffers once, calls through
+``run_with_iobinding`` with nothing converted or copied on the way.
+
+Inputs are bound where they live: numpy arrays, torch tensors (CPU or CUDA) and objects with
+``__dlpack__`` or ``__cuda_array_interface__`` by their data pointer, never through
+``.cpu().numpy()``. Outputs go into buffers allocated once per input shape and reused by
+later calls: numpy arrays on the CPU, torch tensors on the input's device (``outputs="torch"``),
+or ONNX Runtime's own ``OrtValue``s (``outputs="ortvalue"``, left where the provider put them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from fastseq.errors import InputError
+
+_OUTPUT_KINDS = ("numpy", "torch", "ortvalue")
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    """Where a tensor lives: what ``bind_input`` / ``bind_output`` take."""
+
+    device: str  # "cpu" or "cuda"
+    device_id: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    ptr: int
+
+
+def _torch_dtype_to_numpy(t: Any) -> np.dtype:
+    import torch
+
+    table = {
+        torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+        torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+        torch.uint8: np.uint8, torch.bool: np.bool_,
+    }
+    if t not in table:
+        raise InputError(f"torch dtype {t} cannot be bound")
+    return np.dtype(table[t])
+
+
+def buffer_of(name: str, value: Any) -> tuple[_Buffer, Any]:
+    """The buffer of a bindable value and the object that keeps it alive."""
+    if isinstance(value, np.ndarray):
+        array = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+        return _Buffer("cpu", 0, array.dtype, array.shape, array.ctypes.data), array
+    if hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):  # torch.Tensor
+        tensor = value if value.is_contiguous() else value.contiguous()
+        device = tensor.device
+        return (
+            _Buffer(
+                "cuda" if device.type == "cuda" else "cpu",
+                device.index or 0,
+                _torch_dtype_to_numpy(tensor.dtype),
+                tuple(tensor.shape),
+                tensor.data_ptr(),
+            ),
+            tensor,
+        )
+    cai = getattr(value, "__cuda_array_interface__", None)
+    if cai is not None:
+        if cai.get("strides") not in (None,) and cai["strides"] != _contiguous_strides(cai):
+            raise InputError(f"input '{name}': a strided CUDA array cannot be bound in place")
+        dev = getattr(value, "device", None)
+        return _Buffer("cuda", int(getattr(dev, "id", 0) or 0), np.dtype(cai["typestr"]), tuple(cai["shape"]),
+                       int(cai["data"][0])), value
+    if hasattr(value, "__dlpack__"):
+        array = np.from_dlpack(value)  # zero-copy for CPU memory; refuses device memory
+        return buffer_of(name, array)
+    raise InputError(
+        f"input '{name}': cannot bind a {type(value).__name__}; pass a numpy array, a torch tensor or an "
+        "object with __dlpack__ / __cuda_array_interface__"
+    )
+
+
+def _contiguous_strides(cai: dict) -> tuple[int, ...] | None:
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    strides, step = [], itemsize
+    for d in reversed(cai["shape"]):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+class Binding:
+    """Inputs and outputs of one session bound once; see :meth:`fastseq.ONNXSequential.bind`.
+
+    ``binding(x)`` (or ``binding(name=x)``) binds new inputs when their buffers changed and
+    runs; ``binding.run()`` runs again on the bound buffers (write new data into them in
+    place). The arrays returned are the output buffers, overwritten by the next call: copy
+    what you keep.
+    """
+
+    def __init__(self, runner: Any, outputs: str = "numpy", output_names: Sequence[str] | None = None,
+                 run_options: ort.RunOptions | None = None) -> None:
+        if outputs not in _OUTPUT_KINDS:
+            raise ValueError(f"outputs must be one of {', '.join(_OUTPUT_KINDS)}, got {outputs!r}")
+        self._runner = runner
+        self._session = runner.session
+        self._iob = self._session.io_binding()
+        self._c_iob = getattr(self._iob, "_iobinding", self._iob)
+        self._c_run = getattr(self._session, "_sess", None)
+        self._kind = outputs
+        self._run_options = run_options
+        known = runner._output_list
+        names = list(output_names) if output_names is not None else list(known)
+        for n in names:
+            if n not in known:
+                from fastseq import _core
+
+                raise InputError(f"'{n}' is not an output{_core.did_you_mean(n, known)}; outputs: {', '.join(known)}")
+        self._names = names
+        self._bound: dict[str, tuple[_Buffer, Any]] = {}
+        self._out_for: dict[tuple, list[Any]] = {}  # input signature -> output buffers
+        self._outputs: list[Any] | None = None
+        self._signature: tuple | None = None
+
+    # --- binding ------------------------------------------------------------------
+    def bind(self, *inputs: Any, **named: Any) -> Binding:
+        """Binds inputs (by position or by name) to their buffers; returns the binding."""
+        if inputs and named:
+            raise InputError("pass inputs either by position or by name, not both")
+        if inputs:
+            if len(inputs) != self._runner._n:
+                raise InputError(f"expected {self._runner._n} inputs, got {len(inputs)}")
+            named = {c.name: x for c, x in zip(self._runner._checks, inputs)}
+        for name, value in named.items():
+            self._bind_input(name, value)
+        return self
+
+    def _bind_input(self, name: str, value: Any) -> None:
+        check = next((c for c in self._runner._checks if c.name == name), None)
+        if check is None:
+            from fastseq import _core
+
+            names = [c.name for c in self._runner._checks]
+            raise InputError(f"'{name}' is not an input{_core.did_you_mean(name, names)}; inputs: {', '.join(names)}")
+        buf, keep = buffer_of(name, value)
+        old = self._bound.get(name)
+        if old is not None and old[0] == buf:
+            self._bound[name] = (buf, keep)
+            return
+        if check.dtype is not None and buf.dtype != check.dtype:
+            raise InputError(f"input '{name}' expects {check.dtype}, got {buf.dtype}")
+        if check.ndim is not None and len(buf.shape) != check.ndim:
+            raise InputError(f"input '{name}' expects rank {check.ndim}, got shape {list(buf.shape)}")
+        for axis, size in check.static:
+            if buf.shape[axis] != size:
+                raise InputError(f"input '{name}' expects size {size} on axis {axis}, got shape {list(buf.shape)}")
+        self._iob.bind_input(name, buf.device, buf.device_id, buf.dtype, list(buf.shape), buf.ptr)
+        self._bound[name] = (buf, keep)
+        self._signature = None
+
+    # --- running ------------------------------------------------------------------
+    def __call__(self, *inputs: Any, **named: Any) -> list[Any]:
+        """Binds the inputs given (re-binding only buffers that changed) and runs."""
+        if inputs or named:
+            self.bind(*inputs, **named)
+        return self.run()
+
+    def run(self) -> list[Any]:
+        """Runs on the bound buffers; returns the output buffers (reused by the next call)."""
+        if self._signature is None:
+            self._prepare_outputs()
+        try:
+            if self._c_run is not None:
+                self._c_run.run_with_iobinding(self._c_iob, self._run_options)
+            else:
+                self._session.run_with_iobinding(self._iob, self._run_options)
+        except Exception as e:
+            explain = self._runner._explain
+            if explain is not None:
+                raise explain(e) from e
+            raise
+        if self._outputs is None:  # shapes not known before the first run
+            values = self._iob.get_outputs()
+            self._out_for[self._signature] = self._allocate([v.shape() for v in values])
+            self._iob.clear_binding_outputs()
+            self._bind_outputs(self._out_for[self._signature])
+            self._outputs = self._out_for[self._signature]
+            # The run's results are in ONNX Runtime's buffers: copy them into ours once.
+            for buf, value in zip(self._outputs, values):
+                _copy_into(buf, value)
+        return self._outputs if self._kind != "ortvalue" else self._iob.get_outputs()
+
+    def _prepare_outputs(self) -> None:
+        missing = [c.name for c in self._runner._checks if c.name not in self._bound]
+        if missing:
+            raise InputError(f"bind every input first; missing: {', '.join(missing)}")
+        self._signature = tuple((n, b.device, b.shape) for n, (b, _) in sorted(self._bound.items()))
+        self._iob.clear_binding_outputs()
+        if self._kind == "ortvalue":
+            device, device_id = self._device()
+            for n in self._names:
+                self._iob.bind_output(n, device, device_id)
+            self._outputs = []
+            return
+        buffers = self._out_for.get(self._signature)
+        if buffers is None:
+            device, device_id = self._device()
+            for n in self._names:  # ONNX Runtime allocates this first time
+                self._iob.bind_output(n, device, device_id)
+            self._outputs = None
+            return
+        self._bind_outputs(buffers)
+        self._outputs = buffers
+
+    def _device(self) -> tuple[str, int]:
+        devices = {(b.device, b.device_id) for b, _ in self._bound.values()}
+        cuda = sorted(d for d in devices if d[0] == "cuda")
+        if cuda and self._kind != "numpy":
+            return cuda[0]
+        return ("cpu", 0)
+
+    def _allocate(self, shapes: list[list[int]]) -> list[Any]:
+        infos = {o.name: o for o in self._runner.outputs}
+        out = []
+        device, device_id = self._device()
+        for n, shape in zip(self._names, shapes):
+            dtype = infos[n].dtype or np.dtype(np.float32)
+            if self._kind == "torch":
+                import torch
+
+                tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
+                dev = torch.device(device, device_id) if device == "cuda" else torch.device("cpu")
+                out.append(torch.empty(tuple(shape), dtype=tdtype, device=dev))
+            else:
+                out.append(np.empty(tuple(shape), dtype))
+        return out
+
+    def _bind_outputs(self, buffers: list[Any]) -> None:
+        for n, buf in zip(self._names, buffers):
+            b, _ = buffer_of(n, buf)
+            self._iob.bind_output(n, b.device, b.device_id, b.dtype, list(b.shape), b.ptr)
+
+
+def _copy_into(buf: Any, value: ort.OrtValue) -> None:
+    """Copies ONNX Runtime's first result into our buffer (only on the first call per shape)."""
+    if isinstance(buf, np.ndarray):
+        np.copyto(buf, value.numpy())
+        return
+    import torch
+
+    if value.device_name().lower() == "cpu":
+        buf.copy_(torch.from_numpy(value.numpy()))
+    else:  # device to device through DLPack where this onnxruntime has it, else via the host
+        to_dlpack = getattr(value, "to_dlpack", None)
+        buf.copy_(torch.from_dlpack(to_dlpack()) if to_dlpack else torch.from_numpy(value.numpy()))

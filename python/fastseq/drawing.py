@@ -1,0 +1,103 @@
+"""A picture of a pipeline at the stage level: Graphviz DOT text always, SVG through the
+``dot`` binary where it is installed. A merged graph of 30,000 nodes is unreadable; its
+handful of stages and the tensors between them is what people want to see."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html import escape
+
+from fastseq.errors import ExportError
+from fastseq.spec import IoInfo, Layout
+
+_GREY = "#9e9e9e"
+
+
+def _q(s: str) -> str:
+    """A DOT quoted id."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _tensor(info: IoInfo | None) -> str:
+    if info is None:
+        return "?"
+    _, dtype, dims = info
+    return f"{dtype}[{', '.join(dims)}]"
+
+
+def to_dot(layout: Layout, title: str = "pipeline") -> str:
+    """DOT text: stages as boxes listing their inputs and outputs (name, dtype, shape),
+    edges labelled with the tensors they carry, graph inputs and outputs as ovals, pruned
+    stages grey and dashed. Node ids: stages by name, graph inputs ``in:NAME``, outputs
+    ``out:NAME``; ports ``i<k>`` / ``o<k>`` by position."""
+    lines = [
+        f"digraph {_q(title)} {{",
+        "  rankdir=LR;",
+        '  node [fontname="Helvetica", fontsize=10];',
+        '  edge [fontname="Helvetica", fontsize=9];',
+    ]
+    ports: dict[tuple[str, str, str], str] = {}
+    infos: dict[tuple[str, str], IoInfo] = {}
+    pruned = {st.name for st in layout.stages if st.pruned}
+    for st in layout.stages:
+        colour = _GREY if st.pruned else "black"
+        rows = [
+            f'<TR><TD COLSPAN="2" BGCOLOR="{"#eeeeee" if st.pruned else "#dde8f5"}"><B>{escape(st.name)}</B>'
+            f'<BR/><FONT POINT-SIZE="8">{escape(st.label)}{" (pruned)" if st.pruned else ""}</FONT></TD></TR>'
+        ]
+        for k in range(max(len(st.inputs), len(st.outputs))):
+            cells = []
+            for kind, items in (("i", st.inputs), ("o", st.outputs)):
+                if k < len(items):
+                    info = items[k]
+                    ports[kind, st.name, info[0]] = f"{kind}{k}"
+                    infos[st.name, info[0]] = info
+                    cells.append(
+                        f'<TD PORT="{kind}{k}" ALIGN="{"LEFT" if kind == "i" else "RIGHT"}">'
+                        f"{escape(info[0])}: {escape(_tensor(info))}</TD>"
+                    )
+                else:
+                    cells.append("<TD></TD>")
+            rows.append("<TR>" + "".join(cells) + "</TR>")
+        table = f'<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" COLOR="{colour}">' + "".join(rows) + "</TABLE>"
+        style = ', style="dashed"' if st.pruned else ""
+        lines.append(f'  {_q(st.name)} [shape=plain, fontcolor="{colour}"{style}, label=<{table}>];')
+
+    def port(kind: str, stage: str, name: str) -> str:
+        p = ports.get((kind, stage, name))
+        return f"{_q(stage)}:{p}" if p else _q(stage)
+
+    for e in layout.edges:
+        grey = e.src in pruned or e.dst in pruned
+        label = f"{e.output}: {_tensor(infos.get((e.src, e.output)))}"
+        attrs = f'label={_q(label)}, tooltip={_q(str(e))}' + (f', color="{_GREY}", fontcolor="{_GREY}"' if grey else "")
+        lines.append(f"  {port('o', e.src, e.output)} -> {port('i', e.dst, e.input)} [{attrs}];")
+    for name, targets in layout.inputs:
+        node = _q(f"in:{name}")
+        lines.append(f'  {node} [shape=oval, style=filled, fillcolor="#e8f5e9", label={_q(name)}];')
+        for stage, inp in targets:
+            lines.append(f"  {node} -> {port('i', stage, inp)};")
+    for o in layout.outputs:
+        node = _q(f"out:{o.name}")
+        lines.append(f'  {node} [shape=oval, style=filled, fillcolor="#fff3e0", label={_q(o.name)}];')
+        label = _tensor(infos.get((o.stage, o.output)))
+        lines.append(f"  {port('o', o.stage, o.output)} -> {node} [label={_q(label)}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def have_dot() -> bool:
+    """Whether Graphviz's ``dot`` is on the PATH."""
+    return shutil.which("dot") is not None
+
+
+def to_svg(dot_text: str) -> str:
+    """SVG from DOT text through Graphviz's ``dot``; ExportError when it is missing or fails."""
+    exe = shutil.which("dot")
+    if exe is None:
+        raise ExportError("drawing SVG needs Graphviz's 'dot' (apt-get install graphviz); to_dot() needs nothing")
+    r = subprocess.run([exe, "-Tsvg"], input=dot_text, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise ExportError(f"dot failed: {r.stderr.strip()}")
+    return r.stdout

@@ -1,0 +1,174 @@
+"""Parameterised operators: small ONNX models built on demand, to put in front of or after
+a model in a pipeline.
+
+Each function returns an ``onnx.ModelProto`` with a dynamic batch axis, which every entry
+point takes as a stage::
+
+    fastseq.ONNXSequential(
+        ops.to_float(), ops.layout("NHWC", "NCHW"), ops.resize(224), ops.normalize(),
+        "resnet18.onnx", ops.softmax(), ops.topk(5),
+    )
+
+and each is reachable from a string, for the command line and pipeline files:
+``"builtin:resize?size=224,224&mode=linear"`` (see :func:`from_string`).
+
+Images: :func:`to_float`, :func:`layout`, :func:`rgb_to_bgr`, :func:`grayscale`,
+:func:`resize`, :func:`center_crop`, :func:`letterbox`, :func:`normalize`. Outputs:
+:func:`flatten`, :func:`softmax`, :func:`argmax`, :func:`topk`, :func:`nms`. Bad names or
+parameters raise :class:`OperatorError`. The models are built at the default-domain opset
+:data:`DEFAULT_OPSET` unless an option needs a later one or ``opset=`` says otherwise: the
+stages of a pipeline share one opset.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fastseq.ops._graph import DEFAULT_OPSET, OperatorError
+from fastseq.ops.head import argmax, flatten, nms, softmax, topk
+from fastseq.ops.image import center_crop, grayscale, layout, letterbox, normalize, resize, rgb_to_bgr, to_float
+
+if TYPE_CHECKING:
+    import onnx
+
+#: Every operator by the name it has in ``builtin:NAME?...`` strings.
+OPERATORS: dict[str, Callable[..., Any]] = {
+    f.__name__: f
+    for f in (
+        to_float,
+        layout,
+        rgb_to_bgr,
+        grayscale,
+        resize,
+        center_crop,
+        letterbox,
+        normalize,
+        flatten,
+        softmax,
+        argmax,
+        topk,
+        nms,
+    )
+}
+
+
+def names() -> list[str]:
+    """The operators' names, sorted."""
+    return sorted(OPERATORS)
+
+
+def _value(text: str) -> Any:
+    """One parameter value: a bool, an int, a float (``1/255`` too) or a string."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    top, sep, bottom = text.partition("/")
+    if sep:
+        try:
+            return float(top) / float(bottom)
+        except (ValueError, ZeroDivisionError):
+            pass
+    return text
+
+
+def parse(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"resize?size=224,224&mode=linear"`` -> ``("resize", {"size": (224, 224), "mode":
+    "linear"})``. A value with commas is a tuple; ``true``/``false`` are bools; numbers
+    (and fractions such as ``1/255``) are numbers; anything else is a string."""
+    from urllib.parse import unquote
+
+    name, _, query = spec.partition("?")
+    params: dict[str, Any] = {}
+    for item in filter(None, query.split("&")):
+        key, sep, raw = item.partition("=")
+        key = unquote(key).strip()
+        if not sep or not key:
+            raise OperatorError(f"builtin:{spec}: '{item}' is not KEY=VALUE")
+        if key in params:
+            raise OperatorError(f"builtin:{spec}: '{key}' is given twice")
+        values = [_value(unquote(v).strip()) for v in raw.split(",")]
+        params[key] = values[0] if len(values) == 1 else tuple(values)
+    return name.strip(), params
+
+
+def build(name: str, *args: Any, **params: Any) -> onnx.ModelProto:
+    """The operator ``name`` built with these arguments: ``build("resize", 224)``. An
+    unknown name or parameter is an :class:`OperatorError` with the near miss."""
+    return _lookup(name, ())(*args, **_checked(name, params, args))
+
+
+def from_string(spec: str, others: Sequence[str] = ()) -> onnx.ModelProto:
+    """Builds the operator that ``"NAME?KEY=VALUE&..."`` describes (the part after
+    ``builtin:``), e.g. ``"resize?size=224,224&mode=linear"``, ``"normalize?mean=0.5&std=0.25"``,
+    ``"to_float?scale=1/255"``. ``others`` are further names the caller knows (for the
+    did-you-mean of an unknown name)."""
+    name, params = parse(spec)
+    try:
+        return _lookup(name, others)(**_checked(name, params, (), spec))
+    except OperatorError as e:
+        message = str(e)
+        raise OperatorError(message if message.startswith("builtin:") else f"builtin:{spec}: {message}") from None
+
+
+def _lookup(name: str, others: Sequence[str]) -> Callable[..., Any]:
+    if name not in OPERATORS:
+        known = sorted(set(OPERATORS) | set(others))
+        from fastseq.ops._graph import near
+
+        raise OperatorError(f"no built-in operator '{name}'{near(name, known)}; built-ins: {', '.join(known)}")
+    return OPERATORS[name]
+
+
+def _checked(name: str, params: dict[str, Any], args: tuple[Any, ...], spec: str | None = None) -> dict[str, Any]:
+    """``params`` once every key is a parameter of the operator and every required one is
+    there (a TypeError from the call itself would not name the operator)."""
+    from fastseq.ops._graph import near
+
+    where = f"builtin:{spec}" if spec is not None else name
+    signature = inspect.signature(OPERATORS[name])
+    known = list(signature.parameters)
+    for key in params:
+        if key not in known:
+            raise OperatorError(
+                f"{where}: {name} has no parameter '{key}'{near(key, known)}; parameters: {', '.join(known)}"
+            )
+    positional = [p for p in signature.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    if len(args) > len(positional):
+        raise OperatorError(f"{where}: {name} takes at most {len(positional)} positional arguments, got {len(args)}")
+    given = {p.name for p in positional[: len(args)]} | set(params)
+    missing = [p.name for p in signature.parameters.values() if p.default is p.empty and p.name not in given]
+    if missing:
+        example = f"builtin:{name}?{missing[0]}=..." if spec is not None else f"{name}({missing[0]}=...)"
+        raise OperatorError(f"{where}: {name} needs {', '.join(missing)} (e.g. {example})")
+    return params
+
+
+__all__ = [
+    "DEFAULT_OPSET",
+    "OPERATORS",
+    "OperatorError",
+    "argmax",
+    "build",
+    "center_crop",
+    "flatten",
+    "from_string",
+    "grayscale",
+    "layout",
+    "letterbox",
+    "names",
+    "nms",
+    "normalize",
+    "parse",
+    "resize",
+    "rgb_to_bgr",
+    "softmax",
+    "to_float",
+    "topk",
+]

@@ -1,0 +1,219 @@
+"""What every operator builder shares: parameter checks, dtypes, layouts, and the small
+graph builder that turns a few nodes into a model.
+
+onnx is imported inside the functions: ``import fastseq.ops`` stays as cheap as the names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from fastseq.errors import LoadError
+
+#: The default-domain opset of the models built, unless an option needs a later one or the
+#: caller passes ``opset=``. 17 is what ``torch.onnx.export`` writes by default, and the
+#: opset of the shipped ``builtin:`` models: stages must share one opset to compose.
+DEFAULT_OPSET = 17
+#: Softmax, Split, ReduceSum and Resize took their current form in opset 13.
+MIN_OPSET = 13
+
+#: ONNX element types used in Cast nodes and declarations (TensorProto.FLOAT, .INT64).
+FLOAT, INT64 = 1, 7
+#: Element types the operators accept, by numpy name.
+FLOATS = ("float16", "float32", "float64")
+INTEGERS = ("uint8", "int8", "uint16", "int16", "int32", "int64")
+
+
+class OperatorError(LoadError, ValueError):
+    """A built-in operator was asked for by a name that does not exist, or with bad
+    parameters. It is a :class:`fastseq.LoadError` (building a stage is loading it) and a
+    ``ValueError`` (the arguments are wrong)."""
+
+
+def fail(op: str, message: str) -> OperatorError:
+    """The error to raise for operator ``op``; the message names the parameter."""
+    return OperatorError(f"{op}: {message}")
+
+
+def near(name: str, candidates: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` or nothing."""
+    from fastseq._core import did_you_mean
+
+    return did_you_mean(name, list(candidates))
+
+
+def choice(op: str, param: str, value: Any, allowed: Sequence[str], aliases: dict[str, str] | None = None) -> str:
+    """``value`` as spelled in ``allowed`` (case-insensitive; ``aliases`` map other spellings)."""
+    by_lower = {a.lower(): a for a in allowed}
+    text = value.lower() if isinstance(value, str) else None
+    if text is not None and aliases and text in aliases:
+        text = aliases[text]
+    if text not in by_lower:
+        hint = near(str(value), [*allowed, *(aliases or ())])
+        raise fail(op, f"{param} must be one of {', '.join(allowed)}, got {value!r}{hint}")
+    return by_lower[text]
+
+
+def number(op: str, param: str, value: Any, *, positive: bool = False, nonzero: bool = False) -> float:
+    """A finite real number (bools refused: ``True`` is not a scale)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise fail(op, f"{param} must be a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise fail(op, f"{param} must be positive, got {value!r}")
+    if nonzero and value == 0:
+        raise fail(op, f"{param} must not be zero")
+    return float(value)
+
+
+def integer(op: str, param: str, value: Any, *, minimum: int | None = None) -> int:
+    """An int (a float with an integral value is refused: 224.5 pixels is a mistake)."""
+    import numpy as np
+
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise fail(op, f"{param} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise fail(op, f"{param} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def flag(op: str, param: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise fail(op, f"{param} must be True or False, got {value!r}")
+    return value
+
+
+def numbers(op: str, param: str, value: Any, **checks: bool) -> list[float]:
+    """One number or a sequence of them, as a non-empty list."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise fail(op, f"{param} must not be empty")
+    return [number(op, param, v, **checks) for v in items]
+
+
+def size2(op: str, value: Any, param: str = "size") -> tuple[int, int]:
+    """``224`` or ``(height, width)`` as two positive ints."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value, value]
+    if len(items) != 2:
+        raise fail(op, f"{param} must be an int or (height, width), got {value!r}")
+    h, w = (integer(op, param, v, minimum=1) for v in items)
+    return h, w
+
+
+def dtype(op: str, value: Any, allowed: Sequence[str]) -> tuple[str, int]:
+    """A numpy-style dtype (``"uint8"``, ``np.float32`` ...) as (numpy name, ONNX elem type)."""
+    import numpy as np
+    from onnx import helper
+
+    try:
+        name = np.dtype(value).name
+    except TypeError:
+        raise fail(op, f"dtype must be one of {', '.join(allowed)}, got {value!r}{near(str(value), allowed)}") from None
+    if name not in allowed:
+        raise fail(op, f"dtype must be one of {', '.join(allowed)}, got {name}")
+    return name, helper.np_dtype_to_tensor_dtype(np.dtype(name))
+
+
+def image_layout(op: str, value: Any) -> str:
+    """ "NCHW" or "NHWC": where the channel axis of a batch of images is."""
+    return choice(op, "layout", value, ("NCHW", "NHWC"))
+
+
+def letters(op: str, param: str, value: Any) -> str:
+    """A layout string such as "NHWC": distinct letters, one per axis."""
+    if not isinstance(value, str) or not value.isalpha() or len(set(value.upper())) != len(value):
+        raise fail(op, f"{param} must name each axis with one distinct letter, such as 'NCHW', got {value!r}")
+    return value.upper()
+
+
+def opset(op: str, value: Any, needed: int = MIN_OPSET, why: str = "") -> int:
+    """The opset to build at: ``value``, or the default raised to what the options need."""
+    import onnx.defs
+
+    if value is None:
+        return max(DEFAULT_OPSET, needed)
+    latest = onnx.defs.onnx_opset_version()
+    version = integer(op, "opset", value)
+    if not MIN_OPSET <= version <= latest:
+        raise fail(op, f"opset must be between {MIN_OPSET} and {latest}, got {version}")
+    if version < needed:
+        raise fail(op, f"{why} needs opset {needed} or later, got opset={version}")
+    return version
+
+
+def call_text(op: str, params: dict[str, Any]) -> str:
+    """``fastseq.ops.resize(size=(224, 224), mode='linear')``: the model's doc_string."""
+    return f"fastseq.ops.{op}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+
+
+class Graph:
+    """Collects nodes and constants, naming every value ``<op>/<kind>_<n>`` so that a
+    model reads well in Netron; the core renames on clashes anyway."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self._count = 0
+
+    def _name(self, kind: str) -> str:
+        self._count += 1
+        return f"{self.op}/{kind}_{self._count}"
+
+    def const(self, array: Any, kind: str = "const") -> str:
+        from onnx import numpy_helper
+
+        name = self._name(kind)
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def ints(self, values: int | Sequence[int], kind: str = "ints") -> str:
+        """An int64 constant: a scalar, or a 1-D tensor from a list."""
+        import numpy as np
+
+        return self.const(np.array(values, np.int64), kind)
+
+    def scalar(self, value: float, dtype: str = "float32", kind: str = "scalar") -> str:
+        import numpy as np
+
+        return self.const(np.array(value, dtype), kind)
+
+    def node(self, op_type: str, inputs: Sequence[str], outputs: int | Sequence[str] = 1, **attrs: Any) -> Any:
+        """Adds a node; returns its output name (or the list of them when several)."""
+        from onnx import helper
+
+        names = [self._name(op_type) for _ in range(outputs)] if isinstance(outputs, int) else list(outputs)
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=self._name(f"{op_type}_node"), **attrs))
+        return names[0] if len(names) == 1 else names
+
+    def model(self, call: str, inputs: Sequence[Any], outputs: Sequence[Any], version: int) -> Any:
+        """The finished ``onnx.ModelProto`` (IR version the lowest that the opset allows)."""
+        from onnx import helper
+
+        from fastseq import __version__
+
+        graph = helper.make_graph(self.nodes, self.op, list(inputs), list(outputs), self.initializers)
+        opsets = [helper.make_opsetid("", version)]
+        model = helper.make_model(
+            graph,
+            opset_imports=opsets,
+            ir_version=helper.find_min_ir_version_for(opsets),
+            producer_name="fastseq.ops",
+            producer_version=__version__,
+        )
+        model.doc_string = call
+        return model
+
+
+def tensor(name: str, elem: int, shape: Sequence[int | str]) -> Any:
+    """A graph input/output (the checker wants a rank for them)."""
+    from onnx import helper
+
+    return helper.make_tensor_value_info(name, elem, list(shape))
+
+
+def rank_dims(op: str, rank: Any, minimum: int = 1) -> list[str]:
+    """``["N", "d1", ...]``: a batch axis and ``rank - 1`` more, all dynamic."""
+    n = integer(op, "rank", rank, minimum=minimum)
+    return ["N"] + [f"d{i}" for i in range(1, n)]

@@ -1,0 +1,175 @@
+"""Operators for what comes out of a model: class scores and detector boxes.
+
+Each reads ``input`` (nms: ``boxes`` and ``scores``) and names its outputs by what they
+hold, so that a pipeline ending in one exposes ``probabilities`` or ``indices`` rather than
+``output``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastseq.ops import _graph as g
+
+if TYPE_CHECKING:  # onnx is imported when a model is built, not with fastseq
+    import onnx
+
+
+def _axis(op: str, value: Any, rank: int) -> int:
+    """An axis in [-rank, rank), kept as given (negative counts from the end)."""
+    ax = g.integer(op, "axis", value)
+    if not -rank <= ax < rank:
+        raise g.fail(op, f"axis must be in [{-rank}, {rank - 1}] for rank {rank}, got {ax}")
+    return ax
+
+
+def _without(shape: list[str], axis: int, keep: bool) -> list[Any]:
+    """``shape`` reduced along ``axis``: the axis becomes 1, or goes."""
+    ax = axis % len(shape)
+    return shape[:ax] + ([1] if keep else []) + shape[ax + 1 :]
+
+
+def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None) -> onnx.ModelProto:
+    """Scores to probabilities along ``axis`` (the classes, last by default); output
+    ``probabilities``. ``rank``: the number of axes fed, the first being the batch ([N,
+    classes] by default)."""
+    op = "softmax"
+    shape = g.rank_dims(op, rank)
+    ax = _axis(op, axis, len(shape))
+    name, elem = g.dtype(op, dtype, g.FLOATS)
+    version = g.opset(op, opset)
+    graph = g.Graph(op)
+    graph.node("Softmax", ["input"], ["probabilities"], axis=ax)
+    call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
+    return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("probabilities", elem, shape)], version)
+
+
+def argmax(
+    axis: int = -1, keepdims: bool = False, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
+) -> onnx.ModelProto:
+    """The index of the largest value along ``axis`` (the first one on ties), as int64
+    ``indices``; ``keepdims=True`` keeps the reduced axis with length 1. ``rank``: the
+    number of axes fed ([N, classes] by default)."""
+    op = "argmax"
+    shape = g.rank_dims(op, rank)
+    ax = _axis(op, axis, len(shape))
+    keep = g.flag(op, "keepdims", keepdims)
+    name, elem = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
+    version = g.opset(op, opset)
+    graph = g.Graph(op)
+    graph.node("ArgMax", ["input"], ["indices"], axis=ax, keepdims=int(keep))
+    call = g.call_text(op, dict(axis=ax, keepdims=keep, dtype=name, rank=len(shape)))
+    outputs = [g.tensor("indices", g.INT64, _without(shape, ax, keep))]
+    return graph.model(call, [g.tensor("input", elem, shape)], outputs, version)
+
+
+def topk(
+    k: int, axis: int = -1, largest: bool = True, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
+) -> onnx.ModelProto:
+    """The ``k`` largest (or smallest) values along ``axis``, sorted, as ``values`` and
+    their int64 ``indices``. The axis must hold at least ``k`` entries at run time.
+    ``rank``: the number of axes fed ([N, classes] by default)."""
+    op = "topk"
+    count = g.integer(op, "k", k, minimum=1)
+    shape = g.rank_dims(op, rank)
+    ax = _axis(op, axis, len(shape))
+    big = g.flag(op, "largest", largest)
+    name, elem = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
+    version = g.opset(op, opset)
+    graph = g.Graph(op)
+    graph.node(
+        "TopK",
+        ["input", graph.ints([count], "k")],
+        ["values", "indices"],
+        axis=ax,
+        largest=int(big),
+        sorted=1,
+    )
+    call = g.call_text(op, dict(k=count, axis=ax, largest=big, dtype=name, rank=len(shape)))
+    picked = list(shape)
+    picked[ax % len(shape)] = count
+    outputs = [g.tensor("values", elem, picked), g.tensor("indices", g.INT64, picked)]
+    return graph.model(call, [g.tensor("input", elem, shape)], outputs, version)
+
+
+def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int | None = None) -> onnx.ModelProto:
+    """Flattens the axes before ``axis`` into one and the axes from it on into another:
+    images [N, C, H, W] become the feature rows [N, C*H*W] that a scikit-learn model
+    reads. ``rank``: the number of axes fed."""
+    op = "flatten"
+    shape = g.rank_dims(op, rank)
+    ax = g.integer(op, "axis", axis, minimum=1)
+    if ax > len(shape):
+        raise g.fail(op, f"axis must be at most the rank ({len(shape)}), got {ax}")
+    name, elem = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
+    version = g.opset(op, opset)
+    graph = g.Graph(op)
+    graph.node("Flatten", ["input"], ["output"], axis=ax)
+    call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
+    out_shape = ["N" if ax == 1 else "rows", "features"]
+    return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", elem, out_shape)], version)
+
+
+def nms(
+    iou: float = 0.5,
+    score: float = 0.0,
+    max_boxes: int = 100,
+    *,
+    box_format: str = "xyxy",
+    scores_layout: str = "NCB",
+    opset: int | None = None,
+) -> onnx.ModelProto:
+    """Non-maximum suppression per image and class over detector outputs: ``boxes``
+    float32 [N, B, 4] and ``scores`` float32 [N, C, B] (``scores_layout="NBC"`` for
+    [N, B, C], as YOLO heads write them).
+
+    Keeps boxes scoring above ``score``, drops any box overlapping a better one of its
+    class by an IoU above ``iou``, and keeps at most ``max_boxes`` per image and class.
+    ``box_format``: ``"xyxy"`` (two opposite corners) or ``"cxcywh"`` (centre and size).
+    Outputs ``selected_indices`` int64 [K, 3] (image, class, box), and for each selected
+    box ``selected_boxes`` [K, 4] (as given), ``selected_scores`` [K] and
+    ``selected_classes`` int64 [K]; ordered by image, class, then falling score."""
+    op = "nms"
+    threshold = g.number(op, "iou", iou)
+    if not 0.0 <= threshold <= 1.0:
+        raise g.fail(op, f"iou must be between 0 and 1, got {iou!r}")
+    floor = g.number(op, "score", score)
+    limit = g.integer(op, "max_boxes", max_boxes, minimum=1)
+    fmt = g.choice(op, "box_format", box_format, ("xyxy", "cxcywh"))
+    scores_order = g.choice(op, "scores_layout", scores_layout, ("NCB", "NBC"))
+    version = g.opset(op, opset)
+    graph = g.Graph(op)
+    scores = "scores" if scores_order == "NCB" else graph.node("Transpose", ["scores"], perm=[0, 2, 1])
+    selected = graph.node(
+        "NonMaxSuppression",
+        [
+            "boxes",
+            scores,
+            graph.ints([limit], "max_boxes"),
+            graph.const(np.array([threshold], np.float32), "iou"),
+            graph.const(np.array([floor], np.float32), "score"),
+        ],
+        ["selected_indices"],
+        center_point_box=int(fmt == "cxcywh"),
+    )
+    image_box = graph.node("Gather", [selected, graph.ints([0, 2], "image_box")], axis=1)
+    graph.node("GatherND", ["boxes", image_box], ["selected_boxes"])
+    graph.node("GatherND", [scores, selected], ["selected_scores"])
+    graph.node("Gather", [selected, graph.ints(1, "class")], ["selected_classes"], axis=1)
+    call = g.call_text(
+        op, dict(iou=threshold, score=floor, max_boxes=limit, box_format=fmt, scores_layout=scores_order)
+    )
+    scores_shape = ["N", "classes", "boxes"] if scores_order == "NCB" else ["N", "boxes", "classes"]
+    return graph.model(
+        call,
+        [g.tensor("boxes", g.FLOAT, ["N", "boxes", 4]), g.tensor("scores", g.FLOAT, scores_shape)],
+        [
+            g.tensor("selected_indices", g.INT64, ["selected", 3]),
+            g.tensor("selected_boxes", g.FLOAT, ["selected", 4]),
+            g.tensor("selected_scores", g.FLOAT, ["selected"]),
+            g.tensor("selected_classes", g.INT64, ["selected"]),
+        ],
+        version,
+    )

@@ -1,0 +1,157 @@
+"""Pipeline: named stages joined by edges (a graph, not only a chain), built into one model
+and run with ONNX Runtime through the same API as ONNXSequential."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastseq import drawing, pipefile
+from fastseq.runnable import Runnable
+from fastseq.spec import Edge, Layout, PipelineSpec, build, session_options, session_options_dict
+
+__all__ = ["Pipeline"]
+
+
+class Pipeline(Runnable):
+    """Models as a graph of named stages, composed into one model and run as one session::
+
+        pipe = fastseq.Pipeline(
+            {"pre": "builtin:normalize", "backbone": "resnet.onnx", "cls": "head.onnx", "seg": "seg.onnx"},
+            edges=["pre.output -> backbone.input", "backbone.features -> cls.x",
+                   "backbone.features -> seg.x", "pre.output -> seg.skip"],
+            inputs={"image": ["pre.input"]},   # one graph input may feed several stages
+            outputs=["cls.logits", "seg.mask"],  # any stage's outputs; "name=stage.out" renames
+        )
+        logits, mask = pipe(image)
+
+    Stages take every model form ONNXSequential takes (a value may also be
+    ``{"source": ..., "sha256": ...}``) and are ordered topologically. Stage inputs that no
+    edge or graph input feeds become graph inputs under their own name when unique, else
+    ``stage.input``. Without ``outputs``, every output that no edge consumes is exposed.
+    What no exposed output needs is pruned (``prune=False`` keeps it); identical weights
+    are stored once (``dedupe=False`` keeps copies); ``adapt=True`` (or a list of edges)
+    inserts a Cast or an (Un)squeeze where an edge's two sides differ in type or batch axis.
+    """
+
+    spec: PipelineSpec
+
+    def __init__(
+        self,
+        stages: Mapping[str, Any],
+        edges: Sequence[str | Edge | tuple] = (),
+        inputs: Mapping[str, str | Sequence[str]] | None = None,
+        outputs: Sequence[str] | None = None,
+        *,
+        providers: Sequence[Any] | None = None,
+        session_options: Any = None,
+        adapt: bool | Sequence[int | str] = False,
+        prune: bool = True,
+        dedupe: bool = True,
+        opset: int | str | None = None,
+        ir_version: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        force_download: bool = False,
+        token: str | bool | None = None,
+    ) -> None:
+        spec = PipelineSpec.graph(
+            stages,
+            edges,
+            inputs,
+            outputs,
+            adapt=adapt,
+            providers=list(providers) if providers else None,
+            session_options=session_options,
+            # Only a departure from the graph defaults is recorded (and written to a file).
+            prune=None if prune else False,
+            dedupe=None if dedupe else False,
+            opset=opset,
+            ir_version=ir_version,
+            metadata=dict(metadata or {}),
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            force_download=force_download,
+            token=token,
+        )
+        self._build(spec)
+
+    @classmethod
+    def from_spec(cls, spec: PipelineSpec) -> Pipeline:
+        """A pipeline built from a graph description."""
+        if not spec.is_graph:
+            raise TypeError("Pipeline needs a graph description (named stages and edges)")
+        pipe = cls.__new__(cls)
+        pipe._build(spec)
+        return pipe
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> Pipeline:
+        """The pipeline that the TOML file at ``path`` describes (see :mod:`fastseq.pipefile`)."""
+        return cls.from_spec(pipefile.read(path))
+
+    def to_file(self, path: str | os.PathLike[str]) -> Path:
+        """Writes this pipeline's description as a TOML pipeline file (atomically); in-memory
+        models are saved beside it. ``Pipeline.from_file`` reads it back."""
+        return pipefile.write(self.spec, path)
+
+    def _build(self, spec: PipelineSpec) -> None:
+        built = build(spec)
+        self.spec = spec
+        self._composed, self._labels = built.composed, built.labels
+        self._layout: Layout = built.layout  # type: ignore[assignment]
+        self._report = built.report
+        self._start(spec.providers, session_options(spec.session_options))
+
+    # --- what was built -----------------------------------------------------------------
+    @property
+    def stages(self) -> list[str]:
+        """The stage names in graph (topological) order."""
+        return list(self._labels)
+
+    @property
+    def edges(self) -> list[Edge]:
+        """The edges, as given."""
+        return list(self._layout.edges)
+
+    def report(self) -> dict[str, Any]:
+        """What the build did besides merging, as the core reports it: ``pruned``
+        (``stages``, ``nodes``, ``initializers``, ``inputs``), ``deduped_initializers``,
+        ``deduped_bytes``, ``adapters`` ([(edge index, description)]) and
+        ``unused_outputs`` ([(stage, output)])."""
+        return dict(self._report)
+
+    def to_dot(self) -> str:
+        """The stage graph as Graphviz DOT text (no Graphviz needed)."""
+        return drawing.to_dot(self._layout, "pipeline")
+
+    def to_svg(self) -> str:
+        """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it)."""
+        return drawing.to_svg(self.to_dot())
+
+    def _repr_svg_(self) -> str | None:
+        # Notebooks fall back to repr() where Graphviz is missing.
+        return self.to_svg() if drawing.have_dot() else None
+
+    def _title(self) -> str:
+        return f"stages {', '.join(self._labels)}; {len(self._layout.edges)} edges"
+
+    # Pickling: the composed model (Runnable's) plus the description and the picture.
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        spec = self.spec
+        if spec.session_options is not None and not isinstance(spec.session_options, Mapping):
+            from dataclasses import replace
+
+            spec = replace(spec, session_options=session_options_dict(spec.session_options))
+        state.update(spec=spec, layout=self._layout, report=self._report)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from fastseq import _core
+
+        self.spec, self._layout, self._report = state["spec"], state["layout"], state["report"]
+        self._labels = state["labels"]
+        self._composed = _core.load_model(state["model"], "pipeline")
+        self._start(state["providers"], session_options(self.spec.session_options))

@@ -1,0 +1,241 @@
+"""A composed model ready to call: the session, call, export and pickling API that
+ONNXSequential (kornia's linear façade) and Pipeline (stages and edges) share."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnxruntime as ort
+
+from fastseq import _core, session
+from fastseq.errors import human_size
+from fastseq.session import TensorInfo
+
+if TYPE_CHECKING:
+    import onnx
+
+    from fastseq.binding import Binding
+
+
+class Runnable:
+    """Holds the composed model (``_composed``, weights as slices of the sources) and the
+    runner over it. Subclasses build ``_composed`` and ``_labels``, then call
+    :meth:`_start`."""
+
+    _composed: _core.Composed
+    _labels: list[str]
+
+    def _start(
+        self,
+        providers: Sequence[session.Provider] | None,
+        session_options: ort.SessionOptions | None,
+        session_cache: str | os.PathLike[str] | bool | None = None,
+    ) -> None:
+        from fastseq import cache
+
+        self._providers = list(providers) if providers else None
+        self._session_options = session_options
+        self._cache_root = cache.root_from(session_cache)
+        self.session_info: dict[str, Any] = {}
+        self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
+
+    def _runner_for(self, new_session: ort.InferenceSession) -> session.Runner:
+        return session.Runner(new_session, explain=self._explain)
+
+    def _explain(self, error: Exception) -> Exception:
+        """An ONNX Runtime failure as a typed error in the stages' own names."""
+        return session.explain(error, self._labels)
+
+    # --- sessions -------------------------------------------------------------------
+    def create_session(
+        self,
+        providers: Sequence[session.Provider] | None = None,
+        session_options: ort.SessionOptions | None = None,
+    ) -> ort.InferenceSession:
+        """A new session over the composed model (the pipeline's own is left as it is), from
+        the session cache when the pipeline has one."""
+        return self._new_session(providers, session_options, None)
+
+    def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
+        try:
+            return session.create(self._composed, providers, session_options, self._cache_root, info)
+        except Exception as e:
+            if type(e).__module__.startswith("onnxruntime"):
+                raise self._explain(e) from e
+            raise
+
+    def get_session(self) -> ort.InferenceSession:
+        """The session that calls run on."""
+        return self._runner.session
+
+    def set_session(self, new_session: ort.InferenceSession) -> None:
+        """Runs calls on ``new_session`` from now on (its inputs are read again)."""
+        self._runner = self._runner_for(new_session)
+
+    def _switch(self, providers: list[session.Provider]) -> Runnable:
+        self._providers = providers
+        self.session_info = {}
+        self.set_session(self._new_session(providers, self._session_options, self.session_info))
+        return self
+
+    def as_cpu(self) -> Runnable:
+        """Runs on the CPU from now on; returns the pipeline."""
+        return self._switch(["CPUExecutionProvider"])
+
+    def as_cuda(self, device_id: int = 0) -> Runnable:
+        """Runs with the CUDA provider (CPU as fallback) from now on; returns the pipeline."""
+        return self._switch([("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"])
+
+    def as_tensorrt(self, device_id: int = 0) -> Runnable:
+        """Runs with the TensorRT provider (CPU as fallback) from now on; returns the pipeline."""
+        return self._switch([("TensorrtExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"])
+
+    def as_openvino(self, device_type: str = "GPU") -> Runnable:
+        """Runs with the OpenVINO provider (CPU as fallback) from now on; returns the pipeline."""
+        return self._switch([("OpenVINOExecutionProvider", {"device_type": device_type}), "CPUExecutionProvider"])
+
+    @property
+    def providers(self) -> list[str]:
+        """The providers the session runs with, in priority order."""
+        return self._runner.session.get_providers()
+
+    # --- calls ----------------------------------------------------------------------
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        """The graph inputs: name, dtype and shape."""
+        return list(self._runner.inputs)
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        """The graph outputs: name, dtype and shape."""
+        return list(self._runner.outputs)
+
+    def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
+        """``pipe(x1, x2, ...)`` in the model's input order, or ``pipe(name=array, ...)``;
+        returns every output, in order."""
+        return self._runner.call(inputs, named)
+
+    def run(
+        self,
+        feeds: Mapping[str, Any],
+        output_names: Sequence[str] | None = None,
+        *,
+        run_options: ort.RunOptions | None = None,
+        timeout: float | None = None,
+        log_level: int | None = None,
+        tag: str | None = None,
+    ) -> list[np.ndarray]:
+        """Runs with ``feeds`` by input name; ``output_names`` selects outputs.
+
+        ``run_options``: an ``onnxruntime.RunOptions`` (set its ``terminate`` from another
+        thread to stop the call); ``timeout``: seconds after which the call is stopped;
+        ``log_level`` (0 verbose .. 4 fatal) and ``tag`` go to ONNX Runtime's log. A stopped
+        call raises :class:`fastseq.RunTimeoutError`."""
+        if timeout is None and log_level is None and tag is None:
+            return self._runner.run(feeds, output_names, run_options)
+        options = run_options if run_options is not None else ort.RunOptions()
+        if log_level is not None:
+            options.log_severity_level = log_level
+        if tag is not None:
+            options.logid = tag
+        if timeout is None:
+            return self._runner.run(feeds, output_names, options)
+        return session.with_timeout(timeout, options, lambda: self._runner.run(feeds, output_names, options))
+
+    def bind(
+        self,
+        *inputs: Any,
+        outputs: str = "numpy",
+        output_names: Sequence[str] | None = None,
+        run_options: ort.RunOptions | None = None,
+        **named: Any,
+    ) -> Binding:
+        """IO binding: binds the inputs given (numpy arrays, torch tensors on the CPU or a GPU,
+        anything with ``__dlpack__``) where they live, and output buffers allocated once and
+        reused; ``binding()`` then runs with ``run_with_iobinding``. ``outputs``: "numpy",
+        "torch" (on the input's device) or "ortvalue" (left where the provider put them).
+
+        ``b = pipe.bind(x); y, = b()`` runs on ``x``'s buffer (fill it in place for the next
+        call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call."""
+        from fastseq.binding import Binding
+
+        binding = Binding(self._runner, outputs, output_names, run_options)
+        if inputs or named:
+            binding.bind(*inputs, **named)
+        return binding
+
+    # --- the model ------------------------------------------------------------------
+    @property
+    def model_bytes(self) -> bytes:
+        """The composed model, serialized (weights inline)."""
+        return self._composed.to_bytes()
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The composed model as a fresh ``onnx.ModelProto`` (a copy: editing it changes
+        nothing here). Below 2 GB only; use :meth:`export` for larger ones."""
+        import onnx
+
+        return onnx.ModelProto.FromString(self.model_bytes)
+
+    def summary(self) -> dict[str, Any]:
+        """Inputs, outputs, opsets, node and weight counts of the composed model."""
+        return self._composed.summary()
+
+    def export(
+        self, path: str | os.PathLike[str], external_data: bool | None = None, *, optimized: bool = False
+    ) -> Path:
+        """Writes the composed model to ``path`` atomically, its weights in one data file
+        beside it when asked or when it is over 2 GB. The pipeline itself is not changed.
+
+        ``optimized=True`` writes the model as ONNX Runtime leaves it after its graph
+        optimisations for this pipeline's providers and session options (weights in a data
+        file beside it), recording the providers and onnxruntime version in its metadata, so
+        that a deployment can start its sessions with optimisation off."""
+        target = Path(path).expanduser()
+        if optimized:
+            return session.export_optimized(self._composed, target, self._providers, self._session_options)
+        self._composed.save(str(target), external_data=external_data)
+        return target
+
+    def map_batches(self, ds: Any, **ray_kwargs: Any) -> Any:
+        """Runs this pipeline over a Ray Dataset as stateful actors (extra ``fastseq[ray]``;
+        see :func:`fastseq.ray.map_batches`). Returns the new, lazy dataset."""
+        from fastseq import ray as fastseq_ray
+
+        return fastseq_ray.map_batches(self, ds, **ray_kwargs)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def _title(self) -> str:
+        return " -> ".join(self._labels)
+
+    def __repr__(self) -> str:
+        info = self._composed.summary()
+        opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in info["opsets"])
+        return (
+            f"{type(self).__name__}({self._title()}; "
+            f"inputs [{'; '.join(map(str, self.inputs))}]; outputs [{'; '.join(map(str, self.outputs))}]; "
+            f"opset {opsets}; IR {info['ir_version']}; {info['nodes']} nodes; "
+            f"{human_size(info['weight_bytes'])} of weights; {', '.join(self.providers)})"
+        )
+
+    # Pickling keeps the composed model, the providers and the session cache; the session
+    # is rebuilt (from the cache, when there is one).
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "model": self._composed.to_bytes(),
+            "labels": self._labels,
+            "providers": self._providers,
+            "session_cache": None if self._cache_root is None else str(self._cache_root),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._labels = state["labels"]
+        self._composed = _core.load_model(state["model"], " -> ".join(self._labels))
+        self._start(state["providers"], None, state.get("session_cache"))

@@ -1,0 +1,70 @@
+//! A digest of a composed model, computed while it is written (never by reading gigabytes of
+//! weights a second time): the session cache's key.
+use std::io::Write;
+use std::path::Path;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::Result;
+use crate::model::Saved;
+use crate::proto::ModelProto;
+
+/// XXH3-128 over a stream of bytes (several GB/s; the key is not a security boundary: cache
+/// entries carry their own checksums).
+#[derive(Default)]
+pub struct Digest(Xxh3);
+
+impl Write for Digest {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Digest {
+    pub fn hex(&self) -> String {
+        format!("{:032x}", self.0.digest128())
+    }
+}
+
+/// Writes `model` with its tensors of at least `threshold` bytes in `<path>.data` beside
+/// `path` (see [`crate::external::write_with_external`]; meant for a private folder) and
+/// returns what was written with the digest of those bytes.
+pub fn save_with_digest(model: &ModelProto, path: &Path, threshold: usize) -> Result<(Saved, String)> {
+    let mut digest = Digest::default();
+    let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let (model_bytes, data_bytes, name) =
+        crate::external::write_with_external_tee(model, path, threshold, Some(&data_name), &mut digest)?;
+    Ok((Saved { model_bytes, data_bytes, data_file: Some(name) }, digest.hex()))
+}
+
+/// The digest of a file's bytes (the session cache checks its entries with it).
+pub fn file_digest(path: &Path) -> std::io::Result<String> {
+    let data = crate::model::read_path(path).map_err(|e| std::io::Error::other(e.message))?;
+    let mut digest = Digest::default();
+    // Large files in parallel-friendly chunks would not be faster here: one pass, memory speed.
+    digest.write_all(&data)?;
+    Ok(digest.hex())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_is_stable_and_sensitive() {
+        let mut a = Digest::default();
+        a.write_all(b"hello").unwrap();
+        let mut b = Digest::default();
+        b.write_all(b"hel").unwrap();
+        b.write_all(b"lo").unwrap();
+        assert_eq!(a.hex(), b.hex());
+        let mut c = Digest::default();
+        c.write_all(b"hellp").unwrap();
+        assert_ne!(a.hex(), c.hex());
+        assert_eq!(a.hex().len(), 32);
+    }
+}

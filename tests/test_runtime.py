@@ -1,0 +1,381 @@
+"""The runtime half: sessions without a second copy of the weights, the session cache, calls
+on precomputed checks, IO binding, RunOptions, optimised exports, errors in stage names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import fastseq
+from conftest import scale_model
+
+X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def reference(x):
+    return np.maximum(np.maximum(2 * x, 0) * 3, 0)
+
+
+def chain(tmp_path: Path) -> list[str]:
+    paths = []
+    for k, scale in enumerate((2.0, 3.0)):
+        p = tmp_path / f"m{k}.onnx"
+        onnx.save(scale_model(scale, shape=("N", 4)), str(p))
+        paths.append(str(p))
+    return paths
+
+
+# --- sessions -------------------------------------------------------------------------------
+def test_session_does_not_depend_on_the_sources_once_made(tmp_path):
+    paths = chain(tmp_path)
+    pipe = fastseq.ONNXSequential(*paths)
+    for p in paths:  # rewritten in place, as onnx.save does
+        onnx.save(scale_model(100.0, shape=("N", 4)), p)
+    np.testing.assert_allclose(pipe(X)[0], reference(X))
+    for p in paths:
+        open(p, "wb").close()  # truncated: a session mapping the sources would die (SIGBUS)
+    np.testing.assert_allclose(pipe(X)[0], reference(X))
+
+
+def test_no_private_files_are_left_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    pipe = fastseq.ONNXSequential(*chain(tmp_path))
+    pipe.as_cpu()
+    assert not os.listdir(tmp_path / "tmp")
+    if os.path.isdir("/dev/shm"):
+        assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("fastseq-session-")]
+
+
+def test_session_above_the_protobuf_limit(tmp_path):
+    """A real 2.1 GB weight (external data, written directly): the session path is the same."""
+    rows = (2 << 30) // 4096 + 1024  # 2 GiB + 4 MiB of float32 rows of 1024
+    data = tmp_path / "table.bin"
+    with open(data, "wb") as f:
+        f.truncate(rows * 4096)  # sparse: zeros cost no disk
+        f.seek(5 * 4096)
+        f.write(np.arange(1024, dtype=np.float32).tobytes())
+    table = TensorProto(name="table", data_type=TensorProto.FLOAT, dims=[rows, 1024])
+    table.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "table.bin"), ("offset", "0"), ("length", str(rows * 4096))):
+        e = table.external_data.add()
+        e.key, e.value = k, v
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "i"], ["y"])], "gather",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1024])], [table])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "g.onnx"))
+    pipe = fastseq.ONNXSequential(str(tmp_path / "g.onnx"))
+    assert pipe.summary()["weight_bytes"] > 2 << 30
+    y = pipe(np.array([5, 0], np.int64))[0]
+    np.testing.assert_array_equal(y[0], np.arange(1024, dtype=np.float32))
+    assert not y[1].any()
+
+
+# --- calls ------------------------------------------------------------------------------------
+def test_fast_path_and_checked_path_agree_and_checks_still_fire(tmp_path):
+    pipe = fastseq.ONNXSequential(*chain(tmp_path))
+    np.testing.assert_allclose(pipe(X)[0], reference(X))
+    np.testing.assert_allclose(pipe(X.tolist())[0], reference(X))  # lists take the slow path
+    np.testing.assert_allclose(pipe(x=X)[0], reference(X))
+    with pytest.raises(fastseq.InputError, match="expects float32, got float64"):
+        pipe(X.astype(np.float64))
+    with pytest.raises(fastseq.InputError, match="expects size 4 on axis 1"):
+        pipe(np.ones((2, 5), np.float32))
+    with pytest.raises(fastseq.InputError, match="expects rank 2"):
+        pipe(np.ones(4, np.float32))
+
+
+def test_run_options_timeout_stops_a_slow_model():
+    # 3,000 MatMuls of 128x128: seconds of work; onnxruntime checks the flag between nodes.
+    w = numpy_helper.from_array(np.eye(128, dtype=np.float32), "w")
+    nodes, prev = [], "x"
+    for k in range(3000):
+        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
+        prev = f"h{k}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    g = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 128])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 128])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    pipe = fastseq.ONNXSequential(model, session_options=options)
+    x = np.ones((128, 128), np.float32)
+    with pytest.raises(fastseq.RunTimeoutError, match="timeout of 0.05 s"):
+        pipe.run({"x": x}, timeout=0.05)
+    # Terminate from another thread through the caller's own RunOptions.
+    run_options = ort.RunOptions()
+    threading.Timer(0.05, lambda: setattr(run_options, "terminate", True)).start()
+    with pytest.raises(fastseq.RunTimeoutError, match="stopped"):
+        pipe.run({"x": x}, run_options=run_options)
+    # The pipeline still works afterwards, with a tag and a log level.
+    np.testing.assert_allclose(pipe.run({"x": x}, timeout=60, tag="after", log_level=3)[0], x)
+
+
+def test_runtime_failure_names_the_stage_and_its_own_names():
+    # Both stages have a node named 'reshape'; the second fails at run time on its shape.
+    def reshaper(shape):
+        s = numpy_helper.from_array(np.array(shape, np.int64), "s")
+        g = helper.make_graph(
+            [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "r",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])], [s])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    pipe = fastseq.ONNXSequential(reshaper([8]), reshaper([3, 3]))
+    with pytest.raises(fastseq.RunError) as info:
+        pipe(X.reshape(8))
+    text = str(info.value)
+    assert "m1/" not in text and "'reshape'" in text and "#1" in text, text
+    assert isinstance(info.value.__cause__, Exception)
+
+
+# --- IO binding -------------------------------------------------------------------------------
+def test_binding_matches_run_and_reuses_output_buffers(tmp_path):
+    pipe = fastseq.ONNXSequential(*chain(tmp_path))
+    x = X.copy()
+    b = pipe.bind(x)
+    (y1,) = b()
+    np.testing.assert_allclose(y1, pipe.get_session().run(None, {"x": x})[0])
+    x[:] = -x  # new data in the bound buffer, no rebinding
+    (y2,) = b.run()
+    assert y2 is y1  # the same output buffer, overwritten
+    np.testing.assert_allclose(y2, reference(-X))
+    # A new array (another batch size) is bound and gets its own outputs.
+    x3 = np.ones((5, 4), np.float32)
+    (y3,) = b(x3)
+    assert y3.shape == (5, 4) and not np.shares_memory(y3, y1)
+    np.testing.assert_allclose(y3, reference(x3))
+    (y4,) = b(x)  # back to the first shape: its buffer again
+    assert y4 is y1
+    with pytest.raises(fastseq.InputError, match="expects float32"):
+        b(x.astype(np.float64))
+
+
+class DLPackOnly:
+    """An array known to the binding only by the DLPack protocol."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_binding_takes_dlpack_objects_in_place_and_ortvalues_out(tmp_path):
+    pipe = fastseq.ONNXSequential(*chain(tmp_path))
+    x = X.copy()
+    b = pipe.bind(DLPackOnly(x), outputs="ortvalue")
+    (out,) = b()
+    assert isinstance(out, ort.OrtValue)
+    np.testing.assert_allclose(out.numpy(), reference(X))
+    x *= 2  # bound in place: the binding sees the new values
+    np.testing.assert_allclose(b()[0].numpy(), reference(2 * X))
+
+
+@pytest.mark.torch
+def test_binding_torch_cpu_tensors_in_place():
+    import torch
+
+    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=("N", 4)), scale_model(3.0, shape=("N", 4)))
+    x = torch.from_numpy(X.copy())
+    b = pipe.bind(x, outputs="torch")
+    (y,) = b()
+    assert isinstance(y, torch.Tensor)
+    np.testing.assert_allclose(y.numpy(), reference(X))
+    x.mul_(-1)
+    assert b()[0] is y
+    np.testing.assert_allclose(y.numpy(), reference(-X))
+
+
+# --- the session cache ------------------------------------------------------------------------
+def test_cache_stores_then_hits_in_a_fresh_process(tmp_path):
+    paths = chain(tmp_path)
+    cache = tmp_path / "cache"
+    pipe = fastseq.ONNXSequential(*paths, session_cache=cache)
+    assert pipe.session_info["cache"] == "stored"
+    entry = Path(pipe.session_info["entry"])
+    assert {p.name for p in entry.iterdir()} >= {"model.onnx", "manifest.json"}
+    code = textwrap.dedent(f"""
+        import numpy as np, fastseq
+        pipe = fastseq.ONNXSequential(*{paths!r}, session_cache={str(cache)!r})
+        print(pipe.session_info["cache"], float(pipe(np.ones((3, 4), np.float32))[0].sum()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "hit" and float(out[1]) == pytest.approx(reference(np.ones((3, 4))).sum())
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]
+
+
+def test_cache_misses_on_every_key_part(tmp_path, monkeypatch):
+    paths = chain(tmp_path)
+    cache = tmp_path / "cache"
+    fastseq.ONNXSequential(*paths, session_cache=cache)
+    other_model = [paths[0], str(tmp_path / "m0.onnx")]
+    assert fastseq.ONNXSequential(*other_model, session_cache=cache).session_info["cache"] == "stored"
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert fastseq.ONNXSequential(*paths, session_cache=cache, session_options=options).session_info["cache"] == "stored"
+    with_opts = [("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})]
+    assert fastseq.ONNXSequential(*paths, session_cache=cache, providers=with_opts).session_info["cache"] == "stored"
+    monkeypatch.setattr(ort, "__version__", "0.0.1")
+    assert fastseq.ONNXSequential(*paths, session_cache=cache).session_info["cache"] == "stored"
+    monkeypatch.undo()
+    assert fastseq.ONNXSequential(*paths, session_cache=cache).session_info["cache"] == "hit"
+    assert len(list(cache.iterdir())) == 5
+
+
+@pytest.mark.parametrize("damage", ["truncate-data", "flip-model", "foreign", "no-manifest-files"])
+def test_damaged_entries_are_rebuilt_never_loaded(tmp_path, damage):
+    big = scale_model(2.0, shape=("N", 512))  # 2 KB of weights: in model.data
+    cache = tmp_path / "cache"
+    pipe = fastseq.ONNXSequential(big, session_cache=cache)
+    entry = Path(pipe.session_info["entry"])
+    manifest = json.loads((entry / "manifest.json").read_text())
+    if damage == "truncate-data":
+        data = entry / "model.data"
+        assert data.exists()
+        data.write_bytes(data.read_bytes()[:100])
+    elif damage == "flip-model":
+        raw = bytearray((entry / "model.onnx").read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        (entry / "model.onnx").write_bytes(bytes(raw))
+    elif damage == "foreign":
+        manifest["key"]["model"] = "0" * 32
+        (entry / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        (entry / "manifest.json").write_text("{")
+    again = fastseq.ONNXSequential(big, session_cache=cache)
+    assert again.session_info["cache"] == "stored"
+    x = np.ones((3, 512), np.float32)
+    np.testing.assert_allclose(again(x)[0], np.full((3, 512), 2.0))
+    assert fastseq.ONNXSequential(big, session_cache=cache).session_info["cache"] == "hit"
+
+
+def test_concurrent_writers_leave_one_whole_entry(tmp_path):
+    paths = chain(tmp_path)
+    cache = tmp_path / "cache"
+    code = textwrap.dedent(f"""
+        import numpy as np, fastseq
+        pipe = fastseq.ONNXSequential(*{paths!r}, session_cache={str(cache)!r})
+        print(pipe.session_info["cache"], float(pipe(np.ones((3, 4), np.float32))[0].sum()))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate()[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert {o[0] for o in outs} <= {"stored", "hit"}
+    assert all(float(o[1]) == pytest.approx(reference(np.ones((3, 4))).sum()) for o in outs)
+    assert [p.name for p in cache.iterdir()] == [outs and next(iter(cache.iterdir())).name]
+    assert fastseq.ONNXSequential(*paths, session_cache=cache).session_info["cache"] == "hit"
+
+
+def test_read_only_cache_folder(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        paths = chain(tmp_path)
+        other = [str(tmp_path / "m1.onnx")]
+        fastseq.ONNXSequential(*paths, session_cache=mount)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        # Entries already there are used; new ones cannot be stored: a warning, and a session.
+        assert fastseq.ONNXSequential(*paths, session_cache=mount).session_info["cache"] == "hit"
+        with pytest.warns(RuntimeWarning, match="not writable|could not store"):
+            pipe = fastseq.ONNXSequential(*other, session_cache=mount)
+        assert pipe.session_info["cache"] is None
+        np.testing.assert_allclose(pipe(X)[0], np.maximum(3 * X, 0))
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_cache_from_the_environment_and_the_cli(tmp_path, monkeypatch):
+    paths = chain(tmp_path)
+    cache = tmp_path / "envcache"
+    monkeypatch.setenv("FASTSEQ_SESSION_CACHE", str(cache))
+    assert fastseq.ONNXSequential(*paths).session_info["cache"] == "stored"
+    assert fastseq.ONNXSequential(*paths, session_cache=False).session_info.get("cache") is None
+    env = dict(os.environ, FASTSEQ_SESSION_CACHE=str(cache))
+    out = subprocess.run([sys.executable, "-m", "fastseq", "cache", "list"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and "1 entr" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-m", "fastseq", "cache", "clear"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and "removed 1" in out.stdout
+    assert not list(cache.iterdir())
+
+
+def test_pickled_pipeline_keeps_its_cache(tmp_path):
+    import pickle
+
+    pipe = fastseq.ONNXSequential(*chain(tmp_path), session_cache=tmp_path / "c")
+    clone = pickle.loads(pickle.dumps(pipe))
+    assert clone.session_info["cache"] == "hit"
+    np.testing.assert_allclose(clone(X)[0], reference(X))
+
+
+# --- optimised exports ------------------------------------------------------------------------
+def test_export_optimized_records_its_setup_and_warns_elsewhere(tmp_path):
+    pipe = fastseq.ONNXSequential(*chain(tmp_path))
+    target = pipe.export(tmp_path / "out" / "opt.onnx", optimized=True)
+    model = onnx.load(str(target), load_external_data=False)
+    meta = json.loads({p.key: p.value for p in model.metadata_props}["fastseq.optimized_for"])
+    assert meta["onnxruntime"] == ort.__version__ and meta["providers"] == ["CPUExecutionProvider"]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(s.run(None, {"x": X})[0], reference(X))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fastseq.ONNXSequential(str(target))  # the same setup: no warning
+    for p in model.metadata_props:
+        if p.key == "fastseq.optimized_for":
+            p.value = json.dumps(dict(meta, onnxruntime="1.0.0"))
+    onnx.save(model, str(target))
+    with pytest.warns(RuntimeWarning, match="optimised by onnxruntime 1.0.0"):
+        fastseq.ONNXSequential(str(target))
+
+
+# --- GPU (marked; skipped without a CUDA provider and a CUDA torch) ------------------------
+def _cuda_ready() -> bool:
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_ready(), reason="needs onnxruntime-gpu, a CUDA torch and a GPU")
+def test_cuda_binding_keeps_tensors_on_the_device():
+    import torch
+
+    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=("N", 4)), scale_model(3.0, shape=("N", 4)),
+                                  providers=["CUDAExecutionProvider"])
+    x = torch.from_numpy(X.copy()).cuda()
+    b = pipe.bind(x, outputs="torch")
+    (y,) = b()
+    assert y.is_cuda
+    np.testing.assert_allclose(y.cpu().numpy(), reference(X), rtol=1e-6)
+    x.mul_(-1)
+    assert b()[0].data_ptr() == y.data_ptr()
+    np.testing.assert_allclose(y.cpu().numpy(), reference(-X), rtol=1e-6)
