@@ -364,3 +364,11 @@ def test_a_model_on_shared_storage_ships_as_its_path(tmp_path, pipe, data):
     np.testing.assert_allclose(out["y"], pipe(data[:3])[0])
     with pytest.raises(fastseq.InputError, match="no such model file"):
         fray.ship(tmp_path / "missing.onnx")
+
+
+def test_a_graph_pipeline_runs_in_a_predictor_too(models, data):
+    """fastseq.Pipeline shares the runtime API: the same payload, the same Predictor."""
+    graph = fastseq.Pipeline({"lin": models[0], "act": models[1]}, edges=["lin.h -> act.h"])
+    assert hasattr(graph, "map_batches")
+    out = fray.Predictor(graph, output_columns={"y": "score"})({"x": data[:7], "id": np.arange(7)})
+    np.testing.assert_allclose(out["score"], plain_loop(models, data[:7]), rtol=1e-5, atol=1e-5)
