@@ -12,6 +12,7 @@ from fastseq.errors import (
     InputError,
     LoadError,
     OpsetMismatchError,
+    ProviderError,
 )
 from fastseq.sequential import ONNXSequential, TensorInfo
 
@@ -26,6 +27,7 @@ __all__ = [
     "LoadError",
     "ONNXSequential",
     "OpsetMismatchError",
+    "ProviderError",
     "TensorInfo",
     "__version__",
     "compose",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import onnx
 
 from fastseq import _core, convert, loader
+from fastseq.errors import CompositionError
 from fastseq.loader import ModelSource
 
 IoMap = Sequence[tuple[str, str]]
@@ -31,6 +32,23 @@ def build(
     """Resolves every source (downloading where needed), converts opsets when asked
     (``opset``: a version, or ``"highest"`` among the models) and composes them in the core.
     Returns the composed model and the models' labels. What every entry point runs."""
+    sources, labels = resolve_models(
+        models, opset=opset, cache_dir=cache_dir, force_download=force_download, token=token, sha256=sha256
+    )
+    return compose_stages(sources, labels, io_maps, keep_outputs, ir_version=ir_version, link_external=link_external), labels
+
+
+def resolve_models(
+    models: Sequence[ModelSource],
+    *,
+    opset: int | Literal["highest"] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    force_download: bool = False,
+    token: str | bool | None = None,
+    sha256: str | Sequence[str | None] | None = None,
+) -> tuple[list, list[str]]:
+    """The first half of :func:`build`: what the core reads for each model (bytes, a path
+    or a loaded model, converted when ``opset`` asks), and the models' labels."""
     if isinstance(models, (onnx.ModelProto, bytes, str, os.PathLike)):
         raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
     if isinstance(sha256, str) and len(models) > 1:
@@ -47,16 +65,89 @@ def build(
     if opset is not None:
         loaded = [_core.load_model(s, label) for s, label in zip(sources, labels)]
         sources = convert.harmonise(loaded, labels, None if opset == "highest" else opset)
+    return sources, labels
+
+
+def compose_stages(
+    sources: Sequence,
+    labels: Sequence[str],
+    io_maps: Sequence[IoMap] | None = None,
+    keep_outputs: bool | Sequence[str] = False,
+    *,
+    ir_version: int | None = None,
+    link_external: bool = False,
+) -> _core.Composed:
+    """The second half of :func:`build`: composes resolved sources (or loaded stages)."""
     keep = keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs)
-    composed = _core.compose(
-        sources,
-        labels,
-        io_maps=None if io_maps is None else [[(str(o), str(i)) for o, i in joint] for joint in io_maps],
+    return _core.compose(
+        list(sources),
+        list(labels),
+        io_maps=normalize_io_maps(io_maps, len(sources)),
         keep_outputs=keep,
         ir_version=ir_version,
         link_external=link_external,
     )
-    return composed, labels
+
+
+_NESTED = "io_maps=[[('out', 'in')], [('out2', 'in2')]]: one list of (output, input) pairs per joint"
+
+
+def normalize_io_maps(io_maps: Any, n_models: int) -> list[list[tuple[str, str]]] | None:
+    """``io_maps`` as one list of ``(output, input)`` pairs per joint.
+
+    Besides the nested form, takes the flat form ``[("a", "b"), ...]`` for a single joint
+    (two models), and kornia's mapping from joint index to pairs (``{0: [("a", "b")]}``).
+    Any other shape (a ``{"a": "b"}`` dict, a bare pair, a string) is a CompositionError
+    that shows the nested form."""
+    if io_maps is None:
+        return None
+    joints = n_models - 1
+    if isinstance(io_maps, Mapping):
+        if io_maps and all(isinstance(k, int) and not isinstance(k, bool) for k in io_maps):
+            missing = [j for j in range(joints) if j not in io_maps]
+            if missing:
+                raise CompositionError(
+                    f"io_maps has no entry for joint {missing[0]} ({n_models} models have {joints} joints); "
+                    f"expected {_NESTED}"
+                )
+            io_maps = [io_maps[j] for j in range(joints)]
+        else:
+            example = _as_pairs(list(io_maps.items())) if io_maps else None
+            shown = f"io_maps=[{example!r}]" if example else _NESTED
+            raise CompositionError(f"io_maps is a dict; pass {shown} (one list of (output, input) pairs per joint)")
+    if isinstance(io_maps, (str, bytes)) or not isinstance(io_maps, Iterable):
+        raise CompositionError(f"io_maps must be a list, got {type(io_maps).__name__}; expected {_NESTED}")
+    entries = list(io_maps)
+    flat = _as_pairs(entries)
+    if flat is not None and entries:
+        if joints != 1:
+            raise CompositionError(
+                f"io_maps={entries!r} is a flat list of pairs, which only describes one joint; "
+                f"{n_models} models have {joints} joints: expected {_NESTED}"
+            )
+        return [flat]
+    out = []
+    for j, entry in enumerate(entries):
+        pairs = _as_pairs(list(entry)) if isinstance(entry, Iterable) and not isinstance(entry, (str, bytes, Mapping)) else None
+        if pairs is None:
+            hint = f" (for one pair: [{entry!r}])" if isinstance(entry, tuple) and len(entry) == 2 else ""
+            raise CompositionError(
+                f"io_maps[{j}] must be a list of (output, input) name pairs, got {entry!r}{hint}; expected {_NESTED}"
+            )
+        out.append(pairs)
+    return out
+
+
+def _as_pairs(items: list) -> list[tuple[str, str]] | None:
+    """``items`` as (str, str) pairs, or None if any item is not a pair of names."""
+    pairs = []
+    for item in items:
+        if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2:
+            return None
+        if not all(isinstance(n, str) for n in item):
+            return None
+        pairs.append((item[0], item[1]))
+    return pairs
 
 
 def compose_bytes(

@@ -21,6 +21,10 @@ class InputError(FastseqError, ValueError):
     """The arrays passed to a pipeline do not match its inputs."""
 
 
+class ProviderError(FastseqError, ValueError):
+    """An execution provider name that no onnxruntime build knows (a typo)."""
+
+
 def human_size(n: float) -> str:
     """1536 -> '1.5 KB', for messages and summaries."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -39,4 +43,5 @@ __all__ = [
     "InputError",
     "LoadError",
     "OpsetMismatchError",
+    "ProviderError",
 ]
