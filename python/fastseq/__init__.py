@@ -14,6 +14,8 @@ from fastseq.errors import (
     OpsetMismatchError,
     ProviderError,
 )
+from fastseq.module import ONNXModule, load
+from fastseq.onnxloader import ONNXLoader
 from fastseq.sequential import ONNXSequential, TensorInfo
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "FastseqError",
     "InputError",
     "LoadError",
+    "ONNXLoader",
+    "ONNXModule",
     "ONNXSequential",
     "OpsetMismatchError",
     "ProviderError",
@@ -33,6 +37,7 @@ __all__ = [
     "compose",
     "compose_bytes",
     "compose_to_file",
+    "load",
     "merge_models",
     "operators",
 ]

@@ -67,13 +67,37 @@ def _parse_io_map(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def cmd_merge(args: argparse.Namespace) -> int:
+def _check_io_maps(command: str, args: argparse.Namespace) -> None:
     if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
         raise SystemExit(
-            f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
+            f"fastseq {command}: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
             f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
         )
+
+
+def _load_npy(name: str, file: str) -> np.ndarray:
+    """One --input array; anything but a readable .npy file is a one-line error."""
+    path = Path(file).expanduser()
+    if not path.is_file():
+        raise SystemExit(f"fastseq run: error: --input {name}={file}: no such file")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY":
+        kind = " (an .npz archive: save one array per input with numpy.save)" if magic[:2] == b"PK" else ""
+        raise SystemExit(
+            f"fastseq run: error: --input {name}={file}: not a .npy file{kind}; "
+            "write each input with numpy.save(path, array)"
+        )
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise SystemExit(f"fastseq run: error: --input {name}={file}: {e}") from None
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    _check_io_maps("merge", args)
     reuse = args.external_data == "reuse"
+    args.output.parent.mkdir(parents=True, exist_ok=True)  # -o new_folder/out.onnx
     with progress(f"merging {len(args.models)} models"):
         composed, _ = build(
             args.models,
@@ -101,7 +125,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     src = loader.resolve(args.model, 0)
     info = _core.load_model(src.data, src.label).summary()
     def io(items):
-        return "\n".join(f"  {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in items) or "  (none)"
+        def dims_text(dims):
+            return ", ".join("?" if d is None else str(d) for d in dims)
+
+        return "\n".join(f"  {name}: {dtype}[{dims_text(dims)}]" for name, dtype, dims in items) or "  (none)"
     print(f"{src.label}")
     print(f"IR version {info['ir_version']}; producer {info['producer'] or '?'}")
     print("opsets: " + ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in info["opsets"]))
@@ -117,13 +144,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from fastseq.sequential import ONNXSequential
 
-    pipe = ONNXSequential(args.model, providers=args.provider or None)
+    _check_io_maps("run", args)
+    pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.provider or None)
     feeds = {}
     for item in args.input or []:
         name, sep, file = item.partition("=")
-        if not sep:
+        if not sep or not name or not file:
             raise SystemExit(f"fastseq run: error: --input '{item}': expected NAME=FILE.npy")
-        feeds[name] = np.load(file, allow_pickle=False)
+        feeds[name] = _load_npy(name, file)
     with progress("running"):
         outputs = pipe.run(feeds)
     names = [o.name for o in pipe.outputs]
@@ -175,9 +203,12 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("model")
     i.set_defaults(func=cmd_inspect)
 
-    r = sub.add_parser("run", help="run a model on .npy inputs")
-    r.add_argument("model")
-    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    r = sub.add_parser("run", help="run a model, or several composed in order, on .npy inputs")
+    r.add_argument("models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, composed in order")
+    r.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
+                   help="the connections of one joint; give one per joint, in order (default: by position)")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input")
     r.add_argument("--provider", action="append", help="execution provider, in priority order")
     r.add_argument("-o", "--output", help="write the outputs to this .npz")
     r.set_defaults(func=cmd_run)
