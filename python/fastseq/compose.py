@@ -163,7 +163,8 @@ def compose_bytes(
     ``i + 1``, in the models' own names; without it outputs join inputs by position.
     Inputs that no joint feeds become graph inputs. The merged outputs are the last model's,
     plus every unconsumed output with ``keep_outputs=True``, or the named ones. Models may
-    be anything :class:`fastseq.ONNXSequential` takes.
+    be anything :class:`fastseq.ONNXSequential` takes. ``ir_version`` sets the merged
+    model's IR version (default: the highest of the models').
     """
     return build(models, io_maps, keep_outputs, ir_version=ir_version)[0].to_bytes()
 

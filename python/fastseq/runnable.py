@@ -18,9 +18,15 @@ from fastseq.session import TensorInfo
 
 
 class Runnable:
-    """Holds the composed model (``_composed``, weights as slices of the sources) and the
-    runner over it. Subclasses build ``_composed`` and ``_labels``, then call
-    :meth:`_start`."""
+    """The runtime API that ONNXSequential and ONNXModule (and the graph Pipeline) share:
+    the ONNX Runtime session (``create_session``, ``get_session``, ``set_session``,
+    ``as_cpu``/``as_cuda``/``as_tensorrt``/``as_openvino``, ``providers``), calls
+    (``pipe(x)``, ``run``, ``inputs``, ``outputs``), the composed model (``model``,
+    ``model_bytes``, ``summary``, ``export``, ``add_metadata``, ``metadata``, ``len``) and
+    pickling (the composed model and the providers travel; the session is rebuilt).
+
+    Subclasses build ``_composed`` (the core's model, weights as slices of the sources) and
+    ``_labels``, then call :meth:`_start`."""
 
     _composed: _core.Composed
     _labels: list[str]

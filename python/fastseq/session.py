@@ -47,6 +47,7 @@ class TensorInfo:
 
     @classmethod
     def of(cls, arg: ort.NodeArg) -> TensorInfo:
+        """The description of one of a session's inputs or outputs."""
         dtype = _ORT_DTYPES.get(arg.type)
         shape = tuple(arg.shape) if arg.shape is not None else None
         return cls(arg.name, np.dtype(dtype) if dtype is not None else None, shape)
