@@ -166,6 +166,9 @@ class ONNXLoader:
                 ``<url without .onnx>.onnx_data``.
             force_download: download again even when cached.
             **kwargs: ``cache_dir`` only (the cache root); any other keyword is a TypeError.
+                URLs are cached at ``<cache_dir>/<scheme>/<host>/<directories>/<file>`` as in
+                kornia; ``hf://`` models go through huggingface_hub's cache, of which
+                ``cache_dir`` is the root (kornia keeps its own layout there).
         """
         import onnx
 
