@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import fastseq
 from conftest import FIXTURES, run, run_chain, scale_model
 from fastseq import cli
+from fastseq.onnxloader import _umask
 from servers import _FileHandler, _Server, serve_files
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
@@ -476,6 +477,9 @@ def test_loader_urls_with_data_configs_and_cache_layout(tmp_path):
         target = tmp_path / "deep" / "er" / "file.json"
         fastseq.ONNXLoader.download(f"{server.url}/pre.json", str(target))
         assert json.loads(target.read_text()) == config
+        umask = os.umask(0)
+        os.umask(umask)
+        assert _umask() == umask and target.stat().st_mode & 0o777 == 0o666 & ~umask  # not the scratch's 0600
         with pytest.raises(fastseq.DownloadError):
             fastseq.ONNXLoader.download(f"{server.url}/missing.json", str(tmp_path / "missing.json"))
         assert not (tmp_path / "missing.json").exists()

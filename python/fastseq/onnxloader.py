@@ -55,6 +55,18 @@ def _url_name(url: str) -> str:
     return "/".join([parts.scheme, host, *safe, file_name])
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux); 0o022 elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 class ONNXLoader:
     """Loads, downloads and lists ONNX models: a drop-in for ``kornia.onnx.ONNXLoader``
     (same class methods and arguments)."""
@@ -110,6 +122,9 @@ class ONNXLoader:
         scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".download"))
         try:
             fetched = loader.url_download(url, scratch, force_download=True)
+            # The scratch file is private (0600); the file the caller named gets the usual
+            # permissions, as a plain download would.
+            os.chmod(fetched, 0o666 & ~_umask())
             os.replace(fetched, target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
