@@ -552,3 +552,42 @@ def test_run_composes_several_models_and_explains_bad_inputs(tmp_path, capsys, m
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     assert "the .npy file (numpy.save) holding its array" in " ".join(capsys.readouterr().out.split())
+
+
+# --- kornia.onnx's functions: add_metadata, io_name_conversion -----------------------------
+
+
+def test_add_metadata_function_edits_the_model_in_place_like_kornia():
+    model = scale_model(2.0)
+    helper.set_model_props(model, {"version": "old", "k": "v"})
+    assert fastseq.add_metadata(model, [("k", "w"), ("x", 1)]) is model
+    assert [(p.key, p.value) for p in model.metadata_props] == [
+        ("version", fastseq.__version__), ("k", "w"), ("source", "fastseq"), ("x", "1")]
+    onnx.checker.check_model(model)
+
+
+def test_io_name_conversion_renames_every_reference_including_subgraphs():
+    from conftest import if_model_reading_outer_initializer
+
+    shadowed = if_model_reading_outer_initializer(shadow=True)
+    fastseq.io_name_conversion(shadowed, {"t": "total", "c": "weights"})
+    (else_body,) = [a.g for a in shadowed.graph.node[2].attribute if a.name == "else_branch"]
+    assert [list(n.input) for n in else_body.node] == [["x", "weights"], ["t"]]  # its own 't' stays
+    assert list(shadowed.graph.node[1].input) == ["total", "zero"]
+    model = if_model_reading_outer_initializer()
+    feeds = [X, X + 1]  # both branches
+    before = [outputs_of(model, {"x": x})[0] for x in feeds]
+    # 'c' is read by both bodies from the outer scope; 't' is the outer ReduceSum.
+    mapping = {"x": "input", "y": "output", "c": "weights", "t": "total"}
+    assert fastseq.io_name_conversion(model, mapping) is model
+    onnx.checker.check_model(model, full_check=True)
+    assert model.graph.input[0].name == "input" and model.graph.output[0].name == "output"
+    for x, want in zip(feeds, before):
+        np.testing.assert_allclose(outputs_of(model, {"input": x})[0], want)
+    # Now it joins kornia's default "output" -> "input" convention.
+    pipe = fastseq.ONNXSequential(model, scale_model(1.0, inp="input", out="y"), io_maps=[[("output", "input")]])
+    np.testing.assert_allclose(pipe(X + 1)[0], np.maximum(before[1], 0))
+    with pytest.raises(fastseq.CompositionError, match="clashes"):
+        fastseq.io_name_conversion(scale_model(2.0), {"x": "t"})
+    with pytest.raises(fastseq.CompositionError, match="defines 'diff' itself"):
+        fastseq.io_name_conversion(if_model_reading_outer_initializer(), {"c": "diff"})

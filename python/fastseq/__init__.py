@@ -14,8 +14,10 @@ from fastseq.errors import (
     OpsetMismatchError,
     ProviderError,
 )
+from fastseq.metadata import add_metadata
 from fastseq.module import ONNXModule, load
 from fastseq.onnxloader import ONNXLoader
+from fastseq.rename import io_name_conversion
 from fastseq.sequential import ONNXSequential, TensorInfo
 
 __all__ = [
@@ -34,9 +36,11 @@ __all__ = [
     "ProviderError",
     "TensorInfo",
     "__version__",
+    "add_metadata",
     "compose",
     "compose_bytes",
     "compose_to_file",
+    "io_name_conversion",
     "load",
     "merge_models",
     "operators",

@@ -164,15 +164,9 @@ class Runnable:
         pickling; the running session is not rebuilt (metadata does not change what it
         computes). Returns the composed model as a fresh ``onnx.ModelProto`` (a copy, below
         2 GB, as kornia returns its model); the pipeline is the one to keep using."""
-        pairs: list[tuple[str, str]] = [("source", "fastseq"), ("version", _core.__version__)]
-        for item in additional_metadata or ():
-            if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2:
-                raise TypeError(f"add_metadata takes (key, value) pairs, got {item!r}")
-            key, value = item
-            if not isinstance(key, str):
-                raise TypeError(f"add_metadata: a key must be a str, got {type(key).__name__} {key!r}")
-            pairs.append((key, str(value)))
-        self._composed = self._composed.with_metadata(pairs)
+        from fastseq.metadata import metadata_pairs
+
+        self._composed = self._composed.with_metadata(metadata_pairs(additional_metadata))
         return self.model
 
     @property
