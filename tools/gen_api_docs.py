@@ -25,15 +25,48 @@ Generated from the docstrings by `tools/gen_api_docs.py`; do not edit by hand (r
 """
 
 
+class _Raw(str):
+    """An annotation shown as written (``str | None``), not quoted as a string's repr."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _signature(obj) -> str:
     try:
-        return str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return "(...)"
 
+    def plain(annotation):
+        return _Raw(annotation) if isinstance(annotation, str) else annotation
+
+    params = [p.replace(annotation=plain(p.annotation)) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=plain(sig.return_annotation)))
+
+
+_SECTIONS = ("Args:", "Arguments:", "Raises:", "Returns:", "Warns:", "Note:")
+
 
 def _doc(obj) -> str:
-    return inspect.cleandoc(obj.__doc__) if getattr(obj, "__doc__", None) else ""
+    """The docstring as markdown: Google-style sections (``Args:`` and indented
+    ``name: text`` items) become bold headings and bullet lists; the rest is kept."""
+    text = inspect.cleandoc(obj.__doc__) if getattr(obj, "__doc__", None) else ""
+    out: list[str] = []
+    in_section = False
+    for line in text.splitlines():
+        if line.strip() in _SECTIONS and not line.startswith(" "):
+            out += ["", f"**{line.strip()[:-1]}**", ""]
+            in_section = True
+        elif in_section and line.startswith("    ") and not line.startswith("        "):
+            out.append(f"- {line.strip()}")
+        elif in_section and line.startswith("        "):
+            out[-1] += " " + line.strip()
+        else:
+            if line.strip():  # unindented text ends a section; a blank line does not
+                in_section = False
+            out.append(line)
+    return "\n".join(out)
 
 
 def _members(cls, shared: set[type]) -> list[tuple[str, object]]:
