@@ -450,7 +450,7 @@ def test_the_drawing_names_every_stage_edge_input_and_output(classifier):
     assert ("in:image", "backbone", "") in edges and ("cls", "out:logits", 'label="float32[batch, 10]"') in edges
     # Each stage box lists its inputs and outputs with dtypes and shapes; the pruned one is grey.
     assert "image: float32[batch, 3, 32, 32]" in nodes["backbone"] and "features: float32[batch, 16]" in nodes["backbone"]
-    assert "probabilities: float32[" in nodes["skl"] and "X: float[" in nodes["skl"]
+    assert "probabilities: float32[" in nodes["skl"] and "X: float32[" in nodes["skl"]
     assert "(pruned)" in nodes["res"] and "(pruned)" not in nodes["cls"]
     if drawing.have_dot():
         assert "<svg" in pipe._repr_svg_()
