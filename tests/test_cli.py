@@ -36,7 +36,7 @@ def test_merge_inspect_and_run(tmp_path):
 
     r = fastseq("inspect", "m.onnx", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "  x: float[2, 4]" in r.stdout and "  y: float[2, 4]" in r.stdout
+    assert "  x: float32[2, 4]" in r.stdout and "  y: float32[2, 4]" in r.stdout
     assert "opsets: ai.onnx 17" in r.stdout and "nodes: 4; initializers: 2 (32 B)" in r.stdout
 
     np.save(tmp_path / "x.npy", x)

@@ -400,7 +400,7 @@ def test_cli_merges_runs_and_inspects_a_pipeline_file(tmp_path, image):
     r = fastseq_cli("inspect", "pipeline.toml", "--dot", "p.dot", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "3 stages, 2 edges" in r.stdout and "res: res.onnx (pruned)" in r.stdout
-    assert "pruned: 1 stage(s) (res)" in r.stdout and "  image: float[batch, 3, 32, 32]" in r.stdout
+    assert "pruned: 1 stage(s) (res)" in r.stdout and "  image: float32[batch, 3, 32, 32]" in r.stdout
     assert set(parse_dot((tmp_path / "p.dot").read_text())[0]) >= {"backbone", "cls", "res"}
     r = fastseq_cli("inspect", "pipeline.toml", "--svg", "p.svg", cwd=tmp_path)
     if drawing.have_dot():
@@ -446,11 +446,11 @@ def test_the_drawing_names_every_stage_edge_input_and_output(classifier):
     stage_edges = [(a, b, attrs) for a, b, attrs in edges if a in pipe.stages and b in pipe.stages]
     assert sorted((a, b) for a, b, _ in stage_edges) == [("backbone", "cls"), ("backbone", "res"), ("backbone", "skl")]
     for a, b, attrs in stage_edges:
-        assert 'label="features: float[batch, 16]"' in attrs and f'tooltip="backbone.features -> ' in attrs
-    assert ("in:image", "backbone", "") in edges and ("cls", "out:logits", 'label="float[batch, 10]"') in edges
+        assert 'label="features: float32[batch, 16]"' in attrs and f'tooltip="backbone.features -> ' in attrs
+    assert ("in:image", "backbone", "") in edges and ("cls", "out:logits", 'label="float32[batch, 10]"') in edges
     # Each stage box lists its inputs and outputs with dtypes and shapes; the pruned one is grey.
-    assert "image: float[batch, 3, 32, 32]" in nodes["backbone"] and "features: float[batch, 16]" in nodes["backbone"]
-    assert "probabilities: float[" in nodes["skl"] and "X: float[" in nodes["skl"]
+    assert "image: float32[batch, 3, 32, 32]" in nodes["backbone"] and "features: float32[batch, 16]" in nodes["backbone"]
+    assert "probabilities: float32[" in nodes["skl"] and "X: float32[" in nodes["skl"]
     assert "(pruned)" in nodes["res"] and "(pruned)" not in nodes["cls"]
     if drawing.have_dot():
         assert "<svg" in pipe._repr_svg_()

@@ -379,3 +379,17 @@ def test_cuda_binding_keeps_tensors_on_the_device():
     x.mul_(-1)
     assert b()[0].data_ptr() == y.data_ptr()
     np.testing.assert_allclose(y.cpu().numpy(), reference(-X), rtol=1e-6)
+
+
+def test_graph_pipeline_shares_the_runtime(tmp_path):
+    """fastseq.Pipeline gets the same session cache, binding and run options."""
+    paths = chain(tmp_path)
+    stages = {"a": paths[0], "b": paths[1]}
+    cache = tmp_path / "c"
+    pipe = fastseq.Pipeline(stages, edges=["a.y -> b.x"], session_cache=cache)
+    assert pipe.session_info["cache"] == "stored"
+    again = fastseq.Pipeline(stages, edges=["a.y -> b.x"], session_cache=cache)
+    assert again.session_info["cache"] == "hit"
+    np.testing.assert_allclose(again(X)[0], reference(X))
+    np.testing.assert_allclose(again.bind(X.copy())()[0], reference(X))
+    np.testing.assert_allclose(again.run({"x": X}, timeout=30)[0], reference(X))

@@ -89,7 +89,10 @@ def test_missing_provider_is_a_warning_naming_it_and_what_is_available():
         assert pipe.providers == ["CPUExecutionProvider"]
         np.testing.assert_allclose(pipe(X)[0], np.maximum(2 * X, 0))
     with pytest.warns(RuntimeWarning, match="falling back to CPUExecutionProvider"):
-        fastseq.ONNXSequential(scale_model(2.0), providers=["NoSuchExecutionProvider"])
+        fastseq.ONNXSequential(scale_model(2.0), providers=["CoreMLExecutionProvider"])
+    # A name that no onnxruntime build knows is a typo, not a missing provider.
+    with pytest.raises(fastseq.ProviderError, match=r"'CPUExecutionProviderr' \(did you mean 'CPUExecutionProvider'"):
+        fastseq.ONNXSequential(scale_model(2.0), providers=["CPUExecutionProviderr"])
 
 
 def test_len_repr_and_summary():

@@ -21,6 +21,7 @@ from fastseq.errors import (
     InputError,
     LoadError,
     OpsetMismatchError,
+    ProviderError,
     RunError,
     RunTimeoutError,
 )
@@ -33,10 +34,19 @@ _LAZY = {
     "ops": "fastseq.ops",
     "Pipeline": "fastseq.pipeline",
     "PipelineSpec": "fastseq.spec",
+    "add_metadata": "fastseq.metadata",
+    "ONNXModule": "fastseq.module",
+    "load": "fastseq.module",
+    "ONNXLoader": "fastseq.onnxloader",
+    "io_name_conversion": "fastseq.rename",
 }
 
 if TYPE_CHECKING:
     from fastseq import operators, ops
+    from fastseq.metadata import add_metadata
+    from fastseq.module import ONNXModule, load
+    from fastseq.onnxloader import ONNXLoader
+    from fastseq.rename import io_name_conversion
     from fastseq.pipeline import Pipeline
     from fastseq.sequential import ONNXSequential
     from fastseq.session import TensorInfo
@@ -68,17 +78,23 @@ __all__ = [
     "FastseqError",
     "InputError",
     "LoadError",
+    "ONNXLoader",
+    "ONNXModule",
     "ONNXSequential",
     "OpsetMismatchError",
     "Pipeline",
     "PipelineSpec",
+    "ProviderError",
     "RunError",
     "RunTimeoutError",
     "TensorInfo",
     "__version__",
+    "add_metadata",
     "compose",
     "compose_bytes",
     "compose_to_file",
+    "io_name_conversion",
+    "load",
     "merge_models",
     "operators",
     "ops",

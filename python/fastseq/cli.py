@@ -83,6 +83,35 @@ def _parse_opset(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"'{text}': expected an opset version or 'highest'") from None
 
 
+def _check_io_maps(command: str, args: argparse.Namespace) -> None:
+    if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
+        raise SystemExit(
+            f"fastseq {command}: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
+            f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
+        )
+
+
+def _load_npy(name: str, file: str):
+    """One --input array; anything but a readable .npy file is a one-line error."""
+    path = Path(file).expanduser()
+    if not path.is_file():
+        raise SystemExit(f"fastseq run: error: --input {name}={file}: no such file")
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY":
+        kind = " (an .npz archive: save one array per input with numpy.save)" if magic[:2] == b"PK" else ""
+        raise SystemExit(
+            f"fastseq run: error: --input {name}={file}: not a .npy file{kind}; "
+            "write each input with numpy.save(path, array)"
+        )
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise SystemExit(f"fastseq run: error: --input {name}={file}: {e}") from None
+
+
 def cmd_merge(args: argparse.Namespace) -> int:
     if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
         from fastseq import pipefile
@@ -95,11 +124,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         spec = pipefile.read(args.models[0])
         what = f"merging {len(spec.stages)} stages"
     else:
-        if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
-            raise SystemExit(
-                f"fastseq merge: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
-                f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
-            )
+        _check_io_maps("merge", args)
         spec = PipelineSpec.chain(args.models, args.io_map, keep_outputs=args.keep_outputs)
         what = f"merging {len(args.models)} models"
     spec.cache_dir = args.cache_dir or spec.cache_dir
@@ -109,6 +134,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if args.external_data is not None:
         spec.external_data = {"auto": None, "yes": True, "no": False, "reuse": "reuse"}[args.external_data]
     spec.entry = "cli"
+    args.output.parent.mkdir(parents=True, exist_ok=True)  # -o new_folder/out.onnx
     with progress(what):
         built = build(spec)
         if args.optimize:
@@ -127,11 +153,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
         + (f" + {written['data_file']} {human_size(written['data_bytes'])}" if written["data_file"] else "")
         + f"): {info['nodes']} nodes, {info['initializers']} weights"
     )
-    _print_cleanups(built.report, built.layout)
+    _print_cleanups(built.report, built.layout, built.labels)
     return 0
 
 
-def _print_cleanups(report: dict, layout) -> None:
+def _print_cleanups(report: dict, layout, labels: list[str]) -> None:
     """One line per clean-up the build did (what the core reports)."""
     pruned = report.get("pruned") or {}
     stages = pruned.get("stages") or ([s.name for s in layout.stages if s.pruned] if layout is not None else [])
@@ -151,11 +177,15 @@ def _print_cleanups(report: dict, layout) -> None:
     for edge, description in report.get("adapters") or []:
         print(f"adapter on edges[{edge}]: {description}")
     for stage, output in report.get("unused_outputs") or []:
-        print(f"unused output: {stage}.{output}")
+        name = labels[stage] if isinstance(stage, int) and stage < len(labels) else stage
+        print(f"unused output: {name}.{output}")
 
 
 def _io(items) -> str:
-    return "\n".join(f"  {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in items) or "  (none)"
+    def dims_text(dims):
+        return ", ".join("?" if d is None else str(d) for d in dims)
+
+    return "\n".join(f"  {name}: {dtype}[{dims_text(dims)}]" for name, dtype, dims in items) or "  (none)"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -194,7 +224,7 @@ def _inspect_pipeline(args: argparse.Namespace) -> int:
         print(f"  {st.name}: {st.label}{' (pruned)' if st.pruned else ''}")
     print("edges:\n" + ("\n".join(f"  {e}" for e in layout.edges) or "  (none)"))
     _print_summary(built.composed.summary())
-    _print_cleanups(built.report, layout)
+    _print_cleanups(built.report, layout, built.labels)
     text = drawing.to_dot(layout, Path(args.model).stem)
     if args.dot:
         Path(args.dot).write_text(text, encoding="utf-8")
@@ -216,27 +246,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             from fastseq.ray import run_dataset
         except ImportError as e:
             raise SystemExit(f"fastseq run: error: {e}") from None
-    if _is_pipeline_file(args.model):
+    if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
         from fastseq import pipefile
         from fastseq.pipeline import Pipeline
 
-        spec = pipefile.read(args.model)
+        if args.io_map is not None:
+            raise SystemExit("fastseq run: error: --io-map is for a chain of models; a pipeline file has edges")
+        spec = pipefile.read(args.models[0])
         if args.provider:
             spec.providers = list(args.provider)
         pipe = Pipeline.from_spec(spec)
     else:
         from fastseq.sequential import ONNXSequential
 
-        pipe = ONNXSequential(args.model, providers=args.provider or None)
+        _check_io_maps("run", args)
+        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.provider or None)
     if args.ray is not None:
         run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
         return 0
     feeds = {}
     for item in args.input or []:
         name, sep, file = item.partition("=")
-        if not sep:
+        if not sep or not name or not file:
             raise SystemExit(f"fastseq run: error: --input '{item}': expected NAME=FILE.npy")
-        feeds[name] = np.load(file, allow_pickle=False)
+        feeds[name] = _load_npy(name, file)
     with progress("running"):
         outputs = pipe.run(feeds)
     names = [o.name for o in pipe.outputs]
@@ -354,10 +387,15 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--dot", help="write the pipeline's stage graph as Graphviz DOT text")
     i.set_defaults(func=cmd_inspect)
 
-    r = sub.add_parser("run", help="run a model or a pipeline.toml on .npy inputs, or over a dataset on Ray")
-    r.add_argument("model", help="a model, or a pipeline.toml")
+    r = sub.add_parser("run", help="run a model, several composed in order, or a pipeline.toml on .npy inputs, "
+                                   "or over a dataset on Ray")
+    r.add_argument("models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, composed in order; "
+                                            "or one pipeline.toml")
+    r.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
+                   help="the connections of one joint; give one per joint, in order (default: by position)")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
-                   help="an input; with --ray: a folder of .npy files or a Parquet dataset")
+                   help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input; "
+                        "with --ray: one folder of .npy files or a Parquet dataset")
     r.add_argument("--provider", action="append", help="execution provider, in priority order")
     r.add_argument("-o", "--output", help="write the outputs to this .npz (with --ray: a folder of Parquet files)")
     r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",

@@ -23,7 +23,7 @@ def _tensor(info: IoInfo | None) -> str:
     if info is None:
         return "?"
     _, dtype, dims = info
-    return f"{dtype}[{', '.join(dims)}]"
+    return f"{dtype}[{', '.join('?' if d is None else str(d) for d in dims)}]"
 
 
 def to_dot(layout: Layout, title: str = "pipeline") -> str:

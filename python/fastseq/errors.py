@@ -30,6 +30,10 @@ class RunTimeoutError(RunError, TimeoutError):
     """A call ran past its ``timeout`` or was terminated through its ``RunOptions``."""
 
 
+class ProviderError(FastseqError, ValueError):
+    """An execution provider name that no onnxruntime build knows (a typo)."""
+
+
 def human_size(n: float) -> str:
     """1536 -> '1.5 KB', for messages and summaries."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -48,6 +52,7 @@ __all__ = [
     "InputError",
     "LoadError",
     "OpsetMismatchError",
+    "ProviderError",
     "RunError",
     "RunTimeoutError",
 ]

@@ -34,6 +34,9 @@ class Pipeline(Runnable):
     What no exposed output needs is pruned (``prune=False`` keeps it); identical weights
     are stored once (``dedupe=False`` keeps copies); ``adapt=True`` (or a list of edges)
     inserts a Cast or an (Un)squeeze where an edge's two sides differ in type or batch axis.
+    The session API is ONNXSequential's: ``providers``, ``session_options``,
+    ``session_cache`` (where ONNX Runtime's optimised model is kept between starts),
+    calls, ``run(..., timeout=)``, ``bind``, ``export(..., optimized=True)``.
     """
 
     spec: PipelineSpec
@@ -56,6 +59,7 @@ class Pipeline(Runnable):
         cache_dir: str | os.PathLike[str] | None = None,
         force_download: bool = False,
         token: str | bool | None = None,
+        session_cache: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         spec = PipelineSpec.graph(
             stages,
@@ -75,34 +79,36 @@ class Pipeline(Runnable):
             force_download=force_download,
             token=token,
         )
-        self._build(spec)
+        self._build(spec, session_cache)
 
     @classmethod
-    def from_spec(cls, spec: PipelineSpec) -> Pipeline:
-        """A pipeline built from a graph description."""
+    def from_spec(cls, spec: PipelineSpec, session_cache: str | os.PathLike[str] | bool | None = None) -> Pipeline:
+        """A pipeline built from a graph description (``session_cache`` as in the constructor)."""
         if not spec.is_graph:
             raise TypeError("Pipeline needs a graph description (named stages and edges)")
         pipe = cls.__new__(cls)
-        pipe._build(spec)
+        pipe._build(spec, session_cache)
         return pipe
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> Pipeline:
+    def from_file(
+        cls, path: str | os.PathLike[str], session_cache: str | os.PathLike[str] | bool | None = None
+    ) -> Pipeline:
         """The pipeline that the TOML file at ``path`` describes (see :mod:`fastseq.pipefile`)."""
-        return cls.from_spec(pipefile.read(path))
+        return cls.from_spec(pipefile.read(path), session_cache)
 
     def to_file(self, path: str | os.PathLike[str]) -> Path:
         """Writes this pipeline's description as a TOML pipeline file (atomically); in-memory
         models are saved beside it. ``Pipeline.from_file`` reads it back."""
         return pipefile.write(self.spec, path)
 
-    def _build(self, spec: PipelineSpec) -> None:
+    def _build(self, spec: PipelineSpec, session_cache: str | os.PathLike[str] | bool | None = None) -> None:
         built = build(spec)
         self.spec = spec
         self._composed, self._labels = built.composed, built.labels
         self._layout: Layout = built.layout  # type: ignore[assignment]
         self._report = built.report
-        self._start(spec.providers, session_options(spec.session_options))
+        self._start(spec.providers, session_options(spec.session_options), session_cache)
 
     # --- what was built -----------------------------------------------------------------
     @property
@@ -154,4 +160,4 @@ class Pipeline(Runnable):
         self.spec, self._layout, self._report = state["spec"], state["layout"], state["report"]
         self._labels = state["labels"]
         self._composed = _core.load_model(state["model"], "pipeline")
-        self._start(state["providers"], session_options(self.spec.session_options))
+        self._start(state["providers"], session_options(self.spec.session_options), state.get("session_cache"))

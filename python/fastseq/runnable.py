@@ -22,9 +22,15 @@ if TYPE_CHECKING:
 
 
 class Runnable:
-    """Holds the composed model (``_composed``, weights as slices of the sources) and the
-    runner over it. Subclasses build ``_composed`` and ``_labels``, then call
-    :meth:`_start`."""
+    """The runtime API that ONNXSequential and ONNXModule (and the graph Pipeline) share:
+    the ONNX Runtime session (``create_session``, ``get_session``, ``set_session``,
+    ``as_cpu``/``as_cuda``/``as_tensorrt``/``as_openvino``, ``providers``), calls
+    (``pipe(x)``, ``run``, ``inputs``, ``outputs``), the composed model (``model``,
+    ``model_bytes``, ``summary``, ``export``, ``add_metadata``, ``metadata``, ``len``) and
+    pickling (the composed model and the providers travel; the session is rebuilt).
+
+    Subclasses build ``_composed`` (the core's model, weights as slices of the sources) and
+    ``_labels``, then call :meth:`_start`."""
 
     _composed: _core.Composed
     _labels: list[str]
@@ -82,21 +88,34 @@ class Runnable:
         self.set_session(self._new_session(providers, self._session_options, self.session_info))
         return self
 
-    def as_cpu(self) -> Runnable:
-        """Runs on the CPU from now on; returns the pipeline."""
-        return self._switch(["CPUExecutionProvider"])
+    def as_cpu(self, **kwargs: Any) -> Runnable:
+        """Runs on the CPU from now on; returns the pipeline. ``kwargs`` are the CPU
+        provider's options (e.g. ``arena_extend_strategy="kSameAsRequested"``)."""
+        return self._switch([("CPUExecutionProvider", kwargs)] if kwargs else ["CPUExecutionProvider"])
 
-    def as_cuda(self, device_id: int = 0) -> Runnable:
-        """Runs with the CUDA provider (CPU as fallback) from now on; returns the pipeline."""
-        return self._switch([("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"])
+    def as_cuda(self, device_id: int = 0, **kwargs: Any) -> Runnable:
+        """Runs with the CUDA provider on GPU ``device_id`` (CPU as fallback) from now on;
+        returns the pipeline. ``kwargs`` are more CUDA provider options
+        (``gpu_mem_limit``, ``cudnn_conv_algo_search``, ...)."""
+        return self._switch(
+            [("CUDAExecutionProvider", {"device_id": device_id, **kwargs}), "CPUExecutionProvider"]
+        )
 
-    def as_tensorrt(self, device_id: int = 0) -> Runnable:
-        """Runs with the TensorRT provider (CPU as fallback) from now on; returns the pipeline."""
-        return self._switch([("TensorrtExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"])
+    def as_tensorrt(self, device_id: int = 0, **kwargs: Any) -> Runnable:
+        """Runs with the TensorRT provider on GPU ``device_id`` (CPU as fallback) from now on;
+        returns the pipeline. ``kwargs`` are more TensorRT provider options
+        (``trt_fp16_enable``, ``trt_engine_cache_enable``, ...)."""
+        return self._switch(
+            [("TensorrtExecutionProvider", {"device_id": device_id, **kwargs}), "CPUExecutionProvider"]
+        )
 
-    def as_openvino(self, device_type: str = "GPU") -> Runnable:
-        """Runs with the OpenVINO provider (CPU as fallback) from now on; returns the pipeline."""
-        return self._switch([("OpenVINOExecutionProvider", {"device_type": device_type}), "CPUExecutionProvider"])
+    def as_openvino(self, device_type: str = "GPU", **kwargs: Any) -> Runnable:
+        """Runs with the OpenVINO provider on ``device_type`` (``"CPU"``, ``"GPU"``,
+        ``"GPU.0"``, ``"NPU"``, ...; CPU as fallback) from now on; returns the pipeline.
+        ``kwargs`` are more OpenVINO provider options (``precision``, ``num_of_threads``, ...)."""
+        return self._switch(
+            [("OpenVINOExecutionProvider", {"device_type": device_type, **kwargs}), "CPUExecutionProvider"]
+        )
 
     @property
     def providers(self) -> list[str]:
@@ -187,20 +206,63 @@ class Runnable:
         return self._composed.summary()
 
     def export(
-        self, path: str | os.PathLike[str], external_data: bool | None = None, *, optimized: bool = False
+        self,
+        file_path: str | os.PathLike[str],
+        external_data: bool | None = None,
+        *,
+        optimized: bool = False,
+        **kwargs: Any,
     ) -> Path:
-        """Writes the composed model to ``path`` atomically, its weights in one data file
-        beside it when asked or when it is over 2 GB. The pipeline itself is not changed.
+        """Writes the composed model to ``file_path`` atomically and returns the path. The
+        pipeline itself is not changed, whatever the options.
+
+        ``external_data``: True puts the weights in one data file beside the model
+        (``<name>.<token>.data``), False keeps them inline, None (default) decides by size
+        (external above the 2 GB protobuf limit). A missing folder is an ``ExportError``.
+
+        ``kwargs`` are ``onnx.save``'s keywords, with their meaning there (kornia passes its
+        keywords to ``onnx.save``): ``save_as_external_data`` (same as ``external_data``),
+        ``size_threshold`` (tensors of at least this many bytes go external; default 1024),
+        ``all_tensors_to_one_file`` (False: one file per tensor, named after it),
+        ``location`` (the data file's name, relative to the model's folder),
+        ``convert_attribute`` (whether attribute tensors such as Constant values go external
+        too; fastseq's default is True, ``onnx.save``'s is False: pass False to keep them
+        inline) and ``format`` (``"protobuf"``, ``"textproto"``, ``"json"``, ...). The core
+        writes the default layout itself; ``location``, one file per tensor,
+        ``convert_attribute=False`` and a text format go through ``onnx.save`` on a copy.
 
         ``optimized=True`` writes the model as ONNX Runtime leaves it after its graph
-        optimisations for this pipeline's providers and session options (weights in a data
-        file beside it), recording the providers and onnxruntime version in its metadata, so
-        that a deployment can start its sessions with optimisation off."""
-        target = Path(path).expanduser()
+        optimisations for this pipeline's providers and session options (weights in
+        ``<name>.data`` beside it), recording the providers and onnxruntime version in its
+        metadata, so that a deployment can start its sessions with optimisation off.
+        """
+        from fastseq.export import export
+
         if optimized:
-            return session.export_optimized(self._composed, target, self._providers, self._session_options)
-        self._composed.save(str(target), external_data=external_data)
-        return target
+            if kwargs or external_data is not None:
+                raise TypeError("export(optimized=True) writes its own layout: no other options")
+            return session.export_optimized(self._composed, Path(file_path).expanduser(), self._providers,
+                                            self._session_options)
+        return export(self._composed, file_path, external_data, **kwargs)
+
+    def add_metadata(self, additional_metadata: Sequence[tuple[str, Any]] | None = None) -> onnx.ModelProto:
+        """Adds ``(key, value)`` pairs to the composed model's ``metadata_props``, as kornia's
+        ``add_metadata`` does: ``("source", "fastseq")`` and ``("version", <fastseq version>)``
+        first, then ``additional_metadata``; values are stored as ``str(value)``. A key that
+        is already present keeps its position and takes the new value (``onnx.checker``
+        refuses repeated keys). The metadata is kept by :meth:`export`, :attr:`model` and
+        pickling; the running session is not rebuilt (metadata does not change what it
+        computes). Returns the composed model as a fresh ``onnx.ModelProto`` (a copy, below
+        2 GB, as kornia returns its model); the pipeline is the one to keep using."""
+        from fastseq.metadata import metadata_pairs
+
+        self._composed = self._composed.with_metadata(metadata_pairs(additional_metadata))
+        return self.model
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The composed model's ``metadata_props`` as a dict, in order."""
+        return dict(self._composed.metadata())
 
     def map_batches(self, ds: Any, **ray_kwargs: Any) -> Any:
         """Runs this pipeline over a Ray Dataset as stateful actors (extra ``fastseq[ray]``;

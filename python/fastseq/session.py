@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
-from fastseq.errors import InputError
+from fastseq.errors import InputError, ProviderError
 
 Provider = str | tuple[str, dict[str, Any]]
 
@@ -51,6 +51,7 @@ class TensorInfo:
 
     @classmethod
     def of(cls, arg: ort.NodeArg) -> TensorInfo:
+        """The description of one of a session's inputs or outputs."""
         dtype = _ORT_DTYPES.get(arg.type)
         shape = tuple(arg.shape) if arg.shape is not None else None
         return cls(arg.name, np.dtype(dtype) if dtype is not None else None, shape)
@@ -73,8 +74,16 @@ def default_options() -> ort.SessionOptions:
 
 def usable_providers(providers: Sequence[Provider] | None) -> list[Provider]:
     """The requested providers that this onnxruntime build has, in order. Each missing one
-    is a warning naming it and what is available, never a silent fallback."""
+    is a warning naming it and what is available, never a silent fallback; a name that no
+    onnxruntime build knows (a typo) is a ProviderError with the near miss."""
     requested = list(providers) if providers else ["CPUExecutionProvider"]
+    known = ort.get_all_providers()  # every provider any onnxruntime build has
+    for p in requested:
+        if provider_name(p) not in known:
+            raise ProviderError(
+                f"unknown execution provider '{provider_name(p)}'{_core.did_you_mean(provider_name(p), known)}; "
+                f"this onnxruntime build has: {', '.join(ort.get_available_providers())}"
+            )
     available = ort.get_available_providers()
     usable = [p for p in requested if provider_name(p) in available]
     for p in requested:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -102,9 +102,12 @@ class PipelineSpec:
     origin: str | None = None
     #: the entry point that built it (a key of convert.HINTS): an opset mismatch names its remedy
     entry: str = "compose"
+    #: keep the loaded stage models in the result (ONNXSequential.combine re-wires them)
+    keep_stages: bool = False
 
     @property
     def is_graph(self) -> bool:
+        """True for named stages joined by edges, False for a chain joined by io_maps."""
         return self.edges is not None
 
     # --- constructors ---------------------------------------------------------------
@@ -118,16 +121,14 @@ class PipelineSpec:
         **options: Any,
     ) -> PipelineSpec:
         """A chain of models, kornia's and onnx.compose's form."""
-        import onnx
-
-        if isinstance(models, (onnx.ModelProto, bytes, str, os.PathLike)):
+        if loader.is_model_proto(models) or isinstance(models, (bytes, str, os.PathLike)):
             raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
         if isinstance(sha256, str) and len(models) > 1:
             raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")
         digests = [sha256] * len(models) if sha256 is None or isinstance(sha256, str) else list(sha256)
         if len(digests) != len(models):
             raise TypeError(f"sha256 has {len(digests)} entries for {len(models)} models")
-        maps = None if io_maps is None else [[(str(o), str(i)) for o, i in joint] for joint in io_maps]
+        maps = normalize_io_maps(io_maps, len(models))
         stages = [Stage(None, m, d) for m, d in zip(models, digests)]
         return cls(stages, io_maps=maps, **options)
 
@@ -331,6 +332,8 @@ class Built:
     labels: list[str]
     layout: Layout | None = None
     report: dict[str, Any] = field(default_factory=dict)
+    #: the loaded stage models (with ``keep_stages``): composed again without reading anything
+    stages: list[_core.Composed] | None = None
 
 
 def build(spec: PipelineSpec) -> Built:
@@ -354,7 +357,7 @@ def build(spec: PipelineSpec) -> Built:
 
 def _build(spec: PipelineSpec, link: bool) -> Built:
     resolved, loaded = [], []
-    load = spec.opset is not None or spec.is_graph
+    load = spec.opset is not None or spec.is_graph or spec.keep_stages
     for i, st in enumerate(spec.stages):
         try:
             r = loader.resolve(
@@ -366,8 +369,6 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
                 sha256=st.sha256,
             )
             resolved.append(r)
-            if load:
-                loaded.append(_core.load_model(r.data, st.name or r.label))
         except FastseqError as e:
             if st.name is None:
                 raise
@@ -375,6 +376,8 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
             raise type(e)(f"stages.{st.name}: {e}") from e
     labels = [st.name or r.label for st, r in zip(spec.stages, resolved)]
     sources: list[Any] = [r.data for r in resolved]
+    if load:  # all stages in parallel; errors name the stage's label
+        loaded = _core.load_models(sources, labels)
     if spec.opset is not None:
         from fastseq import convert
 
@@ -404,7 +407,7 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
         **_extra(spec),
         **common,
     )
-    return Built(composed, labels, None, _report(composed))
+    return Built(composed, labels, None, _report(composed), loaded if spec.keep_stages and loaded else None)
 
 
 def _extra(spec: PipelineSpec) -> dict[str, Any]:
@@ -684,3 +687,65 @@ def session_options_dict(options: Any) -> dict[str, Any]:
         if value != getattr(default, key):
             out[key] = names[key][value] if key in names else value
     return out
+
+
+_NESTED = "io_maps=[[('out', 'in')], [('out2', 'in2')]]: one list of (output, input) pairs per joint"
+
+
+def normalize_io_maps(io_maps: Any, n_models: int) -> list[list[tuple[str, str]]] | None:
+    """``io_maps`` as one list of ``(output, input)`` pairs per joint.
+
+    Besides the nested form, takes the flat form ``[("a", "b"), ...]`` for a single joint
+    (two models), and kornia's mapping from joint index to pairs (``{0: [("a", "b")]}``).
+    Any other shape (a ``{"a": "b"}`` dict, a bare pair, a string) is a CompositionError
+    that shows the nested form."""
+    if io_maps is None:
+        return None
+    joints = n_models - 1
+    if isinstance(io_maps, Mapping):
+        if io_maps and all(isinstance(k, int) and not isinstance(k, bool) for k in io_maps):
+            missing = [j for j in range(joints) if j not in io_maps]
+            if missing:
+                raise CompositionError(
+                    f"io_maps has no entry for joint {missing[0]} ({n_models} models have {joints} joints); "
+                    f"expected {_NESTED}"
+                )
+            io_maps = [io_maps[j] for j in range(joints)]
+        else:
+            example = _as_pairs(list(io_maps.items())) if io_maps else None
+            shown = f"io_maps=[{example!r}]" if example else _NESTED
+            raise CompositionError(f"io_maps is a dict; pass {shown} (one list of (output, input) pairs per joint)")
+    if isinstance(io_maps, (str, bytes)) or not isinstance(io_maps, Iterable):
+        raise CompositionError(f"io_maps must be a list, got {type(io_maps).__name__}; expected {_NESTED}")
+    entries = list(io_maps)
+    flat = _as_pairs(entries)
+    if flat is not None and entries:
+        if joints != 1:
+            raise CompositionError(
+                f"io_maps={entries!r} is a flat list of pairs, which only describes one joint; "
+                f"{n_models} models have {joints} joints: expected {_NESTED}"
+            )
+        return [flat]
+    out = []
+    for j, entry in enumerate(entries):
+        is_list = isinstance(entry, Iterable) and not isinstance(entry, (str, bytes, Mapping))
+        pairs = _as_pairs(list(entry)) if is_list else None
+        if pairs is None:
+            hint = f" (for one pair: [{entry!r}])" if isinstance(entry, tuple) and len(entry) == 2 else ""
+            raise CompositionError(
+                f"io_maps[{j}] must be a list of (output, input) name pairs, got {entry!r}{hint}; expected {_NESTED}"
+            )
+        out.append(pairs)
+    return out
+
+
+def _as_pairs(items: list) -> list[tuple[str, str]] | None:
+    """``items`` as (str, str) pairs, or None if any item is not a pair of names."""
+    pairs = []
+    for item in items:
+        if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2:
+            return None
+        if not all(isinstance(n, str) for n in item):
+            return None
+        pairs.append((item[0], item[1]))
+    return pairs

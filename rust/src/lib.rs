@@ -10,6 +10,7 @@ pub mod external;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod load;
+pub mod metadata;
 pub mod model;
 pub mod names;
 pub mod naming;
@@ -221,15 +222,32 @@ mod bindings {
             Ok(c)
         }
 
-        /// Inputs, outputs, opsets, counts and sizes.
+        /// A copy with `pairs` (key, value) set in its metadata_props: a key keeps its first
+        /// position and takes its last value. Nodes and weights are shared, not copied.
+        fn with_metadata(&self, py: Python<'_>, pairs: Vec<(String, String)>) -> Composed {
+            let model = py.detach(|| crate::metadata::with_metadata(&self.model, &pairs));
+            let mut c = Composed::of(model, self.linked);
+            c.labels = self.labels.clone();
+            c
+        }
+
+        /// The model's metadata_props, as (key, value) pairs in order.
+        fn metadata(&self) -> Vec<(String, String)> {
+            let text = |s: &Option<String>| s.clone().unwrap_or_default();
+            self.model.metadata_props.iter().map(|p| (text(&p.key), text(&p.value))).collect()
+        }
+
+        /// Inputs, outputs, opsets, counts and sizes. Element types use numpy's spelling
+        /// (float32, as `TensorInfo` prints them); dimensions are ints when static, the
+        /// parameter's name when symbolic, None when unknown (as `TensorInfo.shape`).
         fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
             let s = model::summary(&self.model);
             let d = PyDict::new(py);
             d.set_item("ir_version", s.ir_version)?;
             d.set_item("producer", s.producer)?;
             d.set_item("opsets", s.opsets)?;
-            d.set_item("inputs", s.inputs)?;
-            d.set_item("outputs", s.outputs)?;
+            d.set_item("inputs", io_infos(py, s.inputs)?)?;
+            d.set_item("outputs", io_infos(py, s.outputs)?)?;
             d.set_item("nodes", s.nodes)?;
             d.set_item("initializers", s.initializers)?;
             d.set_item("weight_bytes", s.weight_bytes)?;
@@ -283,6 +301,29 @@ mod bindings {
             }
             Ok((stages, names))
         }
+    }
+
+    /// (name, dtype, dims) with numpy's dtype names and int dimensions where static.
+    fn io_infos<'py>(py: Python<'py>, items: Vec<(String, String, Vec<String>)>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        items
+            .into_iter()
+            .map(|(name, dtype, dims)| {
+                let dtype = match dtype.as_str() {
+                    "float" => "float32".to_string(),
+                    "double" => "float64".to_string(),
+                    _ => dtype,
+                };
+                let dims: Vec<Bound<'py, PyAny>> = dims
+                    .into_iter()
+                    .map(|d| match d.parse::<i64>() {
+                        Ok(v) => v.into_pyobject(py).map(|v| v.into_any()).map_err(PyErr::from),
+                        Err(_) if d == "?" => Ok(py.None().into_bound(py)),
+                        Err(_) => d.into_pyobject(py).map(|v| v.into_any()).map_err(PyErr::from),
+                    })
+                    .collect::<PyResult<_>>()?;
+                (name, dtype, pyo3::types::PyTuple::new(py, dims)?).into_pyobject(py).map(|t| t.into_any())
+            })
+            .collect()
     }
 
     fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
@@ -396,6 +437,26 @@ mod bindings {
         Ok(c)
     }
 
+    /// Loads several models in parallel (external data resolved), one Composed each: the
+    /// stages a pipeline keeps so that it can be composed again without reading its sources.
+    #[pyfunction]
+    fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<String>) -> PyResult<Vec<Composed>> {
+        if sources.len() != labels.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
+        }
+        let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
+        let models = py.detach(|| load::load_all(sources, &labels, external::Mode::InPlace)).map_err(to_py)?;
+        Ok(models
+            .into_iter()
+            .zip(labels)
+            .map(|(model, label)| {
+                let mut c = Composed::of(model, false);
+                c.labels = vec![label];
+                c
+            })
+            .collect())
+    }
+
     /// The external-data files that the model at `path` refers to (not opened).
     #[pyfunction]
     fn external_data_locations(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
@@ -441,6 +502,7 @@ mod bindings {
         m.add_class::<Composed>()?;
         m.add_function(wrap_pyfunction!(compose_models, m)?)?;
         m.add_function(wrap_pyfunction!(load_model, m)?)?;
+        m.add_function(wrap_pyfunction!(load_models, m)?)?;
         m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
         m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
         m.add_function(wrap_pyfunction!(file_digest, m)?)?;

@@ -109,6 +109,14 @@ pub struct Saved {
 /// by size (external at the protobuf limit). `linked` models (external data left pointing
 /// at the sources) always take the external path, which links those files.
 pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: bool, threshold: usize) -> Result<Saved> {
+    // Named here: the writers' first file is a temporary one, whose name would mislead.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+        return Err(Error::export(format!(
+            "cannot write {}: the folder {} does not exist",
+            path.display(),
+            dir.display()
+        )));
+    }
     let size = model.encoded_len() as u64;
     if linked || external.unwrap_or(size >= PROTOBUF_LIMIT) {
         let (model_bytes, data_bytes, name) = crate::external::write_with_external(model, path, threshold)?;
@@ -206,7 +214,8 @@ pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Res
         out.write_all(node)?;
     }
     out.write_all(&rest)?;
-    let mut written = (header.len() + field_len(7, graph_len)) as u64;
+    // The initializers are counted as they are written, not in graph_len's share.
+    let mut written = (header.len() + field_len(7, graph_len) - init_len) as u64;
     for tensor in &graph.initializer {
         written += write_tensor(5, tensor, out)?;
     }

@@ -1,0 +1,132 @@
+"""Writing a composed model to a file, with ``onnx.save``'s keywords (kornia's ``export``
+passes its keywords to ``onnx.save``) mapped onto the core's streaming writer.
+
+The core writes one model file, atomically, with its weights inline or in one data file
+beside it (``<name>.<token>.data``). What it cannot do (a data file of the caller's name,
+one file per tensor, attribute tensors kept inline, a text format) goes through
+``onnx.save`` on a copy of the model, in a temporary folder beside the target whose files
+are moved into place at the end: the pipeline itself is never changed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path, PurePath
+from typing import Any
+
+from fastseq import _core
+from fastseq.errors import ExportError
+
+#: onnx.save's keywords and their defaults there (onnx 1.16 to 1.23).
+ONNX_SAVE_DEFAULTS: dict[str, Any] = {
+    "format": None,
+    "save_as_external_data": False,
+    "all_tensors_to_one_file": True,
+    "location": None,
+    "size_threshold": 1024,
+    "convert_attribute": False,
+}
+
+
+def export(
+    composed: _core.Composed,
+    file_path: str | os.PathLike[str],
+    external_data: bool | None = None,
+    **kwargs: Any,
+) -> Path:
+    """Writes ``composed`` to ``file_path``; see :meth:`fastseq.runnable.Runnable.export`."""
+    unknown = sorted(set(kwargs) - set(ONNX_SAVE_DEFAULTS))
+    if unknown:
+        raise TypeError(
+            f"export() got an unexpected keyword argument '{unknown[0]}' "
+            f"(it takes onnx.save's: {', '.join(ONNX_SAVE_DEFAULTS)})"
+        )
+    target = Path(os.fspath(file_path)).expanduser()
+    external = external_data
+    if "save_as_external_data" in kwargs:
+        asked = bool(kwargs["save_as_external_data"])
+        if external_data is not None and bool(external_data) != asked:
+            raise TypeError(
+                f"export(): external_data={external_data!r} and save_as_external_data={asked!r} disagree; pass one"
+            )
+        external = asked
+    threshold = int(kwargs.get("size_threshold", ONNX_SAVE_DEFAULTS["size_threshold"]))
+    if threshold < 0:
+        raise ValueError(f"export(): size_threshold must be >= 0, got {threshold}")
+    fmt = kwargs.get("format")
+    needs_onnx = fmt not in (None, "protobuf") or (
+        external
+        and (
+            kwargs.get("location") is not None
+            or not kwargs.get("all_tensors_to_one_file", True)
+            # Explicitly False: attribute tensors stay inline, as onnx.save keeps them; the
+            # core's writer moves them out with the initializers (convert_attribute=True).
+            or kwargs.get("convert_attribute", True) is False
+        )
+    )
+    if not needs_onnx:
+        composed.save(str(target), external_data=external, threshold=threshold)
+        return target
+    return _export_with_onnx(composed, target, external, threshold, kwargs)
+
+
+def _export_with_onnx(
+    composed: _core.Composed, target: Path, external: bool | None, threshold: int, kwargs: dict[str, Any]
+) -> Path:
+    import onnx
+
+    folder = target.parent
+    if not folder.is_dir():
+        raise ExportError(f"cannot write {target}: the folder {folder} does not exist")
+    location = kwargs.get("location")
+    if location is not None:
+        parts = PurePath(location).parts
+        if PurePath(location).is_absolute() or ".." in parts or not parts:
+            raise ExportError(f"export(location={location!r}): expected a relative path inside {folder}")
+    if external is None:
+        external = composed.encoded_len() >= _core.PROTOBUF_LIMIT
+    staging = Path(tempfile.mkdtemp(dir=folder, prefix=f".{target.name}.", suffix=".export"))
+    try:
+        model = _as_proto(composed, staging)
+        staged = staging / target.name
+        onnx.save(
+            model,
+            str(staged),
+            format=kwargs.get("format"),
+            save_as_external_data=bool(external),
+            all_tensors_to_one_file=kwargs.get("all_tensors_to_one_file", True),
+            location=location,
+            size_threshold=threshold,
+            convert_attribute=bool(kwargs.get("convert_attribute", False)),
+        )
+        del model
+        # Data files first, the model last: a reader never sees a model whose data is missing.
+        for path in sorted(staging.rglob("*")):
+            if path.is_file() and path != staged and path.parent.name != ".core":
+                dest = folder / path.relative_to(staging)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, dest)
+        os.replace(staged, target)
+    except ExportError:
+        raise
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ExportError(f"cannot write {target}: {e}") from e
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _as_proto(composed: _core.Composed, staging: Path):
+    """A fresh ``onnx.ModelProto`` of ``composed``. Over the protobuf limit it cannot come
+    from bytes: the core writes it with external data first, and onnx loads that back."""
+    import onnx
+
+    if composed.encoded_len() < _core.PROTOBUF_LIMIT:
+        return onnx.ModelProto.FromString(composed.to_bytes())
+    scratch = staging / ".core"
+    scratch.mkdir()
+    path = scratch / "model.onnx"
+    composed.save(str(path), external_data=True)
+    return onnx.load(str(path), load_external_data=True)
