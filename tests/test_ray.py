@@ -217,6 +217,8 @@ def test_errors_name_the_column_and_rows_and_are_raised_in_the_driver(cluster, p
         pipe.map_batches(ds, input_columns={"x": "pixel"})
     with pytest.raises(fastseq.InputError, match=r"input_columns names 'X'.*did you mean 'x'"):
         pipe.map_batches(ds, input_columns={"X": "pixels"})
+    with pytest.raises(fastseq.InputError, match=r"output 'y' would replace the column 'id'"):
+        pipe.map_batches(ds, input_columns={"x": "pixels"}, output_columns={"y": "id"})
     with pytest.raises(fastseq.InputError, match=r"output_columns names 'why'"):
         pipe.map_batches(ds, input_columns={"x": "pixels"}, output_columns={"why": "y"})
     doubles = ray.data.from_items([{"x": row.astype(np.float64)} for row in data[:100]])

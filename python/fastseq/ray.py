@@ -401,24 +401,34 @@ def _run_rows(sess, feeds, inputs, rows: int, outputs, label: str) -> list[np.nd
     return [np.concatenate(outs) for outs in zip(*parts)] if parts else []
 
 
-def check_schema(ds: Any, shipped: Shipment, input_columns=None, output_columns=None) -> None:
+def check_schema(
+    ds: Any, shipped: Shipment, input_columns=None, output_columns=None, drop_columns: bool = False
+) -> None:
     """Checks in the driver, before any actor starts, that the dataset has a column for each
-    input with a dtype and row shape the pipeline takes (when Ray knows the schema)."""
+    input with a dtype and row shape the pipeline takes, and no column an output would
+    replace (when Ray knows the schema)."""
     if shipped.inputs is None:
         return
-    columns, _ = _routes(shipped.inputs, shipped.outputs, input_columns, output_columns)
+    columns, renamed = _routes(shipped.inputs, shipped.outputs, input_columns, output_columns)
     schema = ds.schema()
     if schema is None:
         return
     names = list(schema.names)
-    for info, kind in zip(shipped.inputs, [columns[i.name] for i in shipped.inputs]):
-        if kind not in names:
+    for output, column in renamed.items():
+        if not drop_columns and column in names:
             raise InputError(
-                f"{shipped.label}: input '{info.name}' reads the column '{kind}', which the dataset "
-                f"lacks{_core.did_you_mean(kind, names)}; columns: {', '.join(names)}" + _map_hint(info.name)
+                f"{shipped.label}: output '{output}' would replace the column '{column}'; "
+                f"name it with output_columns={{'{output}': 'NEW'}} or pass drop_columns=True"
             )
-        dtype, row = _column_type(schema.types[names.index(kind)])
-        where = f"{shipped.label}: column '{kind}' (all rows)"
+    for info in shipped.inputs:
+        column = columns[info.name]
+        if column not in names:
+            raise InputError(
+                f"{shipped.label}: input '{info.name}' reads the column '{column}', which the dataset "
+                f"lacks{_core.did_you_mean(column, names)}; columns: {', '.join(names)}" + _map_hint(info.name)
+            )
+        dtype, row = _column_type(schema.types[names.index(column)])
+        where = f"{shipped.label}: column '{column}' (all rows)"
         if dtype is not None and info.dtype is not None and dtype != info.dtype and not (
             info.dtype.kind == "U" and dtype.kind in "UO"
         ):
@@ -466,7 +476,7 @@ def map_batches(
     ``batch_format``, ...) go to Ray Data as they are. Returns the new (lazy) dataset.
     Reading the schema may run the dataset's upstream steps on its first block."""
     shipped = ship(pipeline)
-    check_schema(ds, shipped, input_columns, output_columns)
+    check_schema(ds, shipped, input_columns, output_columns, drop_columns)
     return ds.map_batches(
         Predictor,
         fn_constructor_kwargs={
