@@ -85,8 +85,8 @@ mod bindings {
         }
     }
 
-    /// A model source: serialized bytes (shared with Python, not copied), a path (mmapped,
-    /// external data resolved in place beside it) or a model the core already holds.
+    /// A model source: serialized bytes (shared with Python, not copied), a path (read into
+    /// memory, external data resolved beside it) or a model the core already holds.
     enum Source {
         Bytes(Bytes),
         /// A model file, and the folder its external data may resolve into (default: the
@@ -213,6 +213,14 @@ mod bindings {
             let model =
                 py.detach(|| model::restore_weights(model::decode(label, data)?, &self.model, label)).map_err(to_py)?;
             Ok(Composed { model, linked: self.linked })
+        }
+
+        /// Raises LoadError naming the file if a source file this model still refers to
+        /// (external data kept for `external_data="reuse"`) is no longer the file loaded.
+        /// Other sources were read into memory and cannot change. For the runtime to call
+        /// before it creates a session.
+        fn check_sources(&self, py: Python<'_>) -> PyResult<()> {
+            py.detach(|| external::check_sources(&self.model)).map_err(to_py)
         }
 
         /// Inputs, outputs, opsets, counts and sizes.
