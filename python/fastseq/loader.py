@@ -255,14 +255,17 @@ def url_download(
     target.parent.mkdir(parents=True, exist_ok=True)
     watchdog = _Watchdog(time.monotonic() + allowed)
     last: Exception | None = None
-    attempt = 0
+    tried = 0
+    out_of_time = False
     try:
         for attempt in range(retries):
             if attempt:
                 pause = min(0.5 * 2 ** (attempt - 1), 8.0)
                 if watchdog.left() <= pause:
+                    out_of_time = True  # the next try would start past the deadline
                     break
                 time.sleep(pause)
+            tried += 1
             try:
                 _fetch(url, target, timeout, limit, watchdog)
                 if sha256 is not None:
@@ -286,12 +289,12 @@ def url_download(
                 break
     finally:
         watchdog.cancel()
-    if watchdog.fired or watchdog.left() <= 0:
+    if out_of_time or watchdog.fired or watchdog.left() <= 0:
         raise DownloadError(
             f"{url}: download not done within its deadline of {allowed:g} s "
-            f"(deadline=, FASTSEQ_DOWNLOAD_DEADLINE) after {attempt + 1} attempt(s): {last}"
+            f"(deadline=, FASTSEQ_DOWNLOAD_DEADLINE) after {tried} attempt(s): {last}"
         )
-    raise DownloadError(f"{url}: download failed after {attempt + 1} attempt(s): {last}")
+    raise DownloadError(f"{url}: download failed after {tried} attempt(s): {last}")
 
 
 class _Watchdog:
