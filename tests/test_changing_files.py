@@ -223,6 +223,19 @@ def test_killed_exports_leave_nothing_that_the_next_export_keeps(tmp_path):
     assert os.listdir(tmp_path) == ["m.onnx"]
 
 
+def test_exports_remove_only_files_that_exports_made(tmp_path):
+    """Cleaning up is by an explicit name (`m.onnx.fastseq-<8 hex>.…`): a user's file that
+    looks a bit like it, a date stamp say, is never taken for an orphan."""
+    theirs = ["m.onnx.20261203.bak", "m.onnx.deadbeef.data", "m.onnx.fastseq-zzzzzzzz.data", "m.onnx.fastseq-1234.data"]
+    for name in theirs:
+        (tmp_path / name).write_bytes(b"user data")
+    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=(2, 1024)))
+    for external in (True, True, False, True):
+        pipe.export(tmp_path / "m.onnx", external_data=external)
+        folder_matches_its_model(tmp_path, "m.onnx", extra=set(theirs))
+    assert all((tmp_path / name).read_bytes() == b"user data" for name in theirs)
+
+
 # --- external data that does not hold its tensor -------------------------------------
 
 

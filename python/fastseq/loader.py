@@ -207,7 +207,9 @@ def _offline() -> bool:
 
 def url_cache_path(url: str, cache_dir: str | os.PathLike[str] | None) -> Path:
     base = Path(cache_dir).expanduser() if cache_dir is not None else _default_cache() / "urls"
-    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1] or "model.onnx"
+    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]
+    if name in ("", ".", ".."):  # a URL ending in /.. would name the cache folder itself
+        name = "model.onnx"
     return base / hashlib.sha256(url.encode()).hexdigest()[:16] / name
 
 

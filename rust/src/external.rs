@@ -513,8 +513,9 @@ fn flock(file: &File, op: std::ffi::c_int) -> std::io::Result<()> {
     }
 }
 
-/// A fresh 8-hex-digit token for an export's files: time, process and a counter, mixed
-/// (splitmix64), so that threads and processes exporting at once do not collide.
+/// A fresh token for an export's files, `fastseq-` and 8 hex digits: time, process and a
+/// counter, mixed (splitmix64), so that threads and processes exporting at once do not
+/// collide. The marker keeps a user's `model.onnx.20261203.bak` from looking like ours.
 fn new_token() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -526,8 +527,10 @@ fn new_token() -> String {
     x ^= x >> 27;
     x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^= x >> 31;
-    format!("{:08x}", x as u32)
+    format!("{TOKEN_MARK}{:08x}", x as u32)
 }
+
+const TOKEN_MARK: &str = "fastseq-";
 
 /// Removes, beside `path`, the files fastseq exports wrote (`{name}.{token}.…`) that the
 /// model now at `path` does not reference, and the locks that killed exports left, but
@@ -547,7 +550,7 @@ pub fn remove_orphans(path: &Path) {
             files.push((file.clone(), token.to_string()));
         } else if let Some(token) = file.strip_prefix('.').and_then(|f| f.strip_suffix(".lock")).and_then(|f| {
             let token = token_of(&name, f)?;
-            (f.len() == name.len() + 9).then_some(token)
+            (f.len() == name.len() + 1 + token.len()).then_some(token)
         }) {
             locks.insert(token.to_string(), e.path());
         }
@@ -596,19 +599,18 @@ pub fn remove_orphans(path: &Path) {
     }
 }
 
-/// The token of `file` if it is named `{name}.{8 hex digits}` or `{name}.{8 hex}.…`.
+/// The token of `file` if it is named `{name}.fastseq-{8 hex digits}` or
+/// `{name}.fastseq-{8 hex}.…`.
 fn token_of<'a>(name: &str, file: &'a str) -> Option<&'a str> {
     let rest = file.strip_prefix(name)?.strip_prefix('.')?;
-    let token = rest.get(..8)?;
-    (token.bytes().all(|b| b.is_ascii_hexdigit()) && (rest.len() == 8 || rest.as_bytes()[8] == b'.')).then_some(token)
+    let n = TOKEN_MARK.len() + 8;
+    let token = rest.get(..n)?;
+    let hex = token.strip_prefix(TOKEN_MARK)?;
+    (hex.bytes().all(|b| b.is_ascii_hexdigit()) && (rest.len() == n || rest.as_bytes()[n] == b'.')).then_some(token)
 }
 
-/// `{name}.{8 hex digits}.…`: the names [`write_with_external`] gives its files, so that a
-/// re-export removes only files an earlier export made.
+/// `{name}.fastseq-{8 hex digits}.…`: the names [`write_with_external`] gives its files,
+/// so that an export removes only files that an export made.
 fn written_by_us(name: &str, location: &str) -> bool {
-    let Some(rest) = location.strip_prefix(name).and_then(|r| r.strip_prefix('.')) else { return false };
-    !location.contains('/')
-        && rest.len() > 9
-        && rest.as_bytes()[8] == b'.'
-        && rest[..8].bytes().all(|b| b.is_ascii_hexdigit())
+    !location.contains('/') && token_of(name, location).is_some_and(|t| location.len() > name.len() + 1 + t.len() + 1)
 }
