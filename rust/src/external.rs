@@ -614,3 +614,77 @@ fn token_of<'a>(name: &str, file: &'a str) -> Option<&'a str> {
 fn written_by_us(name: &str, location: &str) -> bool {
     !location.contains('/') && token_of(name, location).is_some_and(|t| location.len() > name.len() + 1 + t.len() + 1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(data_type: i32, dims: &[i64]) -> TensorProto {
+        TensorProto { data_type: Some(data_type), dims: dims.to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn sizes_follow_type_and_dims() {
+        assert_eq!(expected_bytes(&tensor(1, &[2, 3])), Ok(Some(24)));
+        assert_eq!(expected_bytes(&tensor(1, &[])), Ok(Some(4)), "a scalar is one element");
+        assert_eq!(expected_bytes(&tensor(1, &[0, 5])), Ok(Some(0)));
+        assert_eq!(expected_bytes(&tensor(22, &[5])), Ok(Some(3)), "int4: two a byte, rounded up");
+        assert_eq!(expected_bytes(&tensor(23, &[4])), Ok(Some(2)));
+        assert_eq!(expected_bytes(&tensor(25, &[5])), Ok(Some(2)), "uint2: four a byte");
+        assert_eq!(expected_bytes(&tensor(15, &[3])), Ok(Some(48)));
+        assert_eq!(expected_bytes(&tensor(8, &[3])), Ok(None), "strings have no fixed size");
+        assert_eq!(expected_bytes(&tensor(999, &[3])), Ok(None));
+        assert!(expected_bytes(&tensor(1, &[-1])).is_err());
+        assert!(expected_bytes(&tensor(1, &[i64::MAX, i64::MAX])).is_err());
+        assert!(expected_bytes(&tensor(7, &[1 << 61])).is_err(), "bits overflow");
+    }
+
+    #[test]
+    fn only_names_with_the_marker_are_ours() {
+        assert_eq!(token_of("m.onnx", "m.onnx.fastseq-0a1b2c3d.data"), Some("fastseq-0a1b2c3d"));
+        assert!(written_by_us("m.onnx", "m.onnx.fastseq-0a1b2c3d.data"));
+        assert!(written_by_us("m.onnx", "m.onnx.fastseq-0a1b2c3d.0.a.bin"));
+        assert_eq!(token_of("m.onnx", "m.onnx.fastseq-0a1b2c3d"), Some("fastseq-0a1b2c3d"));
+        assert!(!written_by_us("m.onnx", "m.onnx.fastseq-0a1b2c3d"));
+        for theirs in [
+            "m.onnx.20261203.bak",
+            "m.onnx.deadbeef.data",
+            "m.onnx.fastseq-0a1b2c3z.data",
+            "m.onnx.fastseq-é",
+            "m.onnx.fastseq-0a1b2c3d/x",
+        ] {
+            assert!(!written_by_us("m.onnx", theirs), "{theirs}");
+        }
+        let a = new_token();
+        assert!(a.starts_with(TOKEN_MARK) && a.len() == TOKEN_MARK.len() + 8 && a != new_token());
+    }
+
+    #[test]
+    fn orphans_of_a_running_export_are_left_alone_until_its_lock_is_released() {
+        let dir =
+            std::env::temp_dir().join(format!("fastseq-orphans-{}-{}", std::process::id(), crate::model::nanos()));
+        fs::create_dir(&dir).unwrap();
+        let model = dir.join("m.onnx");
+        let empty = ModelProto { ir_version: Some(8), ..Default::default() };
+        fs::write(&model, prost::Message::encode_to_vec(&empty)).unwrap(); // references nothing
+        let data = dir.join("m.onnx.fastseq-00000001.data");
+        let lock_path = dir.join(".m.onnx.fastseq-00000001.lock");
+        fs::write(&data, b"x").unwrap();
+        let lock = File::create(&lock_path).unwrap();
+        flock(&lock, LOCK_EX).unwrap();
+        remove_orphans(&model);
+        assert!(data.exists() && lock_path.exists(), "a running export's files stay");
+        drop(lock); // as if its process were killed: the lock file stays, unheld
+        remove_orphans(&model);
+        assert!(!data.exists() && !lock_path.exists(), "a killed export's files go");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn identities_round_trip_as_text() {
+        let id = Identity { dev: 1, ino: 2, size: 3, mtime_ns: -4, ctime_ns: 5_000_000_000_123 };
+        assert_eq!(Identity::decode(&id.encode()), Some(id));
+        assert_eq!(Identity::decode("1:2:3"), None);
+        assert_eq!(Identity::decode("1:2:3:4:5:6"), None);
+    }
+}
