@@ -124,11 +124,12 @@ pub fn has_external(model: &mut ModelProto) -> bool {
 }
 
 /// The external-data files a model's tensors refer to (`location` entries), each once.
+/// Entries on a tensor whose data is not external are ignored, as ONNX Runtime does.
 pub fn locations(model: &mut ModelProto) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     if let Some(g) = model.graph.as_mut() {
         let _ = for_each_tensor(g, &mut |t| {
-            for e in &t.external_data {
+            for e in t.external_data.iter().filter(|_| is_external(t)) {
                 if let (Some("location"), Some(v)) = (e.key.as_deref(), &e.value) {
                     if !out.contains(v) {
                         out.push(v.clone());
