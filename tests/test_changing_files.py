@@ -337,3 +337,14 @@ def test_string_tensors_in_external_data_are_refused(tmp_path):
     onnx.save(model, str(path))
     with pytest.raises(fastseq.LoadError, match=r"tensor 'c' is a string tensor in external data 'm\.bin'"):
         fastseq.compose([path])
+
+
+def test_inline_raw_data_of_the_wrong_size_is_a_load_error():
+    """Found by fuzzing the export: such a tensor loaded, and exported with external data
+    it gave a model that fastseq (and ONNX Runtime) then refused."""
+    model = scale_model(2.0, shape=(2, 256))
+    model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:8]
+    with pytest.raises(fastseq.LoadError, match=r"tensor 'c' \(float \[256\]\) holds 8 bytes of raw_data but its type and dims need 1024"):
+        fastseq.compose([model])
+    with pytest.raises(fastseq.LoadError, match="holds 8 bytes of raw_data"):
+        fastseq.ONNXSequential(model.SerializeToString())

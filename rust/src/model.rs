@@ -138,28 +138,64 @@ pub fn decode(label: &str, data: Bytes) -> Result<ModelProto> {
         ))
     })?;
     check_decoded(label, &model)?;
-    check_nodes(&model).map_err(|e| {
-        Error::load(format!("{label}: not a valid ONNX model ({size} bytes; corrupt or another file type): {e}"))
+    check_nodes(&model).map_err(|e| match e {
+        Invalid::Node(e) => {
+            Error::load(format!("{label}: not a valid ONNX model ({size} bytes; corrupt or another file type): {e}"))
+        }
+        Invalid::Size(e) => Error::load(format!("{label}: {e}")),
     })?;
     Ok(model)
 }
 
+enum Invalid {
+    Node(String),
+    Size(String),
+}
+
+/// A tensor's `raw_data` must be as long as its type and dims need: ONNX Runtime refuses
+/// it otherwise, and exported with external data it would no longer load.
+fn check_raw_size(t: &TensorProto) -> std::result::Result<(), Invalid> {
+    let Some(raw) = &t.raw_data else { return Ok(()) };
+    let need = crate::external::expected_bytes(t).map_err(|e| Invalid::Size(format!("tensor '{}': {e}", t.name())))?;
+    match need {
+        Some(need) if need != raw.len() as u64 => Err(Invalid::Size(format!(
+            "tensor '{}' ({} {:?}) holds {} bytes of raw_data but its type and dims need {need}",
+            t.name(),
+            crate::compose::elem_type_name(t.data_type.unwrap_or(0)),
+            t.dims,
+            raw.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Nodes are kept as bytes (see [`crate::node`]), so what prost would have checked in them
-/// (UTF-8 strings, well-formed attributes, subgraphs at any depth) is checked here.
-fn check_nodes(model: &ModelProto) -> std::result::Result<(), String> {
-    fn graph(g: &GraphProto, depth: usize) -> std::result::Result<(), String> {
+/// (UTF-8 strings, well-formed attributes, subgraphs at any depth) is checked here, with the
+/// sizes of the tensors in graphs and attributes.
+fn check_nodes(model: &ModelProto) -> std::result::Result<(), Invalid> {
+    fn graph(g: &GraphProto, depth: usize) -> std::result::Result<(), Invalid> {
         if depth > crate::node::MAX_NESTING {
-            return Err(format!("subgraphs nested more than {} deep", crate::node::MAX_NESTING));
+            return Err(Invalid::Node(format!("subgraphs nested more than {} deep", crate::node::MAX_NESTING)));
+        }
+        g.initializer.iter().try_for_each(check_raw_size)?;
+        for s in &g.sparse_initializer {
+            s.values.iter().chain(s.indices.iter()).try_for_each(check_raw_size)?;
         }
         for (k, raw) in g.node.iter().enumerate() {
-            let decoded = crate::node::check(raw).map_err(|e| format!("node {k} of graph '{}': {e}", g.name()))?;
+            let decoded =
+                crate::node::check(raw).map_err(|e| Invalid::Node(format!("node {k} of graph '{}': {e}", g.name())))?;
             if let Some(n) = decoded {
+                attributes(&n)?;
                 crate::node::subgraphs(&n).try_for_each(|sub| graph(sub, depth + 1))?;
             }
         }
         Ok(())
     }
-    fn nodes(ns: &[crate::proto::NodeProto], depth: usize) -> std::result::Result<(), String> {
+    fn attributes(n: &crate::proto::NodeProto) -> std::result::Result<(), Invalid> {
+        n.attribute.iter().flat_map(|a| a.t.iter().chain(a.tensors.iter())).try_for_each(check_raw_size)
+    }
+    fn nodes(ns: &[crate::proto::NodeProto], depth: usize) -> std::result::Result<(), Invalid> {
+        ns.iter().try_for_each(attributes)?;
         ns.iter().flat_map(crate::node::subgraphs).try_for_each(|sub| graph(sub, depth + 1))
     }
     model.graph.iter().try_for_each(|g| graph(g, 0))?;
