@@ -348,3 +348,19 @@ def test_inline_raw_data_of_the_wrong_size_is_a_load_error():
         fastseq.compose([model])
     with pytest.raises(fastseq.LoadError, match="holds 8 bytes of raw_data"):
         fastseq.ONNXSequential(model.SerializeToString())
+
+
+def test_a_tensor_both_inline_and_external_takes_its_file_in_every_mode(tmp_path):
+    """Found by fuzzing: linked for `reuse`, such a tensor kept its inline bytes, and the
+    export wrote those instead of linking its file."""
+    save_external(scale_model(2.0, shape=(2, 256)), tmp_path / "m.onnx", "m.bin")
+    model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    model.graph.initializer[0].raw_data = np.full(256, 9.0, np.float32).tobytes()
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    x = np.ones((2, 256), np.float32)
+    out = tmp_path / "out"
+    out.mkdir()
+    for mode in (True, "reuse"):
+        fastseq.compose_to_file([tmp_path / "m.onnx"], out / "o.onnx", external_data=mode)
+        np.testing.assert_array_equal(run_file(out / "o.onnx", x), np.full((2, 256), 2.0, np.float32))
+    np.testing.assert_array_equal(fastseq.ONNXSequential(tmp_path / "m.onnx")(x)[0], np.full((2, 256), 2.0, np.float32))

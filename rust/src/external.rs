@@ -225,6 +225,15 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mo
             .to_string();
         let path = safe_location(base, root, &location).map_err(with_label)?;
         let shown = format!("{label}: external data file '{location}'");
+        // The file is the tensor's data (as ONNX Runtime reads it): data also held inline
+        // would otherwise be what a save writes (found by fuzzing the linked export).
+        t.raw_data = None;
+        t.float_data.clear();
+        t.int32_data.clear();
+        t.string_data.clear();
+        t.int64_data.clear();
+        t.double_data.clear();
+        t.uint64_data.clear();
         if !files.contains_key(&path) {
             let file = File::open(&path).map_err(|e| Error::load(format!("{shown} cannot be opened: {e}")))?;
             let meta = file.metadata().map_err(|e| Error::load(format!("{shown} cannot be read: {e}")))?;
