@@ -476,8 +476,9 @@ impl ExportLock {
             let token = new_token();
             let path = target.with_file_name(format!(".{name}.{token}.lock"));
             // Locked under a temporary name, then given its own: no other export ever sees
-            // this lock unheld while this export runs.
-            let tmp = crate::model::temp_path(&path);
+            // this lock unheld while this export runs. The temporary name is one that the
+            // next export removes if this process is killed (`.{name}.{token}.lock.{pid}…`).
+            let tmp = crate::model::temp_path(&target.with_file_name(format!("{name}.{token}.lock")));
             let file = File::create(&tmp).map_err(|e| err(&tmp, e))?;
             if let Err(e) = flock(&file, LOCK_EX) {
                 let _ = fs::remove_file(&tmp);
