@@ -1,7 +1,7 @@
 """Model sources: ModelProto, bytes, paths, http(s) URLs and Hugging Face Hub ids.
 
 Everything is resolved to what the Rust core reads: serialized bytes or a local path (which
-the core memory-maps). Downloads land in a cache and are written atomically.
+the core reads into memory of its own). Downloads land in a cache and are written atomically.
 """
 
 from __future__ import annotations

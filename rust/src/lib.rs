@@ -85,8 +85,8 @@ mod bindings {
         }
     }
 
-    /// A model source: serialized bytes (shared with Python, not copied), a path (read into
-    /// memory, external data resolved beside it) or a model the core already holds.
+    /// A model source: serialized bytes (shared with Python, not copied), a path (mmapped,
+    /// external data resolved in place beside it) or a model the core already holds.
     enum Source {
         Bytes(Bytes),
         /// A model file, and the folder its external data may resolve into (default: the
@@ -142,7 +142,7 @@ mod bindings {
         crate::pool::install(|| sources.into_par_iter().zip(labels.par_iter()).map(|(s, l)| load(l, s, mode)).collect())
     }
 
-    /// A model held by the core: decoded once, weights as slices of the sources' memory maps.
+    /// A model held by the core: decoded once, weights as slices of the sources' bytes.
     #[pyclass(frozen, module = "fastseq._core")]
     struct Composed {
         model: ModelProto,
@@ -151,7 +151,7 @@ mod bindings {
     }
 
     impl Drop for Composed {
-        /// Freeing a model (tens of thousands of nodes, the sources' memory maps) happens on
+        /// Freeing a model (tens of thousands of nodes, the sources' buffers) happens on
         /// a worker thread, off the caller's path.
         fn drop(&mut self) {
             let model = std::mem::take(&mut self.model);

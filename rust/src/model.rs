@@ -316,7 +316,7 @@ pub(crate) fn nanos() -> u128 {
 /// Streams the protobuf encoding of `model` into `out`, byte-identical in content to
 /// `encode_to_vec` up to field order (the graph and the initializers' `raw_data` go last,
 /// which every protobuf parser accepts). Only one tensor's header is buffered at a time;
-/// weights go straight from their source buffer (an mmap) to the writer.
+/// weights go straight from their source buffer to the writer.
 pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Result<u64> {
     let header = clone_without_graph(model).encode_to_vec();
     out.write_all(&header)?;
