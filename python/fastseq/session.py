@@ -121,6 +121,7 @@ def create(
     optimisation off on later ones (see :mod:`fastseq.cache`)."""
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
+    composed.check_sources()  # data files still referred to (reuse mode) are the ones loaded
     with _private_folder(composed.encoded_len()) as folder:
         path = os.path.join(folder, "model.onnx")
         _, digest = composed.save_with_digest(path)
