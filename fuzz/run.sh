@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
 export RUSTC_BOOTSTRAP=1  # cargo fuzz passes -Z flags; the stable compiler accepts them so
-for target in decode compose_two; do
+for target in decode compose_two external; do
   scratch="$(mktemp -d)"
   cp fuzz/corpus/"$target"/* "$scratch"/
   cargo fuzz run --fuzz-dir fuzz "$target" "$scratch" -- -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048

@@ -15,6 +15,7 @@ class _Server:
         self.fail_next = 0  # answer this many requests with 503 first
         self.truncate = False  # send half the body with the full Content-Length
         self.delay = 0.0  # seconds to wait before answering
+        self.trickle = 0.0  # seconds to wait before each byte of the body
         server = self
 
         class Handler(handler_factory):
@@ -69,7 +70,14 @@ class _FileHandler(BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
-        if body:
+        if body and self.owner.trickle:
+            import time
+
+            for k in range(len(data)):
+                time.sleep(self.owner.trickle)
+                self.wfile.write(data[k : k + 1])
+                self.wfile.flush()
+        elif body:
             self.wfile.write(data[: len(data) // 2] if self.owner.truncate else data)
 
     def do_GET(self) -> None:
@@ -111,5 +119,22 @@ def serve_hub(root: Path) -> _Server:
             if not path.is_file():
                 headers["X-Error-Code"] = "EntryNotFound"
             return path, headers
+
+    return _Server(Handler)
+
+
+def serve_raw(answer: bytes) -> _Server:
+    """Answers every GET with ``answer``, raw bytes written as they are (status line and
+    headers included), then closes the connection: for malformed answers."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.owner.requests.append((self.command, self.path, dict(self.headers)))
+            self.wfile.write(answer)
+            self.wfile.flush()
+            self.close_connection = True
 
     return _Server(Handler)

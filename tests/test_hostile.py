@@ -272,3 +272,69 @@ def test_composing_in_a_forked_child_after_the_parent_did():
         pytest.fail("the forked child hung composing")
     assert child.exitcode == 0
     assert len(fastseq.compose([m, m]).graph.node) == 4  # the parent's pool still works
+
+
+def test_a_trickling_server_cannot_outlast_the_download_deadline(tmp_path):
+    """One byte every 0.2 s never trips a 1 s per-read timeout; the deadline ends it."""
+    from servers import serve_files
+
+    onnx.save(scale_model(2.0, shape=(1, 1 << 16)), tmp_path / "a.onnx")  # 256 KB: ~14 h at that pace
+    server = serve_files(tmp_path)
+    server.trickle = 0.2
+    try:
+        start = time.perf_counter()
+        with pytest.raises(fastseq.DownloadError, match=r"not done within its deadline of 2 s"):
+            loader.url_download(f"{server.url}/a.onnx", tmp_path / "cache", timeout=1.0, retries=3, deadline=2.0)
+        assert time.perf_counter() - start < 4.0
+        assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*")), "a partial file was left"
+        # The same server at full speed: the deadline does not get in the way.
+        server.trickle = 0
+        path = loader.url_download(f"{server.url}/a.onnx", tmp_path / "cache", timeout=1.0, deadline=30.0)
+        assert path.read_bytes() == (tmp_path / "a.onnx").read_bytes()
+    finally:
+        server.trickle = 0
+        server.close()
+
+
+def test_the_deadline_covers_retries_and_their_pauses(tmp_path, monkeypatch):
+    from servers import serve_files
+
+    onnx.save(scale_model(2.0), tmp_path / "a.onnx")
+    server = serve_files(tmp_path)
+    server.fail_next = 100  # 503 each time: retried with backoff 0.5, 1, 2, 4 s...
+    monkeypatch.setattr(loader, "DOWNLOAD_DEADLINE", 1.2)  # the module default, as the variable sets it
+    try:
+        start = time.perf_counter()
+        with pytest.raises(fastseq.DownloadError, match=r"deadline of 1.2 s .*503"):
+            fastseq.ONNXSequential(f"{server.url}/a.onnx", cache_dir=tmp_path / "cache")
+        assert time.perf_counter() - start < 2.0
+    finally:
+        server.close()
+
+
+MALFORMED = {
+    "content-length not a number": b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\nxyz",
+    "negative content-length": b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\nxyz",
+    "content-length with a sign": b"HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\nxyz",
+    "conflicting content-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nxyzw",
+    "status line garbage": b"HTTP/1.1 abc\r\n\r\n",
+    "not http at all": b"\x00\x01\x02 hello\r\n\r\n",
+    "header line too long": b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n",
+    "too many headers": b"HTTP/1.1 200 OK\r\n" + b"X: 1\r\n" * 150 + b"\r\n",
+    "bad chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nxyz\r\n0\r\n\r\n",
+    "redirect to a malformed url": b"HTTP/1.1 302 Found\r\nLocation: http://[::1\r\nContent-Length: 0\r\n\r\n",
+    "redirect to a local file": b"HTTP/1.1 302 Found\r\nLocation: file:///etc/passwd\r\nContent-Length: 0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_every_malformed_answer_is_a_download_error(tmp_path, case):
+    from servers import serve_raw
+
+    server = serve_raw(MALFORMED[case])
+    try:
+        with pytest.raises(fastseq.DownloadError, match=r"/m\.onnx: "):
+            fastseq.ONNXSequential(f"{server.url}/m.onnx", cache_dir=tmp_path / "cache")
+        assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*")), "a partial file was left"
+    finally:
+        server.close()

@@ -1,15 +1,18 @@
 """Model sources: ModelProto, bytes, paths, http(s) URLs and Hugging Face Hub ids.
 
 Everything is resolved to what the Rust core reads: serialized bytes or a local path (which
-the core memory-maps). Downloads land in a cache and are written atomically.
+the core reads into memory of its own). Downloads land in a cache and are written atomically.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
+import socket
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -38,6 +41,10 @@ def is_model_proto(model: object) -> bool:
 KORNIA_REPO = "kornia/ONNX_models"
 #: Downloads larger than this are refused (bytes); ``FASTSEQ_MAX_DOWNLOAD`` overrides it.
 MAX_DOWNLOAD = int(os.environ.get("FASTSEQ_MAX_DOWNLOAD", str(16 << 30)))
+#: Every URL download must be done within this many seconds, retries and their pauses
+#: included (``FASTSEQ_DOWNLOAD_DEADLINE`` overrides it; ``deadline=`` per call). The per-read
+#: ``timeout`` alone bounds nothing against a server that sends a byte now and then.
+DOWNLOAD_DEADLINE = float(os.environ.get("FASTSEQ_DOWNLOAD_DEADLINE", "3600"))
 
 
 class _Truncated(DownloadError):
@@ -329,7 +336,9 @@ def _offline() -> bool:
 
 def url_cache_path(url: str, cache_dir: str | os.PathLike[str] | None) -> Path:
     base = Path(cache_dir).expanduser() if cache_dir is not None else _default_cache() / "urls"
-    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1] or "model.onnx"
+    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]
+    if name in ("", ".", ".."):  # a URL ending in /.. would name the cache folder itself
+        name = "model.onnx"
     return base / hashlib.sha256(url.encode()).hexdigest()[:16] / name
 
 
@@ -349,9 +358,15 @@ def url_download(
     timeout: float = 60.0,
     retries: int = 3,
     max_bytes: int | None = None,
+    deadline: float | None = None,
 ) -> Path:
     """Downloads ``url`` into the cache (atomically) and returns the local path. A cached
-    copy is reused unless ``force_download``; offline, the cached copy is the only option."""
+    copy is reused unless ``force_download``; offline, the cached copy is the only option.
+
+    ``timeout`` bounds each wait for the server (connecting, each read); ``deadline``
+    (default :data:`DOWNLOAD_DEADLINE`) bounds the whole download, every attempt and pause
+    included: past it the connection is shut and a :class:`DownloadError` raised. Answers
+    that do not parse (a malformed status line or header, a bad chunk) are DownloadErrors."""
     url, _, fragment = url.partition("#")
     if fragment.startswith("sha256=") and sha256 is None:
         sha256 = fragment[len("sha256=") :]
@@ -367,53 +382,173 @@ def url_download(
     if _offline():
         raise DownloadError(f"{url}: offline (HF_HUB_OFFLINE/FASTSEQ_OFFLINE) and not cached at {target}")
     limit = MAX_DOWNLOAD if max_bytes is None else max_bytes
+    allowed = DOWNLOAD_DEADLINE if deadline is None else deadline
     target.parent.mkdir(parents=True, exist_ok=True)
+    watchdog = _Watchdog(time.monotonic() + allowed)
     last: Exception | None = None
-    for attempt in range(retries):
-        if attempt:
-            time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
-        try:
-            _fetch(url, target, timeout, limit)
-            if sha256 is not None:
-                try:
-                    check_sha256(target, sha256, url)
-                except DownloadError:
-                    target.unlink(missing_ok=True)
-                    raise
-            return target
-        except urllib.error.HTTPError as e:
-            last = e
-            if 400 <= e.code < 500 and e.code not in (408, 429):
-                break  # the server says no; asking again will not help
-        except _Truncated as e:
-            last = e
-        except DownloadError:
-            raise
-        except (urllib.error.URLError, OSError, TimeoutError) as e:
-            last = e
-    raise DownloadError(f"{url}: download failed after {attempt + 1} attempt(s): {last}")
+    tried = 0
+    out_of_time = False
+    try:
+        for attempt in range(retries):
+            if attempt:
+                pause = min(0.5 * 2 ** (attempt - 1), 8.0)
+                if watchdog.left() <= pause:
+                    out_of_time = True  # the next try would start past the deadline
+                    break
+                time.sleep(pause)
+            tried += 1
+            try:
+                _fetch(url, target, timeout, limit, watchdog)
+                if sha256 is not None:
+                    try:
+                        check_sha256(target, sha256, url)
+                    except DownloadError:
+                        target.unlink(missing_ok=True)
+                        raise
+                return target
+            except urllib.error.HTTPError as e:
+                last = e
+                if 400 <= e.code < 500 and e.code not in (408, 429):
+                    break  # the server says no; asking again will not help
+            except _Truncated as e:
+                last = e
+            except DownloadError:
+                raise
+            except (urllib.error.URLError, OSError, TimeoutError) as e:
+                last = e
+            if watchdog.fired:
+                break
+    finally:
+        watchdog.cancel()
+    if out_of_time or watchdog.fired or watchdog.left() <= 0:
+        raise DownloadError(
+            f"{url}: download not done within its deadline of {allowed:g} s "
+            f"(deadline=, FASTSEQ_DOWNLOAD_DEADLINE) after {tried} attempt(s): {last}"
+        )
+    raise DownloadError(f"{url}: download failed after {tried} attempt(s): {last}")
 
 
-def _fetch(url: str, target: Path, timeout: float, limit: int) -> None:
+class _Watchdog:
+    """Shuts a download's sockets at its deadline, so that no blocking read outlives it (a
+    server that trickles bytes never trips the per-read timeout)."""
+
+    def __init__(self, end: float) -> None:
+        self.end = end
+        self.fired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, end - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.fired:
+                _shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
+def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
+    """urllib's opener (redirects, proxies, TLS), its connections' sockets watched."""
+
+    def watched(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
+        class Connection(base):  # type: ignore[valid-type,misc]
+            def __init__(self, *args, **kwargs) -> None:
+                super().__init__(*args, **kwargs)
+                create = self._create_connection  # socket.create_connection, kept per instance
+
+                def create_watched(*a, **kw):
+                    sock = create(*a, **kw)
+                    watchdog.watch(sock)
+                    return sock
+
+                self._create_connection = create_watched
+
+        return Connection
+
+    class Http(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(watched(http.client.HTTPConnection), req)
+
+    class Https(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            kwargs = {"context": self._context}
+            if hasattr(self, "_check_hostname"):  # Python 3.11
+                kwargs["check_hostname"] = self._check_hostname
+            return self.do_open(watched(http.client.HTTPSConnection), req, **kwargs)
+
+    return urllib.request.build_opener(Http, Https)
+
+
+def _content_length(url: str, response: http.client.HTTPResponse) -> int | None:
+    """The body's announced length, or None; a malformed or conflicting one is refused
+    (``int()`` would accept ``" 1_0 "`` and refuse ``"abc"`` with a bare ValueError)."""
+    if getattr(response, "chunked", False):
+        return None  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
+    values = {v.strip() for v in response.headers.get_all("Content-Length") or []}
+    if not values:
+        return None
+    if len(values) > 1:
+        raise DownloadError(f"{url}: conflicting Content-Length headers: {', '.join(sorted(map(repr, values)))}")
+    value = values.pop()
+    if not (value.isascii() and value.isdigit()):
+        raise DownloadError(f"{url}: malformed Content-Length header {value[:80]!r}")
+    return int(value)
+
+
+def _fetch(url: str, target: Path, timeout: float, limit: int, watchdog: _Watchdog) -> None:
     request = urllib.request.Request(url, headers={"User-Agent": "fastseq"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        length = response.headers.get("Content-Length")
-        if length is not None and int(length) > limit:
-            raise DownloadError(f"{url}: {int(length)} bytes is over the download limit of {limit}")
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-        try:
+    tmp: str | None = None
+    try:
+        with _opener(watchdog).open(request, timeout=max(0.001, min(timeout, watchdog.left()))) as response:
+            length = _content_length(url, response)
+            if length is not None and length > limit:
+                raise DownloadError(f"{url}: {length} bytes is over the download limit of {limit}")
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
             received = 0
             with os.fdopen(fd, "wb") as out:
-                while block := response.read(1 << 20):
+                # read1: whatever one read from the socket gives, so that the deadline is
+                # looked at between reads (read(n) would wait for all n bytes).
+                while block := response.read1(1 << 20):
                     received += len(block)
                     if received > limit:
                         raise DownloadError(f"{url}: over the download limit of {limit} bytes")
                     out.write(block)
                 out.flush()
                 os.fsync(out.fileno())
-            if length is not None and received != int(length):
+            if watchdog.fired:
+                raise TimeoutError("deadline reached")
+            if length is not None and received != length:
                 raise _Truncated(f"{url}: truncated ({received} of {length} bytes)")
             os.replace(tmp, target)
-        except BaseException:
+            tmp = None
+    except http.client.IncompleteRead as e:
+        raise _Truncated(f"{url}: truncated: {e}") from e
+    except http.client.RemoteDisconnected:
+        raise  # an OSError: retried
+    except (http.client.HTTPException, ValueError) as e:
+        if watchdog.fired:
+            raise TimeoutError("deadline reached") from e
+        raise DownloadError(f"{url}: malformed answer from the server: {type(e).__name__}: {e}") from e
+    finally:
+        if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-            raise

@@ -54,7 +54,9 @@ class Runnable:
 
     def _explain(self, error: Exception) -> Exception:
         """An ONNX Runtime failure as a typed error in the stages' own names."""
-        return session.explain(error, self._labels)
+        origins = getattr(self._composed, "origins", None)
+        renamed = origins()[1] if origins is not None else None
+        return session.explain(error, self._labels, renamed)
 
     # --- sessions -------------------------------------------------------------------
     def create_session(

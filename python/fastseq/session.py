@@ -121,6 +121,7 @@ def create(
     optimisation off on later ones (see :mod:`fastseq.cache`)."""
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
+    composed.check_sources()  # data files still referred to (reuse mode) are the ones loaded
     with _private_folder(composed.encoded_len()) as folder:
         path = os.path.join(folder, "model.onnx")
         _, digest = composed.save_with_digest(path)
@@ -326,12 +327,16 @@ def _as_array(value: Any, dtype: np.dtype | None) -> np.ndarray:
 
 # --- errors in the stages' own names ----------------------------------------------------------
 _PREFIXED = re.compile(r"\bm(\d+)/([^\s'\"\]\[,:;()]+)")
+_TOKEN = re.compile(r"[^\s'\"\]\[,;()]+")
 
 
-def explain(error: Exception, labels: Sequence[str]) -> Exception:
+def explain(
+    error: Exception, labels: Sequence[str], renamed: Mapping[str, tuple[int, str]] | None = None
+) -> Exception:
     """An ONNX Runtime error as a :class:`RunError` whose message names the stage and its own
-    node and tensor names: the core prefixes a name with ``m<i>/`` only where two stages
-    clash, so ``m3/Conv_12`` is ``Conv_12`` of stage 3."""
+    node and tensor names. ``renamed`` is the core's map from every name it changed in the
+    merged graph to (stage, original name); without it, the core's ``m<i>/`` prefix (given
+    only where two stages clash) says the stage."""
     from fastseq.errors import RunError, RunTimeoutError
 
     text = str(error).strip()
@@ -339,14 +344,21 @@ def explain(error: Exception, labels: Sequence[str]) -> Exception:
         return RunTimeoutError(f"the call was stopped: {text}")
     stages: list[str] = []
 
-    def name(m: re.Match[str]) -> str:
-        i = int(m.group(1))
-        label = labels[i] if i < len(labels) else f"model {i}"
+    def named(stage: int, original: str) -> str:
+        label = labels[stage] if stage < len(labels) else f"model {stage}"
         if label not in stages:
             stages.append(label)
-        return f"'{m.group(2)}' (in {label})"
+        return f"{original} (in {label})"
 
-    translated = _PREFIXED.sub(name, text)
+    def token(m: re.Match[str]) -> str:
+        word = m.group(0)
+        for candidate in (word, word.rstrip(".:")):
+            hit = renamed.get(candidate) if renamed else None
+            if hit is not None:
+                return named(*hit) + word[len(candidate):]
+        return _PREFIXED.sub(lambda p: named(int(p.group(1)), p.group(2)), word)
+
+    translated = _TOKEN.sub(token, text)
     where = f"stage {', '.join(stages)}" if stages else "the pipeline " + " -> ".join(labels)
     return RunError(f"{where}: onnxruntime {type(error).__name__}: {translated}")
 

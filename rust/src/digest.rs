@@ -41,13 +41,21 @@ pub fn save_with_digest(model: &ModelProto, path: &Path, threshold: usize) -> Re
     Ok((Saved { model_bytes, data_bytes, data_file: Some(name) }, digest.hex()))
 }
 
-/// The digest of a file's bytes (the session cache checks its entries with it).
+/// The digest of a file's bytes, read in chunks (the session cache checks its entries with
+/// it: a large data file is never held in memory whole).
 pub fn file_digest(path: &Path) -> std::io::Result<String> {
-    let data = crate::model::read_path(path).map_err(|e| std::io::Error::other(e.message))?;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
     let mut digest = Digest::default();
-    // Large files in parallel-friendly chunks would not be faster here: one pass, memory speed.
-    digest.write_all(&data)?;
-    Ok(digest.hex())
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(digest.hex()),
+            Ok(n) => digest.0.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

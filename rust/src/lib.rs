@@ -117,7 +117,8 @@ mod bindings {
         }
     }
 
-    /// A model held by the core: decoded once, weights as slices of the sources' memory maps.
+    /// A model held by the core: decoded once, weights as slices of the sources' bytes (read
+    /// into memory the core owns, see `model::read_path`).
     #[pyclass(frozen, module = "fastseq._core")]
     struct Composed {
         model: ModelProto,
@@ -137,7 +138,7 @@ mod bindings {
     }
 
     impl Drop for Composed {
-        /// Freeing a model (tens of thousands of nodes, the sources' memory maps) happens on
+        /// Freeing a model (tens of thousands of nodes, the sources' buffers) happens on
         /// a worker thread, off the caller's path.
         fn drop(&mut self) {
             let model = std::mem::take(&mut self.model);
@@ -220,6 +221,14 @@ mod bindings {
             let mut c = Composed::of(model, self.linked);
             c.labels = self.labels.clone();
             Ok(c)
+        }
+
+        /// Raises LoadError naming the file if a source file this model still refers to
+        /// (external data kept for `external_data="reuse"`) is no longer the file loaded.
+        /// Other sources were read into memory and cannot change. For the runtime to call
+        /// before it creates a session.
+        fn check_sources(&self, py: Python<'_>) -> PyResult<()> {
+            py.detach(|| external::check_sources(&self.model)).map_err(to_py)
         }
 
         /// A copy with `pairs` (key, value) set in its metadata_props: a key keeps its first

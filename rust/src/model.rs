@@ -1,8 +1,8 @@
-//! Decoding and encoding whole models: bytes or memory-mapped files in, bytes or an
-//! atomically written file out. Weights (`TensorProto.raw_data`) stay `Bytes` slices of the
-//! input buffer, so they are copied once, into the output, and never parsed.
+//! Decoding and encoding whole models: bytes or files (read into memory fastseq owns) in,
+//! bytes or an atomically written file out. Weights (`TensorProto.raw_data`) stay `Bytes`
+//! slices of the input buffer, so they are copied once, into the output, and never parsed.
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -16,7 +16,65 @@ use crate::proto::{GraphProto, ModelProto, TensorProto};
 /// this schema does not know; prost would drop them silently, so such models are refused.
 pub const MAX_IR_VERSION: i64 = 14;
 
-/// Reads a file as `Bytes` backed by a memory map (no copy, pages loaded on demand).
+/// What identifies a file's contents without reading them: a rewrite in place changes the
+/// size or the times (`ctime` even when `mtime` is put back), a replacement the inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl Identity {
+    pub fn of(meta: &fs::Metadata) -> Identity {
+        use std::os::unix::fs::MetadataExt;
+        Identity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+        }
+    }
+
+    /// The identity of the file at `path` now (links followed).
+    pub fn at(path: &Path) -> std::io::Result<Identity> {
+        fs::metadata(path).map(|m| Identity::of(&m))
+    }
+
+    /// As text, to travel with a tensor that still points at its file (see `external`).
+    pub fn encode(&self) -> String {
+        format!("{}:{}:{}:{}:{}", self.dev, self.ino, self.size, self.mtime_ns, self.ctime_ns)
+    }
+
+    pub fn decode(text: &str) -> Option<Identity> {
+        let mut it = text.split(':');
+        let id = Identity {
+            dev: it.next()?.parse().ok()?,
+            ino: it.next()?.parse().ok()?,
+            size: it.next()?.parse().ok()?,
+            mtime_ns: it.next()?.parse().ok()?,
+            ctime_ns: it.next()?.parse().ok()?,
+        };
+        it.next().is_none().then_some(id)
+    }
+}
+
+/// The error for a source that is not what it was when it was read.
+pub fn changed(shown: &dyn std::fmt::Display, when: &str) -> Error {
+    Error::load(format!(
+        "{shown}: the file changed {when} (rewritten or replaced by another program); \
+         load it again once it is written"
+    ))
+}
+
+/// Reads a whole file into memory that fastseq owns. Sources are read rather than mapped:
+/// a mapped file that another program truncates (as `onnx.save` does when it rewrites a
+/// model in place) turns the next access into SIGBUS, and a same-size rewrite would change
+/// a pipeline's weights under it. Memory the process owns cannot change; the peak RSS is
+/// the same as a mapping's (touched file pages count too). Measured in SECURITY.md.
 pub fn read_path(path: &Path) -> Result<Bytes> {
     let shown = path.display();
     let meta = fs::metadata(path).map_err(|e| Error::load(format!("{shown}: cannot read: {e}")))?;
@@ -27,10 +85,45 @@ pub fn read_path(path: &Path) -> Result<Bytes> {
         return Err(Error::load(format!("{shown}: empty file (0 bytes), not an ONNX model")));
     }
     let file = File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?;
-    // SAFETY: the map is read-only. A file truncated by another process while mapped would
-    // fault; that is the usual contract of memory-mapped readers (onnxruntime's included).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::load(format!("{shown}: cannot map: {e}")))?;
-    Ok(Bytes::from_owner(map))
+    read_range(&file, &shown, 0, None).map(|(data, _)| Bytes::from(data))
+}
+
+/// Reads `len` bytes at `offset` of `file` (to its end when `len` is None) into a fresh
+/// buffer, and checks that the file did not change while it was read; returns the bytes and
+/// the file's identity. Running out of memory is an error, not an abort.
+pub fn read_range(
+    file: &File,
+    shown: &dyn std::fmt::Display,
+    offset: u64,
+    len: Option<u64>,
+) -> Result<(Vec<u8>, Identity)> {
+    let io = |e: std::io::Error| Error::load(format!("{shown}: cannot read: {e}"));
+    let before = Identity::of(&file.metadata().map_err(io)?);
+    let len = match len {
+        Some(l) => l,
+        None => before.size.saturating_sub(offset),
+    };
+    if offset.checked_add(len).is_none_or(|end| end > before.size) {
+        return Err(Error::load(format!(
+            "{shown}: {len} bytes at offset {offset} lie past its end ({} bytes)",
+            before.size
+        )));
+    }
+    let n = usize::try_from(len).map_err(|_| Error::load(format!("{shown}: {len} bytes do not fit in memory")))?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(n)
+        .map_err(|_| Error::load(format!("{shown}: cannot allocate {n} bytes to read it (out of memory)")))?;
+    // Read into the reserved capacity: no zeroing of memory about to be overwritten.
+    let mut reader = file;
+    reader.seek(SeekFrom::Start(offset)).map_err(io)?;
+    reader.take(len).read_to_end(&mut buf).map_err(io)?;
+    if buf.len() != n {
+        return Err(changed(shown, "while it was read (it got shorter)"));
+    }
+    if Identity::of(&file.metadata().map_err(io)?) != before {
+        return Err(changed(shown, "while it was read"));
+    }
+    Ok((buf, before))
 }
 
 /// Decodes one model. `label` names the source in every error message.
@@ -45,28 +138,64 @@ pub fn decode(label: &str, data: Bytes) -> Result<ModelProto> {
         ))
     })?;
     check_decoded(label, &model)?;
-    check_nodes(&model).map_err(|e| {
-        Error::load(format!("{label}: not a valid ONNX model ({size} bytes; corrupt or another file type): {e}"))
+    check_nodes(&model).map_err(|e| match e {
+        Invalid::Node(e) => {
+            Error::load(format!("{label}: not a valid ONNX model ({size} bytes; corrupt or another file type): {e}"))
+        }
+        Invalid::Size(e) => Error::load(format!("{label}: {e}")),
     })?;
     Ok(model)
 }
 
+enum Invalid {
+    Node(String),
+    Size(String),
+}
+
+/// A tensor's `raw_data` must be as long as its type and dims need: ONNX Runtime refuses
+/// it otherwise, and exported with external data it would no longer load.
+fn check_raw_size(t: &TensorProto) -> std::result::Result<(), Invalid> {
+    let Some(raw) = &t.raw_data else { return Ok(()) };
+    let need = crate::external::expected_bytes(t).map_err(|e| Invalid::Size(format!("tensor '{}': {e}", t.name())))?;
+    match need {
+        Some(need) if need != raw.len() as u64 => Err(Invalid::Size(format!(
+            "tensor '{}' ({} {:?}) holds {} bytes of raw_data but its type and dims need {need}",
+            t.name(),
+            crate::compose::elem_type_name(t.data_type.unwrap_or(0)),
+            t.dims,
+            raw.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Nodes are kept as bytes (see [`crate::node`]), so what prost would have checked in them
-/// (UTF-8 strings, well-formed attributes, subgraphs at any depth) is checked here.
-fn check_nodes(model: &ModelProto) -> std::result::Result<(), String> {
-    fn graph(g: &GraphProto, depth: usize) -> std::result::Result<(), String> {
+/// (UTF-8 strings, well-formed attributes, subgraphs at any depth) is checked here, with the
+/// sizes of the tensors in graphs and attributes.
+fn check_nodes(model: &ModelProto) -> std::result::Result<(), Invalid> {
+    fn graph(g: &GraphProto, depth: usize) -> std::result::Result<(), Invalid> {
         if depth > crate::node::MAX_NESTING {
-            return Err(format!("subgraphs nested more than {} deep", crate::node::MAX_NESTING));
+            return Err(Invalid::Node(format!("subgraphs nested more than {} deep", crate::node::MAX_NESTING)));
+        }
+        g.initializer.iter().try_for_each(check_raw_size)?;
+        for s in &g.sparse_initializer {
+            s.values.iter().chain(s.indices.iter()).try_for_each(check_raw_size)?;
         }
         for (k, raw) in g.node.iter().enumerate() {
-            let decoded = crate::node::check(raw).map_err(|e| format!("node {k} of graph '{}': {e}", g.name()))?;
+            let decoded =
+                crate::node::check(raw).map_err(|e| Invalid::Node(format!("node {k} of graph '{}': {e}", g.name())))?;
             if let Some(n) = decoded {
+                attributes(&n)?;
                 crate::node::subgraphs(&n).try_for_each(|sub| graph(sub, depth + 1))?;
             }
         }
         Ok(())
     }
-    fn nodes(ns: &[crate::proto::NodeProto], depth: usize) -> std::result::Result<(), String> {
+    fn attributes(n: &crate::proto::NodeProto) -> std::result::Result<(), Invalid> {
+        n.attribute.iter().flat_map(|a| a.t.iter().chain(a.tensors.iter())).try_for_each(check_raw_size)
+    }
+    fn nodes(ns: &[crate::proto::NodeProto], depth: usize) -> std::result::Result<(), Invalid> {
+        ns.iter().try_for_each(attributes)?;
         ns.iter().flat_map(crate::node::subgraphs).try_for_each(|sub| graph(sub, depth + 1))
     }
     model.graph.iter().try_for_each(|g| graph(g, 0))?;
@@ -128,7 +257,10 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
             path.display()
         )));
     }
-    Ok(Saved { model_bytes: write_atomic(model, path)?, data_bytes: 0, data_file: None })
+    let model_bytes = write_atomic(model, path)?;
+    // Data files of earlier external-data exports to this path are no longer referenced.
+    crate::external::remove_orphans(path);
+    Ok(Saved { model_bytes, data_bytes: 0, data_file: None })
 }
 
 /// Encodes into a caller-provided buffer of exactly `model.encoded_len()` bytes.
@@ -166,8 +298,12 @@ fn remove_stale_temps(path: &Path) {
     let Ok(entries) = fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let file = e.file_name().to_string_lossy().into_owned();
+        // `.{file}.{pid}.{nanos}.tmp`, where {file} is the model's name or that of a file
+        // beside it (`{name}.{token}.data`): the pid is read from the end.
         let Some(rest) = file.strip_prefix(&prefix).and_then(|r| r.strip_suffix(".tmp")) else { continue };
-        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some((head, nanos)) = rest.rsplit_once('.') else { continue };
+        let pid_text = head.rsplit('.').next().unwrap_or("");
+        let (Ok(pid), Ok(_)) = (pid_text.parse::<u32>(), nanos.parse::<u128>()) else { continue };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() && Path::new("/proc/self").exists()
         {
             let _ = fs::remove_file(e.path());
@@ -188,7 +324,7 @@ pub(crate) fn nanos() -> u128 {
 /// Streams the protobuf encoding of `model` into `out`, byte-identical in content to
 /// `encode_to_vec` up to field order (the graph and the initializers' `raw_data` go last,
 /// which every protobuf parser accepts). Only one tensor's header is buffered at a time;
-/// weights go straight from their source buffer (an mmap) to the writer.
+/// weights go straight from their source buffer to the writer.
 pub fn write_streaming(model: &ModelProto, out: &mut impl Write) -> std::io::Result<u64> {
     let header = clone_without_graph(model).encode_to_vec();
     out.write_all(&header)?;
