@@ -7,27 +7,26 @@ the core reads into memory of its own). Downloads land in a cache and are writte
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
-import socket
 import sys
-import tempfile
-import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Union
 
 from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
 
 if TYPE_CHECKING:
+    import http.client
+    import socket
+    import urllib.request
+
     import onnx
+
+# The URL download code imports http.client, socket, threading and urllib.request inside the
+# functions that use them: `import fastseq` and the CLI do not pay for them.
 
 ModelSource = Union["onnx.ModelProto", bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
@@ -367,6 +366,8 @@ def url_download(
     (default :data:`DOWNLOAD_DEADLINE`) bounds the whole download, every attempt and pause
     included: past it the connection is shut and a :class:`DownloadError` raised. Answers
     that do not parse (a malformed status line or header, a bad chunk) are DownloadErrors."""
+    import urllib.error
+
     url, _, fragment = url.partition("#")
     if fragment.startswith("sha256=") and sha256 is None:
         sha256 = fragment[len("sha256=") :]
@@ -433,6 +434,8 @@ class _Watchdog:
     server that trickles bytes never trips the per-read timeout)."""
 
     def __init__(self, end: float) -> None:
+        import threading
+
         self.end = end
         self.fired = False
         self._sockets: list[socket.socket] = []
@@ -461,6 +464,8 @@ class _Watchdog:
 
 
 def _shut(sock: socket.socket) -> None:
+    import socket
+
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -469,6 +474,10 @@ def _shut(sock: socket.socket) -> None:
 
 def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
     """urllib's opener (redirects, proxies, TLS), its connections' sockets watched."""
+    import http.client
+    import socket
+    import urllib.request
+
 
     def watched(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
         class Connection(base):  # type: ignore[valid-type,misc]
@@ -516,6 +525,10 @@ def _content_length(url: str, response: http.client.HTTPResponse) -> int | None:
 
 
 def _fetch(url: str, target: Path, timeout: float, limit: int, watchdog: _Watchdog) -> None:
+    import http.client
+    import tempfile
+    import urllib.request
+
     request = urllib.request.Request(url, headers={"User-Agent": "fastseq"})
     tmp: str | None = None
     try:

@@ -33,7 +33,7 @@ impl Source {
     }
 }
 
-/// Decodes one source. A file is memory-mapped and its external data resolved (`mode`):
+/// Decodes one source. A file is read into memory the core owns and its external data resolved (`mode`):
 /// weights stay slices of the maps. `label` names the source in every error.
 pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
     match src {
