@@ -408,3 +408,16 @@ def test_runtime_failure_in_a_graph_names_the_stage_by_its_key():
     with pytest.raises(fastseq.RunError, match=r"^stage second: .*reshape \(in second\)") as info:
         pipe(np.ones(8, np.float32))
     assert "m1/" not in str(info.value)
+
+
+def test_pickling_keeps_the_session_options(tmp_path):
+    import pickle
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    pipe = fastseq.ONNXSequential(*chain(tmp_path), session_options=options)
+    clone = pickle.loads(pickle.dumps(pipe))
+    got = clone.get_session().get_session_options()
+    assert got.intra_op_num_threads == 1
+    assert got.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -292,14 +292,21 @@ class Runnable:
     # Pickling keeps the composed model, the providers and the session cache; the session
     # is rebuilt (from the cache, when there is one).
     def __getstate__(self) -> dict[str, Any]:
+        from fastseq.spec import session_options_dict
+
         return {
             "model": self._composed.to_bytes(),
             "labels": self._labels,
             "providers": self._providers,
+            # SessionOptions does not pickle: its settings travel as a dict
+            "session_options": session_options_dict(self._session_options),
             "session_cache": None if self._cache_root is None else str(self._cache_root),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        from fastseq.spec import session_options
+
         self._labels = state["labels"]
         self._composed = _core.load_model(state["model"], " -> ".join(self._labels))
-        self._start(state["providers"], None, state.get("session_cache"))
+        options = session_options(state.get("session_options") or None)
+        self._start(state["providers"], options, state.get("session_cache"))
