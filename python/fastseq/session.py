@@ -113,8 +113,8 @@ def create(
     session was made: ``cache`` ("hit", "stored" or None) and the entry's folder.
 
     ONNX Runtime gets the model as a file with its weights in a data file beside it, written
-    by the core into a private folder (in memory, /dev/shm, where there is room) and removed
-    once the session exists: ONNX Runtime maps the weights instead of parsing them out of one
+    by the core into a private folder (not synced: the page cache) and removed once the
+    session exists: ONNX Runtime maps the weights instead of parsing them out of one
     serialized buffer, so no second copy of them is made in this process, and the session no
     longer depends on the source files (rewriting one cannot change or break it). With a
     ``cache_root``, the optimised model is stored there on the first start and loaded with
@@ -122,7 +122,7 @@ def create(
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
     composed.check_sources()  # data files still referred to (reuse mode) are the ones loaded
-    with _private_folder(composed.encoded_len()) as folder:
+    with _private_folder() as folder:
         path = os.path.join(folder, "model.onnx")
         _, digest = composed.save_with_digest(path)
         if cache_root is None:
@@ -177,16 +177,11 @@ def _session(
 
 
 @contextmanager
-def _private_folder(size: int) -> Iterator[str]:
-    """A folder only this process uses, removed afterwards: in /dev/shm when it has room
-    for ``size`` bytes (memory, like the buffer it replaces), else the temporary folder."""
-    base = None
-    try:
-        if shutil.disk_usage("/dev/shm").free > size + (size >> 3) + (64 << 20):
-            base = "/dev/shm"
-    except OSError:
-        pass
-    folder = tempfile.mkdtemp(prefix="fastseq-session-", dir=base)
+def _private_folder() -> Iterator[str]:
+    """A folder only this process uses, in the temporary folder, removed afterwards. Its
+    files are not synced: they live in the page cache, which the system can reclaim (a
+    tmpfs would hold them in memory outside any process's RSS)."""
+    folder = tempfile.mkdtemp(prefix="fastseq-session-")
     try:
         yield folder
     finally:
@@ -412,7 +407,7 @@ def export_optimized(
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         data_name = f"{target.name}.data"
-        with _private_folder(composed.encoded_len()) as folder:
+        with _private_folder() as folder:
             path = os.path.join(folder, "model.onnx")
             composed.save(path, external_data=True)
             _session(path, options, usable, save_to=stage / target.name, data_name=data_name)

@@ -31,13 +31,13 @@ impl Digest {
 }
 
 /// Writes `model` with its tensors of at least `threshold` bytes in `<path>.data` beside
-/// `path` (see [`crate::external::write_with_external`]; meant for a private folder) and
-/// returns what was written with the digest of those bytes.
+/// `path` (see [`crate::external::write_with_external`]; meant for a private folder, so not
+/// synced to disk) and returns what was written with the digest of those bytes.
 pub fn save_with_digest(model: &ModelProto, path: &Path, threshold: usize) -> Result<(Saved, String)> {
     let mut digest = Digest::default();
     let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
     let (model_bytes, data_bytes, name) =
-        crate::external::write_with_external_tee(model, path, threshold, Some(&data_name), &mut digest)?;
+        crate::external::write_with_external_tee(model, path, threshold, Some(&data_name), false, &mut digest)?;
     Ok((Saved { model_bytes, data_bytes, data_file: Some(name) }, digest.hex()))
 }
 

@@ -331,18 +331,20 @@ const ALIGN: u64 = 4096;
 /// holds no file of an earlier, concurrent or killed export that the model in place does
 /// not reference, but for those of exports still running.
 pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
-    write_with_external_tee(model, path, threshold, None, &mut std::io::sink())
+    write_with_external_tee(model, path, threshold, None, true, &mut std::io::sink())
 }
 
 /// [`write_with_external`], also sending every byte of the data file and then the model file
 /// to `tee` (a digest computed while encoding, instead of reading the files again).
 /// `data_name` fixes the data file's name (in a private folder, where no other export can
-/// collide with it, so that the bytes, and their digest, depend on the model alone).
+/// collide with it, so that the bytes, and their digest, depend on the model alone);
+/// `durable: false` skips the syncs (a private copy that need not outlive a crash).
 pub fn write_with_external_tee(
     model: &ModelProto,
     path: &Path,
     threshold: usize,
     data_name: Option<&str>,
+    durable: bool,
     tee: &mut dyn Write,
 ) -> Result<(u64, u64, String)> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
@@ -377,7 +379,9 @@ pub fn write_with_external_tee(
             })?;
         }
         let file = out.into_inner().map_err(|e| io(e.into_error()))?;
-        file.sync_all().map_err(io)?;
+        if durable {
+            file.sync_all().map_err(io)?;
+        }
         Ok(offset)
     })();
     let cleanup = |linked: &[PathBuf]| {
@@ -400,7 +404,7 @@ pub fn write_with_external_tee(
         cleanup(&linked);
         return Err(Error::export(format!("cannot digest {}: {e}", path.display())));
     }
-    match crate::model::write_atomic(&header, path) {
+    match crate::model::write_atomic_with(&header, path, durable) {
         Ok(n) => {
             // Released first, so that this export's own files are judged like any other's.
             drop(lock);

@@ -272,6 +272,12 @@ pub fn encode_into(model: &ModelProto, mut buf: &mut [u8]) -> Result<()> {
 /// renamed over the target. On any failure the temporary file is removed and an existing
 /// file at `path` is left as it was. Returns the number of bytes written.
 pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
+    write_atomic_with(model, path, true)
+}
+
+/// [`write_atomic`]; `durable: false` skips the sync, for files that only this process
+/// reads and that need not outlive a crash (a session's private copy).
+pub fn write_atomic_with(model: &ModelProto, path: &Path, durable: bool) -> Result<u64> {
     remove_stale_temps(path);
     let tmp = temp_path(path);
     let result = (|| -> std::io::Result<u64> {
@@ -279,7 +285,9 @@ pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
         let mut out = BufWriter::with_capacity(256 << 10, file);
         let written = write_streaming(model, &mut out)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         fs::rename(&tmp, path)?;
         Ok(written)
     })();
