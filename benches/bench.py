@@ -474,13 +474,18 @@ def main() -> None:
     print(text)
     print(f"\nJSON: {RESULTS}")
     if a.readme:
-        readme = README.read_text()
-        start, end = "<!-- bench:start -->", "<!-- bench:end -->"
-        if start in readme and end in readme:
-            before, rest = readme.split(start, 1)
-            _, after = rest.split(end, 1)
-            README.write_text(before + start + "\n" + text + "\n" + end + after)
-            print(f"updated {README}")
+        write_readme_section("bench", text)
+
+
+def write_readme_section(marker: str, text: str) -> None:
+    """Replaces what README.md holds between ``<!-- {marker}:start -->`` and ``:end``."""
+    readme = README.read_text()
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    if start in readme and end in readme:
+        before, rest = readme.split(start, 1)
+        _, after = rest.split(end, 1)
+        README.write_text(before + start + "\n" + text + "\n" + end + after)
+        print(f"updated {README}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import bench  # noqa: E402  (the case generators and helpers)
 
 OUT = HERE / "out"
 RESULTS = OUT / "runtime.json"
-README = HERE.parent / "README.md"
 MB = 1 << 20
 CASES = {
     "node_heavy": (bench.gen_node_heavy, "50 models x 600 nodes (30,000 nodes)"),
@@ -245,13 +244,7 @@ def main() -> None:
     text = tables(report)
     print(text)
     if a.readme:
-        readme = README.read_text()
-        start, end = "<!-- runtime:start -->", "<!-- runtime:end -->"
-        if start in readme and end in readme:
-            before, rest = readme.split(start, 1)
-            _, after = rest.split(end, 1)
-            README.write_text(before + start + "\n" + text + "\n" + end + after)
-            print(f"updated {README}")
+        bench.write_readme_section("runtime", text)
 
 
 if __name__ == "__main__":

@@ -125,16 +125,18 @@ def test_run_options_timeout_stops_a_slow_model():
     np.testing.assert_allclose(pipe.run({"x": x}, timeout=60, tag="after", log_level=3)[0], x)
 
 
+def reshaper(shape):
+    """x -> Reshape(x, shape), its node named 'reshape' (so two of them clash)."""
+    s = numpy_helper.from_array(np.array(shape, np.int64), "s")
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "r",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])], [s])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def test_runtime_failure_names_the_stage_and_its_own_names():
     # Both stages have a node named 'reshape'; the second fails at run time on its shape.
-    def reshaper(shape):
-        s = numpy_helper.from_array(np.array(shape, np.int64), "s")
-        g = helper.make_graph(
-            [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "r",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])], [s])
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
     pipe = fastseq.ONNXSequential(reshaper([8]), reshaper([3, 3]))
     with pytest.raises(fastseq.RunError) as info:
         pipe(X.reshape(8))
@@ -395,14 +397,6 @@ def test_graph_pipeline_shares_the_runtime(tmp_path):
 
 
 def test_runtime_failure_in_a_graph_names_the_stage_by_its_key():
-    def reshaper(shape):
-        s = numpy_helper.from_array(np.array(shape, np.int64), "s")
-        g = helper.make_graph(
-            [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "r",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])], [s])
-        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
     pipe = fastseq.Pipeline({"first": reshaper([8]), "second": reshaper([3, 3])}, edges=["first.y -> second.x"])
     with pytest.raises(fastseq.RunError, match=r"^stage second: .*reshape \(in second\)") as info:
         pipe(np.ones(8, np.float32))
