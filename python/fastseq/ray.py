@@ -29,41 +29,8 @@ except ImportError as e:  # the extra is not installed
 
 from fastseq import _core, session
 from fastseq.errors import InputError
+from fastseq.spec import session_options, session_options_dict
 
-# SessionOptions fields that a picklable description carries (SessionOptions itself is not
-# picklable). Enums travel as ints.
-_OPTION_FIELDS = (
-    "graph_optimization_level",
-    "execution_mode",
-    "execution_order",
-    "intra_op_num_threads",
-    "inter_op_num_threads",
-    "enable_cpu_mem_arena",
-    "enable_mem_pattern",
-    "enable_mem_reuse",
-    "use_deterministic_compute",
-    "log_severity_level",
-    "log_verbosity_level",
-)
-# Config entries ONNX Runtime lets us read back by key (it has no way to list them).
-_CONFIG_KEYS = (
-    "session.disable_prepacking",
-    "session.intra_op.allow_spinning",
-    "session.inter_op.allow_spinning",
-    "session.set_denormal_as_zero",
-    "session.use_env_allocators",
-    "session.disable_cpu_ep_fallback",
-    "session.use_device_allocator_for_initializers",
-    "session.disable_quant_qdq",
-    "session.disable_double_qdq_remover",
-    "session.enable_quant_qdq_cleanup",
-    "session.qdqisint8allowed",
-    "session.x64quantprecision",
-    "optimization.enable_gelu_approximation",
-    "optimization.minimal_build_optimizations",
-    "session.dynamic_block_base",
-    "mlas.enable_gemm_fastmath_arm64_bfloat16",
-)
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
@@ -95,43 +62,16 @@ def _payload(pipe: Any) -> tuple[bytes, list[Any] | None, dict[str, Any], tuple[
 
 
 def describe_options(options: Any) -> dict[str, Any]:
-    """The readable fields and config entries of an ``ort.SessionOptions`` as a plain dict
-    (None: an empty dict, the defaults)."""
-    if options is None:
-        return {}
-    described: dict[str, Any] = {}
-    for name in _OPTION_FIELDS:
-        if hasattr(options, name):  # older onnxruntime builds lack some
-            value = getattr(options, name)
-            described[name] = value if isinstance(value, (bool, int, float, str)) else int(value)
-    entries = {}
-    for key in _CONFIG_KEYS:
-        try:
-            entries[key] = options.get_session_config_entry(key)
-        except RuntimeError:  # not set
-            pass
-    described["config"] = entries
-    return described
+    """An ``ort.SessionOptions`` as a plain, picklable dict (None: an empty dict, the
+    defaults): :func:`fastseq.spec.session_options_dict`, the one description of them."""
+    return session_options_dict(options)
 
 
 def build_options(described: Mapping[str, Any], cpus: float | None) -> Any:
     """An ``ort.SessionOptions`` from :func:`describe_options`' dict, its intra-op threads
     sized to ``cpus`` (the actor's share) unless the pipeline set them: every actor taking
     every core would oversubscribe the node."""
-    import onnxruntime as ort
-
-    options = session.default_options()
-    enums = {
-        "graph_optimization_level": "GraphOptimizationLevel",
-        "execution_mode": "ExecutionMode",
-        "execution_order": "ExecutionOrder",
-    }
-    for name in _OPTION_FIELDS:
-        if name in described and hasattr(options, name):
-            value = described[name]
-            setattr(options, name, getattr(ort, enums[name])(value) if name in enums else value)
-    for key, value in described.get("config", {}).items():
-        options.add_session_config_entry(key, value)
+    options = session_options(dict(described)) if described else session.default_options()
     if not described.get("intra_op_num_threads") and cpus:
         options.intra_op_num_threads = max(1, int(cpus))
     if not described.get("inter_op_num_threads"):

@@ -624,8 +624,29 @@ def _source_label(source: Any) -> str:
 # --- session settings -------------------------------------------------------------------
 
 # SessionOptions attributes a pipeline file may set; enums are written by name.
+# Config entries ONNX Runtime lets us read back by key (it has no way to list them).
+_CONFIG_KEYS = (
+    "session.disable_prepacking",
+    "session.intra_op.allow_spinning",
+    "session.inter_op.allow_spinning",
+    "session.set_denormal_as_zero",
+    "session.use_env_allocators",
+    "session.disable_cpu_ep_fallback",
+    "session.use_device_allocator_for_initializers",
+    "session.disable_quant_qdq",
+    "session.disable_double_qdq_remover",
+    "session.enable_quant_qdq_cleanup",
+    "session.qdqisint8allowed",
+    "session.x64quantprecision",
+    "optimization.enable_gelu_approximation",
+    "optimization.minimal_build_optimizations",
+    "session.dynamic_block_base",
+    "mlas.enable_gemm_fastmath_arm64_bfloat16",
+)
+
 _ATTRIBUTES = (
     "intra_op_num_threads", "inter_op_num_threads", "graph_optimization_level", "execution_mode",
+    "execution_order",
     "enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse", "enable_profiling",
     "profile_file_prefix", "optimized_model_filepath", "use_deterministic_compute",
     "log_severity_level", "log_verbosity_level", "logid",
@@ -642,6 +663,10 @@ def _enums() -> dict[str, dict[str, Any]]:
             "extended": level.ORT_ENABLE_EXTENDED, "all": level.ORT_ENABLE_ALL,
         },
         "execution_mode": {"sequential": mode.ORT_SEQUENTIAL, "parallel": mode.ORT_PARALLEL},
+        "execution_order": {
+            "default": ort.ExecutionOrder.DEFAULT, "priority_based": ort.ExecutionOrder.PRIORITY_BASED,
+            "memory_efficient": ort.ExecutionOrder.MEMORY_EFFICIENT,
+        },
     }
 
 
@@ -673,8 +698,9 @@ def session_options(options: Any) -> Any:
 
 
 def session_options_dict(options: Any) -> dict[str, Any]:
-    """The attributes of an ``ort.SessionOptions`` that differ from the defaults, as
-    :func:`session_options` reads them (config entries cannot be read back)."""
+    """The attributes of an ``ort.SessionOptions`` that differ from the defaults, and the
+    config entries among ``_CONFIG_KEYS`` that are set, as :func:`session_options` reads
+    them (ONNX Runtime cannot list config entries: only known keys travel)."""
     if options is None or isinstance(options, Mapping):
         return dict(options or {})
     import onnxruntime as ort
@@ -686,6 +712,11 @@ def session_options_dict(options: Any) -> dict[str, Any]:
         value = getattr(options, key)
         if value != getattr(default, key):
             out[key] = names[key][value] if key in names else value
+    for key in _CONFIG_KEYS:
+        try:
+            out[key] = options.get_session_config_entry(key)
+        except RuntimeError:  # not set
+            pass
     return out
 
 
