@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +173,17 @@ def set_external_location(path, location: str) -> None:
 @pytest.fixture
 def x24() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+
+
+@contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``mount`` (a full disk, or one remounted read-only).
+    Needs the right to mount (root here and in CI); skips the test otherwise."""
+    mount.mkdir(exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)

@@ -4,6 +4,7 @@ for the Hugging Face Hub that answers what hf_hub_download asks."""
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -100,7 +101,8 @@ def serve_files(root: Path) -> _Server:
 def serve_hub(root: Path) -> _Server:
     """GET/HEAD /{org}/{repo}/resolve/{revision}/{path} answers root/org/repo/path, or
     root/org/repo@revision/path for a revision other than main. Like the Hub, a 404 carries
-    X-Error-Code: RepoNotFound, RevisionNotFound or EntryNotFound."""
+    X-Error-Code: RepoNotFound, RevisionNotFound or EntryNotFound. It also lists folders
+    (GET /api/models/{org}/{repo}/tree/{rev}/{folder}), as huggingface_hub's tree API asks."""
 
     class Handler(_FileHandler):
         def _resolve(self):
@@ -119,6 +121,27 @@ def serve_hub(root: Path) -> _Server:
             if not path.is_file():
                 headers["X-Error-Code"] = "EntryNotFound"
             return path, headers
+
+        def do_GET(self):
+            # GET /api/models/{org}/{repo}/tree/{rev}/{folder}: what list_repo_tree asks for.
+            parts = self.path.split("?")[0].lstrip("/").split("/")
+            if parts[:2] != ["api", "models"] or len(parts) < 6 or parts[4] != "tree":
+                return self._answer(True)
+            org, repo, folder = parts[2], parts[3], "/".join(parts[6:])
+            self.owner.requests.append((self.command, self.path, dict(self.headers)))
+            base = root / org / repo / folder
+            entries = [
+                {"type": "file" if p.is_file() else "directory", "path": f"{folder}/{p.name}",
+                 "oid": "0" * 40, "size": p.stat().st_size if p.is_file() else 0}
+                for p in (sorted(base.iterdir()) if base.is_dir() else [])
+            ]
+            body = json.dumps(entries).encode()
+            self.send_response(200 if base.is_dir() else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) if base.is_dir() else 0))
+            self.end_headers()
+            if base.is_dir():
+                self.wfile.write(body)
 
     return _Server(Handler)
 

@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 import fastseq
-from conftest import field, run, run_chain, scale_model, varint
+from conftest import field, run, run_chain, scale_model, tmpfs, varint
 from fastseq import _core, loader
 
 ROOT = Path(__file__).parent
@@ -135,14 +135,9 @@ def test_full_disk_is_a_clear_error_and_the_old_file_stays(tmp_path):
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    """A 1 MB tmpfs: a real full disk (ENOSPC). Needs the right to mount (root here and in CI)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=False)
+    """A 1 MB tmpfs: a real full disk (ENOSPC)."""
+    with tmpfs(tmp_path / "disk", "1m") as mount:
+        yield mount
 
 
 def test_really_full_disk_is_a_clear_error_and_leaves_nothing(tmp_path, tiny_disk):

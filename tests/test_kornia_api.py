@@ -5,7 +5,6 @@ summary conventions, the CLI's merge and run)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -21,7 +20,7 @@ import fastseq
 from conftest import FIXTURES, run, run_chain, scale_model
 from fastseq import cli
 from fastseq.onnxloader import _umask
-from servers import _FileHandler, _Server, serve_files
+from servers import serve_files, serve_hub
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
 
@@ -367,47 +366,6 @@ def test_onnx_module_versions_and_load(tmp_path):
 # --- ONNXLoader against a Hub stand-in ---------------------------------------------------
 
 
-def serve_hub_with_tree(root: Path) -> _Server:
-    """The Hub stand-in of servers.py plus the tree listing that list_repo_tree asks for:
-    GET /api/models/{org}/{repo}/tree/{rev}/{folder}."""
-
-    class Handler(_FileHandler):
-        def _resolve(self):
-            parts = self.path.split("?")[0].lstrip("/").split("/")
-            if len(parts) < 5 or parts[2] != "resolve":
-                return None, {}
-            org, repo, _, revision, *rest = parts
-            commit = hashlib.sha1(f"{org}/{repo}@{revision}".encode()).hexdigest()
-            return root / org / repo / "/".join(rest), {"X-Repo-Commit": commit}
-
-        def do_GET(self):
-            parts = self.path.split("?")[0].lstrip("/").split("/")
-            if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "tree":
-                org, repo, folder = parts[2], parts[3], "/".join(parts[6:])
-                self.owner.requests.append((self.command, self.path, dict(self.headers)))
-                base = root / org / repo / folder
-                if not base.is_dir():
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                entries = [
-                    {"type": "file" if p.is_file() else "directory", "path": f"{folder}/{p.name}",
-                     "oid": "0" * 40, "size": p.stat().st_size if p.is_file() else 0}
-                    for p in sorted(base.iterdir())
-                ]
-                body = json.dumps(entries).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-                return
-            self._answer(True)
-
-    return _Server(Handler)
-
-
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     root = tmp_path / "hub"
@@ -417,7 +375,7 @@ def hub(tmp_path, monkeypatch):
     onnx.save(scale_model(3.0), ops / "triple.onnx")
     (root / "kornia" / "ONNX_models" / "models").mkdir()
     onnx.save(scale_model(5.0), root / "kornia" / "ONNX_models" / "models" / "five.onnx")
-    server = serve_hub_with_tree(root)
+    server = serve_hub(root)
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     yield server, root

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from conftest import scale_model
+from conftest import scale_model, tmpfs
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
 REPO = Path(__file__).resolve().parents[1]
@@ -287,12 +287,7 @@ def test_concurrent_writers_leave_one_whole_entry(tmp_path):
 
 
 def test_read_only_cache_folder(tmp_path):
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "4m") as mount:
         paths = chain(tmp_path)
         other = [str(tmp_path / "m1.onnx")]
         fastseq.ONNXSequential(*paths, session_cache=mount)
@@ -303,8 +298,6 @@ def test_read_only_cache_folder(tmp_path):
             pipe = fastseq.ONNXSequential(*other, session_cache=mount)
         assert pipe.session_info["cache"] is None
         np.testing.assert_allclose(pipe(X)[0], np.maximum(3 * X, 0))
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def test_cache_from_the_environment_and_the_cli(tmp_path, monkeypatch):

@@ -124,6 +124,8 @@ def create(
     composed.check_sources()  # data files still referred to (reuse mode) are the ones loaded
     with _private_folder() as folder:
         path = os.path.join(folder, "model.onnx")
+        # The digest comes from the one write the session needs anyway; on a cache hit that
+        # write is the price of not reading the weights a second time to hash them.
         _, digest = composed.save_with_digest(path)
         if cache_root is None:
             return _session(path, options, usable)
