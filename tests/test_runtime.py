@@ -407,3 +407,85 @@ def test_pickling_keeps_the_session_options(tmp_path):
     got = clone.get_session().get_session_options()
     assert got.intra_op_num_threads == 1
     assert got.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+
+
+# --- spilling the pipeline's own memory -------------------------------------------------------
+def matmul_files(tmp_path: Path, n: int = 2, dim: int = 512) -> list[str]:
+    """``n`` chained MatMul models, each with its own (distinct) ``dim`` x ``dim`` weight."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for k in range(n):
+        w = numpy_helper.from_array((rng.standard_normal((dim, dim)) / dim).astype(np.float32), "w")
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], f"mm{k}",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], [w])
+        p = tmp_path / f"mm{k}.onnx"
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(p))
+        paths.append(str(p))
+    return paths
+
+
+def test_spilled_pipeline_computes_exports_and_combines_as_before(tmp_path, monkeypatch):
+    paths = matmul_files(tmp_path)
+    x = np.random.default_rng(2).standard_normal((3, 512)).astype(np.float32)
+    kept = fastseq.ONNXSequential(*paths, session_cache=False)  # 2 MB: below SPILL_MIN, kept in memory
+    assert "spilled" not in kept.session_info
+    monkeypatch.setattr("fastseq.runnable.SPILL_MIN", 1 << 20)
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(private))
+    pipe = fastseq.ONNXSequential(*paths, session_cache=False)
+    assert pipe.session_info["spilled"] >= 2 * 512 * 512 * 4
+    assert not os.listdir(private), "the spill file is unlinked, the session's copy removed"
+    for p in paths:  # the sources truncated: the spilled pipeline no longer reads them
+        open(p, "wb").close()
+    np.testing.assert_array_equal(pipe(x)[0], kept(x)[0])
+    kept.export(tmp_path / "kept.onnx")
+    pipe.export(tmp_path / "spilled.onnx")
+    assert (tmp_path / "kept.onnx").read_bytes() == (tmp_path / "spilled.onnx").read_bytes()
+    assert pipe.combine().SerializeToString() == kept.combine().SerializeToString()
+    assert [m.SerializeToString() for m in pipe.operators] == [m.SerializeToString() for m in kept.operators]
+    pipe.as_cpu()  # a new session from the spilled bytes; nothing is spilled twice
+    assert "spilled" not in pipe.session_info
+    np.testing.assert_array_equal(pipe(x)[0], kept(x)[0])
+    assert not os.listdir(private)
+
+
+def test_nothing_is_spilled_into_a_file_system_in_memory(tmp_path, monkeypatch):
+    monkeypatch.setattr("fastseq.runnable.SPILL_MIN", 1 << 20)
+    with tmpfs(tmp_path / "mem", "64m") as mem:
+        monkeypatch.setattr("tempfile.tempdir", str(mem))
+        pipe = fastseq.ONNXSequential(*matmul_files(tmp_path), session_cache=False)
+        assert "spilled" not in pipe.session_info  # it would only move the bytes, not free them
+        assert pipe(np.ones((1, 512), np.float32))[0].shape == (1, 512)
+
+
+SPILL_RSS = """
+import sys
+import numpy as np
+import fastseq, fastseq.runnable
+fastseq.runnable.SPILL_MIN = int(sys.argv[1])
+def anon():
+    return next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("RssAnon"))
+before = anon()
+pipe = fastseq.ONNXSequential(*sys.argv[2:], session_cache=False)
+pipe(np.ones((1, 2048), np.float32))
+print(anon() - before, pipe.session_info.get("spilled", 0))
+"""
+
+
+def test_spilling_gives_the_weights_memory_back(tmp_path):
+    """In a fresh process, the memory a pipeline holds after it is built, spilling or not:
+    spilled, only ONNX Runtime's own copy of the weights remains."""
+    paths = matmul_files(tmp_path, n=2, dim=2048)  # 2 x 16 MiB
+    weights = 2 * 2048 * 2048 * 4
+
+    def held(spill_min: int) -> tuple[int, int]:
+        out = subprocess.run([sys.executable, "-c", SPILL_RSS, str(spill_min), *paths],
+                             capture_output=True, text=True, check=True).stdout.split()
+        return int(out[0]), int(out[1])
+
+    kept, not_spilled = held(1 << 40)
+    freed, spilled = held(1 << 20)
+    assert not_spilled == 0 and spilled >= weights
+    assert freed < kept - 0.7 * weights, (kept, freed)

@@ -64,6 +64,7 @@ class ONNXModule(Runnable):
         )
         built = build(spec)
         self._composed, self._labels = built.composed, built.labels
+        del built  # only the module holds the model now, so that it can be spilled
         self._start(providers, session_options)
 
     @property

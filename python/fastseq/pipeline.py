@@ -108,6 +108,7 @@ class Pipeline(Runnable):
         self._composed, self._labels = built.composed, built.labels
         self._layout: Layout = built.layout  # type: ignore[assignment]
         self._report = built.report
+        del built  # only the pipeline holds the model now, so that it can be spilled
         self._start(spec.providers, session_options(spec.session_options), session_cache)
 
     # --- what was built -----------------------------------------------------------------

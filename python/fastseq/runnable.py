@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from fastseq.binding import Binding
 
 
+#: Below this many bytes held, a pipeline keeps them in memory rather than spill them.
+SPILL_MIN = 32 << 20
+
+
 class Runnable:
     """The runtime API that ONNXSequential and ONNXModule (and the graph Pipeline) share:
     the ONNX Runtime session (``create_session``, ``get_session``, ``set_session``,
@@ -70,11 +74,35 @@ class Runnable:
 
     def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
         try:
-            return session.create(self._composed, providers, session_options, self._cache_root, info)
+            with session.PrivateCopy.of(self._composed) as copy:
+                moved = self._spill(copy.folder)
+                if info is not None and moved:
+                    info["spilled"] = moved
+                return session.open_copy(copy, providers, session_options, self._cache_root, info)
         except Exception as e:
             if type(e).__module__.startswith("onnxruntime"):
                 raise self._explain(e) from e
             raise
+
+    def _spill(self, folder: str) -> int:
+        """Moves the bytes the pipeline holds (its composed model, and the stages that share
+        them) out of memory it owns into an unlinked file in ``folder``, which it maps (see
+        the core's ``spill``). Done once the session's copy is written and before ONNX
+        Runtime reads it: the weights then count once, not twice, while the session is built,
+        and not at all afterwards until something reads them again (an export, a new
+        session). Returns the bytes moved; 0 when there were fewer than ``SPILL_MIN``, they
+        already were, or the temporary folder is in memory or full (the memory is kept)."""
+        stages = getattr(self, "_stages", None) or []
+        try:
+            done = _core.spill([self._composed, *stages], folder, SPILL_MIN)
+        except _core.FastseqError:
+            return 0
+        if done is None:
+            return 0
+        moved, (self._composed, *spilled) = done
+        if stages:
+            self._stages = spilled
+        return moved
 
     def get_session(self) -> ort.InferenceSession:
         """The session that calls run on."""

@@ -120,6 +120,7 @@ class ONNXSequential(Runnable):
         # them again without reading or downloading anything.
         self._stages = built.stages
         self._spec = spec
+        del built  # only the pipeline holds the models now, so that they can be spilled
         self._start(providers, session_options, session_cache)
 
     def combine(self, io_maps: Sequence[Sequence[tuple[str, str]]] | None = None) -> onnx.ModelProto:

@@ -8,8 +8,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,38 +118,79 @@ def create(
     longer depends on the source files (rewriting one cannot change or break it). With a
     ``cache_root``, the optimised model is stored there on the first start and loaded with
     optimisation off on later ones (see :mod:`fastseq.cache`)."""
+    with PrivateCopy.of(composed) as copy:
+        return open_copy(copy, providers, session_options, cache_root, info)
+
+
+@dataclass
+class PrivateCopy:
+    """A composed model written for ONNX Runtime into a folder only this process uses (in
+    the temporary folder, removed on exit): ``path`` and the ``digest`` of what was written.
+    It holds no reference to the model, so a caller can let go of the model's memory while
+    ONNX Runtime builds a session from the copy (see ``Runnable._spill``)."""
+
+    folder: str
+    path: str
+    digest: str
+
+    @classmethod
+    def of(cls, composed: _core.Composed) -> PrivateCopy:
+        """Writes the copy. Its files are not synced: they live in the page cache, which the
+        system can reclaim (a tmpfs would hold them in memory outside any process's RSS)."""
+        composed.check_sources()  # data files still referred to (reuse mode) are the ones loaded
+        folder = tempfile.mkdtemp(prefix="fastseq-session-")
+        try:
+            path = os.path.join(folder, "model.onnx")
+            # The digest comes from the one write the session needs anyway; on a cache hit
+            # that write is the price of not reading the weights a second time to hash them.
+            _, digest = composed.save_with_digest(path)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return cls(folder, path, digest)
+
+    def __enter__(self) -> PrivateCopy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def open_copy(
+    copy: PrivateCopy,
+    providers: Sequence[Provider] | None = None,
+    session_options: ort.SessionOptions | None = None,
+    cache_root: Path | None = None,
+    info: dict[str, Any] | None = None,
+) -> ort.InferenceSession:
+    """A session over a private copy (see :func:`create`), from the session cache when
+    ``cache_root`` is given and holds it."""
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
-    composed.check_sources()  # data files still referred to (reuse mode) are the ones loaded
-    with _private_folder() as folder:
-        path = os.path.join(folder, "model.onnx")
-        # The digest comes from the one write the session needs anyway; on a cache hit that
-        # write is the price of not reading the weights a second time to hash them.
-        _, digest = composed.save_with_digest(path)
-        if cache_root is None:
-            return _session(path, options, usable)
-        from fastseq import cache
+    if cache_root is None:
+        return _session(copy.path, options, usable)
+    from fastseq import cache
 
-        parts = cache.key_parts(digest, usable, options)
-        key = cache.key_of(parts)
-        info = info if info is not None else {}
-        info.update(cache=None, key=key, entry=None)
-        entry = cache.lookup(cache_root, key, parts)
-        if entry is not None:
-            info.update(cache="hit", entry=str(entry.folder))
-            return _session(str(entry.model), options, usable, optimise=False)
-        stage = cache.staging(cache_root)
-        if stage is None:
-            return _session(path, options, usable)
-        try:
-            session = _session(path, options, usable, save_to=stage / cache.MODEL, data_name=cache.DATA)
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
-        stored = cache.commit(cache_root, key, parts, stage)
-        if stored is not None:
-            info.update(cache="stored", entry=str(stored.folder))
-        return session
+    parts = cache.key_parts(copy.digest, usable, options)
+    key = cache.key_of(parts)
+    info = info if info is not None else {}
+    info.update(cache=None, key=key, entry=None)
+    entry = cache.lookup(cache_root, key, parts)
+    if entry is not None:
+        info.update(cache="hit", entry=str(entry.folder))
+        return _session(str(entry.model), options, usable, optimise=False)
+    stage = cache.staging(cache_root)
+    if stage is None:
+        return _session(copy.path, options, usable)
+    try:
+        session = _session(copy.path, options, usable, save_to=stage / cache.MODEL, data_name=cache.DATA)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    stored = cache.commit(cache_root, key, parts, stage)
+    if stored is not None:
+        info.update(cache="stored", entry=str(stored.folder))
+    return session
 
 
 def _session(
@@ -176,18 +216,6 @@ def _session(
     finally:
         options.graph_optimization_level = level
         options.optimized_model_filepath = saved_path
-
-
-@contextmanager
-def _private_folder() -> Iterator[str]:
-    """A folder only this process uses, in the temporary folder, removed afterwards. Its
-    files are not synced: they live in the page cache, which the system can reclaim (a
-    tmpfs would hold them in memory outside any process's RSS)."""
-    folder = tempfile.mkdtemp(prefix="fastseq-session-")
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -409,10 +437,8 @@ def export_optimized(
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         data_name = f"{target.name}.data"
-        with _private_folder() as folder:
-            path = os.path.join(folder, "model.onnx")
-            composed.save(path, external_data=True)
-            _session(path, options, usable, save_to=stage / target.name, data_name=data_name)
+        with PrivateCopy.of(composed) as copy:
+            _session(copy.path, options, usable, save_to=stage / target.name, data_name=data_name)
         model = onnx.load(str(stage / target.name), load_external_data=False)
         entry = model.metadata_props.add()
         entry.key = OPTIMIZED_FOR

@@ -16,8 +16,6 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Component, Path, PathBuf};
 
-use bytes::Bytes;
-
 use crate::error::{Error, Result};
 use crate::model::Identity;
 use crate::proto::{tensor_proto::DataLocation, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
@@ -288,7 +286,7 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mo
         if seen != *identity {
             return Err(crate::model::changed(&shown, "while the model was read"));
         }
-        t.raw_data = Some(Bytes::from(data));
+        t.raw_data = Some(data);
         t.external_data.clear();
         t.data_location = None;
         Ok(true)

@@ -19,6 +19,7 @@ pub mod opset;
 pub mod plan;
 mod pool;
 pub mod proto;
+pub mod spill;
 
 pub use compose::{compose, compose_graph, Composition, Keep, Options, Report};
 pub use plan::{Adapt, Edge};
@@ -490,6 +491,40 @@ mod bindings {
             .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
     }
 
+    /// Copies of `models` with their bytes moved into one private, unlinked file in `dir`
+    /// that they map (see `spill`), or None when there are fewer than `min_bytes` to move or
+    /// `dir` is in memory: `(bytes moved, copies)`. The originals are left as they are.
+    #[pyfunction]
+    fn spill(
+        py: Python<'_>,
+        models: Vec<PyRef<'_, Composed>>,
+        dir: PathBuf,
+        min_bytes: u64,
+    ) -> PyResult<Option<(u64, Vec<Composed>)>> {
+        let mut copies: Vec<ModelProto> = models.iter().map(|c| c.model.clone()).collect();
+        let moved = py
+            .detach(|| {
+                let mut refs: Vec<&mut ModelProto> = copies.iter_mut().collect();
+                crate::spill::spill(&mut refs, &dir, min_bytes)
+            })
+            .map_err(to_py)?;
+        if moved == 0 {
+            return Ok(None);
+        }
+        let spilled = models
+            .iter()
+            .zip(copies)
+            .map(|(c, model)| Composed {
+                model,
+                linked: c.linked,
+                report: c.report.clone(),
+                origins: c.origins.clone(),
+                labels: c.labels.clone(),
+            })
+            .collect();
+        Ok(Some((moved, spilled)))
+    }
+
     /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
     #[pyfunction]
     fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
@@ -515,6 +550,7 @@ mod bindings {
         m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
         m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
         m.add_function(wrap_pyfunction!(file_digest, m)?)?;
+        m.add_function(wrap_pyfunction!(spill, m)?)?;
         m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
         Ok(())
     }

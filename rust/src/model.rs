@@ -85,18 +85,41 @@ pub fn read_path(path: &Path) -> Result<Bytes> {
         return Err(Error::load(format!("{shown}: empty file (0 bytes), not an ONNX model")));
     }
     let file = File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?;
-    read_range(&file, &shown, 0, None).map(|(data, _)| Bytes::from(data))
+    read_range(&file, &shown, 0, None).map(|(data, _)| data)
 }
 
-/// Reads `len` bytes at `offset` of `file` (to its end when `len` is None) into a fresh
-/// buffer, and checks that the file did not change while it was read; returns the bytes and
-/// the file's identity. Running out of memory is an error, not an abort.
+/// Reads of at least this many bytes get an anonymous mapping of their own (see [`read_range`]).
+const OWN_MAPPING_MIN: usize = 1 << 20;
+
+/// Memory read from a file, held by this process alone.
+enum Owned {
+    Heap(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl AsRef<[u8]> for Owned {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Owned::Heap(v) => v,
+            Owned::Mapped(m) => m,
+        }
+    }
+}
+
+/// Reads `len` bytes at `offset` of `file` (to its end when `len` is None) into memory this
+/// process owns, and checks that the file did not change while it was read; returns the
+/// bytes and the file's identity. Running out of memory is an error, not an abort.
+///
+/// Large reads go into an anonymous mapping (memory, not a view of the file: nothing another
+/// program does to the file reaches it) rather than the allocator's heap, so that dropping
+/// them gives the memory back to the system at once: mimalloc keeps freed blocks for reuse,
+/// which would keep a spilled pipeline's sources (see `spill`) counted in its RSS.
 pub fn read_range(
     file: &File,
     shown: &dyn std::fmt::Display,
     offset: u64,
     len: Option<u64>,
-) -> Result<(Vec<u8>, Identity)> {
+) -> Result<(Bytes, Identity)> {
     let io = |e: std::io::Error| Error::load(format!("{shown}: cannot read: {e}"));
     let before = Identity::of(&file.metadata().map_err(io)?);
     let len = match len {
@@ -110,20 +133,30 @@ pub fn read_range(
         )));
     }
     let n = usize::try_from(len).map_err(|_| Error::load(format!("{shown}: {len} bytes do not fit in memory")))?;
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(n)
-        .map_err(|_| Error::load(format!("{shown}: cannot allocate {n} bytes to read it (out of memory)")))?;
-    // Read into the reserved capacity: no zeroing of memory about to be overwritten.
+    let no_memory = || Error::load(format!("{shown}: cannot allocate {n} bytes to read it (out of memory)"));
     let mut reader = file;
     reader.seek(SeekFrom::Start(offset)).map_err(io)?;
-    reader.take(len).read_to_end(&mut buf).map_err(io)?;
-    if buf.len() != n {
-        return Err(changed(shown, "while it was read (it got shorter)"));
-    }
+    let owned = if n >= OWN_MAPPING_MIN {
+        let mut map = memmap2::MmapMut::map_anon(n).map_err(|_| no_memory())?;
+        reader.read_exact(&mut map).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => changed(shown, "while it was read (it got shorter)"),
+            _ => io(e),
+        })?;
+        Owned::Mapped(map.make_read_only().map_err(io)?)
+    } else {
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(n).map_err(|_| no_memory())?;
+        // Read into the reserved capacity: no zeroing of memory about to be overwritten.
+        reader.take(len).read_to_end(&mut buf).map_err(io)?;
+        if buf.len() != n {
+            return Err(changed(shown, "while it was read (it got shorter)"));
+        }
+        Owned::Heap(buf)
+    };
     if Identity::of(&file.metadata().map_err(io)?) != before {
         return Err(changed(shown, "while it was read"));
     }
-    Ok((buf, before))
+    Ok((Bytes::from_owner(owned), before))
 }
 
 /// Decodes one model. `label` names the source in every error message.
