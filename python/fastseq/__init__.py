@@ -59,7 +59,12 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fastseq' has no attribute '{name}'")
-    mod = importlib.import_module(module)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        from fastseq.errors import runtime_missing
+
+        raise (runtime_missing(e) or e) from None
     value = mod if module.endswith("." + name) else getattr(mod, name)
     globals()[name] = value
     return value

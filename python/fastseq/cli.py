@@ -436,6 +436,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastseqError as e:
         print(f"fastseq: error: {e}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as e:
+        from fastseq.errors import runtime_missing
+
+        if (missing := runtime_missing(e)) is None:
+            raise
+        print(f"fastseq: error: {missing}", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as e:
         print(f"fastseq: error: {e}", file=sys.stderr)
         return 1

@@ -56,3 +56,20 @@ __all__ = [
     "RunError",
     "RunTimeoutError",
 ]
+
+
+#: Why a runtime name cannot load without ONNX Runtime, and how to install it. ONNX Runtime
+#: is an extra, not a dependency: onnxruntime-gpu and onnxruntime share a module, so pip
+#: must never install the CPU package beside the GPU one.
+NO_RUNTIME = (
+    "running a pipeline needs ONNX Runtime, which is not installed: "
+    "pip install 'fastseq[cpu]' (or 'fastseq[gpu]' for onnxruntime-gpu; never both). "
+    "Composing and exporting (fastseq.compose*, merge_models, `fastseq merge`) work without it."
+)
+
+
+def runtime_missing(error: ModuleNotFoundError) -> ModuleNotFoundError | None:
+    """The error to raise for ``error`` when it is ONNX Runtime that is missing, else None."""
+    if error.name != "onnxruntime":
+        return None
+    return ModuleNotFoundError(NO_RUNTIME, name="onnxruntime")
