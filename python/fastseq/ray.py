@@ -154,12 +154,15 @@ class Predictor:
         # model to ONNX Runtime the way every fastseq session gets it.
         composed = _core.load_model(model, shipped.label)
         del model
-        self.session = session.create(
-            composed,
-            actor_providers(shipped.providers, resources["gpu_ids"]),
-            build_options(shipped.options, resources["cpus"]),
-        )
-        del composed  # ONNX Runtime has its own copy
+        with session.PrivateCopy.of(composed) as copy:
+            # The actor never needs the model again: its memory is freed before ONNX Runtime
+            # builds the session from the copy, so the weights never count twice.
+            del composed
+            self.session = session.open_copy(
+                copy,
+                actor_providers(shipped.providers, resources["gpu_ids"]),
+                build_options(shipped.options, resources["cpus"]),
+            )
         self.label = shipped.label
         self.inputs = [session.TensorInfo.of(a) for a in self.session.get_inputs()]
         self.outputs = [session.TensorInfo.of(a) for a in self.session.get_outputs()]
