@@ -74,35 +74,34 @@ class Runnable:
 
     def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
         try:
-            with session.PrivateCopy.of(self._composed) as copy:
-                moved = self._spill(copy.folder)
-                if info is not None and moved:
-                    info["spilled"] = moved
+            # The list is built in the call: no name here keeps the models it replaces alive.
+            with session.PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
+                if copy.spilled is not None:
+                    moved, models = copy.spilled
+                    copy.spilled = None
+                    self._take_spilled(models)
+                    del models
+                    if info is not None:
+                        info["spilled"] = moved
                 return session.open_copy(copy, providers, session_options, self._cache_root, info)
         except Exception as e:
             if type(e).__module__.startswith("onnxruntime"):
                 raise self._explain(e) from e
             raise
 
-    def _spill(self, folder: str) -> int:
-        """Moves the bytes the pipeline holds (its composed model, and the stages that share
-        them) out of memory it owns into an unlinked file in ``folder``, which it maps (see
-        the core's ``spill``). Done once the session's copy is written and before ONNX
-        Runtime reads it: the weights then count once, not twice, while the session is built,
-        and not at all afterwards until something reads them again (an export, a new
-        session). Returns the bytes moved; 0 when there were fewer than ``SPILL_MIN``, they
-        already were, or the temporary folder is in memory or full (the memory is kept)."""
-        stages = getattr(self, "_stages", None) or []
-        try:
-            done = _core.spill([self._composed, *stages], folder, SPILL_MIN)
-        except _core.FastseqError:
-            return 0
-        if done is None:
-            return 0
-        moved, (self._composed, *spilled) = done
+    def _sharing(self) -> list[_core.Composed]:
+        """The models besides ``_composed`` that share its memory (ONNXSequential's stages)."""
+        return getattr(self, "_stages", None) or []
+
+    def _take_spilled(self, models: list[_core.Composed]) -> None:
+        """Swaps in the spilled copies of ``_composed`` and :meth:`_sharing`'s models, which
+        map the session's private copy instead of holding the sources' bytes (see
+        ``session.PrivateCopy.of``). Done before ONNX Runtime reads the copy: the weights
+        then count once, not twice, while the session is built, and not at all afterwards
+        until something reads them again (an export, a new session)."""
+        self._composed, *stages = models
         if stages:
-            self._stages = spilled
-        return moved
+            self._stages = stages
 
     def get_session(self) -> ort.InferenceSession:
         """The session that calls run on."""

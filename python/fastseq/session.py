@@ -126,28 +126,38 @@ def create(
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
     the temporary folder, removed on exit): ``path`` and the ``digest`` of what was written.
-    It holds no reference to the model, so a caller can let go of the model's memory while
-    ONNX Runtime builds a session from the copy (see ``Runnable._spill``)."""
+    It holds no reference to the model, so that a caller can let go of the model's memory
+    while ONNX Runtime builds a session from the copy."""
 
     folder: str
     path: str
     digest: str
+    #: with ``spill_min``: (bytes mapped, copies of the models given) or None; see :meth:`of`
+    spilled: tuple[int, list[_core.Composed]] | None = None
 
     @classmethod
-    def of(cls, composed: _core.Composed) -> PrivateCopy:
-        """Writes the copy. Its files are not synced: they live in the page cache, which the
-        system can reclaim (a tmpfs would hold them in memory outside any process's RSS)."""
-        composed.check_sources()  # data files still referred to (reuse mode) are the ones loaded
+    def of(cls, models: _core.Composed | Sequence[_core.Composed], spill_min: int | None = None) -> PrivateCopy:
+        """Writes the copy of ``models`` (one composed model, or it followed by the models
+        that share its memory). Its files are not synced: they live in the page cache, which
+        the system can reclaim (a tmpfs would hold them in memory outside any process's RSS).
+
+        With ``spill_min``, ``spilled`` holds copies of ``models`` that map the copy's data
+        file instead of holding the sources' bytes (when there are at least ``spill_min`` of
+        them and the temporary folder is on a disk): the caller swaps them in and lets the
+        originals go before ONNX Runtime reads the copy, so the weights count once, not
+        twice. The mapping keeps the data file alive, unlinked, once the folder is gone."""
+        models = [models] if isinstance(models, _core.Composed) else list(models)
+        models[0].check_sources()  # data files still referred to (reuse mode) are the ones loaded
         folder = tempfile.mkdtemp(prefix="fastseq-session-")
         try:
             path = os.path.join(folder, "model.onnx")
             # The digest comes from the one write the session needs anyway; on a cache hit
             # that write is the price of not reading the weights a second time to hash them.
-            _, digest = composed.save_with_digest(path)
+            digest, mapped, copies = _core.write_private_copy(models, path, spill_min)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(folder, path, digest)
+        return cls(folder, path, digest, (mapped, copies) if copies is not None else None)
 
     def __enter__(self) -> PrivateCopy:
         return self

@@ -34,10 +34,21 @@ impl Digest {
 /// `path` (see [`crate::external::write_with_external`]; meant for a private folder, so not
 /// synced to disk) and returns what was written with the digest of those bytes.
 pub fn save_with_digest(model: &ModelProto, path: &Path, threshold: usize) -> Result<(Saved, String)> {
+    save_placed(model, path, threshold, &mut Vec::new())
+}
+
+/// [`save_with_digest`], also saying where each weight went in the data file (see
+/// [`crate::external::write_with_external_tee`]).
+pub fn save_placed(
+    model: &ModelProto,
+    path: &Path,
+    threshold: usize,
+    placed: &mut Vec<(usize, usize, u64)>,
+) -> Result<(Saved, String)> {
     let mut digest = Digest::default();
     let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
     let (model_bytes, data_bytes, name) =
-        crate::external::write_with_external_tee(model, path, threshold, Some(&data_name), false, &mut digest)?;
+        crate::external::write_with_external_tee(model, path, threshold, Some(&data_name), false, &mut digest, placed)?;
     Ok((Saved { model_bytes, data_bytes, data_file: Some(name) }, digest.hex()))
 }
 

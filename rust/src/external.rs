@@ -329,7 +329,7 @@ const ALIGN: u64 = 4096;
 /// holds no file of an earlier, concurrent or killed export that the model in place does
 /// not reference, but for those of exports still running.
 pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
-    write_with_external_tee(model, path, threshold, None, true, &mut std::io::sink())
+    write_with_external_tee(model, path, threshold, None, true, &mut std::io::sink(), &mut Vec::new())
 }
 
 /// [`write_with_external`], also sending every byte of the data file and then the model file
@@ -337,6 +337,8 @@ pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) ->
 /// `data_name` fixes the data file's name (in a private folder, where no other export can
 /// collide with it, so that the bytes, and their digest, depend on the model alone);
 /// `durable: false` skips the syncs (a private copy that need not outlive a crash).
+/// `placed` receives, for each weight moved to the data file, its address and length in
+/// `model` and its offset in the file (see `spill::spill_onto`).
 pub fn write_with_external_tee(
     model: &ModelProto,
     path: &Path,
@@ -344,6 +346,7 @@ pub fn write_with_external_tee(
     data_name: Option<&str>,
     durable: bool,
     tee: &mut dyn Write,
+    placed: &mut Vec<(usize, usize, u64)>,
 ) -> Result<(u64, u64, String)> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
     let lock = ExportLock::acquire(path)?;
@@ -366,6 +369,7 @@ pub fn write_with_external_tee(
                 out.write_all(&zeros).and_then(|_| out.write_all(&raw)).map_err(io)?;
                 tee.write_all(&zeros).and_then(|_| tee.write_all(&raw)).map_err(io)?;
                 offset += pad;
+                placed.push((raw.as_ptr() as usize, raw.len(), offset));
                 t.external_data = vec![
                     kv("location", data_name.clone()),
                     kv("offset", offset.to_string()),

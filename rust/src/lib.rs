@@ -189,24 +189,6 @@ mod bindings {
             Ok(d)
         }
 
-        /// Like `save(path, external_data=True)`, also returning the digest of the bytes written
-        /// (computed while writing): `(dict, digest)`.
-        #[pyo3(signature = (path, threshold=1024))]
-        fn save_with_digest<'py>(
-            &self,
-            py: Python<'py>,
-            path: PathBuf,
-            threshold: usize,
-        ) -> PyResult<(Bound<'py, PyDict>, String)> {
-            let (saved, digest) =
-                py.detach(|| crate::digest::save_with_digest(&self.model, &path, threshold)).map_err(to_py)?;
-            let d = PyDict::new(py);
-            d.set_item("model_bytes", saved.model_bytes)?;
-            d.set_item("data_bytes", saved.data_bytes)?;
-            d.set_item("data_file", saved.data_file)?;
-            Ok((d, digest))
-        }
-
         /// The model serialized without its initializers of at least `threshold` bytes.
         #[pyo3(signature = (threshold=1024))]
         fn stripped_bytes<'py>(&self, py: Python<'py>, threshold: usize) -> PyResult<Bound<'py, PyBytes>> {
@@ -491,25 +473,38 @@ mod bindings {
             .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
     }
 
-    /// Copies of `models` with their bytes moved into one private, unlinked file in `dir`
-    /// that they map (see `spill`), or None when there are fewer than `min_bytes` to move or
-    /// `dir` is in memory: `(bytes moved, copies)`. The originals are left as they are.
+    /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced) and
+    /// returns the digest of what was written. With `spill_min`, also returns copies of all
+    /// `models` whose bytes point at that data file instead of the sources' memory (see
+    /// `spill`), or None when that is not worth it or possible: `(digest, bytes mapped,
+    /// copies)`. The originals are left as they are.
     #[pyfunction]
-    fn spill(
+    #[pyo3(signature = (models, path, spill_min=None))]
+    fn write_private_copy(
         py: Python<'_>,
         models: Vec<PyRef<'_, Composed>>,
-        dir: PathBuf,
-        min_bytes: u64,
-    ) -> PyResult<Option<(u64, Vec<Composed>)>> {
+        path: PathBuf,
+        spill_min: Option<u64>,
+    ) -> PyResult<(String, u64, Option<Vec<Composed>>)> {
+        let Some(first) = models.first() else {
+            return Err(pyo3::exceptions::PyValueError::new_err("no model to write"));
+        };
+        let mut placed = Vec::new();
+        let model: &ModelProto = &first.model;
+        let (saved, digest) =
+            py.detach(|| crate::digest::save_placed(model, &path, 1024, &mut placed)).map_err(to_py)?;
+        let (Some(min), Some(data)) = (spill_min, saved.data_file) else { return Ok((digest, 0, None)) };
+        let data = path.with_file_name(data);
         let mut copies: Vec<ModelProto> = models.iter().map(|c| c.model.clone()).collect();
-        let moved = py
+        // A spill that fails (no memory for the small rest, a mapping refused) keeps the memory.
+        let mapped = py
             .detach(|| {
                 let mut refs: Vec<&mut ModelProto> = copies.iter_mut().collect();
-                crate::spill::spill(&mut refs, &dir, min_bytes)
+                crate::spill::spill_onto(&mut refs, &data, &placed, min)
             })
-            .map_err(to_py)?;
-        if moved == 0 {
-            return Ok(None);
+            .unwrap_or(0);
+        if mapped == 0 {
+            return Ok((digest, 0, None));
         }
         let spilled = models
             .iter()
@@ -522,7 +517,7 @@ mod bindings {
                 labels: c.labels.clone(),
             })
             .collect();
-        Ok(Some((moved, spilled)))
+        Ok((digest, mapped, Some(spilled)))
     }
 
     /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
@@ -550,7 +545,7 @@ mod bindings {
         m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
         m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
         m.add_function(wrap_pyfunction!(file_digest, m)?)?;
-        m.add_function(wrap_pyfunction!(spill, m)?)?;
+        m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
         m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
         Ok(())
     }

@@ -1,18 +1,21 @@
-//! Spilling: moving what a pipeline holds in owned memory (the sources' bytes: weights and
-//! nodes) into a private file that it maps instead.
+//! Spilling: pointing what a pipeline holds in owned memory (the sources' bytes: weights
+//! and nodes) at the private copy written for its session instead.
 //!
 //! Sources are read into owned memory (see `model::read_path`), which a live pipeline keeps
 //! for exports, new sessions and `combine`. While ONNX Runtime builds a session from the
-//! private copy, that memory counts a second time. Once spilled, the same bytes are pages of
-//! an unlinked file: not counted until touched, written back and reclaimed under pressure,
-//! and still immune to anything another program does to the sources (no other process can
-//! open an unlinked file by name, so it cannot truncate or rewrite it).
+//! private copy, that memory counts a second time. The copy's data file holds the same
+//! weights, so once it is written the pipeline maps it (it stays alive, unlinked, after its
+//! folder is removed) and lets go of the sources' memory: the weights are then pages of a
+//! file, not counted until touched, written back and reclaimed under pressure, and no other
+//! program can open the file by name to change them once the folder is gone. Nothing is
+//! written twice.
 //!
 //! Every `Bytes` of the given models is visited; slices that several models share (a stage
-//! and the composed model) stay shared, so the source buffers are freed once all are moved.
+//! and the composed model) stay shared. What is not in the data file (nodes, small tensors,
+//! weights only a stage holds) is copied into one fresh buffer, so that no slice keeps a
+//! source buffer alive.
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::fs::File;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -100,70 +103,77 @@ fn in_memory(dir: &Path) -> bool {
     kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
 }
 
-/// Moves the bytes of `models` that are not spilled yet into one unlinked file in `dir`,
-/// mapped, when there are at least `min_bytes` of them and `dir` is on a disk. Returns the
-/// number of bytes moved (0: nothing done). The models encode exactly as before; on any
-/// error they are left as they were.
-pub fn spill(models: &mut [&mut ModelProto], dir: &Path, min_bytes: u64) -> Result<u64> {
-    // Distinct slices in the order they are first met, with their offset in the file.
-    let mut offsets: HashMap<(usize, usize), u64> = HashMap::new();
-    let mut order: Vec<Bytes> = Vec::new();
-    let mut total = 0u64;
+/// Points the bytes of `models` at `data`, the data file of a private copy of `models[0]`
+/// that [`crate::digest::save_placed`] wrote, where `placed` says each weight went; copies
+/// the rest into one fresh buffer. Done when there are at least `min_bytes` of bytes not
+/// spilled yet and `data` is on a disk (on a tmpfs it would only move memory). Returns the
+/// number of bytes now mapped (0: nothing done). The models encode exactly as before.
+pub fn spill_onto(
+    models: &mut [&mut ModelProto],
+    data: &Path,
+    placed: &[(usize, usize, u64)],
+    min_bytes: u64,
+) -> Result<u64> {
+    let placed: HashMap<(usize, usize), u64> = placed.iter().map(|&(p, n, off)| ((p, n), off)).collect();
+    // The distinct slices not spilled yet; those the data file does not hold, in order, with
+    // their offset in the buffer that will hold them.
+    let mut seen: HashMap<(usize, usize), Option<usize>> = HashMap::new();
+    let (mut total, mut mapped, mut rest) = (0u64, 0u64, Vec::<Bytes>::new());
+    let mut rest_len = 0usize;
     for m in models.iter_mut() {
         for_each_bytes(m, &mut |b| {
             if b.is_empty() || is_mapped(b) {
                 return;
             }
-            offsets.entry((b.as_ptr() as usize, b.len())).or_insert_with(|| {
-                order.push(b.clone());
+            let key = (b.as_ptr() as usize, b.len());
+            seen.entry(key).or_insert_with(|| {
                 total += b.len() as u64;
-                total - b.len() as u64
+                if placed.contains_key(&key) {
+                    mapped += b.len() as u64;
+                    None
+                } else {
+                    rest.push(b.clone());
+                    rest_len += b.len();
+                    Some(rest_len - b.len())
+                }
             });
         });
     }
-    if total < min_bytes || in_memory(dir) {
+    if total < min_bytes || mapped == 0 || data.parent().is_none_or(in_memory) {
         return Ok(0);
     }
-    let path = dir.join(format!(".fastseq-spill.{}.{}", std::process::id(), crate::model::nanos()));
-    let io = |e: std::io::Error| Error::export(format!("cannot spill to {}: {e}", path.display()));
-    let file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path).map_err(io)?
-    };
-    // Unlinked at once: nothing is left behind whatever happens next, and no other program
-    // can open it by name.
-    let _ = fs::remove_file(&path);
-    let mapping = write_and_map(&file, &order, total).map_err(io)?;
-    drop(order);
+    let io = |e: std::io::Error| Error::export(format!("cannot map {}: {e}", data.display()));
+    let file = File::open(data).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if placed.iter().any(|(&(_, n), &off)| off + n as u64 > len) {
+        return Err(Error::export(format!("{}: shorter than what was written to it", data.display())));
+    }
+    // SAFETY: the file is in a folder only this process uses, removed once the session
+    // exists; nothing else writes to it.
+    let mapping = Mapping(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?);
     let start = mapping.0.as_ptr() as usize;
     MAPPED
         .lock()
         .map_err(|_| Error::export("spill registry poisoned".to_string()))?
         .push((start, start + mapping.0.len()));
     let whole = Bytes::from_owner(mapping);
+    let mut buffer = Vec::new();
+    buffer.try_reserve_exact(rest_len).map_err(|_| Error::export("out of memory".to_string()))?;
+    rest.iter().for_each(|b| buffer.extend_from_slice(b));
+    drop(rest);
+    let copied = Bytes::from(buffer);
     for m in models.iter_mut() {
         for_each_bytes(m, &mut |b| {
-            if let Some(&off) = offsets.get(&(b.as_ptr() as usize, b.len())) {
-                *b = whole.slice(off as usize..off as usize + b.len());
+            let key = (b.as_ptr() as usize, b.len());
+            let n = b.len();
+            if let Some(&off) = placed.get(&key) {
+                *b = whole.slice(off as usize..off as usize + n);
+            } else if let Some(Some(off)) = seen.get(&key) {
+                *b = copied.slice(*off..*off + n);
             }
         });
     }
-    Ok(total)
-}
-
-fn write_and_map(file: &File, parts: &[Bytes], total: u64) -> std::io::Result<Mapping> {
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    for p in parts {
-        out.write_all(p)?;
-    }
-    out.flush()?;
-    drop(out);
-    if file.metadata()?.len() != total {
-        return Err(std::io::Error::other("short write"));
-    }
-    // SAFETY: the file is private and unlinked: nothing else can change it under the map.
-    let map = unsafe { memmap2::Mmap::map(file)? };
-    Ok(Mapping(map))
+    Ok(mapped)
 }
 
 #[cfg(test)]
@@ -227,21 +237,36 @@ mod tests {
         ModelProto { ir_version: Some(8), graph: Some(g), functions: vec![f], ..Default::default() }.encode_to_vec()
     }
 
+    /// Writes `a` as a private copy in `dir` and spills `models` onto its data file.
+    fn copy_and_spill(models: &mut [&mut ModelProto], dir: &Path, min: u64) -> u64 {
+        let path = dir.join("model.onnx");
+        let mut placed = Vec::new();
+        crate::digest::save_placed(models[0], &path, 1024, &mut placed).unwrap();
+        spill_onto(models, &dir.join("model.onnx.data"), &placed, min).unwrap()
+    }
+
     #[test]
     fn spilled_models_encode_the_same_and_free_their_source() {
         let freed = Arc::new(AtomicBool::new(false));
         let source = Bytes::from_owner(Tracked(model_bytes(), freed.clone()));
         let mut a = ModelProto::decode(source.clone()).unwrap();
         let mut b = ModelProto::decode(source).unwrap();
+        b.graph.as_mut().unwrap().initializer[0].name = Some("only in b".into()); // same bytes
         let before = (a.encode_to_vec(), b.encode_to_vec());
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let n = spill(&mut [&mut a, &mut b], dir.path(), 0).unwrap();
-        assert!(n > 4096 && n < 2 * 4096 + 1024, "shared slices are written once: {n}");
+        assert_eq!(copy_and_spill(&mut [&mut a, &mut b], dir.path(), 0), 4096, "the weight is mapped, once");
         assert_eq!((a.encode_to_vec(), b.encode_to_vec()), before);
         assert!(freed.load(Ordering::SeqCst), "a slice of the source is still held");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "the spill file is unlinked");
-        // Spilled bytes are not spilled again.
-        assert_eq!(spill(&mut [&mut a], dir.path(), 0).unwrap(), 0);
+        let (wa, wb) = (&a.graph.as_ref().unwrap().initializer[0], &b.graph.as_ref().unwrap().initializer[0]);
+        assert_eq!(wa.raw_data.as_ref().unwrap().as_ptr(), wb.raw_data.as_ref().unwrap().as_ptr(), "still shared");
+        // The folder removed, the mapping still holds the data; spilled bytes are not spilled again.
+        std::fs::remove_dir_all(dir.path()).unwrap();
+        assert_eq!(a.encode_to_vec(), before.0);
+        let again = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = again.path().join("model.onnx");
+        let mut placed = Vec::new();
+        crate::digest::save_placed(&a, &path, 1024, &mut placed).unwrap();
+        assert_eq!(spill_onto(&mut [&mut a], &again.path().join("model.onnx.data"), &placed, 0).unwrap(), 0);
     }
 
     #[test]
@@ -249,7 +274,7 @@ mod tests {
         let source = Bytes::from(model_bytes());
         let mut a = ModelProto::decode(source.clone()).unwrap();
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        assert_eq!(spill(&mut [&mut a], dir.path(), 1 << 30).unwrap(), 0);
+        assert_eq!(copy_and_spill(&mut [&mut a], dir.path(), 1 << 30), 0);
         let w = &a.graph.as_ref().unwrap().initializer[0];
         let raw = w.raw_data.as_ref().unwrap();
         assert!(source.as_ptr_range().contains(&raw.as_ptr()), "still a slice of the source");
