@@ -494,6 +494,10 @@ mod bindings {
         let (saved, digest) =
             py.detach(|| crate::digest::save_placed(model, &path, 1024, &mut placed)).map_err(to_py)?;
         let (Some(min), Some(data)) = (spill_min, saved.data_file) else { return Ok((digest, 0, None)) };
+        // Below the minimum in the data file alone, nothing is copied to find out more.
+        if placed.iter().map(|&(_, n, _)| n as u64).sum::<u64>() < min {
+            return Ok((digest, 0, None));
+        }
         let data = path.with_file_name(data);
         let mut copies: Vec<ModelProto> = models.iter().map(|c| c.model.clone()).collect();
         // A spill that fails (no memory for the small rest, a mapping refused) keeps the memory.
