@@ -489,3 +489,13 @@ def test_spilling_gives_the_weights_memory_back(tmp_path):
     freed, spilled = held(1 << 20)
     assert not_spilled == 0 and spilled >= weights
     assert freed < kept - 0.7 * weights, (kept, freed)
+
+
+def test_added_metadata_keeps_where_names_come_from(tmp_path):
+    """Runtime errors are translated through the composed model's origins: a model with
+    metadata added must keep them."""
+    pipe = fastseq.ONNXSequential(*chain(tmp_path))
+    before = pipe._composed.origins()
+    assert before[1], "the chain renamed its clashing names"
+    pipe.add_metadata([("owner", "vision")])
+    assert pipe._composed.origins() == before

@@ -76,13 +76,9 @@ class Runnable:
         try:
             # The list is built in the call: no name here keeps the models it replaces alive.
             with session.PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
-                if copy.spilled is not None:
-                    moved, models = copy.spilled
-                    copy.spilled = None
-                    self._take_spilled(models)
-                    del models
-                    if info is not None:
-                        info["spilled"] = moved
+                moved = self._take_spilled(copy)
+                if info is not None and moved:
+                    info["spilled"] = moved
                 return session.open_copy(copy, providers, session_options, self._cache_root, info)
         except Exception as e:
             if type(e).__module__.startswith("onnxruntime"):
@@ -93,15 +89,19 @@ class Runnable:
         """The models besides ``_composed`` that share its memory (ONNXSequential's stages)."""
         return getattr(self, "_stages", None) or []
 
-    def _take_spilled(self, models: list[_core.Composed]) -> None:
-        """Swaps in the spilled copies of ``_composed`` and :meth:`_sharing`'s models, which
-        map the session's private copy instead of holding the sources' bytes (see
-        ``session.PrivateCopy.of``). Done before ONNX Runtime reads the copy: the weights
-        then count once, not twice, while the session is built, and not at all afterwards
-        until something reads them again (an export, a new session)."""
-        self._composed, *stages = models
+    def _take_spilled(self, copy: session.PrivateCopy) -> int:
+        """Swaps in the copy's spilled copies of ``_composed`` and :meth:`_sharing`'s models,
+        which map the session's private copy instead of holding the sources' bytes, and
+        returns the bytes mapped (0: nothing spilled). Done before ONNX Runtime reads the
+        copy: the weights then count once, not twice, while the session is built, and not at
+        all afterwards until something reads them again (an export, a new session)."""
+        spilled = copy.take_spilled()
+        if spilled is None:
+            return 0
+        moved, (self._composed, *stages) = spilled
         if stages:
             self._stages = stages
+        return moved
 
     def get_session(self) -> ort.InferenceSession:
         """The session that calls run on."""

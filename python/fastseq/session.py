@@ -101,33 +101,18 @@ def usable_providers(providers: Sequence[Provider] | None) -> list[Provider]:
     return usable or ["CPUExecutionProvider"]
 
 
-def create(
-    composed: _core.Composed,
-    providers: Sequence[Provider] | None = None,
-    session_options: ort.SessionOptions | None = None,
-    cache_root: Path | None = None,
-    info: dict[str, Any] | None = None,
-) -> ort.InferenceSession:
-    """A new session over a composed model. ``info``, when given, is filled with how the
-    session was made: ``cache`` ("hit", "stored" or None) and the entry's folder.
-
-    ONNX Runtime gets the model as a file with its weights in a data file beside it, written
-    by the core into a private folder (not synced: the page cache) and removed once the
-    session exists: ONNX Runtime maps the weights instead of parsing them out of one
-    serialized buffer, so no second copy of them is made in this process, and the session no
-    longer depends on the source files (rewriting one cannot change or break it). With a
-    ``cache_root``, the optimised model is stored there on the first start and loaded with
-    optimisation off on later ones (see :mod:`fastseq.cache`)."""
-    with PrivateCopy.of(composed) as copy:
-        return open_copy(copy, providers, session_options, cache_root, info)
-
-
 @dataclass
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
     the temporary folder, removed on exit): ``path`` and the ``digest`` of what was written.
     It holds no reference to the model, so that a caller can let go of the model's memory
-    while ONNX Runtime builds a session from the copy."""
+    while ONNX Runtime builds a session from the copy (:func:`open_copy`).
+
+    ONNX Runtime gets the model as a file with its weights in a data file beside it, written
+    by the core into a private folder (not synced: the page cache) and removed once the
+    session exists: ONNX Runtime maps the weights instead of parsing them out of one
+    serialized buffer, so no second copy of them is made in this process, and the session no
+    longer depends on the source files (rewriting one cannot change or break it)."""
 
     folder: str
     path: str
@@ -154,10 +139,16 @@ class PrivateCopy:
             # The digest comes from the one write the session needs anyway; on a cache hit
             # that write is the price of not reading the weights a second time to hash them.
             digest, mapped, copies = _core.write_private_copy(models, path, spill_min)
+            del models  # the caller decides how long the originals live
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         return cls(folder, path, digest, (mapped, copies) if copies is not None else None)
+
+    def take_spilled(self) -> tuple[int, list[_core.Composed]] | None:
+        """The spilled copies (see :meth:`of`), handed over: the copy keeps no reference."""
+        spilled, self.spilled = self.spilled, None
+        return spilled
 
     def __enter__(self) -> PrivateCopy:
         return self
@@ -173,8 +164,10 @@ def open_copy(
     cache_root: Path | None = None,
     info: dict[str, Any] | None = None,
 ) -> ort.InferenceSession:
-    """A session over a private copy (see :func:`create`), from the session cache when
-    ``cache_root`` is given and holds it."""
+    """A session over a private copy (see :class:`PrivateCopy`). With a ``cache_root``, the
+    optimised model is stored there on the first start and loaded with optimisation off on
+    later ones (see :mod:`fastseq.cache`). ``info``, when given, is filled with how the
+    session was made: ``cache`` ("hit", "stored" or None) and the entry's folder."""
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
     if cache_root is None:

@@ -32,13 +32,8 @@ impl Digest {
 
 /// Writes `model` with its tensors of at least `threshold` bytes in `<path>.data` beside
 /// `path` (see [`crate::external::write_with_external`]; meant for a private folder, so not
-/// synced to disk) and returns what was written with the digest of those bytes.
-pub fn save_with_digest(model: &ModelProto, path: &Path, threshold: usize) -> Result<(Saved, String)> {
-    save_placed(model, path, threshold, &mut Vec::new())
-}
-
-/// [`save_with_digest`], also saying where each weight went in the data file (see
-/// [`crate::external::write_with_external_tee`]).
+/// synced to disk) and returns what was written with the digest of those bytes. `placed`
+/// receives where each weight went in the data file (see `spill::spill_onto`).
 pub fn save_placed(
     model: &ModelProto,
     path: &Path,

@@ -136,6 +136,18 @@ mod bindings {
         fn of(model: ModelProto, linked: bool) -> Composed {
             Composed { model, linked, report: Report::default(), origins: Origins::default(), labels: Vec::new() }
         }
+
+        /// The same pipeline over `model` (its metadata changed, or its bytes spilled): what
+        /// the composition reported and where names come from still hold.
+        fn with_model(&self, model: ModelProto) -> Composed {
+            Composed {
+                model,
+                linked: self.linked,
+                report: self.report.clone(),
+                origins: self.origins.clone(),
+                labels: self.labels.clone(),
+            }
+        }
     }
 
     impl Drop for Composed {
@@ -217,10 +229,7 @@ mod bindings {
         /// A copy with `pairs` (key, value) set in its metadata_props: a key keeps its first
         /// position and takes its last value. Nodes and weights are shared, not copied.
         fn with_metadata(&self, py: Python<'_>, pairs: Vec<(String, String)>) -> Composed {
-            let model = py.detach(|| crate::metadata::with_metadata(&self.model, &pairs));
-            let mut c = Composed::of(model, self.linked);
-            c.labels = self.labels.clone();
-            c
+            self.with_model(py.detach(|| crate::metadata::with_metadata(&self.model, &pairs)))
         }
 
         /// The model's metadata_props, as (key, value) pairs in order.
@@ -473,11 +482,7 @@ mod bindings {
             .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
     }
 
-    /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced) and
-    /// returns the digest of what was written. With `spill_min`, also returns copies of all
-    /// `models` whose bytes point at that data file instead of the sources' memory (see
-    /// `spill`), or None when that is not worth it or possible: `(digest, bytes mapped,
-    /// copies)`. The originals are left as they are.
+    /// `(digest, bytes mapped, spilled copies or None)`: see `spill::private_copy`.
     #[pyfunction]
     #[pyo3(signature = (models, path, spill_min=None))]
     fn write_private_copy(
@@ -486,42 +491,11 @@ mod bindings {
         path: PathBuf,
         spill_min: Option<u64>,
     ) -> PyResult<(String, u64, Option<Vec<Composed>>)> {
-        let Some(first) = models.first() else {
-            return Err(pyo3::exceptions::PyValueError::new_err("no model to write"));
-        };
-        let mut placed = Vec::new();
-        let model: &ModelProto = &first.model;
-        let (saved, digest) =
-            py.detach(|| crate::digest::save_placed(model, &path, 1024, &mut placed)).map_err(to_py)?;
-        let (Some(min), Some(data)) = (spill_min, saved.data_file) else { return Ok((digest, 0, None)) };
-        // Below the minimum in the data file alone, nothing is copied to find out more.
-        if placed.iter().map(|&(_, n, _)| n as u64).sum::<u64>() < min {
-            return Ok((digest, 0, None));
-        }
-        let data = path.with_file_name(data);
-        let mut copies: Vec<ModelProto> = models.iter().map(|c| c.model.clone()).collect();
-        // A spill that fails (no memory for the small rest, a mapping refused) keeps the memory.
-        let mapped = py
-            .detach(|| {
-                let mut refs: Vec<&mut ModelProto> = copies.iter_mut().collect();
-                crate::spill::spill_onto(&mut refs, &data, &placed, min)
-            })
-            .unwrap_or(0);
-        if mapped == 0 {
-            return Ok((digest, 0, None));
-        }
-        let spilled = models
-            .iter()
-            .zip(copies)
-            .map(|(c, model)| Composed {
-                model,
-                linked: c.linked,
-                report: c.report.clone(),
-                origins: c.origins.clone(),
-                labels: c.labels.clone(),
-            })
-            .collect();
-        Ok((digest, mapped, Some(spilled)))
+        let refs: Vec<&ModelProto> = models.iter().map(|c| &c.model).collect();
+        let (digest, mapped, copies) =
+            py.detach(|| crate::spill::private_copy(&refs, &path, spill_min)).map_err(to_py)?;
+        let spilled = copies.map(|copies| models.iter().zip(copies).map(|(c, m)| c.with_model(m)).collect());
+        Ok((digest, mapped, spilled))
     }
 
     /// " (did you mean 'x'?)" for `name` among `candidates`, or "".

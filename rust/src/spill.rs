@@ -176,6 +176,32 @@ pub fn spill_onto(
     Ok(mapped)
 }
 
+/// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
+/// [`crate::digest::save_placed`]) and returns the digest of what was written. With
+/// `spill_min`, also returns copies of all `models` spilled onto that data file (see
+/// [`spill_onto`]), or None when there is less than that in it or the spill cannot be done
+/// (the memory is then kept). The originals are left as they are.
+pub fn private_copy(
+    models: &[&ModelProto],
+    path: &Path,
+    spill_min: Option<u64>,
+) -> Result<(String, u64, Option<Vec<ModelProto>>)> {
+    let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
+    let mut placed = Vec::new();
+    let (saved, digest) = crate::digest::save_placed(first, path, 1024, &mut placed)?;
+    let (Some(min), Some(data)) = (spill_min, saved.data_file) else { return Ok((digest, 0, None)) };
+    // Below the minimum in the data file alone, no model is copied to find out more.
+    if placed.iter().map(|&(_, n, _)| n as u64).sum::<u64>() < min {
+        return Ok((digest, 0, None));
+    }
+    let mut copies: Vec<ModelProto> = models.iter().map(|m| (*m).clone()).collect();
+    let mut refs: Vec<&mut ModelProto> = copies.iter_mut().collect();
+    match spill_onto(&mut refs, &path.with_file_name(data), &placed, min) {
+        Ok(mapped) if mapped > 0 => Ok((digest, mapped, Some(copies))),
+        _ => Ok((digest, 0, None)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
