@@ -80,7 +80,7 @@ class PipelineSpec:
         **options: Any,
     ) -> PipelineSpec:
         """A chain of models, kornia's and onnx.compose's form."""
-        if loader.is_model_proto(models) or isinstance(models, (bytes, str, os.PathLike)):
+        if loader.is_model_proto(models) or isinstance(models, (loader.Operator, bytes, str, os.PathLike)):
             raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
         if isinstance(sha256, str) and len(models) > 1:
             raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from fastseq.errors import ConversionError, InputError, human_size
+from fastseq.ops.operator import Operator
 
 if TYPE_CHECKING:
     import numpy as np
@@ -170,10 +171,10 @@ def _as_file(model: Any, work: Path) -> tuple[Path, int]:
     if isinstance(model, onnx.ModelProto):
         big = model.ByteSize() > _LIMIT
         onnx.save(model, path, save_as_external_data=big, location="in.onnx.data")
-    elif isinstance(model, (bytes, bytearray, memoryview)):
+    elif isinstance(model, (Operator, bytes, bytearray, memoryview)):
         path.write_bytes(bytes(model))
     else:
-        raise TypeError(f"expected a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
+        raise TypeError(f"expected a path, bytes, an onnx.ModelProto or an operator, got {type(model).__name__}")
     return path, _size_with_data(path)
 
 

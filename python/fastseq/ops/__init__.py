@@ -1,8 +1,8 @@
 """Parameterised operators: small ONNX models built on demand, to put in front of or after
 a model in a pipeline.
 
-Each function returns an ``onnx.ModelProto`` with a dynamic batch axis, which every entry
-point takes as a stage::
+Each function returns an :class:`Operator` (the model's bytes and the inputs and outputs
+it declares, with a dynamic batch axis), which every entry point takes as a stage::
 
     fastseq.ONNXSequential(
         ops.to_float(), ops.layout("NHWC", "NCHW"), ops.resize(224), ops.normalize(),
@@ -18,20 +18,20 @@ Images: :func:`to_float`, :func:`layout`, :func:`rgb_to_bgr`, :func:`grayscale`,
 parameters raise :class:`OperatorError`. The models are built at the default-domain opset
 :data:`DEFAULT_OPSET` unless an option needs a later one or ``opset=`` says otherwise: the
 stages of a pipeline share one opset.
+
+Building one imports neither onnx nor numpy; ``op.to_onnx()`` is an ``onnx.ModelProto`` of
+it, and an operator reads like one (``op.graph.node``, ``op.SerializeToString()``).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastseq.ops._graph import DEFAULT_OPSET, OperatorError
 from fastseq.ops.head import argmax, flatten, nms, softmax, topk
 from fastseq.ops.image import center_crop, grayscale, layout, letterbox, normalize, resize, rgb_to_bgr, to_float
-
-if TYPE_CHECKING:
-    import onnx
+from fastseq.ops.operator import Operator, Tensor
 
 #: Every operator by the name it has in ``builtin:NAME?...`` strings.
 OPERATORS: dict[str, Callable[..., Any]] = {
@@ -98,13 +98,13 @@ def parse(spec: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), params
 
 
-def build(name: str, *args: Any, **params: Any) -> onnx.ModelProto:
+def build(name: str, *args: Any, **params: Any) -> Operator:
     """The operator ``name`` built with these arguments: ``build("resize", 224)``. An
     unknown name or parameter is an :class:`OperatorError` with the near miss."""
     return _lookup(name, ())(*args, **_checked(name, params, args))
 
 
-def from_string(spec: str, others: Sequence[str] = ()) -> onnx.ModelProto:
+def from_string(spec: str, others: Sequence[str] = ()) -> Operator:
     """Builds the operator that ``"NAME?KEY=VALUE&..."`` describes (the part after
     ``builtin:``), e.g. ``"resize?size=224,224&mode=linear"``, ``"normalize?mean=0.5&std=0.25"``,
     ``"to_float?scale=1/255"``. ``others`` are further names the caller knows (for the
@@ -126,24 +126,35 @@ def _lookup(name: str, others: Sequence[str]) -> Callable[..., Any]:
     return OPERATORS[name]
 
 
+def _parameters(f: Callable[..., Any]) -> tuple[list[str], int, set[str]]:
+    """An operator's parameter names, how many may be positional, and those without a
+    default (from its code object: ``inspect`` costs more to import than a build)."""
+    code = f.__code__
+    positional = code.co_argcount
+    names = list(code.co_varnames[: positional + code.co_kwonlyargcount])
+    defaults = len(f.__defaults__ or ())
+    required = set(names[: positional - defaults]) | {
+        n for n in names[positional:] if n not in (f.__kwdefaults__ or {})
+    }
+    return names, positional, required
+
+
 def _checked(name: str, params: dict[str, Any], args: tuple[Any, ...], spec: str | None = None) -> dict[str, Any]:
     """``params`` once every key is a parameter of the operator and every required one is
     there (a TypeError from the call itself would not name the operator)."""
     from fastseq.ops._graph import near
 
     where = f"builtin:{spec}" if spec is not None else name
-    signature = inspect.signature(OPERATORS[name])
-    known = list(signature.parameters)
+    known, positional, required = _parameters(OPERATORS[name])
     for key in params:
         if key not in known:
             raise OperatorError(
                 f"{where}: {name} has no parameter '{key}'{near(key, known)}; parameters: {', '.join(known)}"
             )
-    positional = [p for p in signature.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    if len(args) > len(positional):
-        raise OperatorError(f"{where}: {name} takes at most {len(positional)} positional arguments, got {len(args)}")
-    given = {p.name for p in positional[: len(args)]} | set(params)
-    missing = [p.name for p in signature.parameters.values() if p.default is p.empty and p.name not in given]
+    if len(args) > positional:
+        raise OperatorError(f"{where}: {name} takes at most {positional} positional arguments, got {len(args)}")
+    given = set(known[: len(args)]) | set(params)
+    missing = [n for n in known if n in required and n not in given]
     if missing:
         example = f"builtin:{name}?{missing[0]}=..." if spec is not None else f"{name}({missing[0]}=...)"
         raise OperatorError(f"{where}: {name} needs {', '.join(missing)} (e.g. {example})")
@@ -153,7 +164,9 @@ def _checked(name: str, params: dict[str, Any], args: tuple[Any, ...], spec: str
 __all__ = [
     "DEFAULT_OPSET",
     "OPERATORS",
+    "Operator",
     "OperatorError",
+    "Tensor",
     "argmax",
     "build",
     "center_crop",
@@ -172,3 +185,8 @@ __all__ = [
     "to_float",
     "topk",
 ]
+
+
+def __dir__() -> list[str]:
+    # The operators and public names, not the typing helpers imported above.
+    return sorted(__all__)

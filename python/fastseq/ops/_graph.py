@@ -1,16 +1,20 @@
 """What every operator builder shares: parameter checks, dtypes, layouts, and the small
 graph builder that turns a few nodes into a model.
 
-onnx is imported inside the functions: ``import fastseq.ops`` stays as cheap as the names.
+Neither onnx nor numpy is imported here: the model's bytes are written by :mod:`._proto`,
+so that building a first operator costs milliseconds, not the 1-2 s of ``import onnx``.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from fastseq.errors import LoadError
+from fastseq.ops import _proto
+from fastseq.ops.operator import Operator, Tensor
 
 #: The default-domain opset of the models built, unless an option needs a later one or the
 #: caller passes ``opset=``. 17 is what ``torch.onnx.export`` writes by default, and the
@@ -18,12 +22,21 @@ from fastseq.errors import LoadError
 DEFAULT_OPSET = 17
 #: Softmax, Split, ReduceSum and Resize took their current form in opset 13.
 MIN_OPSET = 13
+#: The lowest IR version that carries each opset (onnx.helper.VERSION_TABLE): the models
+#: are written with it, as ``onnx.helper.find_min_ir_version_for`` picks. Its last key is
+#: the latest opset an operator can be built at.
+IR_FOR_OPSET = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13,
+                26: 13, 27: 13, 28: 14}
+LATEST_OPSET = max(IR_FOR_OPSET)
 
 #: ONNX element types used in Cast nodes and declarations (TensorProto.FLOAT, .INT64).
 FLOAT, INT64 = 1, 7
 #: Element types the operators accept, by numpy name.
 FLOATS = ("float16", "float32", "float64")
 INTEGERS = ("uint8", "int8", "uint16", "int16", "int32", "int64")
+#: The range of each integer type (numpy.iinfo's min and max).
+INT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
+             "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
 class OperatorError(LoadError, ValueError):
@@ -67,11 +80,15 @@ def number(op: str, param: str, value: Any, *, positive: bool = False, nonzero: 
     return float(value)
 
 
+def _numpy_integer(value: Any) -> bool:
+    """A numpy integer scalar (numpy is loaded already if the caller made one)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.integer)
+
+
 def integer(op: str, param: str, value: Any, *, minimum: int | None = None) -> int:
     """An int (a float with an integral value is refused: 224.5 pixels is a mistake)."""
-    import numpy as np
-
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if isinstance(value, bool) or not (isinstance(value, int) or _numpy_integer(value)):
         raise fail(op, f"{param} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise fail(op, f"{param} must be at least {minimum}, got {value}")
@@ -102,17 +119,22 @@ def size2(op: str, value: Any, param: str = "size") -> tuple[int, int]:
 
 
 def dtype(op: str, value: Any, allowed: Sequence[str]) -> tuple[str, int]:
-    """A numpy-style dtype (``"uint8"``, ``np.float32`` ...) as (numpy name, ONNX elem type)."""
-    import numpy as np
-    from onnx import helper
+    """A numpy-style dtype (``"uint8"``, ``np.float32`` ...) as (numpy name, ONNX elem type).
+    numpy reads any spelling but the plain names (``"f4"``, ``np.float32``), which need no
+    import of it."""
+    if isinstance(value, str) and value in _proto.ELEM:
+        name = value
+    else:
+        import numpy as np
 
-    try:
-        name = np.dtype(value).name
-    except TypeError:
-        raise fail(op, f"dtype must be one of {', '.join(allowed)}, got {value!r}{near(str(value), allowed)}") from None
+        try:
+            name = np.dtype(value).name
+        except TypeError:
+            hint = near(str(value), allowed)
+            raise fail(op, f"dtype must be one of {', '.join(allowed)}, got {value!r}{hint}") from None
     if name not in allowed:
         raise fail(op, f"dtype must be one of {', '.join(allowed)}, got {name}")
-    return name, helper.np_dtype_to_tensor_dtype(np.dtype(name))
+    return name, _proto.ELEM[name]
 
 
 def image_layout(op: str, value: Any) -> str:
@@ -129,14 +151,11 @@ def letters(op: str, param: str, value: Any) -> str:
 
 def opset(op: str, value: Any, needed: int = MIN_OPSET, why: str = "") -> int:
     """The opset to build at: ``value``, or the default raised to what the options need."""
-    import onnx.defs
-
     if value is None:
         return max(DEFAULT_OPSET, needed)
-    latest = onnx.defs.onnx_opset_version()
     version = integer(op, "opset", value)
-    if not MIN_OPSET <= version <= latest:
-        raise fail(op, f"opset must be between {MIN_OPSET} and {latest}, got {version}")
+    if not MIN_OPSET <= version <= LATEST_OPSET:
+        raise fail(op, f"opset must be between {MIN_OPSET} and {LATEST_OPSET}, got {version}")
     if version < needed:
         raise fail(op, f"{why} needs opset {needed} or later, got opset={version}")
     return version
@@ -149,68 +168,73 @@ def call_text(op: str, params: dict[str, Any]) -> str:
 
 class Graph:
     """Collects nodes and constants, naming every value ``<op>/<kind>_<n>`` so that a
-    model reads well in Netron; the core renames on clashes anyway."""
+    model reads well in Netron; the core renames on clashes anyway.
+
+    ``nodes`` holds ``(op_type, inputs, outputs, name, attributes)`` and ``constants``
+    ``(name, dtype, dims, flat values)``: a description that :meth:`model` encodes (and
+    that the tests build again with onnx.helper, to compare)."""
 
     def __init__(self, op: str) -> None:
         self.op = op
-        self.nodes: list[Any] = []
-        self.initializers: list[Any] = []
+        self.nodes: list[tuple[str, list[str], list[str], str, dict[str, Any]]] = []
+        self.constants: list[tuple[str, str, list[int], list[float | int]]] = []
         self._count = 0
 
     def _name(self, kind: str) -> str:
         self._count += 1
         return f"{self.op}/{kind}_{self._count}"
 
-    def const(self, array: Any, kind: str = "const") -> str:
-        from onnx import numpy_helper
-
+    def const(self, values: Any, dtype: str, dims: Sequence[int] = (), kind: str = "const") -> str:
+        """A constant of ``dtype`` with ``dims`` (a scalar by default) holding ``values``
+        (one number, or a flat sequence in row-major order)."""
+        flat = list(values) if isinstance(values, (list, tuple)) else [values]
+        count = math.prod(dims)
+        if len(flat) != count:
+            raise AssertionError(f"{kind}: {len(flat)} values for dims {list(dims)}")
+        if dtype not in FLOATS:  # an integer type holds ints (a fill of 114.0 is 114)
+            flat = [int(v) for v in flat]
         name = self._name(kind)
-        self.initializers.append(numpy_helper.from_array(array, name))
+        self.constants.append((name, dtype, list(dims), flat))
         return name
 
     def ints(self, values: int | Sequence[int], kind: str = "ints") -> str:
         """An int64 constant: a scalar, or a 1-D tensor from a list."""
-        import numpy as np
-
-        return self.const(np.array(values, np.int64), kind)
+        if isinstance(values, int):
+            return self.const(values, "int64", (), kind)
+        return self.const(list(values), "int64", (len(values),), kind)
 
     def scalar(self, value: float, dtype: str = "float32", kind: str = "scalar") -> str:
-        import numpy as np
-
-        return self.const(np.array(value, dtype), kind)
+        return self.const(value, dtype, (), kind)
 
     def node(self, op_type: str, inputs: Sequence[str], outputs: int | Sequence[str] = 1, **attrs: Any) -> Any:
         """Adds a node; returns its output name (or the list of them when several)."""
-        from onnx import helper
-
         names = [self._name(op_type) for _ in range(outputs)] if isinstance(outputs, int) else list(outputs)
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=self._name(f"{op_type}_node"), **attrs))
+        self.nodes.append((op_type, list(inputs), names, self._name(f"{op_type}_node"), attrs))
         return names[0] if len(names) == 1 else names
 
-    def model(self, call: str, inputs: Sequence[Any], outputs: Sequence[Any], version: int) -> Any:
-        """The finished ``onnx.ModelProto`` (IR version the lowest that the opset allows)."""
-        from onnx import helper
-
+    def model(self, call: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], version: int) -> Operator:
+        """The finished operator: the model (IR version the lowest that the opset allows)
+        and what it declares."""
         from fastseq._core import __version__
 
-        graph = helper.make_graph(self.nodes, self.op, list(inputs), list(outputs), self.initializers)
-        opsets = [helper.make_opsetid("", version)]
-        model = helper.make_model(
-            graph,
-            opset_imports=opsets,
-            ir_version=helper.find_min_ir_version_for(opsets),
+        data = _proto.model(
+            self.op,
+            [_proto.node(*n) for n in self.nodes],
+            [_proto.tensor(*c) for c in self.constants],
+            [_proto.value_info(t.name, _proto.ELEM[t.dtype], t.shape) for t in inputs],
+            [_proto.value_info(t.name, _proto.ELEM[t.dtype], t.shape) for t in outputs],
+            ir_version=IR_FOR_OPSET[version],
+            opset=version,
             producer_name="fastseq.ops",
             producer_version=__version__,
+            doc_string=call,
         )
-        model.doc_string = call
-        return model
+        return Operator(self.op, call, data, tuple(inputs), tuple(outputs))
 
 
-def tensor(name: str, elem: int, shape: Sequence[int | str]) -> Any:
+def tensor(name: str, dtype: str, shape: Sequence[int | str]) -> Tensor:
     """A graph input/output (the checker wants a rank for them)."""
-    from onnx import helper
-
-    return helper.make_tensor_value_info(name, elem, list(shape))
+    return Tensor(name, dtype, tuple(shape))
 
 
 def rank_dims(op: str, rank: Any, minimum: int = 1) -> list[str]:

@@ -7,14 +7,10 @@ hold, so that a pipeline ending in one exposes ``probabilities`` or ``indices`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from fastseq.ops import _graph as g
-
-if TYPE_CHECKING:  # onnx is imported when a model is built, not with fastseq
-    import onnx
+from fastseq.ops.operator import Operator
 
 
 def _axis(op: str, value: Any, rank: int) -> int:
@@ -31,24 +27,30 @@ def _without(shape: list[str], axis: int, keep: bool) -> list[Any]:
     return shape[:ax] + ([1] if keep else []) + shape[ax + 1 :]
 
 
-def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None) -> onnx.ModelProto:
+def _product(dims: list[str]) -> int | str:
+    """The size of ``dims`` flattened into one axis: ``"d1*d2*d3"`` (the core turns it into
+    a number once the sizes are known), the name itself for one axis, 1 for none."""
+    return "*".join(dims) if dims else 1
+
+
+def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None) -> Operator:
     """Scores to probabilities along ``axis`` (the classes, last by default); output
     ``probabilities``. ``rank``: the number of axes fed, the first being the batch ([N,
     classes] by default)."""
     op = "softmax"
     shape = g.rank_dims(op, rank)
     ax = _axis(op, axis, len(shape))
-    name, elem = g.dtype(op, dtype, g.FLOATS)
+    name, _ = g.dtype(op, dtype, g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     graph.node("Softmax", ["input"], ["probabilities"], axis=ax)
     call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
-    return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("probabilities", elem, shape)], version)
+    return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("probabilities", name, shape)], version)
 
 
 def argmax(
     axis: int = -1, keepdims: bool = False, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
-) -> onnx.ModelProto:
+) -> Operator:
     """The index of the largest value along ``axis`` (the first one on ties), as int64
     ``indices``; ``keepdims=True`` keeps the reduced axis with length 1. ``rank``: the
     number of axes fed ([N, classes] by default)."""
@@ -56,18 +58,18 @@ def argmax(
     shape = g.rank_dims(op, rank)
     ax = _axis(op, axis, len(shape))
     keep = g.flag(op, "keepdims", keepdims)
-    name, elem = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
+    name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     graph.node("ArgMax", ["input"], ["indices"], axis=ax, keepdims=int(keep))
     call = g.call_text(op, dict(axis=ax, keepdims=keep, dtype=name, rank=len(shape)))
-    outputs = [g.tensor("indices", g.INT64, _without(shape, ax, keep))]
-    return graph.model(call, [g.tensor("input", elem, shape)], outputs, version)
+    outputs = [g.tensor("indices", "int64", _without(shape, ax, keep))]
+    return graph.model(call, [g.tensor("input", name, shape)], outputs, version)
 
 
 def topk(
     k: int, axis: int = -1, largest: bool = True, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
-) -> onnx.ModelProto:
+) -> Operator:
     """The ``k`` largest (or smallest) values along ``axis``, sorted, as ``values`` and
     their int64 ``indices``. The axis must hold at least ``k`` entries at run time.
     ``rank``: the number of axes fed ([N, classes] by default)."""
@@ -76,7 +78,7 @@ def topk(
     shape = g.rank_dims(op, rank)
     ax = _axis(op, axis, len(shape))
     big = g.flag(op, "largest", largest)
-    name, elem = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
+    name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     graph.node(
@@ -90,11 +92,11 @@ def topk(
     call = g.call_text(op, dict(k=count, axis=ax, largest=big, dtype=name, rank=len(shape)))
     picked = list(shape)
     picked[ax % len(shape)] = count
-    outputs = [g.tensor("values", elem, picked), g.tensor("indices", g.INT64, picked)]
-    return graph.model(call, [g.tensor("input", elem, shape)], outputs, version)
+    outputs = [g.tensor("values", name, picked), g.tensor("indices", "int64", picked)]
+    return graph.model(call, [g.tensor("input", name, shape)], outputs, version)
 
 
-def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int | None = None) -> onnx.ModelProto:
+def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int | None = None) -> Operator:
     """Flattens the axes before ``axis`` into one and the axes from it on into another:
     images [N, C, H, W] become the feature rows [N, C*H*W] that a scikit-learn model
     reads. ``rank``: the number of axes fed."""
@@ -103,13 +105,13 @@ def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int 
     ax = g.integer(op, "axis", axis, minimum=1)
     if ax > len(shape):
         raise g.fail(op, f"axis must be at most the rank ({len(shape)}), got {ax}")
-    name, elem = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
+    name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     graph.node("Flatten", ["input"], ["output"], axis=ax)
     call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
-    out_shape = ["N" if ax == 1 else "rows", "features"]
-    return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", elem, out_shape)], version)
+    out_shape = [_product(shape[:ax]), _product(shape[ax:])]
+    return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", name, out_shape)], version)
 
 
 def nms(
@@ -120,7 +122,7 @@ def nms(
     box_format: str = "xyxy",
     scores_layout: str = "NCB",
     opset: int | None = None,
-) -> onnx.ModelProto:
+) -> Operator:
     """Non-maximum suppression per image and class over detector outputs: ``boxes``
     float32 [N, B, 4] and ``scores`` float32 [N, C, B] (``scores_layout="NBC"`` for
     [N, B, C], as YOLO heads write them).
@@ -148,8 +150,8 @@ def nms(
             "boxes",
             scores,
             graph.ints([limit], "max_boxes"),
-            graph.const(np.array([threshold], np.float32), "iou"),
-            graph.const(np.array([floor], np.float32), "score"),
+            graph.const([threshold], "float32", [1], "iou"),
+            graph.const([floor], "float32", [1], "score"),
         ],
         ["selected_indices"],
         center_point_box=int(fmt == "cxcywh"),
@@ -164,12 +166,12 @@ def nms(
     scores_shape = ["N", "classes", "boxes"] if scores_order == "NCB" else ["N", "boxes", "classes"]
     return graph.model(
         call,
-        [g.tensor("boxes", g.FLOAT, ["N", "boxes", 4]), g.tensor("scores", g.FLOAT, scores_shape)],
+        [g.tensor("boxes", "float32", ["N", "boxes", 4]), g.tensor("scores", "float32", scores_shape)],
         [
-            g.tensor("selected_indices", g.INT64, ["selected", 3]),
-            g.tensor("selected_boxes", g.FLOAT, ["selected", 4]),
-            g.tensor("selected_scores", g.FLOAT, ["selected"]),
-            g.tensor("selected_classes", g.INT64, ["selected"]),
+            g.tensor("selected_indices", "int64", ["selected", 3]),
+            g.tensor("selected_boxes", "float32", ["selected", 4]),
+            g.tensor("selected_scores", "float32", ["selected"]),
+            g.tensor("selected_classes", "int64", ["selected"]),
         ],
         version,
     )

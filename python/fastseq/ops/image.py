@@ -9,14 +9,10 @@ convention); ``letterbox`` adds ``scale`` and ``padding``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any
 
 from fastseq.ops import _graph as g
-
-if TYPE_CHECKING:  # onnx is imported when a model is built, not with fastseq
-    import onnx
+from fastseq.ops.operator import Operator
 
 #: ImageNet's channel statistics (RGB, for pixels in [0, 1]): normalize's defaults.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -37,7 +33,7 @@ def _dims(layout: str, **fixed: int | str) -> list[int | str]:
 
 def to_float(
     scale: float = 1 / 255, *, dtype: Any = "uint8", to: Any = "float32", rank: int = 4, opset: int | None = None
-) -> onnx.ModelProto:
+) -> Operator:
     """Casts to floating point and multiplies by ``scale``: uint8 pixels in [0, 255] become
     [0, 1] by default. The layout is kept (see :func:`layout`).
 
@@ -46,49 +42,49 @@ def to_float(
     op = "to_float"
     factor = g.number(op, "scale", scale, nonzero=True)
     shape = g.rank_dims(op, rank)
-    name, elem = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
+    name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     out_name, out_elem = g.dtype(op, to, g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     cast = graph.node("Cast", ["input"], to=out_elem)
     graph.node("Mul", [cast, graph.scalar(factor, out_name, "scale")], ["output"])
     call = g.call_text(op, dict(scale=scale, dtype=name, to=out_name, rank=len(shape)))
-    return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", out_elem, shape)], version)
+    return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", out_name, shape)], version)
 
 
 def layout(
     src: str = "NHWC", dst: str = "NCHW", *, dtype: Any = "float32", opset: int | None = None
-) -> onnx.ModelProto:
+) -> Operator:
     """Moves axes from one layout to another, named by letters: ``layout("NHWC", "NCHW")``
     turns decoded images channels-first; any permutation of distinct letters works."""
     op = "layout"
     a, b = g.letters(op, "src", src), g.letters(op, "dst", dst)
     if sorted(a) != sorted(b):
         raise g.fail(op, f"src and dst must name the same axes, got {a!r} and {b!r}")
-    name, elem = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
+    name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     graph.node("Transpose", ["input"], ["output"], perm=[a.index(axis) for axis in b])
     call = g.call_text(op, dict(src=a, dst=b, dtype=name))
-    return graph.model(call, [g.tensor("input", elem, list(a))], [g.tensor("output", elem, list(b))], version)
+    return graph.model(call, [g.tensor("input", name, list(a))], [g.tensor("output", name, list(b))], version)
 
 
-def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> onnx.ModelProto:
+def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> Operator:
     """Reverses the order of three colour channels (RGB to BGR, and BGR to RGB)."""
     op = "rgb_to_bgr"
     order = g.image_layout(op, layout)
-    name, elem = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
+    name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     graph.node("Gather", ["input", graph.ints([2, 1, 0], "order")], ["output"], axis=order.index("C"))
     shape = _dims(order, C=3)
     call = g.call_text(op, dict(layout=order, dtype=name))
-    return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", elem, shape)], version)
+    return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", name, shape)], version)
 
 
 def grayscale(
     channels: int = 1, *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
-) -> onnx.ModelProto:
+) -> Operator:
     """RGB to luma with the BT.601 weights (0.299, 0.587, 0.114), as Pillow's
     ``convert("L")``; ``channels=3`` repeats it into three channels (torchvision's
     ``num_output_channels``). uint8 input is rounded back to uint8."""
@@ -103,7 +99,7 @@ def grayscale(
     work = "float32" if name == "uint8" else name
     graph = g.Graph(op)
     x = graph.node("Cast", ["input"], to=g.FLOAT) if name == "uint8" else "input"
-    weights = graph.const(np.array(LUMA, work).reshape([3 if a == "C" else 1 for a in order]), "luma")
+    weights = graph.const(list(LUMA), work, [3 if a == "C" else 1 for a in order], "luma")
     luma = graph.node("ReduceSum", [graph.node("Mul", [x, weights]), graph.ints([axis], "axis")], keepdims=1)
     if name == "uint8":
         # Round half up and clamp, as Pillow's fixed-point conversion does.
@@ -116,8 +112,8 @@ def grayscale(
     call = g.call_text(op, dict(channels=out_channels, layout=order, dtype=name))
     return graph.model(
         call,
-        [g.tensor("input", elem, _dims(order, C=3))],
-        [g.tensor("output", elem, _dims(order, C=out_channels))],
+        [g.tensor("input", name, _dims(order, C=3))],
+        [g.tensor("output", name, _dims(order, C=out_channels))],
         version,
     )
 
@@ -129,7 +125,7 @@ def normalize(
     layout: str = "NCHW",
     dtype: Any = "float32",
     opset: int | None = None,
-) -> onnx.ModelProto:
+) -> Operator:
     """``(x - mean) / std`` per channel (ImageNet's statistics by default). ``mean`` and
     ``std`` are one number or one per channel; ``layout`` is any axis string with a ``C``
     (``"NC"`` for feature vectors)."""
@@ -141,17 +137,18 @@ def normalize(
     order = g.letters(op, "layout", layout)
     if "C" not in order:
         raise g.fail(op, f"layout must have a channel axis 'C', got {order!r}")
-    name, elem = g.dtype(op, dtype, g.FLOATS)
+    name, _ = g.dtype(op, dtype, g.FLOATS)
     version = g.opset(op, opset)
     channels = max(len(m), len(s))
     bshape = [channels if a == "C" else 1 for a in order]
     graph = g.Graph(op)
-    mean_c = graph.const(np.broadcast_to(np.array(m, name), (channels,)).reshape(bshape), "mean")
-    std_c = graph.const(np.broadcast_to(np.array(s, name), (channels,)).reshape(bshape), "std")
+    # One value for all channels is repeated to one per channel.
+    mean_c = graph.const(m * (channels // len(m)), name, bshape, "mean")
+    std_c = graph.const(s * (channels // len(s)), name, bshape, "std")
     graph.node("Div", [graph.node("Sub", ["input", mean_c]), std_c], ["output"])
     shape = _dims(order, C=channels) if channels > 1 else list(order)
     call = g.call_text(op, dict(mean=tuple(m), std=tuple(s), layout=order, dtype=name))
-    return graph.model(call, [g.tensor("input", elem, shape)], [g.tensor("output", elem, shape)], version)
+    return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", name, shape)], version)
 
 
 def _aspect(op: str, value: Any) -> str | None:
@@ -183,7 +180,7 @@ def _resize_nodes(
         target = graph.ints(hw, "size")
     else:
         in_hw = graph.node("Cast", [graph.node("Gather", [shape, graph.ints([ha, wa], "hw_axes")])], to=g.FLOAT)
-        ratios = graph.node("Div", [graph.const(np.array(hw, np.float32), "size"), in_hw])  # [2]
+        ratios = graph.node("Div", [graph.const(list(hw), "float32", [2], "size"), in_hw])  # [2]
         rh, rw = (graph.node("Gather", [ratios, graph.ints(i, "index")]) for i in (0, 1))
         scale = graph.node("Max" if aspect == "not_smaller" else "Min", [rh, rw])
         rounded = graph.node("Floor", [graph.node("Add", [graph.node("Mul", [in_hw, scale]), graph.scalar(0.5)])])
@@ -221,8 +218,7 @@ def _resize_nodes(
         if order == "NHWC":
             y = graph.node("Transpose", [y], perm=[0, 2, 3, 1])
         if elem != g.FLOAT:
-            info = np.iinfo(dtype)
-            lo, hi = graph.scalar(info.min), graph.scalar(info.max)
+            lo, hi = (graph.scalar(v) for v in g.INT_RANGE[dtype])
             y = graph.node("Cast", [graph.node("Clip", [graph.node("Round", [y]), lo, hi])], to=elem)
         graph.node("Identity", [y], [out])
     else:
@@ -255,7 +251,7 @@ def resize(
     layout: str = "NCHW",
     dtype: Any = "float32",
     opset: int | None = None,
-) -> onnx.ModelProto:
+) -> Operator:
     """Resizes every image of the batch to ``size`` (an int for a square, or
     ``(height, width)``), with pixel centres aligned (``half_pixel``, like Pillow and
     torch's ``align_corners=False``).
@@ -284,7 +280,7 @@ def resize(
         ),
     )
     return graph.model(
-        call, [g.tensor("input", elem, list(order))], [g.tensor("output", elem, _dims(order, **out_hw))], version
+        call, [g.tensor("input", name, list(order))], [g.tensor("output", name, _dims(order, **out_hw))], version
     )
 
 
@@ -308,14 +304,14 @@ def _pad_centred(graph: g.Graph, order: str, x: str, have: str, want: str, fill:
 
 def center_crop(
     size: int | Sequence[int], *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
-) -> onnx.ModelProto:
+) -> Operator:
     """Cuts the central ``size`` (an int for a square, or ``(height, width)``) out of every
     image: the top-left corner is at ``((H - height) // 2, (W - width) // 2)``. An image
     smaller than ``size`` is padded with zeros around it first, as torchvision does."""
     op = "center_crop"
     hw = g.size2(op, size)
     order = g.image_layout(op, layout)
-    name, elem = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
+    name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     axes = graph.ints([order.index("H"), order.index("W")], "hw_axes")
@@ -331,8 +327,8 @@ def center_crop(
     call = g.call_text(op, dict(size=hw, layout=order, dtype=name))
     return graph.model(
         call,
-        [g.tensor("input", elem, list(order))],
-        [g.tensor("output", elem, _dims(order, H=hw[0], W=hw[1]))],
+        [g.tensor("input", name, list(order))],
+        [g.tensor("output", name, _dims(order, H=hw[0], W=hw[1]))],
         version,
     )
 
@@ -347,7 +343,7 @@ def letterbox(
     layout: str = "NCHW",
     dtype: Any = "float32",
     opset: int | None = None,
-) -> onnx.ModelProto:
+) -> Operator:
     """Fits every image inside ``size`` keeping its aspect ratio (``resize(size,
     keep_aspect="not_larger")``), then pads it to exactly ``size`` with ``fill``, centred,
     as detectors (YOLO) expect.
@@ -361,9 +357,9 @@ def letterbox(
     )
     value = g.number(op, "fill", fill)
     if name != "float32":
-        info = np.iinfo(name)
-        if value != int(value) or not info.min <= value <= info.max:
-            raise g.fail(op, f"fill must be an integer in [{info.min}, {info.max}] for {name} images, got {fill!r}")
+        low, high = g.INT_RANGE[name]
+        if value != int(value) or not low <= value <= high:
+            raise g.fail(op, f"fill must be an integer in [{low}, {high}] for {name} images, got {fill!r}")
     graph = g.Graph(op)
     resized = f"{op}/resized"
     scale = _resize_nodes(graph, order, hw, chosen, "not_larger", aa, coeff, name, elem, resized)
@@ -378,11 +374,11 @@ def letterbox(
     )
     return graph.model(
         call,
-        [g.tensor("input", elem, list(order))],
+        [g.tensor("input", name, list(order))],
         [
-            g.tensor("output", elem, _dims(order, H=hw[0], W=hw[1])),
-            g.tensor("scale", g.FLOAT, []),
-            g.tensor("padding", g.INT64, [4]),
+            g.tensor("output", name, _dims(order, H=hw[0], W=hw[1])),
+            g.tensor("scale", "float32", []),
+            g.tensor("padding", "int64", [4]),
         ],
         version,
     )

@@ -1,4 +1,4 @@
-"""Model sources: ModelProto, bytes, paths, http(s) URLs and Hugging Face Hub ids.
+"""Model sources: ModelProto, operators, bytes, paths, http(s) URLs and Hugging Face Hub ids.
 
 Everything is resolved to what the Rust core reads: serialized bytes or a local path (which
 the core reads into memory of its own). Downloads land in a cache and are written atomically.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Union
 
 from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
+from fastseq.ops.operator import Operator
 
 if TYPE_CHECKING:
     import http.client
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 # The URL download code imports http.client, socket, threading and urllib.request inside the
 # functions that use them: `import fastseq` and the CLI do not pay for them.
 
-ModelSource = Union["onnx.ModelProto", bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+ModelSource = Union["onnx.ModelProto", Operator, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
 
 def is_model_proto(model: object) -> bool:
@@ -71,6 +72,8 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
     if is_model_proto(model):
         name = model.graph.name or f"model #{index}"
         return Resolved(model.SerializeToString(), f"{name} (#{index})")
+    if isinstance(model, Operator):
+        return Resolved(bytes(model), f"{model.name} (#{index})")
     if isinstance(model, (bytes, bytearray, memoryview)):
         return Resolved(bytes(model), f"model #{index} (bytes)")
     if isinstance(model, str) and model.startswith("builtin:"):
@@ -86,8 +89,8 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
             raise LoadError(f"{path}: no such file{hint}")
         return Resolved(str(path), path.name)
     raise TypeError(
-        f"model #{index}: expected an onnx.ModelProto, bytes, a path, a URL, an hf:// id or "
-        f"builtin:NAME, got {type(model).__name__}"
+        f"model #{index}: expected an onnx.ModelProto, a fastseq.ops operator, bytes, a path, a URL, "
+        f"an hf:// id or builtin:NAME, got {type(model).__name__}"
     )
 
 
@@ -102,7 +105,7 @@ def resolve_builtin(model: str) -> Resolved:
     name, mark, _ = spec.partition("?")
     if not mark and name in operators.names():
         return Resolved(str(operators.path(name)), model)
-    return Resolved(ops.from_string(spec, others=operators.names()).SerializeToString(), model)
+    return Resolved(bytes(ops.from_string(spec, others=operators.names())), model)
 
 
 def resolve(

@@ -141,6 +141,10 @@ def digits() -> None:
     # skl2onnx stamps the lowest opset its nodes need (9); the stages of a pipeline share one.
     model = version_converter.convert_version(model, OPSET[0].version)
     model.graph.name = "digits"
+    # skl2onnx leaves the batch axis unnamed and shape inference calls it unk__0, unk__1:
+    # name it N, as the operators do, so that a pipeline's shapes read [N, 10].
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
     model.doc_string = digits.__doc__
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, HERE / "digits.onnx")
