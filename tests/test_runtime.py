@@ -98,6 +98,35 @@ def test_fast_path_and_checked_path_agree_and_checks_still_fire(tmp_path):
         pipe(np.ones(4, np.float32))
 
 
+def test_inputs_convert_where_no_value_changes():
+    """An exact conversion is made (float16 or int32 to float32: numpy's safe casts); one
+    that changes values is refused with the call that does it; lists take the input's dtype
+    unless a value would change."""
+    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=("N", 4)))
+    for x in (X.astype(np.float16), (X * 8).astype(np.int16), X > 0):
+        np.testing.assert_array_equal(pipe(x)[0], np.maximum(2 * x.astype(np.float32), 0))
+    with pytest.raises(fastseq.InputError, match=r"expects float32, got float64, .*: x.astype\(np.float32\)$"):
+        pipe(X.astype(np.float64))
+    with pytest.raises(fastseq.InputError, match=r"expects float32, got int64"):
+        pipe(np.ones((2, 4), np.int64))
+    np.testing.assert_allclose(pipe(X.astype(np.float64).tolist())[0], np.maximum(2 * X, 0))
+    ids = fastseq.ONNXSequential(_ids_model())
+    assert ids([[1, 2]])[0].tolist() == [[2, 4]]
+    assert ids(np.array([[1, 2]], np.int32))[0].tolist() == [[2, 4]]
+    assert ids([[1.0, 2.0]])[0].tolist() == [[2, 4]]
+    for bad in ([[1.5, 2]], [[2**70, 1]], [[float("nan"), 1]]):
+        with pytest.raises(fastseq.InputError, match="input 'ids' expects int64"):
+            ids(bad)
+
+
+def _ids_model() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["ids", "ids"], ["twice"])], "ids",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 2])],
+        [helper.make_tensor_value_info("twice", TensorProto.INT64, ["N", 2])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def test_run_options_timeout_stops_a_slow_model():
     # 3,000 MatMuls of 128x128: seconds of work; onnxruntime checks the flag between nodes.
     w = numpy_helper.from_array(np.eye(128, dtype=np.float32), "w")
@@ -150,7 +179,12 @@ def test_binding_matches_run_and_reuses_output_buffers(tmp_path):
     pipe = fastseq.ONNXSequential(*chain(tmp_path))
     x = X.copy()
     b = pipe.bind(x)
+    assert repr(b) == (
+        "Binding(inputs [x: float32[2, 4] on cpu]; outputs as numpy [y: float32[N, 4] (allocated by the next run)])"
+    )
     (y1,) = b()
+    assert repr(b) == "Binding(inputs [x: float32[2, 4] on cpu]; outputs as numpy [y: float32[2, 4] on cpu])"
+    assert "x: not bound" in repr(pipe.bind())
     np.testing.assert_allclose(y1, pipe.get_session().run(None, {"x": x})[0])
     x[:] = -x  # new data in the bound buffer, no rebinding
     (y2,) = b.run()

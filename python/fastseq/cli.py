@@ -242,6 +242,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     if args.ray is not None:  # a dataset on a Ray cluster (extra: ray)
+        if args.cast:
+            raise SystemExit("fastseq run: error: --cast converts .npy inputs; a dataset's columns must hold the "
+                             "inputs' dtypes")
         if not args.input or len(args.input) != 1 or not args.output:
             raise SystemExit("fastseq run: error: --ray needs one --input (a folder of .npy files or a Parquet "
                              "dataset) and --output (a folder for Parquet files)")
@@ -256,32 +259,84 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.io_map is not None:
             raise SystemExit("fastseq run: error: --io-map is for a chain of models; a pipeline file has edges")
         spec = pipefile.read(args.models[0])
-        if args.provider:
-            spec.providers = list(args.provider)
+        if args.providers:
+            spec.providers = list(args.providers)
         pipe = Pipeline.from_spec(spec)
     else:
         from fastseq.facades.sequential import ONNXSequential
 
         _check_io_maps("run", args)
-        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.provider or None)
+        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None)
     if args.ray is not None:
         run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
         return 0
-    feeds = {}
-    for item in args.input or []:
-        name, sep, file = item.partition("=")
-        if not sep or not name or not file:
-            raise SystemExit(f"fastseq run: error: --input '{item}': expected NAME=FILE.npy")
-        feeds[name] = _load_npy(name, file)
+    feeds = {name: _converted(pipe, name, file, args.cast) for name, file in _inputs(pipe, args.input or [])}
     with progress("running"):
         outputs = pipe.run(feeds)
     names = [o.name for o in pipe.outputs]
     for name, value in zip(names, outputs):
-        print(f"{name}: {value.dtype}{list(value.shape)}")
+        print(f"{name}: {value.dtype}{list(value.shape)}" + ("" if args.output else f"  {_summary(value)}"))
     if args.output:
         np.savez(args.output, **dict(zip(names, outputs)))
         print(f"wrote {args.output}")
     return 0
+
+
+def _inputs(pipe, items: list[str]) -> list[tuple[str, str]]:
+    """``--input NAME=FILE.npy`` pairs; a one-input pipeline also takes ``--input FILE.npy``."""
+    names = [i.name for i in pipe.inputs]
+    pairs = []
+    for item in items:
+        name, sep, file = item.partition("=")
+        if sep and name in names:
+            pairs.append((name, file))
+        elif len(names) == 1 and (not sep or Path(item).expanduser().exists()):
+            pairs.append((names[0], item))
+        elif sep and name and file:
+            pairs.append((name, file))  # not an input: the error names the near miss
+        else:
+            listing = ", ".join(map(str, pipe.inputs))
+            raise SystemExit(f"fastseq run: error: --input '{item}': expected NAME=FILE.npy; the inputs are {listing}")
+    return pairs
+
+
+def _converted(pipe, name: str, file: str, cast: bool):
+    """The array of ``--input name=file``, as the input's dtype where it converts exactly
+    (int32 to int64, float16 to float32, bool to a number: the pipeline does it), or with
+    ``--cast`` where it does not (float64 to float32)."""
+    import numpy as np
+
+    names = [i.name for i in pipe.inputs]
+    if name not in names:
+        from fastseq import _core
+        from fastseq.errors import InputError
+
+        raise InputError(f"'{name}' is not an input{_core.did_you_mean(name, names)}; inputs: {', '.join(names)}")
+    array = _load_npy(name, file)
+    want = pipe.inputs[names.index(name)].dtype
+    if want is None or array.dtype == want or np.can_cast(array.dtype, want, "safe"):
+        return array
+    if cast:
+        return array.astype(want)
+    raise SystemExit(
+        f"fastseq run: error: --input {name}={file} holds {array.dtype}, input '{name}' expects {want}, and "
+        f"converting loses values; pass --cast to convert it anyway (as array.astype(numpy.{want}) does)"
+    )
+
+
+def _summary(value) -> str:
+    """``min -1.5 max 2 mean 0.25, first [0.1, 0.2, ...]``: what an output holds, in a line."""
+    import numpy as np
+
+    if value.size == 0:
+        return "empty"
+    flat = value.reshape(-1)
+    shown = ", ".join(f"{v:.4g}" if value.dtype.kind == "f" else str(v) for v in flat[:5].tolist())
+    first = f"[{shown}{', ...' if flat.size > 5 else ''}]"
+    if value.dtype.kind not in "biuf":
+        return f"first {first}"
+    numbers = flat.astype(np.float64)
+    return f"min {numbers.min():.6g} max {numbers.max():.6g} mean {numbers.mean():.6g}, first {first}"
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -355,6 +410,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _providers_option(p: argparse.ArgumentParser, help: str) -> None:
+    """``--providers A B`` in every command; ``--provider A --provider B`` is taken too."""
+    p.add_argument("--providers", "--provider", dest="providers", action="extend", nargs="+", metavar="PROVIDER",
+                   help=help)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
     p.add_argument("--version", action="version", version=f"fastseq {__version__}")
@@ -377,8 +438,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--optimize", action="store_true",
                    help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
                         "in a data file), so that deployments start sessions with optimisation off")
-    m.add_argument("--providers", nargs="+", metavar="PROVIDER",
-                   help="with --optimize: the execution providers to optimise for, in priority order")
+    _providers_option(m, "with --optimize: the execution providers to optimise for, in priority order")
     m.add_argument("--cache-dir", help="where downloads are cached")
     m.add_argument("--force-download", action="store_true")
     m.set_defaults(func=cmd_merge)
@@ -397,10 +457,15 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
                    help="the connections of one joint; give one per joint, in order (default: by position)")
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
-                   help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input; "
-                        "with --ray: one folder of .npy files or a Parquet dataset")
-    r.add_argument("--provider", action="append", help="execution provider, in priority order")
-    r.add_argument("-o", "--output", help="write the outputs to this .npz (with --ray: a folder of Parquet files)")
+                   help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input "
+                        "(FILE.npy alone for a one-input pipeline); with --ray: one folder of .npy files or a "
+                        "Parquet dataset")
+    r.add_argument("--cast", action="store_true",
+                   help="convert each input array to its input's dtype even where values change (float64 to "
+                        "float32); without it only exact conversions are made")
+    _providers_option(r, "the execution providers, in priority order")
+    r.add_argument("-o", "--output", help="write the outputs to this .npz (with --ray: a folder of Parquet files); "
+                                          "without it each output's shape, dtype and values are summarised")
     r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run over a dataset (--input: a folder of .npy files or Parquet) on the Ray cluster at "
                         "ADDRESS, or on a local one (needs fastseq[ray])")

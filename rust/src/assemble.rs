@@ -203,14 +203,14 @@ fn adapter_nodes(a: &crate::plan::Adapter, names: &AdapterNames, opset: i64) -> 
     (nodes, axes)
 }
 
-fn rename_dims(vis: &mut [ValueInfoProto], dims: &FxHashMap<String, String>) {
+fn rename_dims(vis: &mut [ValueInfoProto], dims: &FxHashMap<String, Dim>) {
     use crate::proto::type_proto::Value;
     for vi in vis {
         let Some(Value::TensorType(t)) = vi.r#type.as_mut().and_then(|t| t.value.as_mut()) else { continue };
         for d in t.shape.iter_mut().flat_map(|s| s.dim.iter_mut()) {
-            if let Some(Dim::DimParam(p)) = d.value.as_mut() {
+            if let Some(Dim::DimParam(p)) = d.value.as_ref() {
                 if let Some(new) = dims.get(p.as_str()) {
-                    *p = new.clone();
+                    d.value = Some(new.clone());
                 }
             }
         }

@@ -24,20 +24,28 @@ fn shown(domain: &str) -> &str {
 /// Merges the opset imports of all models per domain. Two versions of one domain are an
 /// error naming every model and the version it imports.
 pub fn merge_opsets(models: &[ModelProto], labels: &[String]) -> Result<Vec<OperatorSetIdProto>> {
-    // domain -> version -> labels of the models importing it
-    let mut seen: BTreeMap<String, BTreeMap<i64, Vec<&str>>> = BTreeMap::new();
-    for (model, label) in models.iter().zip(labels) {
+    // domain -> version -> (index, label) of the models importing it
+    let mut seen: BTreeMap<String, BTreeMap<i64, Vec<(usize, &str)>>> = BTreeMap::new();
+    for (k, (model, label)) in models.iter().zip(labels).enumerate() {
         for op in &model.opset_import {
             let domain = normalize_domain(op.domain.as_deref().unwrap_or("")).to_string();
             let version = op.version.unwrap_or(0);
-            seen.entry(domain).or_default().entry(version).or_default().push(label);
+            let who = seen.entry(domain).or_default().entry(version).or_default();
+            // A model may import one domain twice ("" and "ai.onnx", or the same entry
+            // twice, as skl2onnx writes): it is named once.
+            if who.last().is_none_or(|(last, _)| *last != k) {
+                who.push((k, label));
+            }
         }
     }
     let mut merged = Vec::with_capacity(seen.len());
     let mut conflicts = Vec::new();
     for (domain, versions) in &seen {
         if versions.len() > 1 {
-            let parts: Vec<String> = versions.iter().map(|(v, who)| format!("{v} in {}", who.join(", "))).collect();
+            let parts: Vec<String> = versions
+                .iter()
+                .map(|(v, who)| format!("{v} in {}", who.iter().map(|(_, l)| *l).collect::<Vec<_>>().join(", ")))
+                .collect();
             conflicts.push(format!("domain '{}': {}", shown(domain), parts.join("; ")));
         }
         let version = *versions.keys().next_back().expect("non-empty");
@@ -88,5 +96,9 @@ mod tests {
         assert_eq!(err.kind, crate::error::Kind::Opset);
         assert!(err.message.contains("13 in resize.onnx; 17 in head.onnx"), "{}", err.message);
         assert!(!err.message.contains("auto_ir_version_conversion"), "{}", err.message);
+        // A model importing the domain twice is named once.
+        let ms = [model(&[("", 13), ("", 13)]), model(&[("", 17), ("ai.onnx", 17)])];
+        let err = merge_opsets(&ms, &labels).unwrap_err();
+        assert!(err.message.ends_with("13 in resize.onnx; 17 in head.onnx"), "{}", err.message);
     }
 }

@@ -148,8 +148,8 @@ pub struct Plan {
     pub outputs: Vec<GraphOutput>,
     /// Per stage: outputs that an edge consumes and no graph output exposes (kept as value_info).
     pub internal_outputs: Vec<Vec<usize>>,
-    /// Per stage: symbolic dims renamed to the one name their edges agree on.
-    pub dims: Vec<FxHashMap<String, String>>,
+    /// Per stage: symbolic dims replaced by the one name, or the static size, their edges agree on.
+    pub dims: Vec<FxHashMap<String, Dim>>,
     pub adapters: Vec<Adapter>,
     /// `None`: everything is kept (no pruning, nothing deduplicated).
     pub kept: Option<Kept>,
@@ -361,15 +361,29 @@ fn check_edge(
     Ok(Some(adapter))
 }
 
-/// Symbolic dims joined by edges, as one name per class: the earliest stage's.
-fn unify_dims(models: &[ModelProto], edges: &[Edge]) -> Vec<FxHashMap<String, String>> {
-    let mut parent: FxHashMap<(usize, String), (usize, String)> = FxHashMap::default();
-    fn root(parent: &FxHashMap<(usize, String), (usize, String)>, mut x: (usize, String)) -> (usize, String) {
+/// A name that shape inference made up for a dim it could not name (onnx writes
+/// `unk__0`, `unk__1`, ...): any other name of the same class is a better one.
+fn placeholder(name: &str) -> bool {
+    name.strip_prefix("unk__").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Symbolic dims joined by edges, per stage: what each is replaced with. A class of names
+/// joined by edges takes one name (the earliest stage's, a made-up `unk__N` only when it is
+/// the only one); a class that an edge joins to a static size takes the size (unless edges
+/// join it to two different sizes, where it stays symbolic). A name such as `d1*d2*d3`
+/// (what fastseq.ops.flatten declares) is the product of those dims of its stage: it takes
+/// the size once every factor has one, and its factors' names otherwise.
+fn unify_dims(models: &[ModelProto], edges: &[Edge]) -> Vec<FxHashMap<String, Dim>> {
+    type Key = (usize, String);
+    let mut parent: FxHashMap<Key, Key> = FxHashMap::default();
+    fn root(parent: &FxHashMap<Key, Key>, mut x: Key) -> Key {
         while let Some(p) = parent.get(&x) {
             x = p.clone();
         }
         x
     }
+    let rank = |k: &Key| (placeholder(&k.1), k.0, k.1.clone());
+    let mut statics: Vec<(Key, i64)> = Vec::new();
     for e in edges {
         let out = graph(&models[e.from]).output.iter().find(|v| vi_name(v) == e.output);
         let inp = graph(&models[e.to]).input.iter().find(|v| vi_name(v) == e.input);
@@ -379,22 +393,89 @@ fn unify_dims(models: &[ModelProto], edges: &[Edge]) -> Vec<FxHashMap<String, St
         let skip_a = da.len().saturating_sub(db.len());
         let skip_b = db.len().saturating_sub(da.len());
         for (x, y) in da[skip_a..].iter().zip(&db[skip_b..]) {
-            if let (Some(Dim::DimParam(p)), Some(Dim::DimParam(q))) = (x, y) {
-                let (rp, rq) = (root(&parent, (e.from, p.clone())), root(&parent, (e.to, q.clone())));
-                if rp != rq {
-                    // The earlier (stage, name) stays the root: its name wins.
-                    let (keep, other) = if rq < rp { (rq, rp) } else { (rp, rq) };
-                    parent.insert(other, keep);
+            match (x, y) {
+                (Some(Dim::DimParam(p)), Some(Dim::DimParam(q))) => {
+                    let (rp, rq) = (root(&parent, (e.from, p.clone())), root(&parent, (e.to, q.clone())));
+                    if rp != rq {
+                        let (keep, other) = if rank(&rq) < rank(&rp) { (rq, rp) } else { (rp, rq) };
+                        parent.insert(other, keep);
+                    }
                 }
+                (Some(Dim::DimParam(p)), Some(Dim::DimValue(v))) if *v > 0 => statics.push(((e.from, p.clone()), *v)),
+                (Some(Dim::DimValue(v)), Some(Dim::DimParam(q))) if *v > 0 => statics.push(((e.to, q.clone()), *v)),
+                _ => {}
+            }
+        }
+    }
+    // The size of each class: None where edges disagree.
+    let mut size: FxHashMap<Key, Option<i64>> = FxHashMap::default();
+    for (k, v) in &statics {
+        let r = root(&parent, k.clone());
+        let known = size.entry(r).or_insert(Some(*v));
+        if *known != Some(*v) {
+            *known = None;
+        }
+    }
+    let products: Vec<Key> = models
+        .iter()
+        .enumerate()
+        .flat_map(|(k, m)| {
+            let g = graph(m);
+            g.input.iter().chain(&g.output).filter_map(tensor_type).filter_map(dims_of).flatten().filter_map(
+                move |d| match d {
+                    Some(Dim::DimParam(p)) if p.contains('*') => Some((k, p.clone())),
+                    _ => None,
+                },
+            )
+        })
+        .collect::<FxHashSet<Key>>()
+        .into_iter()
+        .collect();
+    let factor = |size: &FxHashMap<Key, Option<i64>>, parent: &FxHashMap<Key, Key>, stage: usize, f: &str| {
+        f.parse::<i64>().ok().or_else(|| size.get(&root(parent, (stage, f.to_string()))).copied().flatten())
+    };
+    // Products feed classes that feed other products: settle until nothing changes.
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for (stage, text) in &products {
+            let r = root(&parent, (*stage, text.clone()));
+            if size.contains_key(&r) {
+                continue;
+            }
+            let sizes: Option<Vec<i64>> = text.split('*').map(|f| factor(&size, &parent, *stage, f.trim())).collect();
+            if let Some(total) = sizes.and_then(|s| s.into_iter().try_fold(1i64, i64::checked_mul)) {
+                size.insert(r, Some(total));
+                changed = true;
             }
         }
     }
     let mut out = vec![FxHashMap::default(); models.len()];
-    let members: Vec<(usize, String)> = parent.keys().cloned().collect();
+    // Every name that was joined, sized or is a product, and the roots of their classes
+    // (a root that an edge never sized itself takes its class's size too).
+    let mut members: FxHashSet<Key> =
+        parent.keys().cloned().chain(statics.into_iter().map(|(k, _)| k)).chain(products.iter().cloned()).collect();
+    members.extend(members.iter().map(|m| root(&parent, m.clone())).collect::<Vec<_>>());
     for m in members {
         let r = root(&parent, m.clone());
-        if r.1 != m.1 {
-            out[m.0].insert(m.1, r.1);
+        let new = if let Some(Some(v)) = size.get(&r) {
+            Dim::DimValue(*v)
+        } else if m.1.contains('*') && r == m {
+            // A product with a factor of unknown size: its factors as their classes say.
+            let parts: Vec<String> = m
+                .1
+                .split('*')
+                .map(|f| match factor(&size, &parent, m.0, f.trim()) {
+                    Some(v) => v.to_string(),
+                    None => root(&parent, (m.0, f.trim().to_string())).1,
+                })
+                .collect();
+            Dim::DimParam(parts.join("*"))
+        } else {
+            Dim::DimParam(r.1.clone())
+        };
+        if new != Dim::DimParam(m.1.clone()) {
+            out[m.0].insert(m.1, new);
         }
     }
     out
@@ -1146,6 +1227,103 @@ mod tests {
             _ => None,
         };
         assert_eq!(dim(&g.output[0]), Some(Dim::DimParam("batch".into())));
+    }
+
+    /// `m` with the shapes of its input and output replaced: ints are sizes, other text names.
+    fn shaped(mut m: ModelProto, input: &[&str], output: &[&str]) -> ModelProto {
+        let g = m.graph.as_mut().unwrap();
+        for (vi, dims) in [(&mut g.input[0], input), (&mut g.output[0], output)] {
+            let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_mut().unwrap().value.as_mut() else { panic!() };
+            t.shape.as_mut().unwrap().dim = dims
+                .iter()
+                .map(|d| tensor_shape_proto::Dimension {
+                    value: Some(d.parse().map(Dim::DimValue).unwrap_or_else(|_| Dim::DimParam(d.to_string()))),
+                    denotation: None,
+                })
+                .collect();
+        }
+        m
+    }
+
+    fn shape_of(vi: &ValueInfoProto) -> Vec<String> {
+        let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_ref().unwrap().value.as_ref() else { panic!() };
+        t.shape
+            .as_ref()
+            .unwrap()
+            .dim
+            .iter()
+            .map(|d| match d.value.as_ref() {
+                Some(Dim::DimValue(v)) => v.to_string(),
+                Some(Dim::DimParam(p)) => p.clone(),
+                None => "?".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn static_sizes_cross_edges_into_symbolic_dims() {
+        // A backbone's [batch, 1000] into a softmax declared [N, d1] -> [N, d1]: the
+        // softmax's output is [batch, 1000], and so is a topk's input after it.
+        let models = vec![
+            shaped(scale(1), &["batch", "3"], &["batch", "1000"]),
+            shaped(scale(1), &["N", "d1"], &["N", "d1"]),
+            shaped(scale(1), &["N", "d1"], &["N", "5"]),
+        ];
+        let opts = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("p", 1, "y"), ("top", 2, "y")]);
+        let g = compose_graph(models, &labels(3), &opts).unwrap().model.graph.unwrap();
+        assert_eq!(shape_of(&g.output[0]), ["batch", "1000"]);
+        assert_eq!(shape_of(&g.output[1]), ["batch", "5"]);
+        // Backwards too: a static size that a later stage needs fixes the pipeline's input.
+        let models = vec![shaped(scale(1), &["N", "C"], &["N", "C"]), shaped(scale(1), &["b", "3"], &["b", "7"])];
+        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
+        let g = compose_graph(models, &labels(2), &opts).unwrap().model.graph.unwrap();
+        assert_eq!(shape_of(&g.input[0]), ["N", "3"]);
+        assert_eq!(shape_of(&g.output[0]), ["N", "7"]);
+        // A size reaching a class through a later member sizes its root too: to_float's
+        // [N, d1, d2, d3] -> layout's [N, H, W, C] -> [N, C, H, W] -> grayscale's [N, 3, H, W].
+        let models = vec![
+            shaped(scale(1), &["N", "d1", "d2", "d3"], &["N", "d1", "d2", "d3"]),
+            shaped(scale(1), &["N", "H", "W", "C"], &["N", "C", "H", "W"]),
+            shaped(scale(1), &["N", "3", "H", "W"], &["N", "1", "H", "W"]),
+        ];
+        let opts = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("out", 2, "y")]);
+        let g = compose_graph(models, &labels(3), &opts).unwrap().model.graph.unwrap();
+        assert_eq!(shape_of(&g.input[0]), ["N", "d1", "d2", "3"]);
+        assert_eq!(shape_of(&g.output[0]), ["N", "1", "d1", "d2"]);
+        // Two different sizes for one class: it stays a name.
+        let models = vec![
+            shaped(scale(1), &["N", "4"], &["N", "4"]),
+            shaped(scale(1), &["N", "d"], &["N", "d"]),
+            shaped(scale(1), &["N", "5"], &["N", "5"]),
+        ];
+        let opts = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("mid", 1, "y"), ("out", 2, "y")]);
+        let g = compose_graph(models, &labels(3), &opts).unwrap().model.graph.unwrap();
+        assert_eq!(shape_of(&g.output[0]), ["N", "d"]);
+    }
+
+    #[test]
+    fn made_up_names_give_way_to_real_ones() {
+        // skl2onnx's classifier declares [unk__1, 10]; the softmax after it calls it N.
+        let models =
+            vec![shaped(scale(1), &["unk__0", "4"], &["unk__1", "10"]), shaped(scale(1), &["N", "d1"], &["N", "d1"])];
+        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("p", 1, "y")]);
+        let g = compose_graph(models, &labels(2), &opts).unwrap().model.graph.unwrap();
+        assert_eq!(shape_of(&g.output[0]), ["N", "10"]);
+        assert!(super::placeholder("unk__12") && !super::placeholder("unk__") && !super::placeholder("unknown"));
+    }
+
+    #[test]
+    fn products_of_known_sizes_are_sizes() {
+        // flatten declares [N, d1*d2*d3]; fed [batch, 3, 8, 8] it writes [batch, 192], and a
+        // factor of unknown size keeps the product, in the names its classes took.
+        let flatten = |m| shaped(m, &["N", "d1", "d2", "d3"], &["N", "d1*d2*d3"]);
+        let models = vec![shaped(scale(1), &["batch", "3"], &["batch", "3", "8", "8"]), flatten(scale(1))];
+        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
+        let g = compose_graph(models, &labels(2), &opts).unwrap().model.graph.unwrap();
+        assert_eq!(shape_of(&g.output[0]), ["batch", "192"]);
+        let models = vec![shaped(scale(1), &["batch", "3"], &["batch", "3", "H", "W"]), flatten(scale(1))];
+        let g = compose_graph(models, &labels(2), &opts).unwrap().model.graph.unwrap();
+        assert_eq!(shape_of(&g.output[0]), ["batch", "3*H*W"]);
     }
 
     #[test]

@@ -28,14 +28,16 @@ def io_name_conversion(onnx_model, io_name_mapping: Mapping[str, str]):
     defined = _defined(graph)
     renamed = [mapping.get(n, n) for n in defined]
     if len(set(renamed)) < len(set(defined)):
-        seen: dict[str, str] = {}
+        sources: dict[str, list[str]] = {}
         for old, new in zip(defined, renamed):
-            if new in seen and seen[new] != old:
-                raise CompositionError(
-                    f"io_name_conversion: renaming '{old}' to '{new}' clashes with '{seen[new]}', "
-                    f"which {'is also renamed to' if seen[new] in mapping else 'already has'} that name"
-                )
-            seen[new] = old
+            sources.setdefault(new, []).append(old)
+        new, olds = next((new, olds) for new, olds in sources.items() if len(olds) > 1)
+        moved = [o for o in olds if o in mapping]
+        if new in olds:  # a tensor keeps the name that another one is renamed to
+            clash = f"the existing '{new}'"
+        else:
+            clash = f"'{moved[1]}', which is also renamed to '{new}'"
+        raise CompositionError(f"io_name_conversion: renaming '{moved[0]}' to '{new}' clashes with {clash}")
     _rename(graph, mapping)
     return onnx_model
 

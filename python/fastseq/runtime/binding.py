@@ -80,6 +80,12 @@ def buffer_of(name: str, value: Any) -> tuple[_Buffer, Any]:
     )
 
 
+def _where(b: _Buffer) -> str:
+    """``float32[2, 4] on cpu``, ``float16[8, 3] on cuda:1``: a bound buffer."""
+    device = f"cuda:{b.device_id}" if b.device == "cuda" else b.device
+    return f"{b.dtype}[{', '.join(map(str, b.shape))}] on {device}"
+
+
 def _contiguous_strides(cai: dict) -> tuple[int, ...] | None:
     itemsize = np.dtype(cai["typestr"]).itemsize
     strides, step = [], itemsize
@@ -121,6 +127,21 @@ class Binding:
         self._out_for: dict[tuple, list[Any]] = {}  # input signature -> output buffers
         self._outputs: list[Any] | None = None
         self._signature: tuple | None = None
+
+    def __repr__(self) -> str:
+        ins = []
+        for check in self._runner._checks:
+            bound = self._bound.get(check.name)
+            ins.append(f"{check.name}: " + (_where(bound[0]) if bound else "not bound"))
+        infos = {o.name: o for o in self._runner.outputs}
+        outs = []
+        for k, name in enumerate(self._names):
+            if self._signature is not None and self._outputs and self._kind != "ortvalue":
+                b, _ = buffer_of(name, self._outputs[k])
+                outs.append(f"{name}: {_where(b)}")
+            else:
+                outs.append(f"{infos[name]} (allocated by the next run)")
+        return f"Binding(inputs [{'; '.join(ins)}]; outputs as {self._kind} [{'; '.join(outs)}])"
 
     # --- binding ------------------------------------------------------------------
     def bind(self, *inputs: Any, **named: Any) -> Binding:

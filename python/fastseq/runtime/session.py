@@ -325,11 +325,17 @@ class Runner:
         checked: dict[str, np.ndarray] = {}
         for name, value in feeds.items():
             info = by_name[name]
-            array = _as_array(value, info.dtype)
+            array = _as_array(name, value, info.dtype)
             if info.dtype is not None and array.dtype != info.dtype and not (
                 info.dtype.kind == "U" and array.dtype.kind in "UO"
             ):
-                raise InputError(f"input '{name}' expects {info.dtype}, got {array.dtype}")
+                if not np.can_cast(array.dtype, info.dtype, "safe"):
+                    raise InputError(
+                        f"input '{name}' expects {info.dtype}, got {array.dtype}, which does not convert without "
+                        f"changing values; convert it if that is meant: x.astype(np.{info.dtype})"
+                    )
+                # Every value converts exactly (int32 to int64, float16 to float32, bool).
+                array = array.astype(info.dtype)
             if info.shape is not None and array.ndim != len(info.shape):
                 raise InputError(
                     f"input '{name}' expects rank {len(info.shape)} {list(info.shape)}, got shape {list(array.shape)}"
@@ -344,13 +350,24 @@ class Runner:
         return checked
 
 
-def _as_array(value: Any, dtype: np.dtype | None) -> np.ndarray:
+def _as_array(name: str, value: Any, dtype: np.dtype | None) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, as kornia takes
         return value.detach().cpu().numpy()
-    # Lists and scalars carry no dtype of their own: they take the input's.
-    return np.asarray(value, dtype=dtype)
+    # Lists and scalars carry no dtype of their own: they take the input's, unless a value
+    # would change on the way (1.5 or 300 for a uint8 input).
+    if dtype is None or dtype.kind not in "biu":
+        return np.asarray(value, dtype=dtype)
+    given = np.asarray(value)
+    try:
+        with np.errstate(all="ignore"):  # a NaN or an overflow is caught below
+            array = given.astype(dtype) if given.dtype.kind in "biuf" else np.asarray(value, dtype=dtype)
+    except (OverflowError, ValueError) as e:
+        raise InputError(f"input '{name}' expects {dtype}: {e}") from None
+    if given.dtype.kind in "biuf" and not np.array_equal(array, given):
+        raise InputError(f"input '{name}' expects {dtype}, and the values given ({given.dtype}) do not all fit it")
+    return array
 
 
 # --- errors in the stages' own names ----------------------------------------------------------
