@@ -12,6 +12,11 @@ process's VmHWM.
 
 "Per call" on a one-node model, in one process, the methods in turns: ``session.run``,
 ``run_with_iobinding`` (bound once), ``pipe(x)`` and the bound path ``binding.run()``.
+
+"Operators" (``--operators`` runs only these, in a minute): the first ``fastseq.ops`` build
+in a fresh process (after ``import fastseq``), and the wall time of ``fastseq merge`` with
+and without ``builtin:`` operators around a model, each in its own process, repeats in
+turns, medians; ``import onnx`` alone for scale (what a first operator cost before).
 """
 
 from __future__ import annotations
@@ -175,6 +180,104 @@ def per_call(repeats: int = 7, number: int = 20000) -> dict:
     return {k: statistics.median(v) for k, v in best.items()}
 
 
+# --- operators: the first build and a CLI merge ---------------------------------------------------
+FIRST_BUILD = """
+import sys, time
+import fastseq
+t0 = time.perf_counter()
+fastseq.ops.resize(224)
+t1 = time.perf_counter()
+fastseq.ops.normalize()
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1, "onnx" in sys.modules, "numpy" in sys.modules)
+"""
+
+
+def classifier(path: Path) -> None:
+    """A resnet18-like stand-in: float32 [N, 3, 224, 224] -> [N, 1000] (12 KB of weights)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("GlobalAveragePool", ["image"], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["flat"]),
+         helper.make_node("Gemm", ["flat", "w"], ["logits"], transB=1)],
+        "classifier",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1000])],
+        [numpy_helper.from_array(np.ones((1000, 3), np.float32), "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+# Bytecode written and read, as an installed package has it (PYTHONDONTWRITEBYTECODE would
+# compile every module of every fresh process again).
+COMPILED = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def wall(cmd: list[str], cwd: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, timeout=300, env=COMPILED)
+    return time.perf_counter() - t0
+
+
+def operators(repeats: int = 7) -> dict:
+    folder = OUT / "operators"
+    folder.mkdir(parents=True, exist_ok=True)
+    classifier(folder / "model.onnx")
+    merge = [sys.executable, "-m", "fastseq", "merge"]
+    commands = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "python -c 'import onnx'": [sys.executable, "-c", "import onnx"],
+        "fastseq merge model.onnx": [*merge, "model.onnx", "-o", "plain.onnx"],
+        "fastseq merge 'builtin:to_float?scale=1/255' model.onnx 'builtin:softmax'":
+            [*merge, "builtin:to_float?scale=1/255", "model.onnx", "builtin:softmax", "-o", "ops.onnx"],
+    }
+    walls: dict[str, list[float]] = {k: [] for k in commands}
+    builds: list[list[float]] = []
+    loaded = None
+    for cmd in commands.values():  # a first run writes the bytecode
+        wall(cmd, folder)
+    for _ in range(repeats):  # in turns, so that the machine's drift hits every command alike
+        for name, cmd in commands.items():
+            walls[name].append(wall(cmd, folder))
+        out = subprocess.run([sys.executable, "-c", FIRST_BUILD], capture_output=True, text=True, check=True,
+                             env=COMPILED)
+        first, second, onnx_loaded, numpy_loaded = out.stdout.split()
+        builds.append([float(first), float(second)])
+        loaded = {"onnx": onnx_loaded == "True", "numpy": numpy_loaded == "True"}
+    return {
+        "walls": {k: statistics.median(v) for k, v in walls.items()},
+        "first_build": statistics.median(b[0] for b in builds),
+        "second_build": statistics.median(b[1] for b in builds),
+        "loaded": loaded,
+    }
+
+
+def operator_tables(report: dict) -> str:
+    ops = report["operators"]
+    w = ops["walls"]
+    lines = [f"Measured on {report['machine']}, {report['date']}; medians of 7, each in its own process, in turns.", ""]
+    lines.append("| a fresh process | ms |")
+    lines.append("|---|---|")
+    lines.append(f"| first `fastseq.ops.resize(224)` (after `import fastseq`) | {ops['first_build'] * 1e3:.1f} |")
+    lines.append(f"| a second operator (`normalize()`) | {ops['second_build'] * 1e3:.2f} |")
+    for name, s in w.items():
+        lines.append(f"| `{name}` | {s * 1e3:.0f} |")
+    lines.append("")
+    plain = w["fastseq merge model.onnx"]
+    with_ops = w["fastseq merge 'builtin:to_float?scale=1/255' model.onnx 'builtin:softmax'"]
+    onnx_import = w["python -c 'import onnx'"] - w["python -c pass"]
+    loaded = [k for k, v in ops["loaded"].items() if v]
+    lines.append(
+        f"The two operators add {(with_ops - plain) * 1e3:+.0f} ms to the merge; importing onnx, which building "
+        f"them cost before, takes {onnx_import * 1e3:.0f} ms here. After a build, "
+        + (f"{' and '.join(loaded)} {'is' if len(loaded) == 1 else 'are'} loaded." if loaded
+           else "neither onnx nor numpy is loaded.")
+    )
+    return "\n".join(lines)
+
+
 # --- output ---------------------------------------------------------------------------------------
 def tables(report: dict) -> str:
     lines = [f"Measured on {report['machine']}, {report['date']}.", ""]
@@ -226,9 +329,18 @@ def main() -> None:
     p.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--readme", action="store_true")
+    p.add_argument("--operators", action="store_true", help="only the operators' table")
     a = p.parse_args()
     if a.worker:
         worker(*a.worker)
+        return
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    if a.operators:
+        report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "operators": operators()}
+        text = operator_tables(report)
+        print(text)
+        if a.readme:
+            bench.write_readme_section("operators", text)
         return
     try:
         import kornia  # noqa: F401
@@ -236,15 +348,16 @@ def main() -> None:
     except Exception:
         print("kornia is not installed (pip install -r benches/requirements.txt): skipping it", file=sys.stderr)
         tools = [t for t in TOOLS if t != "kornia"]
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-              "date": time.strftime("%Y-%m-%d"), "ready": ready_table(a.cases.split(","), tools),
-              "per_call": per_call()}
+    report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "ready": ready_table(a.cases.split(","), tools),
+              "per_call": per_call(), "operators": operators()}
     OUT.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))
     text = tables(report)
     print(text)
+    print(operator_tables(report))
     if a.readme:
         bench.write_readme_section("runtime", text)
+        bench.write_readme_section("operators", operator_tables(report))
 
 
 if __name__ == "__main__":

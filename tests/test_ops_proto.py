@@ -323,3 +323,73 @@ def test_dir_shows_operators_and_public_names():
     assert "resize" in names and "Operator" in names and "OperatorError" in names
     assert not {"Any", "Callable", "Sequence", "TYPE_CHECKING", "annotations"} & set(names)
     assert names == sorted(ops.__all__)
+
+
+# --- shapes through pipelines -----------------------------------------------------------
+
+
+def classifier(path, classes: int = 1000, batch: str = "batch") -> None:
+    """A resnet18-like stand-in: images float32 [batch, 3, 224, 224] -> logits [batch, classes]."""
+    weight = np.random.default_rng(0).random((classes, 3), np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("Gemm", ["flat", "w"], ["logits"], transB=1),
+        ],
+        "classifier",
+        [helper.make_tensor_value_info("image", onnx.TensorProto.FLOAT, [batch, 3, 224, 224])],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [batch, classes])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+
+
+def cli(*args, cwd) -> str:
+    r = subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_the_command_line_keeps_static_sizes_through_builtin_operators(tmp_path):
+    classifier(tmp_path / "resnet18.onnx")
+    cli("merge", "resnet18.onnx", "builtin:softmax", "-o", "m.onnx", cwd=tmp_path)
+    assert "  probabilities: float32[batch, 1000]\n" in cli("inspect", "m.onnx", cwd=tmp_path)
+    cli("merge", "resnet18.onnx", "builtin:softmax", "builtin:topk?k=5", "-o", "t.onnx", cwd=tmp_path)
+    shown = cli("inspect", "t.onnx", cwd=tmp_path)
+    assert "  values: float32[batch, 5]\n  indices: int64[batch, 5]\n" in shown
+    # Before the model: the operators' symbolic sizes take the model's static ones.
+    stages = ["builtin:to_float?", "builtin:layout?src=NHWC&dst=NCHW", "resnet18.onnx"]
+    cli("merge", *stages, "-o", "pre.onnx", cwd=tmp_path)
+    assert "  input: uint8[N, 224, 224, 3]\n" in cli("inspect", "pre.onnx", cwd=tmp_path)
+
+
+def test_every_way_of_naming_an_operator_gives_the_same_shapes(tmp_path):
+    classifier(tmp_path / "resnet18.onnx", classes=10, batch="N")
+    want = [("values", "float32", ["N", 3]), ("indices", "int64", ["N", 3])]
+    via_ops = fastseq.compose([str(tmp_path / "resnet18.onnx"), ops.softmax(), ops.topk(3)])
+    via_strings = fastseq.compose([str(tmp_path / "resnet18.onnx"), "builtin:softmax", "builtin:topk?k=3"])
+    (tmp_path / "p.toml").write_text(
+        'edges = ["net.logits -> soft.input", "soft.probabilities -> top.input"]\n'
+        '[stages]\nnet = "resnet18.onnx"\nsoft = "builtin:softmax"\ntop = "builtin:topk?k=3"\n'
+    )
+    via_file = fastseq.Pipeline.from_file(tmp_path / "p.toml")
+    for model in (via_ops, via_strings):
+        got = [(o.name, o.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim])
+               for o in model.graph.output]
+        assert got == [(n, helper.np_dtype_to_tensor_dtype(np.dtype(t)), s) for n, t, s in want]
+    assert [(o.name, str(o.dtype), list(o.shape)) for o in via_file.outputs] == want
+    sequential = fastseq.ONNXSequential(str(tmp_path / "resnet18.onnx"), "builtin:softmax", ops.topk(3))
+    assert [(o.name, str(o.dtype), list(o.shape)) for o in sequential.outputs] == want
+
+
+def test_flatten_gives_the_feature_count_and_the_demo_has_no_made_up_names():
+    from fastseq.cli import DEMO
+
+    pipe = fastseq.compose([ops.grayscale(), ops.resize(8), ops.flatten()])
+    assert [d.dim_param or d.dim_value for d in pipe.graph.output[0].type.tensor_type.shape.dim] == ["N", 64]
+    io_maps = [[("output", "input")]] * 6 + [[("logits", "input")], [("probabilities", "input")]]
+    demo = fastseq.ONNXSequential(*DEMO, io_maps=io_maps, keep_outputs=["probabilities"])
+    text = repr(demo)
+    assert "unk__" not in text
+    assert "inputs [input: uint8[N, d1, d2, 3]]; outputs [probabilities: float32[N, 10]; indices: int64[N]]" in text

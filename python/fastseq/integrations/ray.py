@@ -125,9 +125,9 @@ class Predictor:
     ``ds.map_batches(Predictor, fn_constructor_kwargs={"pipeline": pipe}, ...)``, where
     ``pipeline`` is a :class:`Shipment` from :func:`ship` (the model already in the object
     store), the path of an exported model on shared storage, or an ``ONNXSequential``. The
-    last arrives in the actor unpickled, which builds its own session first and, as pickling
-    goes today, without its session options: ``ship(pipe)`` or ``pipe.map_batches`` avoid
-    both.
+    last arrives in the actor unpickled, which builds its own session first (with its
+    session options, which pickling keeps): ``ship(pipe)`` or ``pipe.map_batches`` send
+    only the model.
 
     Columns feed the inputs of the same name; ``input_columns={"x": "pixels"}`` feeds the
     input ``x`` from the column ``pixels``. Outputs become new columns of their own names
@@ -445,6 +445,20 @@ def error_of(exc: BaseException) -> str | None:
     return None
 
 
+def local_object_store() -> int:
+    """The object store of a local cluster, in bytes: a quarter of the memory available
+    (all of it where /proc/meminfo cannot be read), between 256 MB and 2 GB. Ray's default,
+    30% of all memory, counts memory that other processes of a shared machine use."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        pass
+    return min(max(available // 4, 256 << 20), 2 << 30)
+
+
 def run_dataset(
     pipe: Any,
     source: str | os.PathLike[str],
@@ -466,7 +480,10 @@ def run_dataset(
     if not src.exists():
         raise InputError(f"{src}: no such folder or Parquet dataset")
     if not ray.is_initialized():
-        ray.init(address=address or None, log_to_driver=False)
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(object_store_memory=local_object_store(), log_to_driver=False)
     input_columns = None
     if src.is_dir() and any(src.glob("*.npy")):
         if len(pipe.inputs) != 1:
