@@ -374,3 +374,32 @@ def test_a_graph_pipeline_runs_in_a_predictor_too(models, data):
     assert hasattr(graph, "map_batches")
     out = fray.Predictor(graph, output_columns={"y": "score"})({"x": data[:7], "id": np.arange(7)})
     np.testing.assert_allclose(out["score"], plain_loop(models, data[:7]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_local_cluster_gets_an_object_store_that_fits_the_machine(monkeypatch, tmp_path):
+    """fastseq run --ray without ADDRESS: a quarter of the memory available, between 256 MB
+    and 2 GB (Ray's default, 30% of all memory, ignores what the machine's other processes
+    use); with ADDRESS the cluster's own store is used as it is."""
+    with open("/proc/meminfo") as f:
+        available = int(next(line for line in f if line.startswith("MemAvailable")).split()[1]) * 1024
+    from fastseq.integrations.ray import local_object_store
+
+    size = local_object_store()
+    assert 256 << 20 <= size <= 2 << 30
+    assert abs(size - min(max(available // 4, 256 << 20), 2 << 30)) < 256 << 20  # memory moves between reads
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise RuntimeError("no cluster in this test")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    pipe = fastseq.ONNXSequential(scale_model(2.0))
+    (tmp_path / "data").mkdir()
+    for address in (None, "ray://head:10001"):
+        with pytest.raises(RuntimeError, match="no cluster"):
+            fray.run_dataset(pipe, tmp_path / "data", tmp_path / "out", address)
+    local, remote = calls
+    assert set(local) == {"object_store_memory", "log_to_driver"} and 256 << 20 <= local["object_store_memory"]
+    assert remote == {"address": "ray://head:10001", "log_to_driver": False}
