@@ -211,11 +211,12 @@ def tool_fastseq(files, out: Path, mode: str) -> None:
     external = {"inline": None, "external": True, "reuse": "reuse"}[mode]
     pipeline = files[0].parent / "pipeline.toml"
     if pipeline.exists():  # a graph: the pipeline file wires the stages
-        from fastseq import pipefile, spec
-        from fastseq.compose import save
+        from fastseq.graph import pipefile
+        from fastseq.graph import build
+        from fastseq.facades.compose import save
 
         description = pipefile.read(pipeline)
-        save(spec.build(description).composed, out, external)
+        save(build.build(description).composed, out, external)
         return
     fastseq.compose_to_file([str(f) for f in files], out, external_data=external)
 

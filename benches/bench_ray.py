@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 import fastseq
-from fastseq import operators
+from fastseq.ops import shipped as operators
 
 CHAIN = ["builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head"]
 

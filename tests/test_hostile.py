@@ -18,7 +18,8 @@ import pytest
 
 import fastseq
 from conftest import field, run, run_chain, scale_model, tmpfs, varint
-from fastseq import _core, loader
+from fastseq import _core
+from fastseq.sources import resolve as loader
 
 ROOT = Path(__file__).parent
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import fastseq
 from conftest import FIXTURES, run, run_chain, scale_model
 from fastseq import cli
-from fastseq.onnxloader import _umask
+from fastseq.facades.onnx_loader import _umask
 from servers import serve_files, serve_hub
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)

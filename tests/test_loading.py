@@ -11,7 +11,7 @@ import pytest
 
 import fastseq
 from conftest import run, scale_model, set_external_location
-from fastseq import loader
+from fastseq.sources import resolve as loader
 from servers import serve_files, serve_hub
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)

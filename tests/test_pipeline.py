@@ -17,7 +17,9 @@ from onnx import TensorProto, helper
 
 import fastseq
 from conftest import FIXTURES, ONNX_DATA, run, scale_model
-from fastseq import drawing, spec
+from fastseq.graph import drawing
+from fastseq.graph import build as graph_build
+from fastseq.graph import parse, spec
 
 BACKBONE = str(FIXTURES / "torch_cnn_backbone.onnx")  # image [batch, 3, 32, 32] -> features [batch, 16]
 HEAD = str(FIXTURES / "torch_head.onnx")  # features [batch, 16] -> logits [batch, 10]
@@ -286,10 +288,10 @@ def test_argument_errors():
 
 def test_dotted_names_split_after_the_longest_known_stage():
     stages = ["det", "det.v2", "cls"]
-    assert spec.parse_edge("det.v2.boxes.0 -> cls.in.x", stages, "") == spec.Edge("det.v2", "boxes.0", "cls", "in.x")
-    assert spec.parse_edge(" det.out -> cls.x ", stages, "") == spec.Edge("det", "out", "cls", "x")
-    assert spec.parse_edge((("det", "a.b"), ("cls", "c")), stages, "") == spec.Edge("det", "a.b", "cls", "c")
-    outputs = spec.parse_outputs(["cls.best=cls.p.0", "det.v2.boxes", "det.a=b"], stages, spec._Where(None))
+    assert parse.parse_edge("det.v2.boxes.0 -> cls.in.x", stages, "") == spec.Edge("det.v2", "boxes.0", "cls", "in.x")
+    assert parse.parse_edge(" det.out -> cls.x ", stages, "") == spec.Edge("det", "out", "cls", "x")
+    assert parse.parse_edge((("det", "a.b"), ("cls", "c")), stages, "") == spec.Edge("det", "a.b", "cls", "c")
+    outputs = parse.parse_outputs(["cls.best=cls.p.0", "det.v2.boxes", "det.a=b"], stages, parse._Where(None))
     assert outputs == [spec.Exposed("cls.best", "cls", "p.0"), spec.Exposed("boxes", "det.v2", "boxes"),
                        spec.Exposed("a=b", "det", "a=b")]
 
@@ -446,7 +448,7 @@ def test_the_drawing_names_every_stage_edge_input_and_output(classifier):
     stage_edges = [(a, b, attrs) for a, b, attrs in edges if a in pipe.stages and b in pipe.stages]
     assert sorted((a, b) for a, b, _ in stage_edges) == [("backbone", "cls"), ("backbone", "res"), ("backbone", "skl")]
     for a, b, attrs in stage_edges:
-        assert 'label="features: float32[batch, 16]"' in attrs and f'tooltip="backbone.features -> ' in attrs
+        assert 'label="features: float32[batch, 16]"' in attrs and 'tooltip="backbone.features -> ' in attrs
     assert ("in:image", "backbone", "") in edges and ("cls", "out:logits", 'label="float32[batch, 10]"') in edges
     # Each stage box lists its inputs and outputs with dtypes and shapes; the pruned one is grey.
     assert "image: float32[batch, 3, 32, 32]" in nodes["backbone"] and "features: float32[batch, 16]" in nodes["backbone"]
@@ -474,7 +476,7 @@ def test_linear_entry_points_build_a_chain_description():
     assert not chain.is_graph and chain.io_maps == [[("y", "x")]]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        built = spec.build(chain)
+        built = graph_build.build(chain)
     assert built.layout is None and built.labels == ["scale (#0)", "scale (#1)"]
 
 
@@ -508,10 +510,10 @@ def test_pipeline_file_stages_from_a_url_with_a_digest(tmp_path, monkeypatch, im
 
 def test_topological_order_keeps_the_given_order_and_finds_long_loops():
     edges = [spec.Edge("c", "y", "a", "x"), spec.Edge("b", "y", "a", "z")]
-    assert spec.topological_order(["a", "b", "c", "d"], edges) == ["b", "c", "a", "d"]
+    assert graph_build.topological_order(["a", "b", "c", "d"], edges) == ["b", "c", "a", "d"]
     # A chain far longer than Python's recursion limit, closed into a loop at the end.
     names = [f"s{i}" for i in range(5000)]
     chain = [spec.Edge(a, "y", b, "x") for a, b in zip(names, names[1:])]
-    assert spec.topological_order(list(reversed(names)), chain) == names
+    assert graph_build.topological_order(list(reversed(names)), chain) == names
     with pytest.raises(fastseq.CompositionError, match=r"cycle: s0 -> s1 -> .* -> s4999 -> s0$"):
-        spec.topological_order(names, chain + [spec.Edge("s4999", "y", "s0", "x")])
+        graph_build.topological_order(names, chain + [spec.Edge("s4999", "y", "s0", "x")])

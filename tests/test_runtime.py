@@ -430,7 +430,7 @@ def test_spilled_pipeline_computes_exports_and_combines_as_before(tmp_path, monk
     x = np.random.default_rng(2).standard_normal((3, 512)).astype(np.float32)
     kept = fastseq.ONNXSequential(*paths, session_cache=False)  # 2 MB: below SPILL_MIN, kept in memory
     assert "spilled" not in kept.session_info
-    monkeypatch.setattr("fastseq.runnable.SPILL_MIN", 1 << 20)
+    monkeypatch.setattr("fastseq.runtime.runnable.SPILL_MIN", 1 << 20)
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(private))
@@ -452,7 +452,7 @@ def test_spilled_pipeline_computes_exports_and_combines_as_before(tmp_path, monk
 
 
 def test_nothing_is_spilled_into_a_file_system_in_memory(tmp_path, monkeypatch):
-    monkeypatch.setattr("fastseq.runnable.SPILL_MIN", 1 << 20)
+    monkeypatch.setattr("fastseq.runtime.runnable.SPILL_MIN", 1 << 20)
     with tmpfs(tmp_path / "mem", "64m") as mem:
         monkeypatch.setattr("tempfile.tempdir", str(mem))
         pipe = fastseq.ONNXSequential(*matmul_files(tmp_path), session_cache=False)
@@ -463,8 +463,8 @@ def test_nothing_is_spilled_into_a_file_system_in_memory(tmp_path, monkeypatch):
 SPILL_RSS = """
 import sys
 import numpy as np
-import fastseq, fastseq.runnable
-fastseq.runnable.SPILL_MIN = int(sys.argv[1])
+import fastseq, fastseq.runtime.runnable
+fastseq.runtime.runnable.SPILL_MIN = int(sys.argv[1])
 def anon():
     return next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("RssAnon"))
 before = anon()

@@ -130,7 +130,7 @@ def render() -> str:
             lines += _member_text(name, member, value)
     for base in shared:
         lines += [f"### `{base.__module__}.{base.__name__}` (shared runtime API)", "", _doc(base), ""]
-        for member, value in _members(base, set()):
+        for member, value in _members(base, set(shared)):
             lines += _member_text(base.__name__, member, value)
     lines += ["## Functions", ""]
     for name, func in functions:

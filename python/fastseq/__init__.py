@@ -9,9 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from fastseq._core import MAX_IR_VERSION, __version__
 
-# Bound eagerly: the functions share their module's name, and a submodule imported later
-# would otherwise shadow a lazily bound function (compose.py imports neither onnx nor numpy).
-from fastseq.compose import compose, compose_bytes, compose_to_file, merge_models
 from fastseq.errors import (
     CompositionError,
     ConversionError,
@@ -28,35 +25,41 @@ from fastseq.errors import (
 
 # name -> the module that defines it, imported when the name is first read
 _LAZY = {
-    "ONNXSequential": "fastseq.sequential",
-    "TensorInfo": "fastseq.session",
-    "operators": "fastseq.operators",
-    "ops": "fastseq.ops",
-    "Pipeline": "fastseq.pipeline",
-    "PipelineSpec": "fastseq.spec",
-    "add_metadata": "fastseq.metadata",
-    "ONNXModule": "fastseq.module",
-    "load": "fastseq.module",
-    "ONNXLoader": "fastseq.onnxloader",
-    "io_name_conversion": "fastseq.rename",
+    "compose": "fastseq.facades.compose",
+    "compose_bytes": "fastseq.facades.compose",
+    "compose_to_file": "fastseq.facades.compose",
+    "merge_models": "fastseq.facades.compose",
+    "ONNXSequential": "fastseq.facades.sequential",
+    "ONNXModule": "fastseq.facades.module",
+    "load": "fastseq.facades.module",
+    "ONNXLoader": "fastseq.facades.onnx_loader",
+    "Pipeline": "fastseq.facades.pipeline",
+    "PipelineSpec": "fastseq.graph.spec",
+    "add_metadata": "fastseq.graph.metadata",
+    "io_name_conversion": "fastseq.graph.rename",
+    "TensorInfo": "fastseq.runtime.session",
 }
+# public submodules under their public names (``fastseq.operators`` is the shipped models)
+_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.ops.shipped"}
 
 if TYPE_CHECKING:
-    from fastseq import operators, ops
-    from fastseq.metadata import add_metadata
-    from fastseq.module import ONNXModule, load
-    from fastseq.onnxloader import ONNXLoader
-    from fastseq.rename import io_name_conversion
-    from fastseq.pipeline import Pipeline
-    from fastseq.sequential import ONNXSequential
-    from fastseq.session import TensorInfo
-    from fastseq.spec import PipelineSpec
+    from fastseq import ops
+    from fastseq.facades.compose import compose, compose_bytes, compose_to_file, merge_models
+    from fastseq.facades.module import ONNXModule, load
+    from fastseq.facades.onnx_loader import ONNXLoader
+    from fastseq.facades.pipeline import Pipeline
+    from fastseq.facades.sequential import ONNXSequential
+    from fastseq.graph.metadata import add_metadata
+    from fastseq.graph.rename import io_name_conversion
+    from fastseq.graph.spec import PipelineSpec
+    from fastseq.ops import shipped as operators
+    from fastseq.runtime.session import TensorInfo
 
 
 def __getattr__(name: str) -> Any:
     import importlib
 
-    module = _LAZY.get(name)
+    module = _LAZY.get(name) or _MODULES.get(name)
     if module is None:
         raise AttributeError(f"module 'fastseq' has no attribute '{name}'")
     try:
@@ -65,13 +68,13 @@ def __getattr__(name: str) -> Any:
         from fastseq.errors import runtime_missing
 
         raise (runtime_missing(e) or e) from None
-    value = mod if module.endswith("." + name) else getattr(mod, name)
+    value = mod if name in _MODULES else getattr(mod, name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_MODULES))
 
 
 __all__ = [

@@ -15,9 +15,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from fastseq import __version__
-from fastseq.compose import save
+from fastseq.facades.compose import save
 from fastseq.errors import FastseqError, human_size
-from fastseq.spec import PipelineSpec, build
+from fastseq.graph.build import build
+from fastseq.graph.spec import PipelineSpec
 
 
 def _is_pipeline_file(arg: str) -> bool:
@@ -114,7 +115,7 @@ def _load_npy(name: str, file: str):
 
 def cmd_merge(args: argparse.Namespace) -> int:
     if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
-        from fastseq import pipefile
+        from fastseq.graph import pipefile
 
         if args.io_map is not None or args.keep_outputs:
             raise SystemExit(
@@ -138,7 +139,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     with progress(what):
         built = build(spec)
         if args.optimize:
-            from fastseq import session
+            from fastseq.runtime import session
 
             session.export_optimized(built.composed, args.output, args.providers, None)
             data = args.output.with_name(f"{args.output.name}.data")
@@ -189,7 +190,8 @@ def _io(items) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from fastseq import _core, loader
+    from fastseq import _core
+    from fastseq.sources import resolve as loader
 
     if _is_pipeline_file(args.model):
         return _inspect_pipeline(args)
@@ -214,7 +216,8 @@ def _print_summary(info: dict) -> None:
 
 
 def _inspect_pipeline(args: argparse.Namespace) -> int:
-    from fastseq import drawing, pipefile
+    from fastseq.graph import drawing
+    from fastseq.graph import pipefile
 
     spec = pipefile.read(args.model)
     built = build(spec)
@@ -243,12 +246,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SystemExit("fastseq run: error: --ray needs one --input (a folder of .npy files or a Parquet "
                              "dataset) and --output (a folder for Parquet files)")
         try:
-            from fastseq.ray import run_dataset
+            from fastseq.integrations.ray import run_dataset
         except ImportError as e:
             raise SystemExit(f"fastseq run: error: {e}") from None
     if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
-        from fastseq import pipefile
-        from fastseq.pipeline import Pipeline
+        from fastseq.graph import pipefile
+        from fastseq.facades.pipeline import Pipeline
 
         if args.io_map is not None:
             raise SystemExit("fastseq run: error: --io-map is for a chain of models; a pipeline file has edges")
@@ -257,7 +260,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             spec.providers = list(args.provider)
         pipe = Pipeline.from_spec(spec)
     else:
-        from fastseq.sequential import ONNXSequential
+        from fastseq.facades.sequential import ONNXSequential
 
         _check_io_maps("run", args)
         pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.provider or None)
@@ -282,7 +285,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from fastseq import cache
+    from fastseq.runtime import cache
 
     root = cache.root_from(args.dir) if args.dir else (cache.root_from(None) or cache.default_root())
     if args.action == "clear":
@@ -320,8 +323,8 @@ DEMO = [
 def cmd_demo(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fastseq import operators
-    from fastseq.sequential import ONNXSequential
+    from fastseq.ops import shipped as operators
+    from fastseq.facades.sequential import ONNXSequential
 
     # Every joint is positional but the classifier's: its second output feeds softmax.
     io_maps = [[("output", "input")]] * 6 + [[("logits", "input")], [("probabilities", "input")]]
@@ -342,7 +345,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from fastseq.quantize import quantize
+    from fastseq.integrations.quantize import quantize
 
     # Static quantization draws its own bar over the calibration batches.
     with nullcontext() if args.static else progress(f"quantizing {args.model}"):

@@ -191,7 +191,7 @@ class Graph:
         """The finished ``onnx.ModelProto`` (IR version the lowest that the opset allows)."""
         from onnx import helper
 
-        from fastseq import __version__
+        from fastseq._core import __version__
 
         graph = helper.make_graph(self.nodes, self.op, list(inputs), list(outputs), self.initializers)
         opsets = [helper.make_opsetid("", version)]

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 
 import onnxruntime as ort
 
-from fastseq import loader, session
-from fastseq.runnable import Runnable
-from fastseq.spec import PipelineSpec, build
+from fastseq.sources import resolve as loader
+from fastseq.runtime import session
+from fastseq.facades.base import Facade
+from fastseq.graph.build import build
+from fastseq.graph.spec import PipelineSpec
 
 if TYPE_CHECKING:
     import onnx
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["ONNXModule", "load"]
 
 
-class ONNXModule(Runnable):
+class ONNXModule(Facade):
     """One ONNX model, ready to call: a drop-in for ``kornia.onnx.ONNXModule``.
 
     ``module(x)`` returns the list of outputs; ``module.export(path)``,

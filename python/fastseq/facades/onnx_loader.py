@@ -14,7 +14,7 @@ import urllib.parse
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from fastseq import loader
+from fastseq.sources import resolve as loader
 from fastseq.errors import DownloadError, LoadError
 
 __all__ = ["ONNXLoader"]

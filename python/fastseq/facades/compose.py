@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastseq.loader import ModelSource
-from fastseq.spec import IoMap, PipelineSpec, Stage, build
+from fastseq.sources.resolve import ModelSource
+from fastseq.graph.build import build
+from fastseq.graph.parts import IoMap, Stage
+from fastseq.graph.spec import PipelineSpec
 
 if TYPE_CHECKING:
     import onnx

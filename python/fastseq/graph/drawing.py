@@ -9,7 +9,8 @@ import subprocess
 from html import escape
 
 from fastseq.errors import ExportError
-from fastseq.spec import IoInfo, Layout
+from fastseq.graph.build import Layout
+from fastseq.graph.parts import IoInfo
 
 _GREY = "#9e9e9e"
 

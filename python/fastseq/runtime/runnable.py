@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
-from fastseq import _core, session
+from fastseq import _core
+from fastseq.runtime import session
 from fastseq.errors import human_size
-from fastseq.session import TensorInfo
+from fastseq.runtime.session import TensorInfo
 
 if TYPE_CHECKING:
     import onnx
 
-    from fastseq.binding import Binding
+    from fastseq.runtime.binding import Binding
 
 
 #: Below this many bytes held, a pipeline keeps them in memory rather than spill them.
@@ -45,7 +46,7 @@ class Runnable:
         session_options: ort.SessionOptions | None,
         session_cache: str | os.PathLike[str] | bool | None = None,
     ) -> None:
-        from fastseq import cache
+        from fastseq.runtime import cache
 
         self._providers = list(providers) if providers else None
         self._session_options = session_options
@@ -209,7 +210,7 @@ class Runnable:
 
         ``b = pipe.bind(x); y, = b()`` runs on ``x``'s buffer (fill it in place for the next
         call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call."""
-        from fastseq.binding import Binding
+        from fastseq.runtime.binding import Binding
 
         binding = Binding(self._runner, outputs, output_names, run_options)
         if inputs or named:
@@ -265,7 +266,7 @@ class Runnable:
         ``<name>.data`` beside it), recording the providers and onnxruntime version in its
         metadata, so that a deployment can start its sessions with optimisation off.
         """
-        from fastseq.export import export
+        from fastseq.runtime.export import export
 
         if optimized:
             if kwargs or external_data is not None:
@@ -283,7 +284,7 @@ class Runnable:
         pickling; the running session is not rebuilt (metadata does not change what it
         computes). Returns the composed model as a fresh ``onnx.ModelProto`` (a copy, below
         2 GB, as kornia returns its model); the pipeline is the one to keep using."""
-        from fastseq.metadata import metadata_pairs
+        from fastseq.graph.metadata import metadata_pairs
 
         self._composed = self._composed.with_metadata(metadata_pairs(additional_metadata))
         return self.model
@@ -292,13 +293,6 @@ class Runnable:
     def metadata(self) -> dict[str, str]:
         """The composed model's ``metadata_props`` as a dict, in order."""
         return dict(self._composed.metadata())
-
-    def map_batches(self, ds: Any, **ray_kwargs: Any) -> Any:
-        """Runs this pipeline over a Ray Dataset as stateful actors (extra ``fastseq[ray]``;
-        see :func:`fastseq.ray.map_batches`). Returns the new, lazy dataset."""
-        from fastseq import ray as fastseq_ray
-
-        return fastseq_ray.map_batches(self, ds, **ray_kwargs)
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -319,7 +313,7 @@ class Runnable:
     # Pickling keeps the composed model, the providers and the session cache; the session
     # is rebuilt (from the cache, when there is one).
     def __getstate__(self) -> dict[str, Any]:
-        from fastseq.spec import session_options_dict
+        from fastseq.graph.options import session_options_dict
 
         return {
             "model": self._composed.to_bytes(),
@@ -331,7 +325,7 @@ class Runnable:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from fastseq.spec import session_options
+        from fastseq.graph.options import session_options
 
         self._labels = state["labels"]
         self._composed = _core.load_model(state["model"], " -> ".join(self._labels))

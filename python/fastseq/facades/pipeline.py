@@ -8,14 +8,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastseq import drawing, pipefile
-from fastseq.runnable import Runnable
-from fastseq.spec import Edge, Layout, PipelineSpec, build, session_options, session_options_dict
+from fastseq.graph import drawing
+from fastseq.graph import pipefile
+from fastseq.facades.base import Facade
+from fastseq.graph.build import Layout, build
+from fastseq.graph.options import session_options, session_options_dict
+from fastseq.graph.parts import Edge
+from fastseq.graph.spec import PipelineSpec
 
 __all__ = ["Pipeline"]
 
 
-class Pipeline(Runnable):
+class Pipeline(Facade):
     """Models as a graph of named stages, composed into one model and run as one session::
 
         pipe = fastseq.Pipeline(
@@ -94,7 +98,7 @@ class Pipeline(Runnable):
     def from_file(
         cls, path: str | os.PathLike[str], session_cache: str | os.PathLike[str] | bool | None = None
     ) -> Pipeline:
-        """The pipeline that the TOML file at ``path`` describes (see :mod:`fastseq.pipefile`)."""
+        """The pipeline that the TOML file at ``path`` describes (see :mod:`fastseq.graph.pipefile`)."""
         return cls.from_spec(pipefile.read(path), session_cache)
 
     def to_file(self, path: str | os.PathLike[str]) -> Path:

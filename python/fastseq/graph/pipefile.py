@@ -1,4 +1,4 @@
-"""Pipeline files: a :class:`~fastseq.spec.PipelineSpec` graph as TOML, read with the
+"""Pipeline files: a :class:`~fastseq.graph.spec.PipelineSpec` graph as TOML, read with the
 standard library's ``tomllib`` and written here (no dependency). The format::
 
     edges = ["pre.output -> backbone.input", "backbone.features -> cls.x"]
@@ -28,7 +28,9 @@ from typing import Any
 
 from fastseq import _core
 from fastseq.errors import LoadError
-from fastseq.spec import META_KEYS, PipelineSpec, Stage, session_options, session_options_dict
+from fastseq.graph.options import session_options, session_options_dict
+from fastseq.graph.parts import META_KEYS, Stage
+from fastseq.graph.spec import PipelineSpec
 
 KEYS = (
     "stages", "edges", "inputs", "outputs", "opset", "ir_version", "metadata", "model_version",
@@ -213,7 +215,7 @@ def _stage_source(st: Stage, target: Path, folder: Path) -> str:
     if isinstance(src, _core.Composed):
         src.save(str(beside), external_data=False)
     else:
-        from fastseq import loader
+        from fastseq.sources import resolve as loader
 
         data = loader.resolve_local(src, 0).data
         if not isinstance(data, bytes):

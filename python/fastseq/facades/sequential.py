@@ -8,21 +8,23 @@ from typing import TYPE_CHECKING, Any
 
 import onnxruntime as ort
 
-from fastseq import loader, session
+from fastseq.sources import resolve as loader
+from fastseq.runtime import session
 from fastseq.errors import CompositionError
-from fastseq.runnable import Runnable
-from fastseq.session import TensorInfo
-from fastseq.spec import PipelineSpec, build
+from fastseq.facades.base import Facade
+from fastseq.runtime.session import TensorInfo
+from fastseq.graph.build import build
+from fastseq.graph.spec import PipelineSpec
 
 if TYPE_CHECKING:
     import onnx
 
-    from fastseq import quantize
+    from fastseq.integrations import quantize
 
 __all__ = ["ONNXSequential", "TensorInfo"]
 
 
-class ONNXSequential(Runnable):
+class ONNXSequential(Facade):
     """Chains ONNX models into one graph and runs it with ONNX Runtime.
 
     A drop-in for ``kornia.onnx.ONNXSequential``: same arguments, same ``io_maps``
@@ -164,6 +166,6 @@ class ONNXSequential(Runnable):
         """Writes an int8 build of the composed pipeline to ``path`` (``onnxruntime.quantization``;
         options as :func:`fastseq.quantize.quantize`: ``static``, ``calibration``,
         ``per_channel``, ``format``) and returns what was written."""
-        from fastseq import quantize
+        from fastseq.integrations import quantize
 
         return quantize.quantize_composed(self._composed, path, " -> ".join(self._labels), **options)

@@ -166,13 +166,13 @@ def open_copy(
 ) -> ort.InferenceSession:
     """A session over a private copy (see :class:`PrivateCopy`). With a ``cache_root``, the
     optimised model is stored there on the first start and loaded with optimisation off on
-    later ones (see :mod:`fastseq.cache`). ``info``, when given, is filled with how the
+    later ones (see :mod:`fastseq.runtime.cache`). ``info``, when given, is filled with how the
     session was made: ``cache`` ("hit", "stored" or None) and the entry's folder."""
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
     if cache_root is None:
         return _session(copy.path, options, usable)
-    from fastseq import cache
+    from fastseq.runtime import cache
 
     parts = cache.key_parts(copy.digest, usable, options)
     key = cache.key_of(parts)

@@ -36,7 +36,7 @@ def export(
     external_data: bool | None = None,
     **kwargs: Any,
 ) -> Path:
-    """Writes ``composed`` to ``file_path``; see :meth:`fastseq.runnable.Runnable.export`."""
+    """Writes ``composed`` to ``file_path``; see :meth:`fastseq.runtime.runnable.Runnable.export`."""
     unknown = sorted(set(kwargs) - set(ONNX_SAVE_DEFAULTS))
     if unknown:
         raise TypeError(

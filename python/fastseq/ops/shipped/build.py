@@ -1,8 +1,8 @@
 """Writes the built-in operator models and the demo samples beside this file.
 
 The .onnx files are committed and shipped in the wheel; rerun this after changing one:
-    python python/fastseq/operators/build.py           # everything
-    python python/fastseq/operators/build.py digits    # only the digits classifier + sample
+    python python/fastseq/ops/shipped/build.py           # everything
+    python python/fastseq/ops/shipped/build.py digits    # only the digits classifier + sample
 The fixed operators need only onnx and numpy; the digits classifier needs scikit-learn,
 skl2onnx and Pillow (the test extra). Names and conventions follow kornia's operators.
 """

@@ -95,7 +95,8 @@ def resolve_builtin(model: str) -> Resolved:
     """``builtin:NAME`` is a model shipped in ``fastseq/operators`` (byte for byte, so a
     pipeline naming one keeps its meaning); ``builtin:NAME?KEY=VALUE&...``, or a bare name
     that is only an operator, is built by :mod:`fastseq.ops`."""
-    from fastseq import operators, ops
+    from fastseq import ops
+    from fastseq.ops import shipped as operators
 
     spec = model[len("builtin:") :]
     name, mark, _ = spec.partition("?")
@@ -475,7 +476,6 @@ def _shut(sock: socket.socket) -> None:
 def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
     """urllib's opener (redirects, proxies, TLS), its connections' sockets watched."""
     import http.client
-    import socket
     import urllib.request
 
 

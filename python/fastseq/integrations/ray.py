@@ -1,0 +1,505 @@
+"""A composed pipeline as stateful Ray Data actors (extra: ``fastseq[ray]``).
+
+``pipe.map_batches(ds, compute=ray.data.ActorPoolStrategy(size=4), batch_size=256)`` or
+``ds.map_batches(fastseq.ray.Predictor, fn_constructor_kwargs={"pipeline": pipe}, ...)``.
+
+What travels where: the driver serializes the composed model once and puts it in the object
+store once (:func:`ship`); each actor fetches it once (from its node's object store) and
+builds one ONNX Runtime session in ``__init__``, with intra-op threads sized to the CPUs Ray
+gave the actor and the CUDA provider when Ray gave it a GPU. Per batch, only the batch's
+columns move. An ``InferenceSession`` cannot be pickled, so none ever is.
+
+This is the only fastseq module that imports Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import ray
+except ImportError as e:  # the extra is not installed
+    raise ImportError(f"fastseq.ray needs Ray Data: pip install 'fastseq[ray]' ({e})") from e
+
+from fastseq import _core
+from fastseq.runtime import session
+from fastseq.errors import InputError
+from fastseq.graph.options import session_options, session_options_dict
+
+_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """What an actor needs to build its session: the model (an object-store reference to
+    its serialized bytes, or a path on storage every node can read), the providers, a
+    picklable description of the session options, and the model's inputs and outputs when
+    known in the driver. Small: pickling it never copies the model."""
+
+    model: Any
+    providers: list[Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    inputs: tuple[Any, ...] | None = None
+    outputs: tuple[Any, ...] | None = None
+    label: str = "pipeline"
+
+
+def _payload(pipe: Any) -> tuple[bytes, list[Any] | None, dict[str, Any], tuple[Any, ...], tuple[Any, ...]]:
+    """Everything fastseq.ray reads from a pipeline, in one place: the serialized model,
+    the requested providers, the session options as a picklable dict, inputs, outputs."""
+    return (
+        pipe.model_bytes,
+        list(pipe._providers) if pipe._providers else None,
+        describe_options(pipe._session_options),
+        tuple(pipe.inputs),
+        tuple(pipe.outputs),
+    )
+
+
+def describe_options(options: Any) -> dict[str, Any]:
+    """An ``ort.SessionOptions`` as a plain, picklable dict (None: an empty dict, the
+    defaults): :func:`fastseq.graph.options.session_options_dict`, the one description of them."""
+    return session_options_dict(options)
+
+
+def build_options(described: Mapping[str, Any], cpus: float | None) -> Any:
+    """An ``ort.SessionOptions`` from :func:`describe_options`' dict, its intra-op threads
+    sized to ``cpus`` (the actor's share) unless the pipeline set them: every actor taking
+    every core would oversubscribe the node."""
+    options = session_options(dict(described)) if described else session.default_options()
+    if not described.get("intra_op_num_threads") and cpus:
+        options.intra_op_num_threads = max(1, int(cpus))
+    if not described.get("inter_op_num_threads"):
+        options.inter_op_num_threads = 1
+    return options
+
+
+def actor_providers(requested: Sequence[Any] | None, gpu_ids: Sequence[Any]) -> list[Any]:
+    """The providers for an actor: the CUDA provider first when Ray gave it a GPU (device 0:
+    Ray narrows CUDA_VISIBLE_DEVICES to the actor's GPUs); GPU providers dropped when it has
+    none, since they would take a device Ray did not grant."""
+    wanted = list(requested) if requested else ["CPUExecutionProvider"]
+    if gpu_ids:
+        on_gpu = [
+            (name, {**opts, "device_id": 0}) if name in _GPU_PROVIDERS else p
+            for p in wanted
+            for name, opts in [(p, {}) if isinstance(p, str) else p]
+        ]
+        if not any(session.provider_name(p) in _GPU_PROVIDERS for p in on_gpu):
+            on_gpu.insert(0, ("CUDAExecutionProvider", {"device_id": 0}))
+        return on_gpu
+    kept = [p for p in wanted if session.provider_name(p) not in _GPU_PROVIDERS]
+    return kept or ["CPUExecutionProvider"]
+
+
+def ship(pipeline: Any) -> Shipment:
+    """Puts a pipeline's model in the object store once and returns the small handle that
+    actors build their sessions from. A path (str or PathLike) is shipped as the path, for a
+    model on storage every node reads (needed above 2 GB, with its external data beside
+    it). A :class:`Shipment` is returned as it is."""
+    if isinstance(pipeline, Shipment):
+        return pipeline
+    if isinstance(pipeline, (str, os.PathLike)):
+        path = Path(pipeline).expanduser().resolve()
+        if not path.is_file():
+            raise InputError(f"{path}: no such model file")
+        return Shipment(str(path), label=path.name)
+    model, providers, options, inputs, outputs = _payload(pipeline)
+    return Shipment(ray.put(model), providers, options, inputs, outputs, label=_label(pipeline))
+
+
+def _label(pipeline: Any) -> str:
+    labels = getattr(pipeline, "_labels", None)
+    return " -> ".join(labels) if labels else type(pipeline).__name__
+
+
+class Predictor:
+    """A Ray Data callable class that runs a pipeline over batches.
+
+    ``ds.map_batches(Predictor, fn_constructor_kwargs={"pipeline": pipe}, ...)``, where
+    ``pipeline`` is a :class:`Shipment` from :func:`ship` (the model already in the object
+    store), the path of an exported model on shared storage, or an ``ONNXSequential``. The
+    last arrives in the actor unpickled, which builds its own session first and, as pickling
+    goes today, without its session options: ``ship(pipe)`` or ``pipe.map_batches`` avoid
+    both.
+
+    Columns feed the inputs of the same name; ``input_columns={"x": "pixels"}`` feeds the
+    input ``x`` from the column ``pixels``. Outputs become new columns of their own names
+    (``output_columns={"probs": "scores"}`` renames; a list keeps only those outputs). The
+    other columns pass through, or are dropped with ``drop_columns=True``. Numpy, pandas
+    and pyarrow batches are accepted; the result is a dict of numpy columns.
+
+    A column of per-row arrays is stacked on the pipeline's batch axis; a pipeline with a
+    fixed batch of N is called N rows at a time, and one without a batch axis row by row.
+    A column missing, or of a dtype or row shape the pipeline refuses, is an ``InputError``
+    naming the column, the input and the rows.
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        input_columns: Mapping[str, str] | None = None,
+        output_columns: Mapping[str, str] | Sequence[str] | None = None,
+        drop_columns: bool = False,
+    ) -> None:
+        shipped = _local_shipment(pipeline)
+        model = ray.get(shipped.model) if isinstance(shipped.model, ray.ObjectRef) else shipped.model
+        resources = _assigned_resources()
+        # The core decodes the bytes (or reads the path and its external data) and hands the
+        # model to ONNX Runtime the way every fastseq session gets it.
+        composed = _core.load_model(model, shipped.label)
+        del model
+        with session.PrivateCopy.of(composed) as copy:
+            # The actor never needs the model again: its memory is freed before ONNX Runtime
+            # builds the session from the copy, so the weights never count twice.
+            del composed
+            self.session = session.open_copy(
+                copy,
+                actor_providers(shipped.providers, resources["gpu_ids"]),
+                build_options(shipped.options, resources["cpus"]),
+            )
+        self.label = shipped.label
+        self.inputs = [session.TensorInfo.of(a) for a in self.session.get_inputs()]
+        self.outputs = [session.TensorInfo.of(a) for a in self.session.get_outputs()]
+        self.columns, self.renamed = _routes(self.inputs, self.outputs, input_columns, output_columns)
+        self.drop_columns = drop_columns
+
+    def __call__(self, batch: Any) -> dict[str, np.ndarray]:
+        """Runs the pipeline over one batch; returns its columns plus the outputs."""
+        columns = _as_numpy(batch)
+        rows = _batch_len(columns)
+        feeds = {}
+        for info in self.inputs:
+            column = self.columns[info.name]
+            if column not in columns:
+                raise InputError(
+                    f"{self.label}: input '{info.name}' reads the column '{column}', which this batch "
+                    f"(rows 0-{rows - 1}) lacks{_core.did_you_mean(column, list(columns))}; columns: "
+                    f"{', '.join(columns)}" + _map_hint(info.name)
+                )
+            feeds[info.name] = _stack(columns[column], column, info, self.label)
+        wanted = [o for o in self.outputs if o.name in self.renamed]  # only these are computed
+        results = _run_rows(self.session, feeds, self.inputs, rows, wanted, self.label)
+        out = {} if self.drop_columns else dict(columns)
+        for info, value in zip(wanted, results):
+            name = self.renamed[info.name]
+            if name in out:
+                raise InputError(
+                    f"{self.label}: output '{info.name}' would replace the column '{name}'; "
+                    f"name it with output_columns={{'{info.name}': 'NEW'}} or pass drop_columns=True"
+                )
+            out[name] = value
+        return out
+
+
+def _local_shipment(pipeline: Any) -> Shipment:
+    # In an actor a Shipment arrives as itself; an ONNXSequential arrives unpickled (Ray Data
+    # puts the constructor arguments in the object store once), so read it without a put.
+    if isinstance(pipeline, (Shipment, str, os.PathLike)):
+        return ship(pipeline)
+    model, providers, options, inputs, outputs = _payload(pipeline)
+    return Shipment(model, providers, options, inputs, outputs, label=_label(pipeline))
+
+
+def _assigned_resources() -> dict[str, Any]:
+    """The CPUs and GPUs Ray gave this actor; none outside Ray or in the driver (then ONNX
+    Runtime's own defaults apply)."""
+    if not ray.is_initialized():
+        return {"cpus": None, "gpu_ids": []}
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except AssertionError:  # Ray's answer in the driver, which is assigned nothing
+        return {"cpus": None, "gpu_ids": []}
+    return {"cpus": cpus, "gpu_ids": ray.get_gpu_ids()}
+
+
+def _map_hint(input_name: str) -> str:
+    return f" (map another column with input_columns={{'{input_name}': 'COLUMN'}})"
+
+
+def _routes(inputs, outputs, input_columns, output_columns) -> tuple[dict[str, str], dict[str, str]]:
+    """{input: column} and {output: column}, the user's names checked against the model's."""
+    in_names = [i.name for i in inputs]
+    out_names = [o.name for o in outputs]
+    for name in input_columns or {}:
+        if name not in in_names:
+            raise InputError(
+                f"input_columns names '{name}', which is not an input{_core.did_you_mean(name, in_names)}; "
+                f"inputs: {', '.join(in_names)}"
+            )
+    if output_columns is None:
+        renamed = {n: n for n in out_names}
+    elif isinstance(output_columns, Mapping):
+        renamed = {n: n for n in out_names} | dict(output_columns)
+    else:
+        renamed = {n: n for n in output_columns}
+    for name in renamed:
+        if name not in out_names:
+            raise InputError(
+                f"output_columns names '{name}', which is not an output{_core.did_you_mean(name, out_names)}; "
+                f"outputs: {', '.join(out_names)}"
+            )
+    return {n: (input_columns or {}).get(n, n) for n in in_names}, renamed
+
+
+def _as_numpy(batch: Any) -> dict[str, np.ndarray]:
+    if isinstance(batch, Mapping):
+        return {k: np.asarray(v) if not isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    # pandas DataFrame or pyarrow Table: Ray's own conversion (tensor columns become arrays)
+    from ray.data.block import BlockAccessor
+
+    return dict(BlockAccessor.for_block(batch).to_batch_format("numpy"))
+
+
+def _batch_len(columns: Mapping[str, np.ndarray]) -> int:
+    return len(next(iter(columns.values()))) if columns else 0
+
+
+def _rows(lo: int, hi: int) -> str:
+    return f"row {lo}" if hi - lo == 1 else f"rows {lo}-{hi - 1}"
+
+
+def _stack(values: np.ndarray, column: str, info: Any, label: str) -> np.ndarray:
+    """The column as one array with the rows on axis 0, checked against the input."""
+    rows = len(values)
+    where = f"{label}: column '{column}' ({_rows(0, rows)} of the batch)"
+    if values.dtype == object and rows and isinstance(values[0], np.ndarray):
+        first = values[0].shape
+        for i, row in enumerate(values):
+            if np.shape(row) != first:
+                raise InputError(
+                    f"{label}: column '{column}' (row {i} of the batch) has shape {list(np.shape(row))} where "
+                    f"row 0 has {list(first)}: rows stacked for input '{info.name}' must share a shape"
+                )
+        values = np.stack(values)
+    if info.dtype is not None and values.dtype != info.dtype and not (
+        info.dtype.kind == "U" and values.dtype.kind in "UO"
+    ):
+        raise InputError(
+            f"{where} holds {values.dtype}, input '{info.name}' expects {info.dtype} "
+            "(cast the column first: fastseq does not change what a pipeline computes)"
+        )
+    _check_row_shape(info, values.shape[1:], where)
+    return values
+
+
+def _check_row_shape(info: Any, row: tuple[int | None, ...], where: str) -> None:
+    """A row of shape ``row`` (None: a dimension that varies) fits an input with a batch
+    axis (rank + 1) or without one."""
+    if info.shape is None:
+        return
+    want = list(info.shape)
+    if len(want) == len(row) + 1:
+        dims = want[1:]
+    elif len(want) == len(row):
+        dims = want
+    else:
+        raise InputError(
+            f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want} "
+            f"(rows of rank {len(want) - 1}, stacked on its batch axis)"
+        )
+    for got, need in zip(row, dims):
+        if isinstance(need, int) and need > 0 and isinstance(got, int) and got != need:
+            raise InputError(f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want}")
+
+
+def _run_rows(sess, feeds, inputs, rows: int, outputs, label: str) -> list[np.ndarray]:
+    """Calls the session on the whole batch when its batch axis is dynamic, N rows at a
+    time when it is fixed at N, and row by row when the input has no batch axis."""
+    output_names = [o.name for o in outputs]
+    step, batched = None, True  # step: the fixed batch size, None when dynamic
+    for info in inputs:
+        value = feeds[info.name]
+        if info.shape is None:
+            continue
+        if len(info.shape) == value.ndim - 1:
+            batched = False
+        elif info.shape and isinstance(info.shape[0], int) and info.shape[0] > 0:
+            step = info.shape[0] if step is None else min(step, info.shape[0])
+    if batched and step is None:
+        return sess.run(output_names, feeds)
+    step = step if batched else 1
+    if rows == 0:  # nothing to call a fixed-size pipeline with: empty output columns
+        empty = []
+        for o in outputs:
+            row = list(o.shape or ())[1 if batched else 0 :]
+            empty.append(np.empty([0] + [d if isinstance(d, int) else 0 for d in row], o.dtype))
+        return empty
+    if rows % step:
+        raise InputError(
+            f"{label}: the pipeline takes batches of exactly {step} rows; this batch has {rows} "
+            f"(pass batch_size={step} or a multiple of it)"
+        )
+    parts = []
+    for lo in range(0, rows, step):
+        if batched:
+            parts.append(sess.run(output_names, {k: v[lo : lo + step] for k, v in feeds.items()}))
+        else:
+            parts.append([o[None] for o in sess.run(output_names, {k: v[lo] for k, v in feeds.items()})])
+    return [np.concatenate(outs) for outs in zip(*parts)] if parts else []
+
+
+def check_schema(
+    ds: Any, shipped: Shipment, input_columns=None, output_columns=None, drop_columns: bool = False
+) -> None:
+    """Checks in the driver, before any actor starts, that the dataset has a column for each
+    input with a dtype and row shape the pipeline takes, and no column an output would
+    replace (when Ray knows the schema)."""
+    if shipped.inputs is None:
+        return
+    columns, renamed = _routes(shipped.inputs, shipped.outputs, input_columns, output_columns)
+    schema = ds.schema()
+    if schema is None:
+        return
+    names = list(schema.names)
+    for output, column in renamed.items():
+        if not drop_columns and column in names:
+            raise InputError(
+                f"{shipped.label}: output '{output}' would replace the column '{column}'; "
+                f"name it with output_columns={{'{output}': 'NEW'}} or pass drop_columns=True"
+            )
+    for info in shipped.inputs:
+        column = columns[info.name]
+        if column not in names:
+            raise InputError(
+                f"{shipped.label}: input '{info.name}' reads the column '{column}', which the dataset "
+                f"lacks{_core.did_you_mean(column, names)}; columns: {', '.join(names)}" + _map_hint(info.name)
+            )
+        dtype, row = _column_type(schema.types[names.index(column)])
+        where = f"{shipped.label}: column '{column}' (all rows)"
+        if dtype is not None and info.dtype is not None and dtype != info.dtype and not (
+            info.dtype.kind == "U" and dtype.kind in "UO"
+        ):
+            raise InputError(
+                f"{where} holds {dtype}, input '{info.name}' expects {info.dtype} "
+                "(cast the column first: fastseq does not change what a pipeline computes)"
+            )
+        if row is not None:
+            _check_row_shape(info, row, where)
+
+
+def _column_type(arrow_type: Any) -> tuple[np.dtype | None, tuple[int, ...] | None]:
+    """(numpy dtype, row shape) of a dataset column's type, None where Ray does not say
+    (variable-shaped tensors have no fixed row shape)."""
+    import pyarrow as pa
+
+    shape = getattr(arrow_type, "shape", None)
+    try:
+        if shape is not None:  # Ray's tensor extension types (variable dimensions are None)
+            scalar = getattr(arrow_type, "value_type", None) or getattr(arrow_type, "scalar_type", None)
+            return (np.dtype(scalar.to_pandas_dtype()) if scalar is not None else None), tuple(shape)
+        if isinstance(arrow_type, pa.DataType):
+            if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+                return np.dtype(object), ()
+            if pa.types.is_primitive(arrow_type):
+                return np.dtype(arrow_type.to_pandas_dtype()), ()
+            return None, None
+        return np.dtype(arrow_type), ()  # a pandas block's numpy dtype
+    except (TypeError, NotImplementedError):
+        return None, None
+
+
+def map_batches(
+    pipeline: Any,
+    ds: Any,
+    *,
+    input_columns: Mapping[str, str] | None = None,
+    output_columns: Mapping[str, str] | Sequence[str] | None = None,
+    drop_columns: bool = False,
+    **ray_kwargs: Any,
+) -> Any:
+    """``ds.map_batches`` with a :class:`Predictor` over ``pipeline``: the model is put in
+    the object store once, the dataset's schema is checked here in the driver, and
+    ``ray_kwargs`` (``compute``/``concurrency``, ``batch_size``, ``num_cpus``, ``num_gpus``,
+    ``batch_format``, ...) go to Ray Data as they are. Returns the new (lazy) dataset.
+    Reading the schema may run the dataset's upstream steps on its first block."""
+    shipped = ship(pipeline)
+    check_schema(ds, shipped, input_columns, output_columns, drop_columns)
+    return ds.map_batches(
+        Predictor,
+        fn_constructor_kwargs={
+            "pipeline": shipped,
+            "input_columns": input_columns,
+            "output_columns": output_columns,
+            "drop_columns": drop_columns,
+        },
+        **ray_kwargs,
+    )
+
+
+def error_of(exc: BaseException) -> str | None:
+    """The fastseq message inside an exception that Ray Data raised for a failed batch
+    (Ray wraps an actor's error in its own class and keeps the original only as text,
+    unless ``DataContext.raise_original_map_exception`` is set)."""
+    for line in reversed(str(exc).splitlines()):
+        for name in ("InputError", "FastseqError", "LoadError"):
+            mark = f"{name}: "
+            if mark in line and ("fastseq" in line or line.lstrip().startswith(mark)):
+                return line.split(mark, 1)[1].strip()
+    return None
+
+
+def run_dataset(
+    pipe: Any,
+    source: str | os.PathLike[str],
+    output: str | os.PathLike[str],
+    address: str | None = None,
+    concurrency: int | None = None,
+    batch_size: int = 256,
+) -> int:
+    """``fastseq run MODEL --input SOURCE --output OUTPUT --ray [ADDRESS]``: runs a built
+    pipeline over a folder of ``.npy`` files (each holding rows on axis 0, for a one-input
+    pipeline) or a Parquet dataset (a column per input), on the cluster at ``address`` or a
+    local one, and writes the outputs (plus the columns that fed no input) as Parquet.
+    Returns the rows written."""
+    import ray.data
+
+    # Absolute: tasks on a running cluster do not share this process's working directory.
+    src = Path(source).expanduser().resolve()
+    shown, output = output, Path(output).expanduser().resolve()
+    if not src.exists():
+        raise InputError(f"{src}: no such folder or Parquet dataset")
+    if not ray.is_initialized():
+        ray.init(address=address or None, log_to_driver=False)
+    input_columns = None
+    if src.is_dir() and any(src.glob("*.npy")):
+        if len(pipe.inputs) != 1:
+            raise InputError(
+                f"{_label(pipe)} has {len(pipe.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
+                "with a column per input)"
+            )
+        ds = ray.data.read_numpy(str(src), include_paths=True)
+        input_columns = {pipe.inputs[0].name: "data"}  # read_numpy's column
+    else:
+        ds = ray.data.read_parquet(str(src))
+    if concurrency is None:
+        # Leave a CPU to the read and write tasks: actors holding every CPU starve them and
+        # Ray Data then waits forever.
+        concurrency = max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)
+    fed = [(input_columns or {}).get(i.name, i.name) for i in pipe.inputs]
+    try:
+        out = map_batches(
+            pipe,
+            ds,
+            input_columns=input_columns,
+            compute=ray.data.ActorPoolStrategy(size=concurrency),
+            batch_size=batch_size,
+            num_cpus=1,
+        ).drop_columns(fed)
+        out.write_parquet(str(output))
+    except InputError:
+        raise
+    except Exception as e:  # a batch failed in an actor: Ray's wrapper, the message inside
+        message = error_of(e)
+        if message is None:
+            raise
+        raise InputError(message) from None
+    rows = ray.data.read_parquet(str(output)).count()
+    print(f"wrote {rows} rows to {shown}")
+    return rows
