@@ -241,6 +241,14 @@ mod tests {
         let c = compose(models.clone(), &labels(3), &chain).unwrap();
         assert_eq!(c.report.pruned.stages, [1, 2]);
         assert_eq!(c.model.graph.unwrap().node.len(), 2);
+        // A stage without nodes (its output a weight) that nothing needs is left out too.
+        let mut constant = scale(1);
+        let g = constant.graph.as_mut().unwrap();
+        (g.node, g.input, g.output) = (vec![], vec![], vec![vi("c", 1, &[4])]);
+        let only_first = graph_opts(vec![], &[("first", 0, "y")]);
+        let c = compose(vec![distinct(1.0), constant], &labels(2), &only_first).unwrap();
+        assert_eq!((c.plan.pruned.as_slice(), c.report.pruned.initializers), (&["m1.onnx".to_string()][..], 1));
+        assert_plan_is_the_model(&c);
         // Off on request: everything stays.
         let keep = Options { prune: Some(false), ..graph_opts(edges, &[("left", 1, "y")]) };
         assert_eq!(compose(models, &labels(3), &keep).unwrap().model.graph.unwrap().node.len(), 6);
