@@ -19,7 +19,7 @@ from conftest import scale_model, session
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq[ray]'")
 
 import fastseq  # noqa: E402
-import fastseq.ray as fray  # noqa: E402
+import fastseq.integrations.ray as fray  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)  # a Ray scheduling deadlock would otherwise hang CI
 TESTS = Path(__file__).parent

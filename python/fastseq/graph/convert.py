@@ -51,22 +51,6 @@ def _shown(domain: str) -> str:
     return domain or "ai.onnx"
 
 
-def default_opset(opsets: list[tuple[str, int]]) -> int:
-    """The ai.onnx version among ``opsets`` ((domain, version) pairs), 0 if not imported."""
-    for domain, version in opsets:
-        if domain in ("", "ai.onnx"):
-            return version
-    return 0
-
-
-def convert_opset(model: _core.Composed, source: int, target: int, label: str) -> _core.Composed:
-    """Converts the default-domain opset of ``model`` from ``source`` to ``target``."""
-    if source in (target, 0):
-        return model
-    stripped = onnx.ModelProto.FromString(model.stripped_bytes(_KEEP_BYTES))
-    return model.with_weights(_convert_default(stripped, source, target, label).SerializeToString(), label)
-
-
 def _convert_default(stripped: onnx.ModelProto, source: int, target: int, label: str) -> onnx.ModelProto:
     try:
         converted = onnx.version_converter.convert_version(stripped, target)
