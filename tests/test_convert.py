@@ -254,3 +254,18 @@ def test_ai_onnx_conversion_and_ml_settling_in_one_pass(iris):
     label, probs = pipe(X)
     np.testing.assert_array_equal(label, clf.predict(Xs))
     np.testing.assert_allclose(probs, clf.predict_proba(Xs), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_importing_a_domain_twice_is_named_once():
+    """skl2onnx writes the default domain twice in some models (the digits scaler imports
+    "" 17 twice): the opset error names it once."""
+    from conftest import FIXTURES, scale_model
+
+    scaler = onnx.load(FIXTURES / "digits_scaler.onnx")
+    assert [o.version for o in scaler.opset_import if o.domain == ""] == [17, 17]
+    old = scale_model(2.0)
+    old.opset_import[0].version = 13
+    with pytest.raises(fastseq.OpsetMismatchError) as info:
+        fastseq.compose([scaler, old])
+    assert "17 in digits_scaler (#0)" in str(info.value)
+    assert str(info.value).count("digits_scaler (#0)") == 1, str(info.value)
