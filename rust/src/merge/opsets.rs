@@ -25,7 +25,8 @@ fn shown(domain: &str) -> &str {
 /// error naming every model and the version it imports.
 pub fn merge_opsets(models: &[ModelProto], labels: &[String]) -> Result<Vec<OperatorSetIdProto>> {
     // domain -> version -> (index, label) of the models importing it
-    let mut seen: BTreeMap<String, BTreeMap<i64, Vec<(usize, &str)>>> = BTreeMap::new();
+    type Importers<'a> = BTreeMap<i64, Vec<(usize, &'a str)>>;
+    let mut seen: BTreeMap<String, Importers> = BTreeMap::new();
     for (k, (model, label)) in models.iter().zip(labels).enumerate() {
         for op in &model.opset_import {
             let domain = normalize_domain(op.domain.as_deref().unwrap_or("")).to_string();

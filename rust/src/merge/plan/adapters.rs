@@ -187,12 +187,12 @@ pub(crate) fn unify_dims(models: &[ModelProto], edges: &[Edge]) -> Vec<FxHashMap
         .enumerate()
         .flat_map(|(k, m)| {
             let g = graph(m);
-            g.input.iter().chain(&g.output).filter_map(tensor_type).filter_map(dims_of).flatten().filter_map(
-                move |d| match d {
+            g.input.iter().chain(&g.output).filter_map(tensor_type).filter_map(dims_of).flatten().filter_map(move |d| {
+                match d {
                     Some(Dim::DimParam(p)) if p.contains('*') => Some((k, p.clone())),
                     _ => None,
-                },
-            )
+                }
+            })
         })
         .collect::<FxHashSet<Key>>()
         .into_iter()
@@ -228,14 +228,13 @@ pub(crate) fn unify_dims(models: &[ModelProto], edges: &[Edge]) -> Vec<FxHashMap
             Dim::DimValue(*v)
         } else if m.1.contains('*') && r == m {
             // A product with a factor of unknown size: its factors as their classes say.
-            let parts: Vec<String> = m
-                .1
-                .split('*')
-                .map(|f| match factor(&size, &parent, m.0, f.trim()) {
-                    Some(v) => v.to_string(),
-                    None => root(&parent, (m.0, f.trim().to_string())).1,
-                })
-                .collect();
+            let parts: Vec<String> =
+                m.1.split('*')
+                    .map(|f| match factor(&size, &parent, m.0, f.trim()) {
+                        Some(v) => v.to_string(),
+                        None => root(&parent, (m.0, f.trim().to_string())).1,
+                    })
+                    .collect();
             Dim::DimParam(parts.join("*"))
         } else {
             Dim::DimParam(r.1.clone())
