@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::bindings::errors::to_py;
-use crate::codec::model::{decode, encode_into, restore_weights, strip_weights};
+use crate::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
 use crate::codec::proto::ModelProto;
 use crate::codec::summary::{summary, DimInfo, IoInfo};
 use crate::error::Error;
@@ -108,7 +108,7 @@ impl Composed {
     /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
     fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
         let data = Bytes::copy_from_slice(stripped);
-        let model = py.detach(|| restore_weights(decode(label, data)?, &self.model, label)).map_err(to_py)?;
+        let model = py.detach(|| restore_weights(decode_without_weights(label, data)?, &self.model, label)).map_err(to_py)?;
         let mut c = Composed::of(model, self.linked);
         c.labels = self.labels.clone();
         Ok(c)
