@@ -462,6 +462,86 @@ def test_the_drawing_names_every_stage_edge_input_and_output(classifier):
             pipe.to_svg()
 
 
+_PORT = re.compile(r'PORT="([io]\d+)"[^>]*>([^<]*?): ')
+_EDGE_PORTS = re.compile(r'^  "((?:[^"\\]|\\.)*)"(?::(\w+))? -> "((?:[^"\\]|\\.)*)"(?::(\w+))?')
+
+
+def drawn_ports(text: str) -> tuple[list[tuple[str, list[tuple[str, str]]]], list[tuple[str, str, str]]]:
+    """The graph inputs the drawing shows, each with the (stage, input) ports it points at,
+    and its graph outputs with the (stage, output) port each comes from, in drawing order."""
+    nodes, _ = parse_dot(text)
+    names = {(stage, port): name for stage, attrs in nodes.items() for port, name in _PORT.findall(attrs)}
+    inputs: dict[str, list[tuple[str, str]]] = {}
+    outputs: list[tuple[str, str, str]] = []
+    for node in nodes:
+        if node.startswith("in:"):
+            inputs[node[3:]] = []
+    for line in text.splitlines():
+        if m := _EDGE_PORTS.match(line):
+            a, a_port, b, b_port = m.groups()
+            if a.startswith("in:"):
+                inputs[a[3:]].append((b, names[b, b_port]))
+            elif b.startswith("out:"):
+                outputs.append((b[4:], a, names[a, a_port]))
+    return list(inputs.items()), outputs
+
+
+def two_inputs(a: str, b: str) -> onnx.ModelProto:
+    """y = a + b over [2, 4] floats, its inputs named as asked."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", [a, b], ["y"])],
+        "two_inputs",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in (a, b)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["input named like another stage's", "shared input", "two heads", "pruned stage", "adapter"],
+)
+def test_the_drawing_shows_exactly_the_inputs_and_outputs_the_model_has(case):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the pruned stage's unused output
+        pipe = {
+            # a(x, z) and b(x), a graph input called 'a.x' feeding a.z: a's own x is
+            # exposed as 'a.x_1' (the drawing used to show 'a.x' twice).
+            "input named like another stage's": lambda: fastseq.Pipeline(
+                {"a": two_inputs("x", "z"), "b": scale_model(1.0)}, inputs={"a.x": ["a.z"]}
+            ),
+            "shared input": lambda: fastseq.Pipeline(
+                {"a": HEAD, "b": RESIDUAL}, inputs={"features": ["a.features", "b.x"]}
+            ),
+            "two heads": lambda: fastseq.Pipeline(
+                {"cls": HEAD, "aux": HEAD, "backbone": BACKBONE},
+                ["backbone.features -> cls.features", "backbone.features -> aux.features"],
+            ),
+            "pruned stage": lambda: fastseq.Pipeline(
+                {"backbone": BACKBONE, "cls": HEAD, "res": RESIDUAL},
+                ["backbone.features -> cls.features", "backbone.features -> res.x"],
+                outputs=["cls.logits"],
+            ),
+            "adapter": lambda: fastseq.Pipeline({"res": RESIDUAL, "twice": double_model()}, ["res.12 -> twice.x"], adapt=True),
+        }[case]()
+    model = onnx.ModelProto.FromString(pipe._composed.to_bytes())
+    drawn_inputs, drawn_outputs = drawn_ports(pipe.to_dot())
+    assert [name for name, _ in drawn_inputs] == [i.name for i in model.graph.input] == [i.name for i in pipe.inputs]
+    assert [name for name, *_ in drawn_outputs] == [o.name for o in model.graph.output] == [o.name for o in pipe.outputs]
+    # Each is drawn at the stage ports the core wired it to.
+    assert drawn_inputs == [(name, [tuple(t) for t in feeds]) for name, feeds in pipe._plan["inputs"]]
+    assert drawn_outputs == [tuple(o) for o in pipe._plan["outputs"]]
+    if case == "input named like another stage's":
+        assert drawn_inputs == [("a.x", [("a", "z")]), ("a.x_1", [("a", "x")]), ("b.x", [("b", "x")])]
+    if case == "two heads":
+        assert pipe.stages == ["backbone", "cls", "aux"]
+        assert [name for name, *_ in drawn_outputs] == ["cls.logits", "aux.logits"]
+    if case == "pruned stage":
+        assert pipe._plan["pruned"] == ["res"]
+    if case == "adapter":
+        assert pipe._plan["adapters"] == [(0, "Cast to double")]
+
+
 def test_repr_and_export(tmp_path, x_features):
     pipe = fastseq.Pipeline({"a": HEAD, "b": RESIDUAL}, inputs={"features": ["a.features", "b.x"]})
     assert repr(pipe).startswith("Pipeline(stages a, b; 0 edges; inputs [features: float32[batch, 16]]")
@@ -477,7 +557,7 @@ def test_linear_entry_points_build_a_chain_description():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         built = graph_build.build(chain)
-    assert built.layout is None and built.labels == ["scale (#0)", "scale (#1)"]
+    assert built.plan["form"] == "chain" and built.labels == ["scale (#0)", "scale (#1)"]
 
 
 def test_pipeline_file_stages_from_a_url_with_a_digest(tmp_path, monkeypatch, image):
@@ -508,12 +588,22 @@ def test_pipeline_file_stages_from_a_url_with_a_digest(tmp_path, monkeypatch, im
         server.close()
 
 
-def test_topological_order_keeps_the_given_order_and_finds_long_loops():
-    edges = [spec.Edge("c", "y", "a", "x"), spec.Edge("b", "y", "a", "z")]
-    assert graph_build.topological_order(["a", "b", "c", "d"], edges) == ["b", "c", "a", "d"]
-    # A chain far longer than Python's recursion limit, closed into a loop at the end.
+def test_the_core_orders_the_stages_keeping_the_given_order_and_finds_long_loops():
+    # a(a, b) is fed by c and b but given first: the order the edges allow, the given one elsewhere.
+    stages = {"a": add_model(shape=(2, 4)), "b": scale_model(1.0), "c": scale_model(2.0), "d": scale_model(3.0)}
+    pipe = fastseq.Pipeline(stages, ["c.y -> a.a", "b.y -> a.b"])
+    assert pipe.stages == ["b", "c", "a", "d"]
+    assert [s["label"] for s in pipe._plan["stages"]] == ["b", "c", "a", "d"]
+    assert [s["given"] for s in pipe._plan["stages"]] == [1, 2, 0, 3]
+    # A chain far longer than any recursion limit, given backwards; then closed into a loop.
     names = [f"s{i}" for i in range(5000)]
-    chain = [spec.Edge(a, "y", b, "x") for a, b in zip(names, names[1:])]
-    assert graph_build.topological_order(list(reversed(names)), chain) == names
-    with pytest.raises(fastseq.CompositionError, match=r"cycle: s0 -> s1 -> .* -> s4999 -> s0$"):
-        graph_build.topological_order(names, chain + [spec.Edge("s4999", "y", "s0", "x")])
+    data = scale_model(1.0).SerializeToString()
+    given = list(reversed(names))
+    at = {n: k for k, n in enumerate(given)}
+    chain = [(at[a], "y", at[b], "x") for a, b in zip(names, names[1:])]
+    composed = fastseq._core.compose([data] * len(names), given, edges=chain)
+    assert [s["label"] for s in composed.plan()["stages"]] == names
+    at = {n: k for k, n in enumerate(names)}
+    chain = [(at[a], "y", at[b], "x") for a, b in zip(names, names[1:])] + [(at["s4999"], "y", at["s0"], "x")]
+    with pytest.raises(fastseq.CompositionError, match=r"^edges: the edges make a cycle: s0 -> s1 -> .* -> s4999 -> s0$"):
+        fastseq._core.compose([data] * len(names), names, edges=chain)

@@ -30,6 +30,15 @@ class Composed:
     def with_metadata(self, pairs: Sequence[tuple[str, str]]) -> Composed: ...
     def metadata(self) -> list[tuple[str, str]]: ...
     def summary(self) -> dict[str, Any]: ...
+    def plan(self) -> dict[str, Any]:
+        """The plan as the core decided it, as plain data: ``form`` ("graph" or "chain");
+        ``stages`` in graph order, dicts of ``label``, ``given`` (position in the given
+        order), ``inputs`` and ``outputs`` (the stage's own, as :meth:`summary` gives them)
+        and ``pruned``; ``edges`` in the caller's order, (from, output, to, input, edge
+        index); ``inputs``, the merged model's graph inputs in order, (name, [(stage,
+        input), ...]); ``outputs``, its graph outputs, (name, stage, output); ``pruned``
+        (stage labels); ``unused_outputs`` ([(stage, output)], in the given order);
+        ``adapters`` ([(edge index, description)]). A loaded model is a plan of one stage."""
     def report(self) -> dict[str, Any]:
         """What the composition did besides merging: ``pruned`` (``stages`` (labels),
         ``nodes``, ``initializers``, ``inputs``), ``deduped_initializers``, ``deduped_bytes``,
@@ -59,10 +68,14 @@ def compose(
 ) -> Composed:
     """Loads and composes ``sources`` (``labels`` name them in errors). The linear form:
     ``io_maps[i]`` joins model i to i + 1 (by position without it). The graph form:
-    ``edges`` (from stage, output, to stage, input), any earlier stage to any later one;
-    ``graph_inputs`` (name, [(stage, input), ...]) and ``graph_outputs`` (name, stage,
-    output) expose values under the caller's names. ``prune`` and ``dedupe`` default to on in
-    the graph form, off in the linear one; ``adapt``: True or a list of edge indices."""
+    ``edges`` (from stage, output, to stage, input), stages and edges in any order (the
+    stages are put in an order where every edge goes forward, the given one where the edges
+    allow; a cycle is an error); ``graph_inputs`` (name, [(stage, input), ...]) and
+    ``graph_outputs`` (name, stage, output) expose values under the caller's names (without
+    ``graph_outputs``: every output no edge consumes, under its own name when unique among
+    them, else ``stage.output``). Errors name the caller's keys (``edges[2]: ...``).
+    ``prune`` and ``dedupe`` default to on in the graph form, off in the linear one;
+    ``adapt``: True or a list of edge indices. :meth:`Composed.plan` says what was decided."""
 def load_model(source: Source, label: str | None = None) -> Composed: ...
 def load_models(sources: Sequence[Source], labels: Sequence[str]) -> list[Composed]: ...
 def external_data_locations(path: str) -> list[str]: ...

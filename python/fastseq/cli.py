@@ -154,32 +154,31 @@ def cmd_merge(args: argparse.Namespace) -> int:
         + (f" + {written['data_file']} {human_size(written['data_bytes'])}" if written["data_file"] else "")
         + f"): {info['nodes']} nodes, {info['initializers']} weights"
     )
-    _print_cleanups(built.report, built.layout, built.labels)
+    _print_cleanups(built.report, built.plan)
     return 0
 
 
-def _print_cleanups(report: dict, layout, labels: list[str]) -> None:
-    """One line per clean-up the build did (what the core reports)."""
+def _print_cleanups(report: dict, plan: dict) -> None:
+    """One line per clean-up the build did, as the core reports and plans it."""
     pruned = report.get("pruned") or {}
-    stages = pruned.get("stages") or ([s.name for s in layout.stages if s.pruned] if layout is not None else [])
+    stages = plan.get("pruned") or []
     if stages or pruned.get("nodes") or pruned.get("initializers"):
         print(
             f"pruned: {len(stages)} stage(s){' (' + ', '.join(stages) + ')' if stages else ''}, "
             f"{pruned.get('nodes', 0)} node(s), {pruned.get('initializers', 0)} initializer(s)"
             + (f", inputs {', '.join(pruned['inputs'])}" if pruned.get("inputs") else "")
         )
-    elif layout is not None:
+    elif plan.get("form") == "graph":
         print("pruned: nothing")
     if report.get("deduped_initializers"):
         print(
             f"deduplicated: {report['deduped_initializers']} initializer(s), "
             f"{human_size(report['deduped_bytes'])} saved"
         )
-    for edge, description in report.get("adapters") or []:
+    for edge, description in plan.get("adapters") or []:
         print(f"adapter on edges[{edge}]: {description}")
-    for stage, output in report.get("unused_outputs") or []:
-        name = labels[stage] if isinstance(stage, int) and stage < len(labels) else stage
-        print(f"unused output: {name}.{output}")
+    for stage, output in plan.get("unused_outputs") or []:
+        print(f"unused output: {stage}.{output}")
 
 
 def _io(items) -> str:
@@ -221,14 +220,15 @@ def _inspect_pipeline(args: argparse.Namespace) -> int:
 
     spec = pipefile.read(args.model)
     built = build(spec)
-    layout = built.layout
-    print(f"{args.model}: {len(layout.stages)} stages, {len(layout.edges)} edges")
-    for st in layout.stages:
-        print(f"  {st.name}: {st.label}{' (pruned)' if st.pruned else ''}")
-    print("edges:\n" + ("\n".join(f"  {e}" for e in layout.edges) or "  (none)"))
+    plan = built.plan
+    print(f"{args.model}: {len(plan['stages'])} stages, {len(plan['edges'])} edges")
+    for st in plan["stages"]:
+        print(f"  {st['label']}: {built.sources.get(st['label'], '')}{' (pruned)' if st['pruned'] else ''}")
+    edges = [f"  {src}.{output} -> {dst}.{inp}" for src, output, dst, inp, _ in plan["edges"]]
+    print("edges:\n" + ("\n".join(edges) or "  (none)"))
     _print_summary(built.composed.summary())
-    _print_cleanups(built.report, layout, built.labels)
-    text = drawing.to_dot(layout, Path(args.model).stem)
+    _print_cleanups(built.report, plan)
+    text = drawing.to_dot(plan, Path(args.model).stem, built.sources)
     if args.dot:
         Path(args.dot).write_text(text, encoding="utf-8")
         print(f"wrote {args.dot}")

@@ -11,7 +11,7 @@ from typing import Any
 from fastseq.graph import drawing
 from fastseq.graph import pipefile
 from fastseq.facades.base import Facade
-from fastseq.graph.build import Layout, build
+from fastseq.graph.build import build
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import Edge
 from fastseq.graph.spec import PipelineSpec
@@ -110,8 +110,7 @@ class Pipeline(Facade):
         built = build(spec)
         self.spec = spec
         self._composed, self._labels = built.composed, built.labels
-        self._layout: Layout = built.layout  # type: ignore[assignment]
-        self._report = built.report
+        self._plan, self._sources, self._report = built.plan, built.sources, built.report
         del built  # only the pipeline holds the model now, so that it can be spilled
         self._start(spec.providers, session_options(spec.session_options), session_cache)
 
@@ -124,7 +123,7 @@ class Pipeline(Facade):
     @property
     def edges(self) -> list[Edge]:
         """The edges, as given."""
-        return list(self._layout.edges)
+        return [Edge(src, output, dst, inp) for src, output, dst, inp, _ in self._plan["edges"]]
 
     def report(self) -> dict[str, Any]:
         """What the build did besides merging, as the core reports it: ``pruned``
@@ -135,7 +134,7 @@ class Pipeline(Facade):
 
     def to_dot(self) -> str:
         """The stage graph as Graphviz DOT text (no Graphviz needed)."""
-        return drawing.to_dot(self._layout, "pipeline")
+        return drawing.to_dot(self._plan, "pipeline", self._sources)
 
     def to_svg(self) -> str:
         """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it)."""
@@ -146,9 +145,9 @@ class Pipeline(Facade):
         return self.to_svg() if drawing.have_dot() else None
 
     def _title(self) -> str:
-        return f"stages {', '.join(self._labels)}; {len(self._layout.edges)} edges"
+        return f"stages {', '.join(self._labels)}; {len(self._plan['edges'])} edges"
 
-    # Pickling: the composed model (Runnable's) plus the description and the picture.
+    # Pickling: the composed model (Runnable's) plus the description and the core's plan.
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         spec = self.spec
@@ -156,13 +155,14 @@ class Pipeline(Facade):
             from dataclasses import replace
 
             spec = replace(spec, session_options=session_options_dict(spec.session_options))
-        state.update(spec=spec, layout=self._layout, report=self._report)
+        state.update(spec=spec, plan=self._plan, sources=self._sources, report=self._report)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         from fastseq import _core
 
-        self.spec, self._layout, self._report = state["spec"], state["layout"], state["report"]
+        self.spec, self._plan, self._report = state["spec"], state["plan"], state["report"]
+        self._sources = state["sources"]
         self._labels = state["labels"]
         self._composed = _core.load_model(state["model"], "pipeline")
         self._start(state["providers"], session_options(self.spec.session_options), state.get("session_cache"))

@@ -1,5 +1,5 @@
-"""A picture of a pipeline at the stage level: Graphviz DOT text always, SVG through the
-``dot`` binary where it is installed. A merged graph of 30,000 nodes is unreadable; its
+"""A picture of a pipeline at the stage level, drawn from the core's plan: Graphviz DOT
+text always, SVG through the ``dot`` binary where it is installed. A merged graph of 30,000 nodes is unreadable; its
 handful of stages and the tensors between them is what people want to see."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ import shutil
 import subprocess
 from html import escape
 
+from collections.abc import Mapping
+from typing import Any
+
 from fastseq.errors import ExportError
-from fastseq.graph.build import Layout
 from fastseq.graph.parts import IoInfo
 
 _GREY = "#9e9e9e"
@@ -27,11 +29,14 @@ def _tensor(info: IoInfo | None) -> str:
     return f"{dtype}[{', '.join('?' if d is None else str(d) for d in dims)}]"
 
 
-def to_dot(layout: Layout, title: str = "pipeline") -> str:
-    """DOT text: stages as boxes listing their inputs and outputs (name, dtype, shape),
-    edges labelled with the tensors they carry, graph inputs and outputs as ovals, pruned
-    stages grey and dashed. Node ids: stages by name, graph inputs ``in:NAME``, outputs
-    ``out:NAME``; ports ``i<k>`` / ``o<k>`` by position."""
+def to_dot(plan: Mapping[str, Any], title: str = "pipeline", sources: Mapping[str, str] | None = None) -> str:
+    """DOT text of the core's plan (``_core.Composed.plan()``): stages as boxes listing
+    their inputs and outputs (name, dtype, shape) under their source (``sources``: stage
+    label -> where it was read from), edges labelled with the tensors they carry, the merged
+    model's graph inputs and outputs as ovals, pruned stages grey and dashed. Node ids:
+    stages by label, graph inputs ``in:NAME``, outputs ``out:NAME``; ports ``i<k>`` /
+    ``o<k>`` by position."""
+    sources = sources or {}
     lines = [
         f"digraph {_q(title)} {{",
         "  rankdir=LR;",
@@ -40,20 +45,21 @@ def to_dot(layout: Layout, title: str = "pipeline") -> str:
     ]
     ports: dict[tuple[str, str, str], str] = {}
     infos: dict[tuple[str, str], IoInfo] = {}
-    pruned = {st.name for st in layout.stages if st.pruned}
-    for st in layout.stages:
-        colour = _GREY if st.pruned else "black"
+    pruned = set(plan["pruned"])
+    for st in plan["stages"]:
+        name, is_pruned = st["label"], st["pruned"]
+        colour = _GREY if is_pruned else "black"
         rows = [
-            f'<TR><TD COLSPAN="2" BGCOLOR="{"#eeeeee" if st.pruned else "#dde8f5"}"><B>{escape(st.name)}</B>'
-            f'<BR/><FONT POINT-SIZE="8">{escape(st.label)}{" (pruned)" if st.pruned else ""}</FONT></TD></TR>'
+            f'<TR><TD COLSPAN="2" BGCOLOR="{"#eeeeee" if is_pruned else "#dde8f5"}"><B>{escape(name)}</B>'
+            f'<BR/><FONT POINT-SIZE="8">{escape(sources.get(name, ""))}{" (pruned)" if is_pruned else ""}</FONT></TD></TR>'
         ]
-        for k in range(max(len(st.inputs), len(st.outputs))):
+        for k in range(max(len(st["inputs"]), len(st["outputs"]))):
             cells = []
-            for kind, items in (("i", st.inputs), ("o", st.outputs)):
+            for kind, items in (("i", st["inputs"]), ("o", st["outputs"])):
                 if k < len(items):
                     info = items[k]
-                    ports[kind, st.name, info[0]] = f"{kind}{k}"
-                    infos[st.name, info[0]] = info
+                    ports[kind, name, info[0]] = f"{kind}{k}"
+                    infos[name, info[0]] = info
                     cells.append(
                         f'<TD PORT="{kind}{k}" ALIGN="{"LEFT" if kind == "i" else "RIGHT"}">'
                         f"{escape(info[0])}: {escape(_tensor(info))}</TD>"
@@ -62,28 +68,29 @@ def to_dot(layout: Layout, title: str = "pipeline") -> str:
                     cells.append("<TD></TD>")
             rows.append("<TR>" + "".join(cells) + "</TR>")
         table = f'<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" COLOR="{colour}">' + "".join(rows) + "</TABLE>"
-        style = ', style="dashed"' if st.pruned else ""
-        lines.append(f'  {_q(st.name)} [shape=plain, fontcolor="{colour}"{style}, label=<{table}>];')
+        style = ', style="dashed"' if is_pruned else ""
+        lines.append(f'  {_q(name)} [shape=plain, fontcolor="{colour}"{style}, label=<{table}>];')
 
     def port(kind: str, stage: str, name: str) -> str:
         p = ports.get((kind, stage, name))
         return f"{_q(stage)}:{p}" if p else _q(stage)
 
-    for e in layout.edges:
-        grey = e.src in pruned or e.dst in pruned
-        label = f"{e.output}: {_tensor(infos.get((e.src, e.output)))}"
-        attrs = f'label={_q(label)}, tooltip={_q(str(e))}' + (f', color="{_GREY}", fontcolor="{_GREY}"' if grey else "")
-        lines.append(f"  {port('o', e.src, e.output)} -> {port('i', e.dst, e.input)} [{attrs}];")
-    for name, targets in layout.inputs:
+    for src, output, dst, inp, _ in plan["edges"]:
+        grey = src in pruned or dst in pruned
+        label = f"{output}: {_tensor(infos.get((src, output)))}"
+        tooltip = f"{src}.{output} -> {dst}.{inp}"
+        attrs = f"label={_q(label)}, tooltip={_q(tooltip)}" + (f', color="{_GREY}", fontcolor="{_GREY}"' if grey else "")
+        lines.append(f"  {port('o', src, output)} -> {port('i', dst, inp)} [{attrs}];")
+    for name, targets in plan["inputs"]:
         node = _q(f"in:{name}")
         lines.append(f'  {node} [shape=oval, style=filled, fillcolor="#e8f5e9", label={_q(name)}];')
         for stage, inp in targets:
             lines.append(f"  {node} -> {port('i', stage, inp)};")
-    for o in layout.outputs:
-        node = _q(f"out:{o.name}")
-        lines.append(f'  {node} [shape=oval, style=filled, fillcolor="#fff3e0", label={_q(o.name)}];')
-        label = _tensor(infos.get((o.stage, o.output)))
-        lines.append(f"  {port('o', o.stage, o.output)} -> {node} [label={_q(label)}];")
+    for name, stage, output in plan["outputs"]:
+        node = _q(f"out:{name}")
+        lines.append(f'  {node} [shape=oval, style=filled, fillcolor="#fff3e0", label={_q(name)}];')
+        label = _tensor(infos.get((stage, output)))
+        lines.append(f"  {port('o', stage, output)} -> {node} [label={_q(label)}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

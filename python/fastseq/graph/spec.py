@@ -24,7 +24,7 @@ __all__ = ["META_KEYS", "Edge", "Exposed", "IoInfo", "IoMap", "PipelineSpec", "S
 @dataclass
 class PipelineSpec:
     """What to compose and how to run it. A graph when ``edges`` is a list (stages named,
-    any order: they are sorted topologically), else a chain joined by ``io_maps``
+    any order: the core sorts them topologically), else a chain joined by ``io_maps``
     (``io_maps[i]`` joins model ``i`` to ``i + 1``; None joins by position)."""
 
     stages: list[Stage]

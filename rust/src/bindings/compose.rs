@@ -7,7 +7,7 @@ use pyo3::types::PyBool;
 use crate::bindings::composed::Composed;
 use crate::bindings::errors::to_py;
 use crate::bindings::sources::PySource;
-use crate::merge::compose::compose;
+use crate::merge::compose::{compose, Composition};
 use crate::merge::options::{Adapt, Edge, Keep, Options};
 use crate::storage::external::Mode;
 use crate::storage::source::{load, load_all, Source};
@@ -102,13 +102,7 @@ pub(crate) fn compose_sources(
             load_all(sources, &labels, mode).and_then(|ms| compose(ms, &labels, &opts))
         })
         .map_err(to_py)?;
-    Ok(Composed {
-        model: composed.model,
-        linked: link_external,
-        report: composed.report,
-        origins: composed.origins,
-        labels,
-    })
+    Ok(Composed { composition: composed, linked: link_external })
 }
 
 /// Loads one model (external data resolved) without composing it.
@@ -118,9 +112,7 @@ pub(crate) fn load_model(py: Python<'_>, source: PySource, label: Option<String>
     let source = source.0;
     let label = label.unwrap_or_else(|| source.default_label());
     let model = py.detach(|| load(&label, source, Mode::InPlace)).map_err(to_py)?;
-    let mut c = Composed::of(model, false);
-    c.labels = vec![label];
-    Ok(c)
+    Ok(Composed { composition: Composition::single(model, &label), linked: false })
 }
 
 /// Loads several models in parallel (external data resolved), one Composed each: the
@@ -135,10 +127,6 @@ pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<St
     Ok(models
         .into_iter()
         .zip(labels)
-        .map(|(model, label)| {
-            let mut c = Composed::of(model, false);
-            c.labels = vec![label];
-            c
-        })
+        .map(|(model, label)| Composed { composition: Composition::single(model, &label), linked: false })
         .collect())
 }

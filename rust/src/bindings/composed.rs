@@ -4,47 +4,43 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use prost::Message;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::bindings::errors::to_py;
+use crate::bindings::io_infos::io_infos;
+use crate::bindings::plan::plan_dict;
 use crate::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
 use crate::codec::proto::ModelProto;
-use crate::codec::summary::{summary, DimInfo, IoInfo};
+use crate::codec::summary::summary;
 use crate::error::Error;
-use crate::merge::compose::{Origins, Report};
+use crate::merge::compose::Composition;
 use crate::merge::metadata::with_metadata;
 use crate::storage::external::check_sources;
 use crate::storage::writer::save;
 
 /// A model held by the core: decoded once, weights as slices of the sources' bytes (read
-/// into memory the core owns, see `storage::read::read_path`).
+/// into memory the core owns, see `storage::read::read_path`), with its composition's plan,
+/// report and origins (a loaded model is a composition of one).
 #[pyclass(frozen, module = "fastseq._core")]
 pub(crate) struct Composed {
-    pub(crate) model: ModelProto,
+    pub(crate) composition: Composition,
     /// External tensors still point at their sources' files (link mode).
     pub(crate) linked: bool,
-    /// What the composition pruned, deduplicated and adapted (empty for a loaded model).
-    pub(crate) report: Report,
-    /// Where the merged graph's nodes and renamed names come from.
-    pub(crate) origins: Origins,
-    pub(crate) labels: Vec<String>,
 }
 
 impl Composed {
-    pub(crate) fn of(model: ModelProto, linked: bool) -> Composed {
-        Composed { model, linked, report: Report::default(), origins: Origins::default(), labels: Vec::new() }
-    }
-
-    /// The same pipeline over `model` (its metadata changed, or its bytes spilled): what
-    /// the composition reported and where names come from still hold.
+    /// The same pipeline over `model` (its metadata changed, or its bytes spilled): its
+    /// plan, what the composition reported and where names come from still hold.
     pub(crate) fn with_model(&self, model: ModelProto) -> Composed {
-        Composed {
+        let c = &self.composition;
+        let composition = Composition {
             model,
-            linked: self.linked,
-            report: self.report.clone(),
-            origins: self.origins.clone(),
-            labels: self.labels.clone(),
-        }
+            labels: c.labels.clone(),
+            plan: c.plan.clone(),
+            report: c.report.clone(),
+            origins: c.origins.clone(),
+        };
+        Composed { composition, linked: self.linked }
     }
 }
 
@@ -52,9 +48,8 @@ impl Drop for Composed {
     /// Freeing a model (tens of thousands of nodes, the sources' buffers) happens on
     /// a worker thread, off the caller's path.
     fn drop(&mut self) {
-        let model = std::mem::take(&mut self.model);
-        let origins = std::mem::take(&mut self.origins);
-        crate::pool::spawn(move || drop((model, origins)));
+        let composition = std::mem::take(&mut self.composition);
+        crate::pool::spawn(move || drop(composition));
     }
 }
 
@@ -62,7 +57,7 @@ impl Drop for Composed {
 impl Composed {
     /// Size of the serialized model in bytes (weights inline).
     fn encoded_len(&self) -> usize {
-        self.model.encoded_len()
+        self.composition.model.encoded_len()
     }
 
     /// The serialized model.
@@ -72,8 +67,8 @@ impl Composed {
                 "this model refers to its sources' data files (external_data='reuse'): save() it instead",
             )));
         }
-        PyBytes::new_with(py, self.model.encoded_len(), |buf| {
-            py.detach(|| encode_into(&self.model, buf)).map_err(to_py)
+        PyBytes::new_with(py, self.composition.model.encoded_len(), |buf| {
+            py.detach(|| encode_into(&self.composition.model, buf)).map_err(to_py)
         })
     }
 
@@ -90,7 +85,8 @@ impl Composed {
         external_data: Option<bool>,
         threshold: usize,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let saved = py.detach(|| save(&self.model, &path, external_data, self.linked, threshold)).map_err(to_py)?;
+        let saved =
+            py.detach(|| save(&self.composition.model, &path, external_data, self.linked, threshold)).map_err(to_py)?;
         let d = PyDict::new(py);
         d.set_item("model_bytes", saved.model_bytes)?;
         d.set_item("data_bytes", saved.data_bytes)?;
@@ -101,17 +97,17 @@ impl Composed {
     /// The model serialized without its initializers of at least `threshold` bytes.
     #[pyo3(signature = (threshold=1024))]
     fn stripped_bytes<'py>(&self, py: Python<'py>, threshold: usize) -> PyResult<Bound<'py, PyBytes>> {
-        let stripped = py.detach(|| strip_weights(&self.model, threshold));
+        let stripped = py.detach(|| strip_weights(&self.composition.model, threshold));
         PyBytes::new_with(py, stripped.encoded_len(), |buf| encode_into(&stripped, buf).map_err(to_py))
     }
 
     /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
     fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
         let data = Bytes::copy_from_slice(stripped);
-        let model = py.detach(|| restore_weights(decode_without_weights(label, data)?, &self.model, label)).map_err(to_py)?;
-        let mut c = Composed::of(model, self.linked);
-        c.labels = self.labels.clone();
-        Ok(c)
+        let model =
+            py.detach(|| restore_weights(decode_without_weights(label, data)?, &self.composition.model, label)).map_err(to_py)?;
+        let label = self.composition.labels.first().map_or(label, String::as_str);
+        Ok(Composed { composition: Composition::single(model, label), linked: self.linked })
     }
 
     /// Raises LoadError naming the file if a source file this model still refers to
@@ -119,26 +115,26 @@ impl Composed {
     /// Other sources were read into memory and cannot change. For the runtime to call
     /// before it creates a session.
     fn check_sources(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| check_sources(&self.model)).map_err(to_py)
+        py.detach(|| check_sources(&self.composition.model)).map_err(to_py)
     }
 
     /// A copy with `pairs` (key, value) set in its metadata_props: a key keeps its first
     /// position and takes its last value. Nodes and weights are shared, not copied.
     fn with_metadata(&self, py: Python<'_>, pairs: Vec<(String, String)>) -> Composed {
-        self.with_model(py.detach(|| with_metadata(&self.model, &pairs)))
+        self.with_model(py.detach(|| with_metadata(&self.composition.model, &pairs)))
     }
 
     /// The model's metadata_props, as (key, value) pairs in order.
     fn metadata(&self) -> Vec<(String, String)> {
         let text = |s: &Option<String>| s.clone().unwrap_or_default();
-        self.model.metadata_props.iter().map(|p| (text(&p.key), text(&p.value))).collect()
+        self.composition.model.metadata_props.iter().map(|p| (text(&p.key), text(&p.value))).collect()
     }
 
     /// Inputs, outputs, opsets, counts and sizes. Element types use numpy's spelling
     /// (float32, as `TensorInfo` prints them); dimensions are ints when static, the
     /// parameter's name when symbolic, None when unknown (as `TensorInfo.shape`).
     fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = summary(&self.model);
+        let s = summary(&self.composition.model);
         let d = PyDict::new(py);
         d.set_item("ir_version", s.ir_version)?;
         d.set_item("producer", s.producer)?;
@@ -153,14 +149,19 @@ impl Composed {
         Ok(d)
     }
 
+    /// The plan as the core decided it, as plain data (see `bindings::plan::plan_dict`).
+    fn plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        plan_dict(py, &self.composition.plan)
+    }
+
     /// What the composition did besides merging: `pruned` (dict: `stages` (labels),
     /// `nodes`, `initializers`, `inputs`), `deduped_initializers`, `deduped_bytes`,
     /// `adapters` (list of (edge index, description)) and `unused_outputs` (list of
     /// (stage index, output name)).
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = &self.report;
+        let r = &self.composition.report;
         let pruned = PyDict::new(py);
-        let label = |k: usize| self.labels.get(k).cloned().unwrap_or_else(|| format!("stage {k}"));
+        let label = |k: usize| self.composition.labels.get(k).cloned().unwrap_or_else(|| format!("stage {k}"));
         pruned.set_item("stages", r.pruned.stages.iter().map(|&k| label(k)).collect::<Vec<_>>())?;
         pruned.set_item("nodes", r.pruned.nodes)?;
         pruned.set_item("initializers", r.pruned.initializers)?;
@@ -179,12 +180,12 @@ impl Composed {
     /// name of the merged graph to (stage index, original name).
     #[allow(clippy::type_complexity)]
     fn origins<'py>(&self, py: Python<'py>) -> PyResult<(Vec<(String, usize, usize)>, Bound<'py, PyDict>)> {
-        let o = &self.origins;
+        let o = &self.composition.origins;
         let stages = o
             .nodes
             .iter()
             .enumerate()
-            .map(|(k, &(a, b))| (self.labels.get(k).cloned().unwrap_or_default(), a, b))
+            .map(|(k, &(a, b))| (self.composition.labels.get(k).cloned().unwrap_or_default(), a, b))
             .collect();
         let names = PyDict::new(py);
         for (new, stage, old) in o.renamed() {
@@ -192,26 +193,4 @@ impl Composed {
         }
         Ok((stages, names))
     }
-}
-
-/// (name, dtype, dims) tuples: dims are ints when static, the parameter's name when
-/// symbolic, None when unknown.
-pub(crate) fn io_infos<'py>(py: Python<'py>, items: &[IoInfo]) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    items
-        .iter()
-        .map(|io| (io.name.as_str(), io.dtype.as_str(), dims(py, &io.dims)?).into_pyobject(py).map(|t| t.into_any()))
-        .collect()
-}
-
-/// Dims as a tuple of int, str or None.
-pub(crate) fn dims<'py>(py: Python<'py>, dims: &[DimInfo]) -> PyResult<Bound<'py, PyTuple>> {
-    let items: Vec<Bound<'py, PyAny>> = dims
-        .iter()
-        .map(|d| match d {
-            DimInfo::Static(v) => v.into_pyobject(py).map(|v| v.into_any()).map_err(PyErr::from),
-            DimInfo::Symbolic(p) => p.into_pyobject(py).map(|v| v.into_any()).map_err(PyErr::from),
-            DimInfo::Unknown => Ok(py.None().into_bound(py)),
-        })
-        .collect::<PyResult<_>>()?;
-    PyTuple::new(py, items)
 }

@@ -38,7 +38,7 @@ pub(crate) fn write_private_copy(
     path: PathBuf,
     spill_min: Option<u64>,
 ) -> PyResult<(String, u64, Option<Vec<Composed>>)> {
-    let refs: Vec<&ModelProto> = models.iter().map(|c| &c.model).collect();
+    let refs: Vec<&ModelProto> = models.iter().map(|c| &c.composition.model).collect();
     let (digest, mapped, copies) = py.detach(|| private_copy(&refs, &path, spill_min)).map_err(to_py)?;
     let spilled = copies.map(|copies| models.iter().zip(copies).map(|(c, m)| c.with_model(m)).collect());
     Ok((digest, mapped, spilled))

@@ -7,6 +7,8 @@ mod compose;
 mod composed;
 mod errors;
 mod files;
+mod io_infos;
+mod plan;
 mod sources;
 
 use crate::allocator::tune_allocator;

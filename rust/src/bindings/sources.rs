@@ -41,7 +41,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PySource {
         }
         if let Ok(c) = ob.cast::<Composed>() {
             // Nodes and weights are shared slices (reference counts); the rest is copied.
-            return Ok(PySource(Source::Model(Box::new(c.get().model.clone()))));
+            return Ok(PySource(Source::Model(Box::new(c.get().composition.model.clone()))));
         }
         if let Ok((path, root)) = ob.extract::<(PathBuf, PathBuf)>() {
             return Ok(PySource(Source::Path(path, Some(root))));

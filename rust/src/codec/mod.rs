@@ -14,3 +14,5 @@ pub mod proto;
 pub mod stream;
 pub mod summary;
 pub mod tensor;
+#[cfg(test)]
+pub(crate) mod testing;

@@ -230,7 +230,6 @@ pub fn restore_weights(mut stripped: ModelProto, original: &ModelProto, label: &
 #[cfg(test)]
 mod size_tests {
     use super::*;
-    use crate::codec::proto::TensorProto;
 
     fn model_with(t: TensorProto) -> Bytes {
         let g = GraphProto { name: Some("g".into()), initializer: vec![t], ..Default::default() };
@@ -257,5 +256,54 @@ mod size_tests {
         let right = TensorProto { float_data: vec![1.0; 6], ..tensor(&[2, 3]) };
         assert!(decode("m.onnx", model_with(right)).is_ok());
         assert!(decode("m.onnx", model_with(tensor(&[0, 3]))).is_ok(), "an empty tensor needs no data");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use prost::Message;
+
+    use super::*;
+    use crate::codec::testing::sample_model;
+    use crate::error::Kind;
+
+    #[test]
+    fn decode_encode_decode_round_trips() {
+        let model = sample_model();
+        let bytes = model.encode_to_vec();
+        let once = decode("m", Bytes::from(bytes.clone())).unwrap();
+        assert_eq!(once, model);
+        let again = once.encode_to_vec();
+        assert_eq!(again, bytes, "the same bytes out");
+        assert_eq!(decode("m", Bytes::from(again)).unwrap(), once);
+        let mut buf = vec![0u8; once.encoded_len()];
+        encode_into(&once, &mut buf).unwrap();
+        assert_eq!(buf, bytes);
+    }
+
+    #[test]
+    fn stripped_weights_come_back() {
+        let model = sample_model();
+        let stripped = strip_weights(&model, 1024);
+        let inits = &stripped.graph.as_ref().unwrap().initializer;
+        assert!(inits[0].raw_data.is_some() && inits[1].raw_data.is_none(), "only the large one goes");
+        let decoded = decode_without_weights("s", Bytes::from(stripped.encode_to_vec())).unwrap();
+        assert_eq!(restore_weights(decoded, &model, "s").unwrap(), model);
+    }
+
+    #[test]
+    fn bad_bytes_are_load_errors() {
+        assert!(decode("e", Bytes::new()).unwrap_err().message.contains("empty input"));
+        let err = decode("junk", Bytes::from_static(b"\xff\xff\xff\xff")).unwrap_err();
+        assert_eq!(err.kind, Kind::Load);
+        assert!(err.message.starts_with("junk: not a valid ONNX model"));
+        let mut cut = sample_model().encode_to_vec();
+        cut.truncate(cut.len() - 3);
+        assert_eq!(decode("cut", Bytes::from(cut)).unwrap_err().kind, Kind::Load);
+        let mut short = sample_model();
+        short.graph.as_mut().unwrap().initializer[0].raw_data = Some(Bytes::from_static(&[0; 4]));
+        let err = decode("short", Bytes::from(short.encode_to_vec())).unwrap_err();
+        assert!(err.message.ends_with("holds 4 bytes of raw_data but its type and dims need 16"), "{}", err.message);
     }
 }

@@ -103,3 +103,21 @@ fn write_tensor(tag: u32, t: &TensorProto, out: &mut impl Write) -> std::io::Res
     }
     Ok(n)
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::codec::model::decode;
+    use crate::codec::testing::sample_model;
+
+    #[test]
+    fn a_streamed_model_decodes_to_the_same_model() {
+        let model = sample_model();
+        let mut out = Vec::new();
+        let written = write_streaming(&model, &mut out).unwrap();
+        assert_eq!((written as usize, out.len()), (model.encoded_len(), model.encoded_len()));
+        assert_eq!(decode("streamed", Bytes::from(out)).unwrap(), model);
+    }
+}

@@ -114,3 +114,18 @@ pub fn summary(model: &ModelProto) -> Summary {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::testing::sample_model;
+
+    #[test]
+    fn a_summary_names_types_as_numpy_does() {
+        let s = summary(&sample_model());
+        let x = &s.inputs[0];
+        assert_eq!((x.name.as_str(), x.dtype.as_str(), x.dims.as_slice()), ("x", "float32", &[DimInfo::Static(4)][..]));
+        assert_eq!((s.nodes, s.initializers, s.functions), (4, 2, 1), "subgraph nodes count");
+        assert_eq!(s.weight_bytes, 16 + 8192 + 16, "the Constant's tensor counts");
+    }
+}

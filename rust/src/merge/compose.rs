@@ -18,6 +18,8 @@ use crate::merge::opsets::{merge_opsets, merged_ir_version};
 use crate::merge::options::{Edge, Options};
 use crate::merge::plan::build::build_plan;
 use crate::merge::plan::parts::PruneReport;
+use crate::merge::plan::view::PlanView;
+use crate::merge::plan::wiring::{check_wiring, in_graph_order};
 use crate::merge::rename::{function_key, walk_model, NameSet, Renamer};
 
 /// What the composition did besides merging.
@@ -60,22 +62,39 @@ impl Origins {
     }
 }
 
-/// A composed model with its report and origins.
+/// A composed model with its plan, report and origins.
 #[derive(Debug, Clone, Default)]
 pub struct Composition {
     pub model: ModelProto,
+    /// The stages' labels in graph order (the order of `origins` and of the report's stage
+    /// indices).
+    pub labels: Vec<String>,
+    /// The plan as decided: see [`PlanView`].
+    pub plan: PlanView,
     pub report: Report,
     pub origins: Origins,
 }
 
-/// Composes `models` (in order) into one model, with what was pruned, deduplicated and
-/// adapted, and where each part of the merged graph came from. `labels` name the models in
-/// errors. Runs on the process's thread pool.
+impl Composition {
+    /// One model on its own, as a composition of one stage: its plan exposes its inputs
+    /// and outputs as they are.
+    pub fn single(model: ModelProto, label: &str) -> Composition {
+        let plan = PlanView::single(&model, label);
+        Composition { model, labels: vec![label.to_string()], plan, ..Default::default() }
+    }
+}
+
+/// Composes `models` into one model, with the plan as decided, what was pruned,
+/// deduplicated and adapted, and where each part of the merged graph came from. `labels`
+/// name the models in errors. The linear form takes the models in the given order; the
+/// graph form in an order where every edge goes forward, the given one where the edges
+/// allow. Runs on the process's thread pool.
 pub fn compose(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     crate::pool::install(|| run_steps(models, labels, opts))
 }
 
-/// The steps of a composition, in order: plan, dedupe, final names, rename, assemble.
+/// The steps of a composition, in order: wiring and order, plan, dedupe, final names,
+/// rename, assemble.
 fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     let n = models.len();
     if n == 0 {
@@ -89,6 +108,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
             return Err(Error::load(format!("{label}: the model has no graph")));
         }
     }
+    opts.check_form()?;
     let prefixed = apply_prefixes(&mut models, opts);
     let opts = prefixed.as_ref().unwrap_or(opts);
     let opset_import = merge_opsets(&models, labels)?;
@@ -99,6 +119,17 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         Some(v) => v,
         None => merged_ir_version(&models),
     };
+    // The graph form: the wiring checked in the caller's terms, the stages in graph order.
+    let graph_form = opts.is_graph();
+    let (mut models, labels, ordered, given) = if graph_form {
+        let wiring = check_wiring(&models, labels, opts)?;
+        let (models, labels, ordered) = in_graph_order(models, labels, opts, &wiring);
+        (models, labels, Some(ordered), wiring.order)
+    } else {
+        (models, labels.to_vec(), None, (0..n).collect())
+    };
+    let opts = ordered.as_ref().unwrap_or(opts);
+    let labels = &labels[..];
     let mut plan = build_plan(&models, labels, opts)?;
     let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan) } else { Deduped::default() };
 
@@ -114,6 +145,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         || assign_value_names(&models, &names, &plan, value_arenas.iter_mut().collect(), &mut extra),
         || assign_node_names(&names, node_arenas.iter_mut().collect()),
     );
+    let view = PlanView::of(&models, labels, &given, &plan, graph_form, &values.maps);
     let ValueNames { maps: value_maps, adapters, renamed: value_renamed } = values;
     let (node_maps, node_renamed): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
     let adapters = name_adapter_nodes(adapters, &plan, &names);
@@ -140,7 +172,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         unused_outputs: plan.unused.clone(),
     };
     let origins = Origins { nodes: ranges, values: value_renamed, node_names: node_renamed };
-    Ok(Composition { model, report, origins })
+    Ok(Composition { model, labels: labels.to_vec(), plan: view, report, origins })
 }
 
 /// Applies `opts.prefixes` to every name of the models, as `onnx.compose.merge_models(
@@ -273,19 +305,6 @@ mod tests {
         assert_eq!(streamed.len(), merged.encoded_len());
         let back = crate::codec::model::decode("streamed", bytes::Bytes::from(streamed)).unwrap();
         assert_eq!(back, merged);
-    }
-
-    #[test]
-    fn bad_bytes_are_load_errors() {
-        use crate::codec::model::decode;
-        assert!(decode("e", bytes::Bytes::new()).unwrap_err().message.contains("empty input"));
-        let err = decode("junk", bytes::Bytes::from_static(b"\xff\xff\xff\xff")).unwrap_err();
-        assert_eq!(err.kind, Kind::Load);
-        assert!(err.message.starts_with("junk: not a valid ONNX model"));
-        let mut full = Vec::new();
-        scale(1).encode(&mut full).unwrap();
-        full.truncate(full.len() - 3);
-        assert_eq!(decode("cut", bytes::Bytes::from(full)).unwrap_err().kind, Kind::Load);
     }
 
     #[test]

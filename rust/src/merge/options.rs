@@ -1,6 +1,7 @@
 //! What the caller asks of a composition: the linear form (`io_maps`, `keep_outputs`,
 //! `inputs`, `outputs`) or the graph form (`edges`, `graph_inputs`, `graph_outputs`), and
 //! the clean-ups (prune, dedupe, adapters) and metadata of the result.
+use crate::error::{Error, Result};
 
 /// Exposed graph inputs: (name, the (stage, input) pairs it feeds).
 pub type GraphInputs = Vec<(String, Vec<(usize, String)>)>;
@@ -57,10 +58,31 @@ impl Options {
     pub fn is_graph(&self) -> bool {
         self.edges.is_some() || self.graph_inputs.is_some() || self.graph_outputs.is_some()
     }
+
+    /// Refuses options of the two forms mixed.
+    pub fn check_form(&self) -> Result<()> {
+        let graph_form = self.is_graph();
+        if graph_form && (self.inputs.is_some() || self.outputs.is_some()) {
+            return Err(Error::composition(
+                "inputs/outputs restrict the linear form; with edges, graph_inputs or graph_outputs, \
+                 name the exposed inputs and outputs there",
+            ));
+        }
+        if graph_form && matches!(self.keep_outputs, Keep::Names(_)) {
+            return Err(Error::composition(
+                "keep_outputs with names applies to the linear form; with edges, graph_inputs or \
+                 graph_outputs, list the outputs to expose in graph_outputs",
+            ));
+        }
+        if self.edges.is_some() && self.io_maps.is_some() {
+            return Err(Error::composition("pass either io_maps (a chain) or edges (a graph), not both"));
+        }
+        Ok(())
+    }
 }
 
 /// One connection: output `output` of stage `from` feeds input `input` of stage `to`
-/// (the stages' own names; `from` < `to`).
+/// (the stages' own names and their indices in the given order).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Edge {
     pub from: usize,

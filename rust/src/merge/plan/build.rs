@@ -1,36 +1,24 @@
-//! Building the plan: the edges checked one by one, then exposure, pruning, and the IR < 4
-//! weights that edges override.
+//! Building the plan: the edges checked one by one (types, shapes, adapters), then exposure,
+//! pruning, and the IR < 4 weights that edges override.
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::codec::graph::{graph, vi_name};
 use crate::codec::proto::ModelProto;
 use crate::error::{Error, Result};
-use crate::merge::options::{Adapt, Keep, Options};
+use crate::merge::options::{Adapt, Options};
 use crate::merge::plan::adapters::{check_edge, unify_dims};
-use crate::merge::plan::edges::{linear_edges, path, stage_io};
+use crate::merge::plan::edges::{linear_edges, stage_io};
 use crate::merge::plan::exposure::{expose_graph, expose_linear};
 use crate::merge::plan::parts::{Plan, PruneReport, Target};
 use crate::merge::plan::prune::prune;
 
-/// Plans the composition of `models` (already prefixed) under `opts`.
+/// Plans the composition of `models` (already prefixed) under `opts`. In the graph form,
+/// the models are in graph order and the wiring is checked (see
+/// [`crate::merge::plan::wiring`]); the checks here are those of the linear form and the
+/// ones that need the tensors' types (element types, shapes, adapters).
 pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> Result<Plan> {
     let n = models.len();
     let graph_form = opts.is_graph();
-    if graph_form && (opts.inputs.is_some() || opts.outputs.is_some()) {
-        return Err(Error::composition(
-            "inputs/outputs restrict the linear form; with edges, graph_inputs or graph_outputs, \
-             name the exposed inputs and outputs there",
-        ));
-    }
-    if graph_form && matches!(opts.keep_outputs, Keep::Names(_)) {
-        return Err(Error::composition(
-            "keep_outputs with names applies to the linear form; with edges, graph_inputs or \
-             graph_outputs, list the outputs to expose in graph_outputs",
-        ));
-    }
-    if opts.edges.is_some() && opts.io_maps.is_some() {
-        return Err(Error::composition("pass either io_maps (a chain) or edges (a graph), not both"));
-    }
     let (edges, wheres) = match &opts.edges {
         Some(edges) => {
             let wheres = edges
@@ -63,23 +51,8 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
         let where_ = &wheres[x];
         let (_, out_vi) = stage_io(models, labels, where_, e.from, &e.output, true)?;
         let (_, in_vi) = stage_io(models, labels, where_, e.to, &e.input, false)?;
-        if e.from >= e.to {
-            return Err(match path(&edges, e.to, e.from) {
-                Some(stages) => {
-                    let mut names: Vec<&str> = stages.iter().map(|&s| labels[s].as_str()).collect();
-                    names.push(&labels[e.to]);
-                    Error::composition(format!("{where_}: the edges form a loop: {}", names.join(" -> ")))
-                }
-                None if e.from == e.to => {
-                    Error::composition(format!("{where_}: the edges form a loop: {} feeds itself", labels[e.from]))
-                }
-                None => Error::composition(format!(
-                    "{where_}: {} comes after {} in the stage order; give the stages in an order \
-                     where every edge goes forward",
-                    labels[e.from], labels[e.to]
-                )),
-            });
-        }
+        // The wiring put the stages in graph order; the linear form joins j to j + 1.
+        debug_assert!(e.from < e.to, "edges go forward");
         if let Some(&prev) = fed_by_edge[e.to].get(e.input.as_str()) {
             let p = &edges[prev];
             return Err(Error::composition(if p == e {
@@ -117,7 +90,7 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
         .collect();
     let mut unused = Vec::new();
     let (inputs, outputs) = if graph_form {
-        let (inputs, outputs) = expose_graph(models, labels, opts, &fed_by_edge, &consumed, &mut pinned)?;
+        let (inputs, outputs) = expose_graph(models, labels, opts, &fed_by_edge, &mut pinned)?;
         for gi in &inputs {
             for (s, name) in &gi.feeds[1..] {
                 let g = graph(&models[*s]);

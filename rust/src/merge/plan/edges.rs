@@ -1,7 +1,5 @@
-//! Edges: the linear form converted to edges, the stage inputs and outputs an edge names
-//! (with "did you mean"), and the paths that make a loop.
-use rustc_hash::{FxHashMap, FxHashSet};
-
+//! Edges: the linear form converted to edges, and the stage inputs and outputs an edge
+//! names (with "did you mean").
 use crate::codec::graph::{graph, real_inputs, vi_name};
 use crate::codec::proto::{ModelProto, ValueInfoProto};
 use crate::error::{Error, Result};
@@ -71,32 +69,8 @@ pub fn linear_edges(
     Ok((edges, names))
 }
 
-/// A path of edges from stage `a` to stage `b`, as the stages it passes (both ends included).
-pub(crate) fn path(edges: &[Edge], a: usize, b: usize) -> Option<Vec<usize>> {
-    let mut prev: FxHashMap<usize, usize> = FxHashMap::default();
-    let mut queue = std::collections::VecDeque::from([a]);
-    let mut seen: FxHashSet<usize> = FxHashSet::from_iter([a]);
-    while let Some(s) = queue.pop_front() {
-        if s == b {
-            let mut out = vec![b];
-            let mut at = b;
-            while at != a {
-                at = prev[&at];
-                out.push(at);
-            }
-            out.reverse();
-            return Some(out);
-        }
-        for e in edges.iter().filter(|e| e.from == s) {
-            if seen.insert(e.to) {
-                prev.insert(e.to, s);
-                queue.push_back(e.to);
-            }
-        }
-    }
-    None
-}
-
+/// The index and the value info of input (or output) `name` of `stage`; the error names
+/// the stage's inputs (or outputs) and the nearest ones, after `where_`.
 pub(crate) fn stage_io<'m>(
     models: &'m [ModelProto],
     labels: &[String],

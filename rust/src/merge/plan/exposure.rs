@@ -146,55 +146,30 @@ pub fn expose_linear(
     Ok((gi, go))
 }
 
-/// The graph form's exposure: the caller's graph inputs and outputs under the caller's
-/// names; unfed inputs (and, without graph_outputs, outputs no edge consumes) under
-/// their own names when unique, `label.name` when not.
+/// The graph form's exposure, its wiring checked (see [`crate::merge::plan::wiring`]): the
+/// caller's graph inputs and outputs under the caller's names (the default outputs were
+/// chosen with the wiring); unfed inputs under their own names when unique, `label.name`
+/// when not (then `label.name_1`, ...), avoiding every name already exposed.
 pub fn expose_graph(
     models: &[ModelProto],
     labels: &[String],
     opts: &Options,
     fed: &[FxHashMap<&str, usize>],
-    consumed: &[FxHashSet<&str>],
     pinned: &mut [FxHashMap<String, String>],
 ) -> Result<(Vec<GraphInput>, Vec<GraphOutput>)> {
     let mut taken: FxHashSet<String> = FxHashSet::default();
-    let mut claim = |name: &str, what: String| -> Result<()> {
-        if name.is_empty() {
-            return Err(Error::composition(format!("{what}: an exposed name cannot be empty")));
-        }
-        if !taken.insert(name.to_string()) {
-            return Err(Error::composition(format!("{what}: the name '{name}' is exposed twice")));
-        }
-        Ok(())
-    };
     let mut inputs: Vec<GraphInput> = Vec::new();
-    // (stage, input) -> the graph input feeding it.
-    let mut listed: FxHashMap<(usize, String), String> = FxHashMap::default();
+    // (stage, input) fed by a graph input.
+    let mut listed: FxHashSet<(usize, String)> = FxHashSet::default();
     for (name, feeds) in opts.graph_inputs.iter().flatten() {
+        taken.insert(name.clone());
         let what = format!("graph input '{name}'");
-        claim(name, what.clone())?;
-        let Some(&(stage, ref first)) = feeds.first() else {
-            return Err(Error::composition(format!("{what}: it feeds no stage input")));
-        };
-        let (index, _) = stage_io(models, labels, &what, stage, first, false)?;
-        for (s, input) in feeds {
-            stage_io(models, labels, &what, *s, input, false)?;
-            if let Some(&e) = fed[*s].get(input.as_str()) {
-                return Err(Error::composition(format!(
-                    "{what}: input '{input}' of {} is fed twice, by this graph input and by edge {e}",
-                    labels[*s]
-                )));
-            }
-            if let Some(prev) = listed.insert((*s, input.clone()), name.clone()) {
-                return Err(Error::composition(format!(
-                    "{what}: input '{input}' of {} is fed twice, by graph inputs '{prev}' and '{name}'",
-                    labels[*s]
-                )));
-            }
-        }
+        let (stage, first) = &feeds[0];
+        let (index, _) = stage_io(models, labels, &what, *stage, first, false)?;
+        listed.extend(feeds.iter().cloned());
         inputs.push(GraphInput {
             name: Some(name.clone()),
-            stage,
+            stage: *stage,
             index,
             feeds: feeds.clone(),
             explicit: true,
@@ -202,17 +177,10 @@ pub fn expose_graph(
         });
     }
     let mut outputs: Vec<GraphOutput> = Vec::new();
-    let mut exported: FxHashMap<(usize, usize), String> = FxHashMap::default();
     for (name, stage, output) in opts.graph_outputs.iter().flatten() {
+        taken.insert(name.clone());
         let what = format!("graph output '{name}'");
-        claim(name, what.clone())?;
         let (index, _) = stage_io(models, labels, &what, *stage, output, true)?;
-        if let Some(prev) = exported.insert((*stage, index), name.clone()) {
-            return Err(Error::composition(format!(
-                "{what}: output '{output}' of {} is already exposed as '{prev}'",
-                labels[*stage]
-            )));
-        }
         outputs.push(GraphOutput { name: Some(name.clone()), stage: *stage, index });
     }
     // Inputs that nothing feeds: exposed automatically.
@@ -222,7 +190,7 @@ pub fn expose_graph(
         let inits = initializer_names(m);
         for (x, vi) in graph(m).input.iter().enumerate() {
             let name = vi_name(vi);
-            if fed[k].contains_key(name) || listed.contains_key(&(k, name.to_string())) {
+            if fed[k].contains_key(name) || listed.contains(&(k, name.to_string())) {
                 continue;
             }
             if inits.contains(name) {
@@ -232,21 +200,9 @@ pub fn expose_graph(
             }
         }
     }
-    let auto_out: Vec<(usize, usize)> = if opts.graph_outputs.is_none() {
-        (0..models.len())
-            .flat_map(|k| {
-                let g = graph(&models[k]);
-                (0..g.output.len()).filter(move |&x| !consumed[k].contains(vi_name(&g.output[x]))).map(move |x| (k, x))
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
     let own = |k: usize, name: &str| (name.to_string(), format!("{}.{name}", labels[k]));
     let wanted_in: Vec<(String, String)> =
         auto_in.iter().map(|&(k, x)| own(k, vi_name(&graph(&models[k]).input[x]))).collect();
-    let wanted_out: Vec<(String, String)> =
-        auto_out.iter().map(|&(k, x)| own(k, vi_name(&graph(&models[k]).output[x]))).collect();
     for (&(k, x), name) in auto_in.iter().zip(auto_names(&wanted_in, &mut taken)) {
         let own = vi_name(&graph(&models[k]).input[x]).to_string();
         inputs.push(GraphInput {
@@ -268,9 +224,6 @@ pub fn expose_graph(
             explicit: false,
             weight: true,
         });
-    }
-    for (&(k, x), name) in auto_out.iter().zip(auto_names(&wanted_out, &mut taken)) {
-        outputs.push(GraphOutput { name: Some(name), stage: k, index: x });
     }
     // The exposed names become the values' final names.
     for gi in &inputs {

@@ -1,50 +1,160 @@
-//! The plan of a composition, read from the stages' own names before anything is renamed:
-//! which output feeds which input ([`edges`]), the checks at each edge and the adapters they
-//! call for ([`adapters`]), what the merged graph exposes ([`exposure`]), and what no
-//! requested output needs ([`prune`]); [`build`] runs these in order into the [`parts`] of
-//! a plan.
+//! The plan of a composition, read from the stages' own names before anything is renamed.
 //!
-//! Stages are taken in the given order and every edge goes from an earlier stage to a later
-//! one, so that concatenating the stages' nodes in order keeps the graph topologically sorted.
+//! In the graph form, the caller's wiring is checked in the caller's terms and the stages
+//! are put in graph order first ([`wiring`], [`order`]). Then [`build`] makes the [`parts`]
+//! of a plan: which output feeds which input ([`edges`]), the checks at each edge and the
+//! adapters they call for ([`adapters`]), what the merged graph exposes ([`exposure`]), and
+//! what no requested output needs ([`prune`]). The plan is handed back ([`view`]).
+//!
+//! Every edge goes from an earlier stage to a later one in graph order, so that laying the
+//! stages' nodes end to end keeps the merged graph topologically sorted.
 pub mod adapters;
 pub mod build;
 pub mod edges;
 pub mod exposure;
+pub mod order;
 pub mod parts;
 pub mod prune;
+pub mod view;
+pub mod wiring;
 
 #[cfg(test)]
 mod tests {
     use crate::merge::testing::*;
 
     #[test]
-    fn edge_errors_name_stages_tensors_and_near_misses() {
+    fn wiring_errors_use_the_callers_keys_and_names() {
         let three = || vec![distinct(1.0), distinct(2.0), distinct(3.0)];
-        let loop_ = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x"), edge(2, "y", 0, "x")], &[]);
-        let msg = composition_error(three(), &loop_);
-        assert!(msg.contains("the edges form a loop: m0.onnx -> m1.onnx -> m2.onnx -> m0.onnx"), "{msg}");
-        let back = graph_opts(vec![edge(2, "y", 0, "x")], &[]);
-        assert!(composition_error(three(), &back).contains("m2.onnx comes after m0.onnx in the stage order"));
-        let msg = composition_error(three(), &graph_opts(vec![edge(0, "y", 7, "x")], &[]));
-        assert!(msg.contains("there is no stage 7 (3 stages given)"), "{msg}");
-        let msg = composition_error(three(), &graph_opts(vec![edge(0, "Y", 1, "x")], &[]));
-        assert!(
-            msg.contains("edge 0 (m0.onnx.Y -> m1.onnx.x): 'Y' is not an output of m0.onnx (did you mean 'y'?)"),
-            "{msg}"
+        let error = |opts: &Options| composition_error(three(), opts);
+        let circle = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x"), edge(2, "y", 0, "x")], &[]);
+        assert_eq!(error(&circle), "edges: the edges make a cycle: m0.onnx -> m1.onnx -> m2.onnx -> m0.onnx");
+        let itself = graph_opts(vec![edge(1, "y", 1, "x")], &[]);
+        assert_eq!(error(&itself), "edges: the edges make a cycle: m1.onnx -> m1.onnx");
+        assert_eq!(
+            error(&graph_opts(vec![edge(0, "y", 7, "x")], &[])),
+            "edges[0]: there is no stage 7 (3 stages given)"
+        );
+        assert_eq!(
+            error(&graph_opts(vec![edge(0, "y", 1, "x"), edge(0, "Y", 2, "x")], &[])),
+            "edges[1]: 'm0.onnx.Y' is not an output of m0.onnx (did you mean 'y'?)"
+        );
+        assert_eq!(
+            error(&graph_opts(vec![edge(0, "y", 1, "X")], &[])),
+            "edges[0]: 'm1.onnx.X' is not an input of m1.onnx (did you mean 'x'?)"
         );
         let twice = graph_opts(vec![edge(0, "y", 2, "x"), edge(1, "y", 2, "x")], &[]);
-        let msg = composition_error(three(), &twice);
-        assert!(msg.contains("input 'x' of m2.onnx is fed twice, by 'y' of m0.onnx and by 'y' of m1.onnx"), "{msg}");
-        let opts = Options {
+        assert_eq!(
+            error(&twice),
+            "edges[1]: 'm2.onnx.x' is fed twice: by edges[0] (m0.onnx.y -> m2.onnx.x) and by m1.onnx.y -> m2.onnx.x"
+        );
+        let input_too = Options {
             edges: Some(vec![edge(0, "y", 1, "x")]),
-            graph_inputs: Some(vec![("x".into(), vec![(1, "x".into())])]),
+            graph_inputs: Some(vec![("img".into(), vec![(2, "x".into()), (1, "x".into())])]),
             ..Default::default()
         };
-        assert!(composition_error(three(), &opts).contains("is fed twice, by this graph input and by edge 0"));
-        let msg = composition_error(three(), &graph_opts(vec![], &[("a", 0, "y"), ("a", 1, "y")]));
-        assert!(msg.contains("the name 'a' is exposed twice"), "{msg}");
-        let msg = composition_error(three(), &graph_opts(vec![], &[("a", 0, "yy")]));
-        assert!(msg.contains("graph output 'a': 'yy' is not an output of m0.onnx (did you mean 'y'?)"), "{msg}");
+        assert_eq!(
+            error(&input_too),
+            "inputs.img[1]: 'm1.onnx.x' is fed twice: by edges[0] (m0.onnx.y -> m1.onnx.x) and by graph input 'img'"
+        );
+        assert_eq!(
+            error(&graph_opts(vec![], &[("a", 0, "y"), ("a", 1, "y")])),
+            "outputs[1]: the output name 'a' is taken by outputs[0]"
+        );
+        assert_eq!(
+            error(&graph_opts(vec![], &[("a", 0, "y"), ("b", 1, "yy")])),
+            "outputs[1]: 'm1.onnx.yy' is not an output of m1.onnx (did you mean 'y'?)"
+        );
+        // Default outputs are named like the caller's: 'y' of the one stage is 'y'.
+        let both = Options {
+            edges: Some(vec![]),
+            graph_inputs: Some(vec![("y".into(), vec![(0, "x".into())])]),
+            ..Default::default()
+        };
+        let msg = composition_error(vec![distinct(1.0)], &both);
+        assert_eq!(msg, "inputs: 'y' is both a graph input and a graph output");
+        // Names are checked before the edges make a circle, as the caller wrote them.
+        let bad_and_circle = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 0, "z")], &[]);
+        assert!(error(&bad_and_circle).starts_with("edges[1]: 'm0.onnx.z' is not an input"));
+    }
+
+    #[test]
+    fn stages_given_in_any_order_are_merged_in_graph_order() {
+        // c <- b <- a, given as [c, b, a].
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let given = vec![distinct(3.0), distinct(2.0), distinct(1.0)];
+        let backwards = Options { edges: Some(vec![edge(1, "y", 0, "x"), edge(2, "y", 1, "x")]), ..Default::default() };
+        let c = compose(given, &names(&["c", "b", "a"]), &backwards).unwrap();
+        assert_eq!(c.labels, ["a", "b", "c"]);
+        let stages: Vec<(&str, usize)> = c.plan.stages.iter().map(|s| (s.label.as_str(), s.given)).collect();
+        assert_eq!(stages, [("a", 2), ("b", 1), ("c", 0)]);
+        let edges: Vec<(&str, &str, usize)> =
+            c.plan.edges.iter().map(|e| (e.from.as_str(), e.to.as_str(), e.index)).collect();
+        assert_eq!(edges, [("b", "c", 0), ("a", "b", 1)], "edges stay in the caller's order");
+        // The same model as the stages given forward.
+        let forward = Options { edges: Some(vec![edge(1, "y", 2, "x"), edge(0, "y", 1, "x")]), ..Default::default() };
+        let f = compose(vec![distinct(1.0), distinct(2.0), distinct(3.0)], &names(&["a", "b", "c"]), &forward).unwrap();
+        assert_eq!(c.model, f.model);
+        assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 6)]);
+        // Stable: a stage no edge orders keeps its place.
+        let (m, l) = (vec![distinct(1.0), distinct(2.0), distinct(3.0)], names(&["p", "q", "r"]));
+        let c = compose(m, &l, &Options { edges: Some(vec![edge(2, "y", 0, "x")]), ..Default::default() }).unwrap();
+        assert_eq!(c.labels, ["q", "r", "p"]);
+        assert_plan_is_the_model(&c);
+    }
+
+    /// The plan's exposed inputs and outputs are exactly the merged model's.
+    fn assert_plan_is_the_model(c: &crate::merge::compose::Composition) {
+        let g = c.model.graph.as_ref().unwrap();
+        let planned: Vec<&str> = c.plan.inputs.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(planned, names(&g.input), "inputs");
+        let planned: Vec<&str> = c.plan.outputs.iter().map(|(n, ..)| n.as_str()).collect();
+        assert_eq!(planned, names(&g.output), "outputs");
+    }
+
+    #[test]
+    fn the_plan_exposes_what_the_merged_model_has() {
+        let ab = || vec!["a".to_string(), "b".to_string()];
+        let pair = || vec![join("Add", &["x", "z"]), distinct(1.0)];
+        // a(x, z), b(x), with a graph input named 'a.x' feeding a.z: a.x itself is unfed,
+        // and 'a.x' is taken, so it is exposed as 'a.x_1'.
+        let opts = Options {
+            edges: Some(vec![]),
+            graph_inputs: Some(vec![("a.x".into(), vec![(0, "z".into())])]),
+            ..Default::default()
+        };
+        let c = compose(pair(), &ab(), &opts).unwrap();
+        assert_plan_is_the_model(&c);
+        let feeds = |v: &[(&str, &[(&str, &str)])]| -> Vec<(String, Vec<(String, String)>)> {
+            v.iter()
+                .map(|(n, f)| (n.to_string(), f.iter().map(|(s, i)| (s.to_string(), i.to_string())).collect()))
+                .collect()
+        };
+        assert_eq!(c.plan.inputs, feeds(&[("a.x", &[("a", "z")]), ("a.x_1", &[("a", "x")]), ("b.x", &[("b", "x")])]));
+        assert_eq!(c.plan.outputs, [("a.y".into(), "a".into(), "y".into()), ("b.y".into(), "b".into(), "y".into())]);
+        // One input feeding both stages.
+        let shared = Options {
+            edges: Some(vec![]),
+            graph_inputs: Some(vec![("image".into(), vec![(0, "x".into()), (1, "x".into())])]),
+            ..Default::default()
+        };
+        let c = compose(pair(), &ab(), &shared).unwrap();
+        assert_plan_is_the_model(&c);
+        assert_eq!(c.plan.inputs, feeds(&[("image", &[("a", "x"), ("b", "x")]), ("z", &[("a", "z")])]));
+        // Two heads on one stage, the second exposed under a name of the caller's.
+        let heads = graph_opts(vec![edge(0, "y", 1, "x"), edge(0, "y", 2, "x")], &[("y", 1, "y"), ("aux", 2, "y")]);
+        let c = compose(vec![distinct(1.0), distinct(2.0), distinct(3.0)], &labels(3), &heads).unwrap();
+        assert_plan_is_the_model(&c);
+        assert_eq!(c.plan.inputs, feeds(&[("x", &[("m0.onnx", "x")])]));
+        // The linear form: its joints are the plan's edges.
+        let c = compose(vec![scale(1), scale(1)], &labels(2), &Options::default()).unwrap();
+        assert_plan_is_the_model(&c);
+        assert!(!c.plan.graph_form);
+        let e = &c.plan.edges[0];
+        assert_eq!(
+            (e.from.as_str(), e.output.as_str(), e.to.as_str(), e.input.as_str()),
+            ("m0.onnx", "y", "m1.onnx", "x")
+        );
+        assert_eq!(c.plan.outputs, [("y".into(), "m1.onnx".into(), "y".into())]);
     }
 
     #[test]
@@ -55,11 +165,13 @@ mod tests {
         assert!(msg.contains("output 'y' is float but input 'x' expects double; pass adapt=True"), "{msg}");
         assert!(msg.ends_with("to insert a Cast to double"), "{msg}");
         let c = compose(pair(), &labels(2), &Options { adapt: Adapt::All, ..opts.clone() }).unwrap();
-        let g = c.model.graph.unwrap();
+        let g = c.model.graph.clone().unwrap();
         let cast = node_at(&g, 2);
         assert_eq!((cast.op_type.as_deref(), cast.input.clone()), (Some("Cast"), vec!["y".to_string()]));
         assert_eq!(node_at(&g, 3).input[0], cast.output[0]);
         assert_eq!(c.report.adapters, [(0, "Cast to double".to_string())]);
+        assert_eq!(c.plan.adapters, c.report.adapters);
+        assert_plan_is_the_model(&c);
         assert_eq!(c.origins.nodes, [(0, 2), (2, 5)]);
 
         // A missing leading axis: an Unsqueeze (axes as an input from opset 13).
@@ -113,18 +225,30 @@ mod tests {
         let models = vec![distinct(1.0), distinct(2.0), distinct(3.0)];
         let edges = vec![edge(0, "y", 1, "x"), edge(0, "y", 2, "x")];
         let c = compose(models.clone(), &labels(3), &graph_opts(edges.clone(), &[("left", 1, "y")])).unwrap();
-        let g = c.model.graph.unwrap();
+        let g = c.model.graph.clone().unwrap();
         assert_eq!(g.node.len(), 4);
         assert_eq!(g.initializer.len(), 2);
         assert_eq!(c.report.pruned.stages, [2]);
         assert_eq!((c.report.pruned.nodes, c.report.pruned.initializers), (2, 1));
         assert_eq!(c.report.unused_outputs, [(2, "y".to_string())]);
+        assert_eq!(c.plan.pruned, ["m2.onnx"]);
+        assert!(c.plan.stages[2].pruned && !c.plan.stages[1].pruned);
+        assert_eq!(c.plan.unused_outputs, [("m2.onnx".to_string(), "y".to_string())]);
+        assert_plan_is_the_model(&c);
         assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 4)]);
         // A chain whose tail nothing needs: pruning walks back through it.
         let chain = graph_opts(vec![edge(0, "y", 1, "x"), edge(1, "y", 2, "x")], &[("first", 0, "y")]);
         let c = compose(models.clone(), &labels(3), &chain).unwrap();
         assert_eq!(c.report.pruned.stages, [1, 2]);
         assert_eq!(c.model.graph.unwrap().node.len(), 2);
+        // A stage without nodes (its output a weight) that nothing needs is left out too.
+        let mut constant = scale(1);
+        let g = constant.graph.as_mut().unwrap();
+        (g.node, g.input, g.output) = (vec![], vec![], vec![vi("c", 1, &[4])]);
+        let only_first = graph_opts(vec![], &[("first", 0, "y")]);
+        let c = compose(vec![distinct(1.0), constant], &labels(2), &only_first).unwrap();
+        assert_eq!((c.plan.pruned.as_slice(), c.report.pruned.initializers), (&["m1.onnx".to_string()][..], 1));
+        assert_plan_is_the_model(&c);
         // Off on request: everything stays.
         let keep = Options { prune: Some(false), ..graph_opts(edges, &[("left", 1, "y")]) };
         assert_eq!(compose(models, &labels(3), &keep).unwrap().model.graph.unwrap().node.len(), 6);

@@ -53,7 +53,7 @@ pub struct Kept {
 /// What pruning left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PruneReport {
-    /// Stages none of whose nodes any requested output needs.
+    /// Stages of which no requested output needs anything: no node, no output.
     pub stages: Vec<usize>,
     pub nodes: usize,
     pub initializers: usize,

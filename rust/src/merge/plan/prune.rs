@@ -65,7 +65,10 @@ pub fn prune(plan: &mut Plan, models: &[ModelProto]) {
     for (k, keep) in nodes_kept.iter().enumerate() {
         let dropped = keep.iter().filter(|&&b| !b).count();
         report.nodes += dropped;
-        if dropped > 0 && dropped == keep.len() {
+        // A stage is left out when nothing of it is needed: no node, and no output (a
+        // stage without nodes passes its inputs through).
+        let outputs_needed = graph(&models[k]).output.iter().any(|v| needed[k].contains(vi_name(v)));
+        if dropped == keep.len() && !outputs_needed {
             report.stages.push(k);
         }
     }
