@@ -298,6 +298,20 @@ def test_a_manifest_names_only_files_of_its_entry(tmp_path, name):
     assert outside.read_bytes() == b"not opened"
 
 
+def test_weights_changed_in_an_entry_are_never_used(tmp_path):
+    """One byte of the data file flipped, its size unchanged: ONNX Runtime may have loaded
+    it while its digest was checked, but that session is dropped and the entry rebuilt."""
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache)
+    raw = bytearray((entry / "model.data").read_bytes())
+    raw[100] ^= 0x40
+    (entry / "model.data").write_bytes(bytes(raw))
+    pipe = start(source, cache)
+    assert pipe.session_info["cache"] == "stored"
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    assert start(source, cache).session_info["cache"] == "hit"
+
+
 def test_files_swapped_during_loads_never_change_what_runs(tmp_path):
     """A second process swaps the entry's data file for another model's (same size, renamed
     into place) and back, as fast as it can, while this one starts the pipeline again and

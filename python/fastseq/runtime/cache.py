@@ -33,6 +33,7 @@ import platform
 import re
 import stat
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -263,9 +264,12 @@ def start(
                 try:
                     made = make(found.model, False, None)
                 except Exception as e:  # what ONNX Runtime refuses is rebuilt below
-                    _warn(f"session cache {root.path}: ONNX Runtime refused the entry {key} ({_first_line(e)}); "
-                          "rebuilding it")
-                else:
+                    if found.verified():
+                        _warn(f"session cache {root.path}: ONNX Runtime refused the entry {key} "
+                              f"({_first_line(e)}); rebuilding it")
+                if not found.verified():
+                    made = None  # damaged weights: never used, rebuilt below
+                elif made is not None:
                     found.count_hit()
             if made is not None:
                 info.update(cache="hit", entry=str(root.path / key))
@@ -317,11 +321,30 @@ def _open_root(path: Path) -> Root | None:
 
 
 class _Found:
-    """A verified entry, its files held where nobody can swap them, until the session exists."""
+    """An entry held where nobody can swap its files, checked (regular files of ours, their
+    sizes, the model's digest) before ONNX Runtime reads the model. The data file's digest is
+    computed beside ONNX Runtime's load of the same file (both read one inode, through the
+    page cache: the disk is read once), and the session is used only once :meth:`verified`
+    says it matched; weights are bytes ONNX Runtime does not interpret while it loads them."""
 
-    def __init__(self, entry_fd: int, folder: Folder, temp: Temp | None) -> None:
+    def __init__(self, entry_fd: int, folder: Folder, temp: Temp | None, data: tuple[str, str] | None) -> None:
         self.entry_fd, self.folder, self.temp = entry_fd, folder, temp
         self.model = folder.name(MODEL)
+        self._matches = data is None
+        self._check = threading.Thread(target=self._digest, args=(data,), daemon=True) if data else None
+        if self._check is not None:
+            self._check.start()
+
+    def _digest(self, data: tuple[str, str]) -> None:
+        try:
+            self._matches = _core.file_digest(self.folder.name(data[0])) == data[1]
+        except OSError:
+            self._matches = False
+
+    def verified(self) -> bool:
+        if self._check is not None:
+            self._check.join()
+        return self._matches
 
     def count_hit(self) -> None:
         """One more hit; the file's time is the last use. Cheap (a few bytes under a lock on
@@ -347,6 +370,7 @@ class _Found:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.verified()  # the digest reads through the folder removed here
         if self.temp is not None:
             self.temp.remove()
         os.close(self.entry_fd)
@@ -366,8 +390,8 @@ def _lookup(root: Root, key: str, parts: dict[str, Any]) -> _Found | None:
         if files is not None:
             temp = _hold(root, entry_fd, files)
             folder = temp if temp is not None else Folder(root.path / key, entry_fd)
-            if _verified(folder, files, what):
-                return _Found(entry_fd, folder, temp)
+            if _checked(folder, files, what):
+                return _Found(entry_fd, folder, temp, (DATA, files[DATA][1]) if DATA in files else None)
     except FileNotFoundError:
         pass  # a file the manifest names is missing: damaged
     except BaseException:
@@ -429,15 +453,17 @@ def _hold(root: Root, entry_fd: int, files: dict[str, tuple[int, str]]) -> Temp 
     return temp
 
 
-def _verified(folder: Folder, files: dict[str, tuple[int, str]], what: str) -> bool:
-    for name, (size, digest) in files.items():
+def _checked(folder: Folder, files: dict[str, tuple[int, str]], what: str) -> bool:
+    """Whether the files are regular files of ours of the manifest's sizes, and the model
+    has the manifest's digest (the data file's is checked by :class:`_Found`)."""
+    for name, (size, _) in files.items():
         st = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
             raise Refused(f"{what}: {name} is not a regular file (a link, a pipe or a device)")
         check_own(st, f"{what}: {name}")
-        if st.st_size != size or _core.file_digest(folder.name(name)) != digest:
+        if st.st_size != size:
             return False
-    return True
+    return _core.file_digest(folder.name(MODEL)) == files[MODEL][1]
 
 
 def _seal(root: Root, temp: Temp, key: str, parts: dict[str, Any], labels: Sequence[str], max_size: int) -> Path | None:
