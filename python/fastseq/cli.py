@@ -314,6 +314,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
     entries = [e for e in removed if not e.get("leftover")]
     print(f"{verb} {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} "
           f"({human_size(sum(e['bytes'] for e in entries))}) from {cache.path}")
+    kept = [] if args.dry_run or args.action == "prune" else cache.entries()
+    if kept:
+        print(f"kept {len(kept)} entr{'y' if len(kept) == 1 else 'ies'} that another process is loading "
+              "or that fastseq did not make")
     return 0
 
 

@@ -577,7 +577,10 @@ def _maintained(path: Path) -> Iterator[Root | None]:
     except Refused as e:
         raise FastseqError(f"{e}; nothing done") from None
     with root:
-        yield root
+        try:
+            yield root
+        except Refused as e:
+            raise FastseqError(f"{e}; stopped") from None
 
 
 def _hits(raw: bytes) -> int:
