@@ -96,6 +96,19 @@ def test_a_new_cache_is_private_and_marked(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == sorted([TAG, entry.name])  # no temporary folder left
 
 
+def test_processes_making_the_cache_at_once_all_use_it(tmp_path):
+    cache = tmp_path / "new" / "cache"
+    code = textwrap.dedent(f"""
+        import warnings, fastseq
+        warnings.simplefilter("error")  # a start without the cache would warn
+        pipe = fastseq.ONNXSequential({model_file(tmp_path, 2.0)!r}, session_cache={str(cache)!r})
+        assert pipe.session_info["cache"] in ("stored", "hit")
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    assert "fastseq" in (cache / TAG).read_text()
+
+
 def test_an_empty_folder_is_adopted_a_folder_of_other_files_is_not(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir(mode=0o700)
@@ -217,7 +230,7 @@ def test_temporary_folders_of_killed_writers_are_removed_by_later_writers(tmp_pa
 @pytest.mark.parametrize("how", ["world-writable", "group-writable", "another user's"])
 def test_a_root_that_is_not_private_is_not_used(tmp_path, how):
     cache = tmp_path / "cache"
-    source, entry = stored(tmp_path, cache)
+    source, _ = stored(tmp_path, cache)
     if how == "another user's":
         os.chown(cache, OTHER_UID, -1)
     else:
@@ -405,14 +418,13 @@ def test_least_recently_used_entries_are_evicted_to_fit_the_limit(tmp_path, monk
     a, entry_a = stored(tmp_path, cache, 2.0)
     size = entry_bytes(entry_a) + 40  # entries differ by a few bytes of manifest
     monkeypatch.setenv("FASTSEQ_SESSION_CACHE_MAX", str(int(2.5 * size)))
-    b, entry_b = stored(tmp_path, cache, 3.0)
+    _, entry_b = stored(tmp_path, cache, 3.0)
     time.sleep(0.05)  # "last used" is a file time
     assert start(a, cache).session_info["cache"] == "hit"  # a is now the more recently used
-    c, entry_c = stored(tmp_path, cache, 4.0)
+    _, entry_c = stored(tmp_path, cache, 4.0)
     assert entry_a.exists() and not entry_b.exists() and entry_c.exists()
     # The same through an argument, which wins over the variable.
-    d, entry_d = model_file(tmp_path, 5.0), None
-    pipe = start(d, fastseq.SessionCache(cache, max_size=int(1.5 * size)))
+    pipe = start(model_file(tmp_path, 5.0), fastseq.SessionCache(cache, max_size=int(1.5 * size)))
     assert [p.name for p in cache.iterdir() if p.name != TAG] == [Path(pipe.session_info["entry"]).name]
 
 

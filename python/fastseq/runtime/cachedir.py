@@ -207,9 +207,11 @@ class Root(Folder):
         try:
             check_own(os.fstat(fd), what)
             if not _tagged(fd):
-                if not (made or (adopt and all(is_ours(n) for n in os.listdir(fd)))):
+                names = os.listdir(fd)
+                if TAG not in names and (made or (adopt and all(is_ours(n) for n in names))):
+                    _mark(fd)
+                if not _tagged(fd):  # (a tag that another process has just put in place is whole)
                     raise Refused(f"{path} is not a fastseq session cache (it has no {TAG} written by fastseq)")
-                write_file(fd, TAG, TAG_TEXT.encode())
             return cls(path, fd)
         except BaseException:
             os.close(fd)
@@ -329,6 +331,18 @@ class Root(Folder):
             finally:
                 os.close(fd)
         return removed
+
+
+def _mark(fd: int) -> None:
+    """Writes the tag whole, then renames it into place: a process opening the root at the
+    same moment never reads half of it (two that mark it at once write the same bytes)."""
+    temp = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    write_file(fd, temp, TAG_TEXT.encode())
+    try:
+        os.rename(temp, TAG, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        os.unlink(temp, dir_fd=fd)
+        raise
 
 
 def _tagged(fd: int) -> bool:
