@@ -255,6 +255,8 @@ def test_an_entry_that_is_not_private_is_not_used(tmp_path, what, how):
     pipe = uncached(source, cache, "owned by another user" if how == "another user's" else "writable by")
     np.testing.assert_allclose(pipe(X)[0], expected(2.0))
     assert target.exists()  # not fastseq's to delete any more
+    out = cli("cache", "list", "--dir", str(cache))
+    assert "not used:" in out.stdout and ("owned by another user" in out.stdout or "writable by" in out.stdout)
 
 
 @pytest.mark.parametrize("what", ["model.onnx", "model.data", "both", "entry"])

@@ -325,6 +325,8 @@ def _describe_entry(e: dict) -> str:
     def when(t: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "?"
 
+    if e.get("refused"):
+        return f"{e['key']}  {human_size(e['bytes']):>9}  not used: {e['refused']}"
     if e.get("damaged"):
         return f"{e['key']}  {human_size(e['bytes']):>9}  damaged (its manifest cannot be read; rebuilt on next use)"
     stages = " -> ".join(e["labels"] or []) or "?"

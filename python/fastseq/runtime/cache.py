@@ -152,8 +152,9 @@ class SessionCache:
     def entries(self) -> list[dict[str, Any]]:
         """The entries, least recently used first: ``key``, ``labels`` (the pipeline's
         stages), ``providers``, ``onnxruntime``, ``bytes``, ``created``, ``used`` (times in
-        seconds since the epoch), ``hits``, and ``damaged`` (True for an entry whose manifest
-        cannot be read). Raises FastseqError if the folder is not a fastseq session cache."""
+        seconds since the epoch), ``hits``, ``damaged`` (True for an entry whose manifest
+        cannot be read) and, for an entry that is not used (a link, another user's),
+        ``refused`` (why). Raises FastseqError if the folder is not a fastseq session cache."""
         with _maintained(self.path) as root:
             return [] if root is None else _listing(root)
 
@@ -523,25 +524,33 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
     except (OSError, Refused):
         return None
     try:
-        sizes, times = 0, []
+        sizes, times, files = 0, [], []
         for name in (MODEL, DATA, MANIFEST, USAGE):
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
             sizes += st.st_size
+            files.append((name, st))
             if name in (MANIFEST, USAGE):
                 times.append(st.st_mtime)
         out: dict[str, Any] = {"key": key, "bytes": sizes, "used": max(times, default=None), "hits": 0,
                                "labels": None, "providers": None, "onnxruntime": None, "created": None,
                                "damaged": False}
         try:
+            check_own(os.fstat(fd), "the entry")
+            for name, st in files:
+                if not stat.S_ISREG(st.st_mode):
+                    raise Refused(f"{name} is not a regular file")
+                check_own(st, name)
             manifest = json.loads(read_file(fd, MANIFEST, MANIFEST, _MANIFEST_LIMIT))
             parts = manifest["key"]
             out.update(labels=manifest.get("labels"), created=manifest.get("created"),
                        providers=[p if isinstance(p, str) else p[0] for p in parts["providers"]],
                        onnxruntime=parts["onnxruntime"])
-        except (OSError, Refused, ValueError, RecursionError, KeyError, TypeError, IndexError):
+        except Refused as e:
+            out["refused"] = str(e)
+        except (OSError, ValueError, RecursionError, KeyError, TypeError, IndexError):
             out["damaged"] = True
         try:
             out["hits"] = _hits(read_file(fd, USAGE, USAGE, 64))
