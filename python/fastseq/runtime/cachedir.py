@@ -160,11 +160,11 @@ class Temp(Folder):
         """Removes what it holds of fastseq's names, then the folder."""
         if self.fd < 0:
             return
-        _empty(self.fd)
         try:
+            _empty(self.fd)
             os.rmdir(self.path.name, dir_fd=self._parent_fd)
         except OSError:
-            pass  # something not ours is in it: left as it is
+            pass  # something not ours is in it, or it is gone: left as it is
         self.close()
 
     def __enter__(self) -> Temp:
@@ -284,25 +284,30 @@ class Root(Folder):
         except (OSError, Refused):
             return False
         try:
-            if not self._is_named(key, fd) or os.fstat(fd).st_uid != os.geteuid():
-                return False
-            names = set(os.listdir(fd))
-            if MANIFEST not in names or not names <= FILES:
-                return False
-            if not try_lock(fd):
-                return False  # being read: left for a later pass
-            if dry_run:
-                return True
-            aside = f".del-{uuid.uuid4().hex[:12]}"
-            os.rename(key, aside, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-            _empty(fd)
-            try:
-                os.rmdir(aside, dir_fd=self.fd)
-            except OSError:
-                pass  # something not ours appeared in it: left as it is
-            return True
+            return self._remove(key, fd, dry_run)
+        except OSError:
+            return False  # removed by another process meanwhile, or not removable: kept
         finally:
             os.close(fd)
+
+    def _remove(self, key: str, fd: int, dry_run: bool) -> bool:
+        if not self._is_named(key, fd) or os.fstat(fd).st_uid != os.geteuid():
+            return False
+        names = set(os.listdir(fd))
+        if MANIFEST not in names or not names <= FILES:
+            return False
+        if not try_lock(fd):
+            return False  # being read: left for a later pass
+        if dry_run:
+            return True
+        aside = f".del-{uuid.uuid4().hex[:12]}"
+        os.rename(key, aside, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        _empty(fd)
+        try:
+            os.rmdir(aside, dir_fd=self.fd)
+        except OSError:
+            pass  # something not ours appeared in it: left as it is
+        return True
 
     def sweep(self, now: float | None = None, dry_run: bool = False) -> list[str]:
         """Removes temporary folders that nobody holds (their maker was killed) once they are
