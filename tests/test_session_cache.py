@@ -358,7 +358,7 @@ def test_files_swapped_during_loads_never_change_what_runs(tmp_path):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            for _ in range(150):
+            for _ in range(100):
                 pipe = start(source, cache)
                 how[pipe.session_info["cache"]] += 1
                 np.testing.assert_allclose(pipe(X)[0], expected(2.0))
