@@ -38,6 +38,7 @@ _LAZY = {
     "add_metadata": "fastseq.graph.metadata",
     "io_name_conversion": "fastseq.graph.rename",
     "TensorInfo": "fastseq.runtime.session",
+    "SessionCache": "fastseq.runtime.cache",
 }
 # public submodules under their public names (``fastseq.operators`` is the shipped models)
 _MODULES = {"ops": "fastseq.ops", "operators": "fastseq.ops.shipped"}
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from fastseq.graph.rename import io_name_conversion
     from fastseq.graph.spec import PipelineSpec
     from fastseq.ops import shipped as operators
+    from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.session import TensorInfo
 
 
@@ -95,6 +97,7 @@ __all__ = [
     "ProviderError",
     "RunError",
     "RunTimeoutError",
+    "SessionCache",
     "TensorInfo",
     "__version__",
     "add_metadata",

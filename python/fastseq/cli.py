@@ -285,24 +285,56 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from fastseq.runtime import cache
+    from fastseq.runtime.cache import SessionCache, parse_duration, parse_size, root_from
 
-    root = cache.root_from(args.dir) if args.dir else (cache.root_from(None) or cache.default_root())
-    if args.action == "clear":
-        n = cache.clear(root)
-        print(f"removed {n} entr{'y' if n == 1 else 'ies'} from {root}")
+    cache = SessionCache(args.dir) if args.dir else (root_from(None) or SessionCache())
+    if args.action != "prune" and (args.max_size or args.older_than):
+        raise FastseqError(f"cache {args.action}: --max-size and --older-than go with prune")
+    if args.action == "list":
+        if args.dry_run:
+            raise FastseqError("cache list: --dry-run goes with clear and prune")
+        found = cache.entries()
+        total = sum(e["bytes"] for e in found)
+        print(f"{cache.path}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {human_size(total)} "
+              f"(limit {human_size(cache.max_size)}), least recently used first")
+        for e in found:
+            print("  " + _describe_entry(e))
         return 0
-    found = cache.entries(root)
-    total = sum(e["bytes"] for e in found)
-    print(f"{root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {human_size(total)}")
-    for e in found:
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"])) if e["used"] else "?"
-        what = "damaged" if e.get("damaged") else (
-            f"onnxruntime {e['onnxruntime']}, "
-            + ", ".join(p if isinstance(p, str) else p[0] for p in e["providers"] or [])
-        )
-        print(f"  {e['key']}  {human_size(e['bytes']):>9}  used {used}  {what}")
+    if args.action == "clear":
+        removed = cache.clear(dry_run=args.dry_run)
+    else:
+        # Checked before anything is removed: a typo must not prune with a default.
+        max_size = None if args.max_size is None else parse_size(args.max_size, "--max-size")
+        older_than = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
+        removed = cache.prune(max_size, older_than, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for e in removed:
+        print(f"{verb} {cache.path / e['key']}" + (" (left by a process that was killed)" if e.get("leftover")
+                                                    else f": {_describe_entry(e)}"))
+    entries = [e for e in removed if not e.get("leftover")]
+    print(f"{verb} {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} "
+          f"({human_size(sum(e['bytes'] for e in entries))}) from {cache.path}")
+    kept = [] if args.dry_run or args.action == "prune" else cache.entries()
+    if kept:
+        print(f"kept {len(kept)} entr{'y' if len(kept) == 1 else 'ies'} that another process is loading "
+              "or that fastseq did not make")
     return 0
+
+
+def _describe_entry(e: dict) -> str:
+    def when(t: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "?"
+
+    if e.get("refused"):
+        return f"{e['key']}  {human_size(e['bytes']):>9}  not used: {e['refused']}"
+    if e.get("damaged"):
+        return f"{e['key']}  {human_size(e['bytes']):>9}  damaged (its manifest cannot be read; rebuilt on next use)"
+    stages = " -> ".join(e["labels"] or []) or "?"
+    if len(stages) > 60:
+        stages = stages[:57] + "..."
+    providers = ", ".join(p.removesuffix("ExecutionProvider") for p in e["providers"] or [])
+    return (f"{e['key']}  {human_size(e['bytes']):>9}  {stages}  [{providers}; onnxruntime {e['onnxruntime']}]  "
+            f"created {when(e['created'])}, last used {when(e['used'])}, {e['hits']} hit{'s' * (e['hits'] != 1)}")
 
 
 #: The demo: photos of digits through operators built to order (``builtin:NAME?...``, the
@@ -408,9 +440,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=int, default=256, help="with --ray: rows per batch (default 256)")
     r.set_defaults(func=cmd_run)
 
-    c = sub.add_parser("cache", help="list or empty the session cache")
-    c.add_argument("action", choices=["list", "clear"])
+    c = sub.add_parser("cache", help="list, prune or empty the session cache")
+    c.add_argument("action", choices=["list", "prune", "clear"],
+                   help="list: what each entry is for, its size, when made and last used, its hits; prune: remove "
+                        "entries by age and least recent use; clear: remove every entry")
     c.add_argument("--dir", help="the cache folder (default: $FASTSEQ_SESSION_CACHE or ~/.cache/fastseq/sessions)")
+    c.add_argument("--max-size", metavar="SIZE",
+                   help="prune: remove the least recently used entries until the rest fit in SIZE (e.g. 1G, 500M; "
+                        "default with no --older-than: the cache's limit, $FASTSEQ_SESSION_CACHE_MAX or 2G)")
+    c.add_argument("--older-than", metavar="DURATION",
+                   help="prune: remove entries last used more than DURATION ago (e.g. 30d, 12h, 90m)")
+    c.add_argument("--dry-run", action="store_true", help="clear, prune: say what would be removed, remove nothing")
     c.set_defaults(func=cmd_cache)
 
     q = sub.add_parser("quantize", help="write an int8 version of a model (onnxruntime.quantization)")

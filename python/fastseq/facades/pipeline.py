@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq.graph import drawing
 from fastseq.graph import pipefile
@@ -15,6 +15,9 @@ from fastseq.graph.build import build
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import Edge
 from fastseq.graph.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from fastseq.runtime.cache import SessionCache
 
 __all__ = ["Pipeline"]
 
@@ -39,7 +42,8 @@ class Pipeline(Facade):
     are stored once (``dedupe=False`` keeps copies); ``adapt=True`` (or a list of edges)
     inserts a Cast or an (Un)squeeze where an edge's two sides differ in type or batch axis.
     The session API is ONNXSequential's: ``providers``, ``session_options``,
-    ``session_cache`` (where ONNX Runtime's optimised model is kept between starts),
+    ``session_cache`` (where ONNX Runtime's optimised model is kept between starts: a
+    folder, True, or a :class:`SessionCache`),
     calls, ``run(..., timeout=)``, ``bind``, ``export(..., optimized=True)``.
     """
 
@@ -63,7 +67,7 @@ class Pipeline(Facade):
         cache_dir: str | os.PathLike[str] | None = None,
         force_download: bool = False,
         token: str | bool | None = None,
-        session_cache: str | os.PathLike[str] | bool | None = None,
+        session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
     ) -> None:
         spec = PipelineSpec.graph(
             stages,
@@ -86,7 +90,7 @@ class Pipeline(Facade):
         self._build(spec, session_cache)
 
     @classmethod
-    def from_spec(cls, spec: PipelineSpec, session_cache: str | os.PathLike[str] | bool | None = None) -> Pipeline:
+    def from_spec(cls, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> Pipeline:
         """A pipeline built from a graph description (``session_cache`` as in the constructor)."""
         if not spec.is_graph:
             raise TypeError("Pipeline needs a graph description (named stages and edges)")
@@ -96,7 +100,7 @@ class Pipeline(Facade):
 
     @classmethod
     def from_file(
-        cls, path: str | os.PathLike[str], session_cache: str | os.PathLike[str] | bool | None = None
+        cls, path: str | os.PathLike[str], session_cache: SessionCache | str | os.PathLike[str] | bool | None = None
     ) -> Pipeline:
         """The pipeline that the TOML file at ``path`` describes (see :mod:`fastseq.graph.pipefile`)."""
         return cls.from_spec(pipefile.read(path), session_cache)
@@ -106,7 +110,7 @@ class Pipeline(Facade):
         models are saved beside it. ``Pipeline.from_file`` reads it back."""
         return pipefile.write(self.spec, path)
 
-    def _build(self, spec: PipelineSpec, session_cache: str | os.PathLike[str] | bool | None = None) -> None:
+    def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
         built = build(spec)
         self.spec = spec
         self._composed, self._labels = built.composed, built.labels

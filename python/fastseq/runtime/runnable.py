@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import onnx
 
     from fastseq.runtime.binding import Binding
+    from fastseq.runtime.cache import SessionCache
 
 
 #: Below this many bytes held, a pipeline keeps them in memory rather than spill them.
@@ -44,13 +45,13 @@ class Runnable:
         self,
         providers: Sequence[session.Provider] | None,
         session_options: ort.SessionOptions | None,
-        session_cache: str | os.PathLike[str] | bool | None = None,
+        session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
     ) -> None:
         from fastseq.runtime import cache
 
         self._providers = list(providers) if providers else None
         self._session_options = session_options
-        self._cache_root = cache.root_from(session_cache)
+        self._cache = cache.root_from(session_cache)
         self.session_info: dict[str, Any] = {}
         self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
 
@@ -80,7 +81,7 @@ class Runnable:
                 moved = self._take_spilled(copy)
                 if info is not None and moved:
                     info["spilled"] = moved
-                return session.open_copy(copy, providers, session_options, self._cache_root, info)
+                return session.open_copy(copy, providers, session_options, self._cache, info, self._labels)
         except Exception as e:
             if type(e).__module__.startswith("onnxruntime"):
                 raise self._explain(e) from e
@@ -310,8 +311,8 @@ class Runnable:
             f"{human_size(info['weight_bytes'])} of weights; {', '.join(self.providers)})"
         )
 
-    # Pickling keeps the composed model, the providers and the session cache; the session
-    # is rebuilt (from the cache, when there is one).
+    # Pickling keeps the composed model, the providers and the session cache (its folder and
+    # limit); the session is rebuilt (from the cache, when there is one).
     def __getstate__(self) -> dict[str, Any]:
         from fastseq.graph.options import session_options_dict
 
@@ -321,7 +322,7 @@ class Runnable:
             "providers": self._providers,
             # SessionOptions does not pickle: its settings travel as a dict
             "session_options": session_options_dict(self._session_options),
-            "session_cache": None if self._cache_root is None else str(self._cache_root),
+            "session_cache": self._cache,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -11,13 +11,16 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
 from fastseq.errors import InputError, ProviderError
+
+if TYPE_CHECKING:
+    from fastseq.runtime.cache import SessionCache
 
 Provider = str | tuple[str, dict[str, Any]]
 
@@ -161,39 +164,26 @@ def open_copy(
     copy: PrivateCopy,
     providers: Sequence[Provider] | None = None,
     session_options: ort.SessionOptions | None = None,
-    cache_root: Path | None = None,
+    cache: SessionCache | None = None,
     info: dict[str, Any] | None = None,
+    labels: Sequence[str] = (),
 ) -> ort.InferenceSession:
-    """A session over a private copy (see :class:`PrivateCopy`). With a ``cache_root``, the
+    """A session over a private copy (see :class:`PrivateCopy`). With a ``cache``, the
     optimised model is stored there on the first start and loaded with optimisation off on
-    later ones (see :mod:`fastseq.runtime.cache`). ``info``, when given, is filled with how the
-    session was made: ``cache`` ("hit", "stored" or None) and the entry's folder."""
+    later ones (see :mod:`fastseq.runtime.cache`; ``labels``, the stages, are recorded with
+    the entry). ``info``, when given, is filled with how the session was made: ``cache``
+    ("hit", "stored" or None) and the entry's folder."""
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
-    if cache_root is None:
+    if cache is None:
         return _session(copy.path, options, usable)
-    from fastseq.runtime import cache
+    from fastseq.runtime import cache as session_cache
 
-    parts = cache.key_parts(copy.digest, usable, options)
-    key = cache.key_of(parts)
-    info = info if info is not None else {}
-    info.update(cache=None, key=key, entry=None)
-    entry = cache.lookup(cache_root, key, parts)
-    if entry is not None:
-        info.update(cache="hit", entry=str(entry.folder))
-        return _session(str(entry.model), options, usable, optimise=False)
-    stage = cache.staging(cache_root)
-    if stage is None:
-        return _session(copy.path, options, usable)
-    try:
-        session = _session(copy.path, options, usable, save_to=stage / cache.MODEL, data_name=cache.DATA)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    stored = cache.commit(cache_root, key, parts, stage)
-    if stored is not None:
-        info.update(cache="stored", entry=str(stored.folder))
-    return session
+    def make(path: str, optimise: bool, save_to: str | None) -> ort.InferenceSession:
+        return _session(path, options, usable, optimise, save_to, session_cache.DATA)
+
+    parts = session_cache.key_parts(copy.digest, usable, options)
+    return session_cache.start(cache, parts, labels, info if info is not None else {}, make, copy.path)
 
 
 def _session(
@@ -201,7 +191,7 @@ def _session(
     options: ort.SessionOptions,
     providers: list[Provider],
     optimise: bool = True,
-    save_to: Path | None = None,
+    save_to: str | Path | None = None,
     data_name: str | None = None,
 ) -> ort.InferenceSession:
     """A session from a model file; the caller's options are changed only for the call."""
