@@ -83,3 +83,12 @@ def test_sequential_error_names_an_option_it_has():
     with pytest.raises(fastseq.CompositionError, match=r"pass adapt=True .* Unsqueeze of axis 1"):
         fastseq.ONNXSequential(a, b)
     assert fastseq.ONNXSequential(a, b, adapt=True)(np.ones((2, 32), np.float32))[0].shape == (2, 1, 32)
+
+
+def test_entry_points_without_adapt_name_one_that_has_it():
+    a, b = identity(["N", 32], ["N", 32], "a"), identity(["N", 1, 32], ["N", 1, 32], "b")
+    with pytest.raises(fastseq.CompositionError) as info:
+        fastseq.compose([a, b])
+    assert "adapt=True (or" not in str(info.value)
+    assert "compose() inserts no adapters: fastseq.ONNXSequential(..., adapt=True)" in str(info.value)
+    assert str(info.value).endswith("inserts a Unsqueeze of axis 1")
