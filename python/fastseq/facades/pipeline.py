@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq.graph import drawing
 from fastseq.graph import pipefile
@@ -15,6 +15,9 @@ from fastseq.graph.build import Layout, build
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import Edge
 from fastseq.graph.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from fastseq.runtime.profile import Profile
 
 __all__ = ["Pipeline"]
 
@@ -133,13 +136,18 @@ class Pipeline(Facade):
         ``unused_outputs`` ([(stage, output)])."""
         return dict(self._report)
 
-    def to_dot(self) -> str:
-        """The stage graph as Graphviz DOT text (no Graphviz needed)."""
-        return drawing.to_dot(self._layout, "pipeline")
+    def to_dot(self, profile: Profile | None = None) -> str:
+        """The stage graph as Graphviz DOT text (no Graphviz needed); with a ``profile``
+        (:meth:`profile`), each stage's time and share, the hottest stage in red."""
+        if profile is None:
+            return drawing.to_dot(self._layout, "pipeline")
+        hottest = profile.hottest
+        return drawing.to_dot(self._layout, "pipeline", profile.stage_labels(), hottest.name if hottest else None)
 
-    def to_svg(self) -> str:
-        """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it)."""
-        return drawing.to_svg(self.to_dot())
+    def to_svg(self, profile: Profile | None = None) -> str:
+        """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it);
+        ``profile`` as in :meth:`to_dot`."""
+        return drawing.to_svg(self.to_dot(profile))
 
     def _repr_svg_(self) -> str | None:
         # Notebooks fall back to repr() where Graphviz is missing.

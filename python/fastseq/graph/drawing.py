@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Mapping
 from html import escape
 
 from fastseq.errors import ExportError
@@ -13,6 +14,7 @@ from fastseq.graph.build import Layout
 from fastseq.graph.parts import IoInfo
 
 _GREY = "#9e9e9e"
+_HOT = "#c62828"
 
 
 def _q(s: str) -> str:
@@ -27,11 +29,14 @@ def _tensor(info: IoInfo | None) -> str:
     return f"{dtype}[{', '.join('?' if d is None else str(d) for d in dims)}]"
 
 
-def to_dot(layout: Layout, title: str = "pipeline") -> str:
+def to_dot(
+    layout: Layout, title: str = "pipeline", times: Mapping[str, str] | None = None, hottest: str | None = None
+) -> str:
     """DOT text: stages as boxes listing their inputs and outputs (name, dtype, shape),
     edges labelled with the tensors they carry, graph inputs and outputs as ovals, pruned
     stages grey and dashed. Node ids: stages by name, graph inputs ``in:NAME``, outputs
-    ``out:NAME``; ports ``i<k>`` / ``o<k>`` by position."""
+    ``out:NAME``; ports ``i<k>`` / ``o<k>`` by position. ``times``: a label per stage (a
+    profile's times) shown under its name; the ``hottest`` stage is drawn in red."""
     lines = [
         f"digraph {_q(title)} {{",
         "  rankdir=LR;",
@@ -42,10 +47,14 @@ def to_dot(layout: Layout, title: str = "pipeline") -> str:
     infos: dict[tuple[str, str], IoInfo] = {}
     pruned = {st.name for st in layout.stages if st.pruned}
     for st in layout.stages:
-        colour = _GREY if st.pruned else "black"
+        hot = st.name == hottest
+        colour = _GREY if st.pruned else _HOT if hot else "black"
+        fill = "#eeeeee" if st.pruned else "#f8d3c8" if hot else "#dde8f5"
+        time = (times or {}).get(st.name)
+        timed = f'<BR/><B>{escape(time)}{" (hottest)" if hot else ""}</B>' if time else ""
         rows = [
-            f'<TR><TD COLSPAN="2" BGCOLOR="{"#eeeeee" if st.pruned else "#dde8f5"}"><B>{escape(st.name)}</B>'
-            f'<BR/><FONT POINT-SIZE="8">{escape(st.label)}{" (pruned)" if st.pruned else ""}</FONT></TD></TR>'
+            f'<TR><TD COLSPAN="2" BGCOLOR="{fill}"><B>{escape(st.name)}</B>'
+            f'<BR/><FONT POINT-SIZE="8">{escape(st.label)}{" (pruned)" if st.pruned else ""}</FONT>{timed}</TD></TR>'
         ]
         for k in range(max(len(st.inputs), len(st.outputs))):
             cells = []

@@ -1,9 +1,15 @@
 """Dynamic batching: many callers' small requests joined along the batch axis into one run.
 
 A service receives many small requests at once; run one by one, a small machine spends its
-time on per-call overhead and small matrix products. The batcher's one thread takes the
-requests waiting, joins those that arrive within ``max_delay_ms`` of the first (up to
-``max_batch_size`` rows), runs the pipeline once and hands each caller its own rows."""
+time on per-call overhead and small matrix products. The batcher joins the requests that
+arrive within ``max_delay_ms`` of the first waiting one (up to ``max_batch_size`` rows),
+runs the pipeline once and hands each caller its own rows.
+
+Batches are formed where the callers are, so that a request costs no hand-over between
+threads (under CPython each one is a wait for the interpreter lock): threads join a batch
+under a lock and the first of them (the leader) runs it in its own thread; coroutines join
+a batch of their own loop, which hands it, full or at its deadline, to the batcher's one
+thread, and their futures are resolved with one ``call_soon_threadsafe`` per batch."""
 
 from __future__ import annotations
 
@@ -11,27 +17,35 @@ import asyncio
 import queue
 import threading
 import time
-import weakref
-from collections import deque
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
 
-_CLOSE = object()  # the last item a closed batcher's queue receives
+_CLOSE = object()  # the last item the batch thread receives
 
 
 class _Request:
-    """One caller's checked arrays (in input order), its rows, and where its answer goes:
-    a ``concurrent.futures.Future`` (a thread) or an asyncio future and its loop."""
+    """One caller's checked arrays (in input order), its rows, and its answer once run."""
 
-    __slots__ = ("arrays", "rows", "key", "arrived", "future", "loop")
+    __slots__ = ("arrays", "rows", "future", "answer")
 
-    def __init__(self, arrays: list[np.ndarray], rows: int, key: tuple, future: Any, loop: Any) -> None:
-        self.arrays, self.rows, self.key, self.future, self.loop = arrays, rows, key, future, loop
-        self.arrived = time.monotonic()
+    def __init__(self, arrays: list[np.ndarray], rows: int, future: Any = None) -> None:
+        self.arrays, self.rows, self.future, self.answer = arrays, rows, future, None
+
+
+class _Batch:
+    """Requests with the same non-batch axes, from one group (the threads, or one loop)."""
+
+    __slots__ = ("requests", "rows", "loop", "sealed", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.requests: list[_Request] = []
+        self.rows = 0
+        self.loop = loop
+        self.sealed = False  # no request joins any more
+        self.done = threading.Event() if loop is None else None  # the threads' batches: answered
 
 
 class Batcher:
@@ -39,21 +53,25 @@ class Batcher:
     :meth:`fastseq.ONNXSequential.batcher`).
 
     ``batcher(x)`` from any thread, ``await batcher.run_async(x)`` from coroutines (any
-    loop); both return what ``pipe(x)`` returns for that request's rows. Every input's first
-    axis is the batch axis: a pipeline with an input or output whose first axis is fixed,
-    or inputs whose first axes carry different names, is refused with
-    :class:`fastseq.CompositionError` (joining them would be wrong). A request is checked in
-    its caller before it is joined: a wrong dtype, rank, size or name, or inputs with
-    different row counts, is an :class:`fastseq.InputError` for that caller only. Requests
-    join when their other axes agree (others run in their own batch); one larger than
-    ``max_batch_size`` runs alone. An error in a joint run reaches every caller of that run
-    (each gets its own copy of it); an output that does not keep the rows of its inputs is a
-    :class:`fastseq.RunError` rather than a wrong split.
+    loop); both return what ``pipe(x)`` returns for that request's rows. Threads are
+    batched with threads, and coroutines with the coroutines of their own loop.
+
+    Every input's and output's first axis is the batch axis: a pipeline with one whose first
+    axis is fixed, or whose first axes carry different names, is refused with
+    :class:`fastseq.CompositionError` (joining would be wrong). A request is checked in its
+    caller before it is joined: a wrong dtype, rank, size or name, or inputs with different
+    row counts, is an :class:`fastseq.InputError` for that caller only. Requests join when
+    their other axes agree (others form their own batch); one of more than
+    ``max_batch_size`` rows runs alone. An error in a joint run reaches every caller of that
+    run (each gets its own copy); an output that does not keep its inputs' rows is a
+    :class:`fastseq.RunError` rather than a wrong split. A cancelled coroutine's request is
+    left out of its batch if that has not run yet.
 
     A request waits at most ``max_delay_ms`` for others to join, plus the batches ahead of
     it. ``close()`` (or leaving ``with pipe.batcher() as b:``) runs the requests already
-    taken and refuses new ones with :class:`fastseq.RunError`. The pipeline's session may be
-    switched meanwhile (``as_cuda``, ...): each batch runs on the session of the moment.
+    taken at once and waits for them, and refuses new ones with :class:`fastseq.RunError`.
+    Each batch runs on the pipeline's session of the moment (``as_cuda`` and the like may
+    switch it meanwhile).
     """
 
     def __init__(self, pipe: Any, max_batch_size: int = 32, max_delay_ms: float = 2.0) -> None:
@@ -62,40 +80,72 @@ class Batcher:
         _check_batch_axis(pipe._runner)
         self.max_batch_size = max_batch_size
         self.max_delay_ms = max_delay_ms
+        self._delay = max_delay_ms / 1000
         self._pipe = pipe
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._open: dict[tuple, _Batch] = {}  # (loop or None, non-batch axes) -> the batch taking requests
+        self._leading = 0  # the threads' batches not yet run by their leaders
         self._closed = False
-        self._thread = threading.Thread(
-            target=_serve, args=(self._queue, pipe, max_batch_size, max_delay_ms / 1000), daemon=True,
-            name="fastseq-batcher",
-        )
-        self._thread.start()
-        # A batcher dropped without close() stops its thread once the queue is worked off.
-        self._finalizer = weakref.finalize(self, self._queue.put, _CLOSE)
+        self._batches: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the loops' batches, to run
+        self._thread: threading.Thread | None = None
 
+    # --- callers ---------------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
-        """``pipe(x)`` for this request's rows, run in a batch with other callers' rows."""
-        future: Future[list[np.ndarray]] = Future()
-        self._submit(self._request(inputs, named, future, None))
-        return future.result()
+        """``pipe(x)`` for this request's rows, run in a batch with other threads' rows."""
+        request, key = self._request(inputs, named)
+        with self._cond:
+            batch, leader = self._join(request, (None, key), None)
+            if leader:  # waits for the others, at most the delay, then runs the batch
+                self._leading += 1
+                deadline = time.monotonic() + self._delay
+                while not batch.sealed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._seal(batch, (None, key))
+                    else:
+                        self._cond.wait(left)
+        if leader:
+            try:
+                _run(self._pipe, batch)
+            finally:
+                batch.done.set()
+                with self._cond:
+                    self._leading -= 1
+                    self._cond.notify_all()
+        else:
+            batch.done.wait()
+        if isinstance(request.answer, BaseException):
+            raise request.answer
+        return request.answer
 
     async def run_async(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
-        """``await batcher.run_async(x)``: as :meth:`__call__`, from a coroutine; the batch
-        thread resolves the future through the loop's ``call_soon_threadsafe``. A request
-        cancelled before its batch runs is left out of it."""
+        """``await batcher.run_async(x)``: as :meth:`__call__`, from a coroutine, batched
+        with the coroutines of the same loop; the batch runs on the batcher's thread."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._submit(self._request(inputs, named, future, loop))
-        return await future
+        request, key = self._request(inputs, named)
+        request.future = loop.create_future()
+        with self._cond:
+            batch, new = self._join(request, (loop, key), loop)
+            if self._thread is None:
+                self._thread = threading.Thread(target=_serve, args=(self._batches, self._pipe), daemon=True,
+                                                name="fastseq-batcher")
+                self._thread.start()
+        if new and not batch.sealed:
+            loop.call_later(self._delay, self._expire, batch, (loop, key))
+        return await request.future
 
     def close(self) -> None:
-        """Refuses new requests and waits until those already taken have run."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._finalizer()
-        if threading.current_thread() is not self._thread:
+        """Refuses new requests; runs those already taken at once and waits for them."""
+        with self._cond:
+            self._closed = True
+            for where, batch in list(self._open.items()):
+                self._seal(batch, where)
+            self._cond.notify_all()
+            if self._thread is not None:
+                self._batches.put(_CLOSE)
+            while self._leading:
+                self._cond.wait()
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def __enter__(self) -> Batcher:
@@ -104,12 +154,18 @@ class Batcher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        # A batcher dropped without close() stops its thread once its batches have run.
+        if self._thread is not None and not self._closed:
+            self._batches.put(_CLOSE)
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}; {state})"
 
-    # --- requests -------------------------------------------------------------------------
-    def _request(self, inputs: tuple[Any, ...], named: dict[str, Any], future: Any, loop: Any) -> _Request:
+    # --- batches (under self._cond) -----------------------------------------------------------
+    def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[_Request, tuple]:
+        """The request, checked in its caller, and the key of the batches it may join."""
         runner = self._pipe._runner
         feeds = runner.feeds(inputs, named)
         arrays = [feeds[i.name] for i in runner.inputs]
@@ -118,13 +174,40 @@ class Batcher:
             sizes = ", ".join(f"'{i.name}' {a.shape[0]}" for i, a in zip(runner.inputs, arrays))
             raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
         key = tuple((a.dtype.str, a.shape[1:]) for a in arrays)
-        return _Request(arrays, rows.pop(), key, future, loop)
+        return _Request(arrays, rows.pop()), key
 
-    def _submit(self, request: _Request) -> None:
-        with self._lock:
-            if self._closed:
-                raise RunError("the batcher is closed: it takes no new requests")
-            self._queue.put(request)
+    def _join(self, request: _Request, where: tuple, loop: Any) -> tuple[_Batch, bool]:
+        """Adds ``request`` to the open batch at ``where`` or a new one; True if new."""
+        if self._closed:
+            raise RunError("the batcher is closed: it takes no new requests")
+        batch = self._open.get(where)
+        new = batch is None or batch.rows + request.rows > self.max_batch_size
+        if new:
+            if batch is not None:
+                self._seal(batch, where)  # full enough: it runs now, this request starts the next
+            batch = self._open[where] = _Batch(loop)
+        batch.requests.append(request)
+        batch.rows += request.rows
+        if batch.rows >= self.max_batch_size:
+            self._seal(batch, where)
+        return batch, new
+
+    def _seal(self, batch: _Batch, where: tuple) -> None:
+        """Closes ``batch`` to new requests and sets it running."""
+        if batch.sealed:
+            return
+        batch.sealed = True
+        if self._open.get(where) is batch:
+            del self._open[where]
+        if batch.loop is None:
+            self._cond.notify_all()  # its leader runs it
+        else:
+            self._batches.put(batch)
+
+    def _expire(self, batch: _Batch, where: tuple) -> None:
+        """A loop's batch at its deadline (on the loop)."""
+        with self._cond:
+            self._seal(batch, where)
 
 
 def _check_batch_axis(runner: Any) -> None:
@@ -150,99 +233,57 @@ def _check_batch_axis(runner: Any) -> None:
         )
 
 
-# --- the batch thread -------------------------------------------------------------------------
-def _serve(requests: queue.SimpleQueue[Any], pipe: Any, max_rows: int, delay: float) -> None:
-    """Takes requests until the queue's close marker; runs them in batches."""
-    waiting: deque[_Request] = deque()  # taken but not run yet: other axes, or no room left
-    closing = False
-    while True:
-        if waiting:
-            first = waiting.popleft()
-        elif closing:
-            return
-        else:
-            item = requests.get()
-            if item is _CLOSE:
-                return
-            first = item
-        if _cancelled(first):
-            continue
-        batch, rows = [first], first.rows
-        for r in list(waiting):
-            if rows >= max_rows:
-                break
-            if r.key == first.key and rows + r.rows <= max_rows:
-                waiting.remove(r)
-                batch.append(r)
-                rows += r.rows
-        deadline = first.arrived + delay
-        while rows < max_rows and not closing:
-            wait = deadline - time.monotonic()
-            try:
-                item = requests.get(timeout=wait) if wait > 0 else requests.get_nowait()
-            except queue.Empty:
-                break
-            if item is _CLOSE:
-                closing = True
-            elif item.key == first.key and rows + item.rows <= max_rows:
-                batch.append(item)
-                rows += item.rows
-            else:
-                waiting.append(item)
-        _run(pipe, [r for r in batch if r is first or not _cancelled(r)])
-
-
-def _cancelled(r: _Request) -> bool:
-    return r.loop is not None and r.future.cancelled()
-
-
-def _run(pipe: Any, batch: list[_Request]) -> None:
-    """Runs one batch and answers each of its callers."""
-    runner = pipe._runner
-    names = [i.name for i in runner.inputs]
-    try:
-        if len(batch) == 1:
-            answers: list[Any] = [runner._call(runner._output_list, dict(zip(names, batch[0].arrays)), None)]
-        else:
-            feeds = {name: np.concatenate([r.arrays[k] for r in batch]) for k, name in enumerate(names)}
-            outputs = runner._call(runner._output_list, feeds, None)
-            rows = sum(r.rows for r in batch)
-            for info, out in zip(runner.outputs, outputs):
-                if out.ndim == 0 or out.shape[0] != rows:
-                    raise RunError(
-                        f"output '{info.name}' has shape {list(out.shape)} for {rows} rows of input: it does not keep "
-                        "the batch axis, so the batcher cannot split it between callers; call the pipeline directly"
-                    )
-            answers, start = [], 0
-            for r in batch:
-                answers.append([out[start:start + r.rows].copy() for out in outputs])
-                start += r.rows
-    except Exception as e:
-        answers = [_copy_error(e) for _ in batch]
-    by_loop: dict[Any, list[tuple[Any, Any]]] = {}
-    for r, answer in zip(batch, answers):
-        if r.loop is None:
-            if isinstance(answer, BaseException):
-                r.future.set_exception(answer)
-            else:
-                r.future.set_result(answer)
-        else:
-            by_loop.setdefault(r.loop, []).append((r.future, answer))
-    for loop, items in by_loop.items():  # one wake-up per loop, not per caller
+# --- running a batch ------------------------------------------------------------------------
+def _serve(batches: queue.SimpleQueue[Any], pipe: Any) -> None:
+    """The batcher's thread: runs the loops' batches until the close marker."""
+    while (batch := batches.get()) is not _CLOSE:
+        _run(pipe, batch)
         try:
-            loop.call_soon_threadsafe(_settle, items)
+            batch.loop.call_soon_threadsafe(_settle, batch)
         except RuntimeError:  # the loop was closed: nobody is waiting there
             pass
 
 
-def _settle(items: list[tuple[asyncio.Future[Any], Any]]) -> None:
-    for future, answer in items:
-        if future.done():  # cancelled while its batch ran
+def _settle(batch: _Batch) -> None:
+    """Resolves a loop's futures (on the loop) with their requests' answers."""
+    for r in batch.requests:
+        if r.future.done():  # cancelled
             continue
-        if isinstance(answer, BaseException):
-            future.set_exception(answer)
+        if isinstance(r.answer, BaseException):
+            r.future.set_exception(r.answer)
         else:
-            future.set_result(answer)
+            r.future.set_result(r.answer)
+
+
+def _run(pipe: Any, batch: _Batch) -> None:
+    """Runs one batch and sets each request's answer (its rows, or its copy of the error)."""
+    requests = batch.requests
+    if batch.loop is not None:
+        requests = [r for r in requests if not r.future.cancelled()]
+        if not requests:
+            return
+    runner = pipe._runner
+    names = [i.name for i in runner.inputs]
+    try:
+        if len(requests) == 1:
+            requests[0].answer = runner._call(runner._output_list, dict(zip(names, requests[0].arrays)), None)
+            return
+        feeds = {name: np.concatenate([r.arrays[k] for r in requests]) for k, name in enumerate(names)}
+        outputs = runner._call(runner._output_list, feeds, None)
+        rows = sum(r.rows for r in requests)
+        for info, out in zip(runner.outputs, outputs):
+            if out.ndim == 0 or out.shape[0] != rows:
+                raise RunError(
+                    f"output '{info.name}' has shape {list(out.shape)} for {rows} rows of input: it does not keep "
+                    "the batch axis, so the batcher cannot split it between callers; call the pipeline directly"
+                )
+        start = 0
+        for r in requests:
+            r.answer = [out[start:start + r.rows].copy() for out in outputs]
+            start += r.rows
+    except Exception as e:
+        for r in requests:
+            r.answer = _copy_error(e)
 
 
 def _copy_error(error: Exception) -> Exception:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -147,9 +148,7 @@ def measure(
         names = [o.name for o in session.get_outputs()]
         for _ in range(warmup + runs):
             session.run(names, dict(feeds))
-        events_file = session.end_profiling()
-        with open(events_file, encoding="utf-8") as f:
-            events = json.load(f)
+        events = _read_events(session.end_profiling())
         providers = tuple(session.get_providers())
         del session
     finally:
@@ -193,15 +192,21 @@ class _Graph:
         # ONNX Runtime numbers the nodes it loads in order, but turns Constant nodes into
         # initializers: its node_index k is the k-th other node.
         self.loaded = [i for i, n in enumerate(nodes) if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
-        self._found: dict[tuple[str, int | None], tuple[int, str] | None] = {}
+        self._found: dict[tuple[str, int | None, str | None], tuple[int, str, str]] = {}
 
-    def locate(self, name: str, node_index: int | None) -> tuple[int, str] | None:
-        """(merged node index, the merged name within ``name``) of a profiled node, or None
-        for a node ONNX Runtime made that no merged node's name leads to."""
-        key = (name, node_index)
-        if key not in self._found:
-            self._found[key] = self._locate(name, node_index)
-        return self._found[key]
+    def resolve(self, name: str, node_index: int | None, op: str | None) -> tuple[int, str, str]:
+        """(stage or -1, name in the stage's own names, op type) of a profiled node."""
+        key = (name, node_index, op)
+        found = self._found.get(key)
+        if found is None:
+            hit = self._locate(name, node_index)
+            if hit is None:  # a node ONNX Runtime made that no merged node's name leads to
+                found = (-1, name, op or "?")
+            else:
+                i, merged = hit
+                found = (self.stage[i], self.own_name(merged, name), op or self.ops[i])
+            self._found[key] = found
+        return found
 
     def _locate(self, name: str, node_index: int | None) -> tuple[int, str] | None:
         hit = self.by_name.get(name)
@@ -230,48 +235,81 @@ class _Graph:
         return shown.replace(merged, hit[1]) if hit is not None else shown
 
 
+class _Event(NamedTuple):
+    """What a profile needs of one of ONNX Runtime's events (times in µs)."""
+
+    cat: str
+    name: str
+    tid: int
+    ts: int
+    dur: int
+    op: str | None
+    node_index: int | None
+
+
+# ONNX Runtime writes one event per line, its fields in this order; the regular expressions
+# read what a profile needs without parsing each node's arguments (thread statistics,
+# shapes), which made json.load most of a profile's time. A line they do not match is
+# parsed as JSON.
+_HEAD = re.compile(r'\{"cat" : "(\w+)","pid" :\d+,"tid" :(\d+),"dur" :(\d+),"ts" :(\d+),"ph" : "X","name" :"(.*?)","args" : \{')
+_OP = re.compile(r'"op_name" : "([^"]*)"')
+_INDEX = re.compile(r'"node_index" : "(\d+)"')
+
+
+def _read_events(path: str) -> list[_Event]:
+    """The runs' and the kernels' events of a profile file."""
+    events = []
+    kernels: dict[str, tuple[str | None, int | None]] = {}  # name -> (op, node index): read once
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if "_kernel_time" not in line and '"model_run"' not in line:
+                continue
+            m = _HEAD.match(line)
+            if m is not None:
+                cat, tid, dur, ts, name = m.groups()
+                kernel = kernels.get(name)
+                if kernel is None:
+                    op, index = _OP.search(line, m.end()), _INDEX.search(line, m.end())
+                    kernel = kernels[name] = (op and op.group(1), int(index.group(1)) if index else None)
+                events.append(_Event(cat, name, int(tid), int(ts), int(dur), *kernel))
+                continue
+            e = json.loads(line.strip().rstrip(","))
+            args = e.get("args") or {}
+            index = args.get("node_index")
+            events.append(_Event(e.get("cat", ""), e.get("name", ""), int(e.get("tid", 0)), int(e["ts"]), int(e["dur"]),
+                                 args.get("op_name"), int(index) if str(index).isdigit() else None))
+    return events
+
+
 def _summarise(
-    events: list[dict[str, Any]], graph: _Graph, warmup: int, runs: int, session_s: float, providers: tuple[str, ...]
+    events: list[_Event], graph: _Graph, warmup: int, runs: int, session_s: float, providers: tuple[str, ...]
 ) -> Profile:
-    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session"
-                     and e.get("name") == "model_run")
+    windows = sorted((e.ts, e.ts + e.dur) for e in events if e.cat == "Session" and e.name == "model_run")
     windows = windows[warmup:warmup + runs]
     if not windows:
         raise RunError("ONNX Runtime's profiler recorded no measured run (its event limit was reached)")
-    kernels = sorted(
-        (e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")),
-        key=lambda e: e["ts"],
-    )
+    kernels = sorted((e for e in events if e.cat == "Node" and e.name.endswith("_kernel_time")), key=lambda e: e.ts)
     per_stage = [0.0] * len(graph.labels)
     per_node: dict[tuple[int, str, str], float] = {}  # (stage or -1, own name, op) -> µs
     busy = 0.0
     w = 0
-    ends: dict[Any, float] = {}  # per thread: where the last top-level kernel ended
+    ends: dict[int, int] = {}  # per thread: where the last top-level kernel ended
     for e in kernels:
-        ts, dur = e["ts"], e["dur"]
-        while w < len(windows) and ts >= windows[w][1]:
+        while w < len(windows) and e.ts >= windows[w][1]:
             w += 1
         if w == len(windows):
             break
-        if ts < windows[w][0]:
+        if e.ts < windows[w][0]:
             continue  # a warm-up run's
-        if ts < ends.get(e.get("tid"), -1.0):
+        if e.ts < ends.get(e.tid, -1):
             continue  # a subgraph's node, inside its If or Loop node's time
-        ends[e.get("tid")] = ts + dur
-        args = e.get("args") or {}
-        name = e["name"][: -len("_kernel_time")]
-        index = args.get("node_index")
-        found = graph.locate(name, int(index) if index is not None and str(index).isdigit() else None)
-        stage, shown = -1, name
-        if found is not None:
-            i, merged = found
-            stage, shown = graph.stage[i], graph.own_name(merged, name)
-        op = args.get("op_name") or (graph.ops[found[0]] if found is not None else "?")
+        ends[e.tid] = e.ts + e.dur
+        stage, shown, op = graph.resolve(e.name[: -len("_kernel_time")], e.node_index, e.op)
         key = (stage, shown, op)
-        per_node[key] = per_node.get(key, 0.0) + dur
-        busy += dur
+        per_node[key] = per_node.get(key, 0.0) + e.dur
+        busy += e.dur
         if stage >= 0:
-            per_stage[stage] += dur
+            per_stage[stage] += e.dur
     n = len(windows)
     run_us = sum(b - a for a, b in windows) / n
     total = max(run_us, busy / n)  # kernels overlap only under the parallel execution mode

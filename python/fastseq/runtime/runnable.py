@@ -248,7 +248,8 @@ class Runnable:
         "torch" (on the input's device) or "ortvalue" (left where the provider put them).
 
         ``b = pipe.bind(x); y, = b()`` runs on ``x``'s buffer (fill it in place for the next
-        call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call."""
+        call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call.
+        A binding is one thread's: threads make one each (concurrent use raises RunError)."""
         from fastseq.runtime.binding import Binding
 
         binding = Binding(self._runner, outputs, output_names, run_options)
