@@ -295,8 +295,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    pipe = _pipeline(args, "profile")
     feeds = _feeds(args, "profile")
+    pipe = _pipeline(args, "profile")
     with progress("profiling"):
         profile = pipe.profile(runs=args.runs, warmup=args.warmup, **feeds)
     print(profile)

@@ -6,15 +6,16 @@ arrive within ``max_delay_ms`` of the first waiting one (up to ``max_batch_size`
 runs the pipeline once and hands each caller its own rows.
 
 Batches are formed where the callers are, so that a request costs no hand-over between
-threads (under CPython each one is a wait for the interpreter lock): threads join a batch
-under a lock and the first of them (the leader) runs it in its own thread; coroutines join
-a batch of their own loop, which hands it, full or at its deadline, to the batcher's one
-thread, and their futures are resolved with one ``call_soon_threadsafe`` per batch."""
+threads (under CPython each is a wait for the interpreter lock, and on a busy machine a wait
+for the scheduler): threads join a batch under a lock and the first of them (the leader)
+runs it in its own thread; coroutines join a batch of their own loop, which runs it with
+ONNX Runtime's ``run_async`` (see :meth:`fastseq.runtime.session.Runner.run_async`) and
+resolves their futures when its one callback comes back. The batcher has no thread of its
+own."""
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 import time
 from typing import Any
@@ -22,9 +23,6 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
-
-_CLOSE = object()  # the last item the batch thread receives
-
 
 class _Request:
     """One caller's checked arrays (in input order), its rows, and its answer once run."""
@@ -68,8 +66,9 @@ class Batcher:
     left out of its batch if that has not run yet.
 
     A request waits at most ``max_delay_ms`` for others to join, plus the batches ahead of
-    it. ``close()`` (or leaving ``with pipe.batcher() as b:``) runs the requests already
-    taken at once and waits for them, and refuses new ones with :class:`fastseq.RunError`.
+    it. ``close()`` (or leaving ``with pipe.batcher() as b:``) refuses new requests with
+    :class:`fastseq.RunError`, runs those already taken at once and waits for them (those
+    of the loop it is called from, if any, finish once it returns and the loop goes on).
     Each batch runs on the pipeline's session of the moment (``as_cuda`` and the like may
     switch it meanwhile).
     """
@@ -85,9 +84,8 @@ class Batcher:
         self._cond = threading.Condition(threading.Lock())
         self._open: dict[tuple, _Batch] = {}  # (loop or None, non-batch axes) -> the batch taking requests
         self._leading = 0  # the threads' batches not yet run by their leaders
+        self._looping: dict[asyncio.AbstractEventLoop, int] = {}  # per loop: its batches not yet run
         self._closed = False
-        self._batches: queue.SimpleQueue[Any] = queue.SimpleQueue()  # the loops' batches, to run
-        self._thread: threading.Thread | None = None
 
     # --- callers ---------------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
@@ -96,7 +94,6 @@ class Batcher:
         with self._cond:
             batch, leader = self._join(request, (None, key), None)
             if leader:  # waits for the others, at most the delay, then runs the batch
-                self._leading += 1
                 deadline = time.monotonic() + self._delay
                 while not batch.sealed:
                     left = deadline - time.monotonic()
@@ -106,7 +103,7 @@ class Batcher:
                         self._cond.wait(left)
         if leader:
             try:
-                _run(self._pipe, batch)
+                _run(self._pipe._runner, batch.requests)
             finally:
                 batch.done.set()
                 with self._cond:
@@ -120,44 +117,31 @@ class Batcher:
 
     async def run_async(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
         """``await batcher.run_async(x)``: as :meth:`__call__`, from a coroutine, batched
-        with the coroutines of the same loop; the batch runs on the batcher's thread."""
+        with the coroutines of the same loop."""
         loop = asyncio.get_running_loop()
         request, key = self._request(inputs, named)
         request.future = loop.create_future()
         with self._cond:
             batch, new = self._join(request, (loop, key), loop)
-            if self._thread is None:
-                self._thread = threading.Thread(target=_serve, args=(self._batches, self._pipe), daemon=True,
-                                                name="fastseq-batcher")
-                self._thread.start()
         if new and not batch.sealed:
             loop.call_later(self._delay, self._expire, batch, (loop, key))
         return await request.future
 
     def close(self) -> None:
         """Refuses new requests; runs those already taken at once and waits for them."""
+        here = asyncio._get_running_loop()
         with self._cond:
             self._closed = True
             for where, batch in list(self._open.items()):
                 self._seal(batch, where)
-            self._cond.notify_all()
-            if self._thread is not None:
-                self._batches.put(_CLOSE)
-            while self._leading:
+            while self._leading or any(n and loop is not here for loop, n in self._looping.items()):
                 self._cond.wait()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
 
     def __enter__(self) -> Batcher:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        # A batcher dropped without close() stops its thread once its batches have run.
-        if self._thread is not None and not self._closed:
-            self._batches.put(_CLOSE)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -186,6 +170,10 @@ class Batcher:
             if batch is not None:
                 self._seal(batch, where)  # full enough: it runs now, this request starts the next
             batch = self._open[where] = _Batch(loop)
+            if loop is None:
+                self._leading += 1
+            else:
+                self._looping[loop] = self._looping.get(loop, 0) + 1
         batch.requests.append(request)
         batch.rows += request.rows
         if batch.rows >= self.max_batch_size:
@@ -199,15 +187,49 @@ class Batcher:
         batch.sealed = True
         if self._open.get(where) is batch:
             del self._open[where]
-        if batch.loop is None:
+        loop = batch.loop
+        if loop is None:
             self._cond.notify_all()  # its leader runs it
-        else:
-            self._batches.put(batch)
+        elif asyncio._get_running_loop() is loop:
+            loop.create_task(self._run_on_loop(batch))
+        else:  # close() from another thread
+            try:
+                loop.call_soon_threadsafe(lambda: loop.create_task(self._run_on_loop(batch)))
+            except RuntimeError:  # the loop is closed: nobody awaits these requests
+                self._ran(loop)
 
     def _expire(self, batch: _Batch, where: tuple) -> None:
         """A loop's batch at its deadline (on the loop)."""
         with self._cond:
             self._seal(batch, where)
+
+    async def _run_on_loop(self, batch: _Batch) -> None:
+        """Runs a loop's batch with ``run_async`` and resolves its callers' futures."""
+        try:
+            requests = [r for r in batch.requests if not r.future.done()]  # done: cancelled
+            if requests:
+                runner = self._pipe._runner
+                try:
+                    outputs = await runner.run_async(_joined(runner, requests), runner._output_list)
+                    _hand_out(runner, requests, outputs)
+                except Exception as e:
+                    _fail(requests, e)
+                for r in requests:
+                    if r.future.done():
+                        continue
+                    if isinstance(r.answer, BaseException):
+                        r.future.set_exception(r.answer)
+                    else:
+                        r.future.set_result(r.answer)
+        finally:
+            with self._cond:
+                self._ran(batch.loop)
+
+    def _ran(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._looping[loop] -= 1
+        if not self._looping[loop]:
+            del self._looping[loop]
+        self._cond.notify_all()
 
 
 def _check_batch_axis(runner: Any) -> None:
@@ -234,63 +256,45 @@ def _check_batch_axis(runner: Any) -> None:
 
 
 # --- running a batch ------------------------------------------------------------------------
-def _serve(batches: queue.SimpleQueue[Any], pipe: Any) -> None:
-    """The batcher's thread: runs the loops' batches until the close marker."""
-    while (batch := batches.get()) is not _CLOSE:
-        _run(pipe, batch)
-        try:
-            batch.loop.call_soon_threadsafe(_settle, batch)
-        except RuntimeError:  # the loop was closed: nobody is waiting there
-            pass
+def _joined(runner: Any, requests: list[_Request]) -> dict[str, np.ndarray]:
+    """The requests' arrays joined along the batch axis, by input name."""
+    if len(requests) == 1:
+        return {i.name: a for i, a in zip(runner.inputs, requests[0].arrays)}
+    return {i.name: np.concatenate([r.arrays[k] for r in requests]) for k, i in enumerate(runner.inputs)}
 
 
-def _settle(batch: _Batch) -> None:
-    """Resolves a loop's futures (on the loop) with their requests' answers."""
-    for r in batch.requests:
-        if r.future.done():  # cancelled
-            continue
-        if isinstance(r.answer, BaseException):
-            r.future.set_exception(r.answer)
-        else:
-            r.future.set_result(r.answer)
+def _hand_out(runner: Any, requests: list[_Request], outputs: list[np.ndarray]) -> None:
+    """Gives each request its own rows of a joint run's ``outputs``."""
+    if len(requests) == 1:
+        requests[0].answer = outputs
+        return
+    rows = sum(r.rows for r in requests)
+    for info, out in zip(runner.outputs, outputs):
+        if out.ndim == 0 or out.shape[0] != rows:
+            raise RunError(
+                f"output '{info.name}' has shape {list(out.shape)} for {rows} rows of input: it does not keep "
+                "the batch axis, so the batcher cannot split it between callers; call the pipeline directly"
+            )
+    start = 0
+    for r in requests:
+        r.answer = [out[start:start + r.rows].copy() for out in outputs]
+        start += r.rows
 
 
-def _run(pipe: Any, batch: _Batch) -> None:
-    """Runs one batch and sets each request's answer (its rows, or its copy of the error)."""
-    requests = batch.requests
-    if batch.loop is not None:
-        requests = [r for r in requests if not r.future.cancelled()]
-        if not requests:
-            return
-    runner = pipe._runner
-    names = [i.name for i in runner.inputs]
+def _run(runner: Any, requests: list[_Request]) -> None:
+    """Runs a threads' batch in the calling thread; sets each request's answer."""
     try:
-        if len(requests) == 1:
-            requests[0].answer = runner._call(runner._output_list, dict(zip(names, requests[0].arrays)), None)
-            return
-        feeds = {name: np.concatenate([r.arrays[k] for r in requests]) for k, name in enumerate(names)}
-        outputs = runner._call(runner._output_list, feeds, None)
-        rows = sum(r.rows for r in requests)
-        for info, out in zip(runner.outputs, outputs):
-            if out.ndim == 0 or out.shape[0] != rows:
-                raise RunError(
-                    f"output '{info.name}' has shape {list(out.shape)} for {rows} rows of input: it does not keep "
-                    "the batch axis, so the batcher cannot split it between callers; call the pipeline directly"
-                )
-        start = 0
-        for r in requests:
-            r.answer = [out[start:start + r.rows].copy() for out in outputs]
-            start += r.rows
+        _hand_out(runner, requests, runner._call(runner._output_list, _joined(runner, requests), None))
     except Exception as e:
-        for r in requests:
-            r.answer = _copy_error(e)
+        _fail(requests, e)
 
 
-def _copy_error(error: Exception) -> Exception:
-    """The error of a joint run for one of its callers (each raises its own object)."""
-    try:
-        copy = type(error)(*error.args)
-    except Exception:
-        copy = RunError(f"the batched run failed: {error}")
-    copy.__cause__ = error.__cause__ if error.__cause__ is not None else error
-    return copy
+def _fail(requests: list[_Request], error: Exception) -> None:
+    """Each request of a failed joint run gets its own copy of the error to raise."""
+    for r in requests:
+        try:
+            copy = type(error)(*error.args)
+        except Exception:
+            copy = RunError(f"the batched run failed: {error}")
+        copy.__cause__ = error.__cause__ if error.__cause__ is not None else error
+        r.answer = copy

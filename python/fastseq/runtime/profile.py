@@ -28,6 +28,8 @@ from fastseq.errors import RunError
 MAX_EVENTS = 1_000_000
 #: Slowest nodes listed per stage.
 SLOWEST = 5
+#: How the core names the adapter nodes it inserts between stages (``fastseq/adapt<edge>/Cast``).
+ADAPTER_PREFIX = "fastseq/adapt"
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,11 @@ class _Graph:
         self.stage = [-1] * self.size  # -1: inserted between stages (an adapter)
         self.counts = [0] * len(stages)
         for k, (_, first, end) in enumerate(stages):
+            # The core puts the adapters it inserts on an edge (a Cast, an (Un)squeeze) first in
+            # the range of the stage they feed, under its own fresh names: they are glue
+            # between stages, not the stage's work.
+            while first < end and nodes[first].name.startswith(ADAPTER_PREFIX):
+                first += 1
             self.stage[first:end] = [k] * (end - first)
             self.counts[k] = end - first
         self.renamed = renamed

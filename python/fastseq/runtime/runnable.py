@@ -214,7 +214,7 @@ class Runnable:
         ``await batcher.run_async(x)`` from coroutines. Requests arriving within
         ``max_delay_ms`` of the first waiting one are joined along the batch axis (up to
         ``max_batch_size`` rows), run once, and each caller gets its own rows back. See
-        :class:`fastseq.runtime.batcher.Batcher`; a pipeline whose inputs share no dynamic
+        :class:`fastseq.Batcher`; a pipeline whose inputs share no dynamic
         first axis is a :class:`fastseq.CompositionError`."""
         from fastseq.runtime.batcher import Batcher
 
@@ -224,7 +224,7 @@ class Runnable:
         """Where the time goes, per stage: ONNX Runtime's profiler on a profiling session of
         the composed model (this pipeline's own session is untouched), ``warmup`` runs then
         ``runs`` measured ones on ``inputs``, every merged node mapped back to its stage and
-        its own name. Returns a :class:`fastseq.runtime.profile.Profile`: ``str()`` is a
+        its own name. Returns a :class:`fastseq.Profile`: ``str()`` is a
         table, ``to_dict()`` the numbers; ``Pipeline.to_dot(profile=...)`` draws them."""
         from fastseq.runtime import profile
 
