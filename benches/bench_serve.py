@@ -4,13 +4,15 @@ on a small tabular pipeline, a small convolutional one and a node-heavy chain.
     python benches/bench_serve.py             # the table (about a minute)
     python benches/bench_serve.py --readme    # and write it into README.md
 
-Per pipeline, in one process, in turn: (a) 64 threads each calling ``pipe(x)`` (a
-thread-per-request server today), (b) 64 coroutines on one asyncio loop through
-``pipe.batcher()``, (c) 64 coroutines through ``pipe.run_async``, (d) 64 threads through the
-batcher; rows per second and p50/p99 latency over a measured window after a warm-up,
-beside the pipeline's ceiling (its own rows per second at ``max_batch_size`` rows per call
-from one thread). Then the profile's overhead: creating the profiling session, and a
-profiled run against a plain one.
+Per pipeline, in one process: (a) 64 threads each calling ``pipe(x)`` (a thread-per-request
+server today), (b) 64 coroutines on one asyncio loop through ``pipe.batcher()``, (c) 64
+coroutines through ``pipe.run_async``, (d) 64 threads through the batcher; rows per second
+and p50/p99 latency over a measured window after a warm-up, and the process's CPU time per
+row, beside the pipeline's ceiling (its own rows per second at ``max_batch_size`` rows per
+call from one thread). The five are measured in turns, ``REPEATS`` times, and the medians
+reported, so that a busy spell of a shared machine does not land on one of them only. Then
+the profile's overhead: creating the profiling session, and a profiled run against a plain
+one.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ RESULTS = bench.OUT / "serve.json"
 CALLERS = 64
 MAX_BATCH = 32
 MAX_DELAY_MS = 2.0
-WARM_S, MEASURE_S = 0.5, 2.0
+WARM_S, MEASURE_S = 0.3, 1.0
+REPEATS = 3
 MODES = {
     "a": "(a) 64 threads, pipe(x)",
     "b": "(b) 64 coroutines, batcher",
@@ -75,16 +78,18 @@ def pipelines() -> dict[str, tuple[str, object, object]]:
 
 
 # --- one way of calling ------------------------------------------------------------------------
-def _summary(done: list[tuple[float, float]], start: float) -> dict:
-    """Rows per second and latencies over the requests that finished in the window."""
+def _summary(done: list[tuple[float, float]], start: float, cpu_s: float) -> dict:
+    """Rows per second and latencies over the requests that finished in the window; the
+    process's CPU time per row over the whole measurement."""
     lo, hi = start + WARM_S, start + WARM_S + MEASURE_S
     window = sorted(end - begin for begin, end in done if lo <= end < hi)
     if not window:
-        return {"rows_s": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan")}
+        return {"rows_s": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"), "cpu_us": float("nan")}
     return {
         "rows_s": len(window) / MEASURE_S,
         "p50_ms": window[len(window) // 2] * 1000,
         "p99_ms": window[min(len(window) - 1, int(len(window) * 0.99))] * 1000,
+        "cpu_us": cpu_s / len(done) * 1e6,
     }
 
 
@@ -107,12 +112,13 @@ def with_threads(call: Callable, row) -> dict:
     threads = [threading.Thread(target=caller) for _ in range(CALLERS)]
     for t in threads:
         t.start()
+    cpu = time.process_time()
     start = time.perf_counter()
     stop[0] = start + WARM_S + MEASURE_S
     barrier.wait()
     for t in threads:
         t.join()
-    return _summary(done, start)
+    return _summary(done, start, time.process_time() - cpu)
 
 
 def with_coroutines(acall: Callable, row) -> dict:
@@ -128,7 +134,9 @@ def with_coroutines(acall: Callable, row) -> dict:
         await asyncio.gather(*(caller(start + WARM_S + MEASURE_S) for _ in range(CALLERS)))
         return start
 
-    return _summary(done, asyncio.run(main()))
+    cpu = time.process_time()
+    start = asyncio.run(main())
+    return _summary(done, start, time.process_time() - cpu)
 
 
 def ceiling(pipe, row) -> dict:
@@ -139,12 +147,15 @@ def ceiling(pipe, row) -> dict:
     for _ in range(5):
         pipe(x)
     times = []
+    cpu = time.process_time()
     end = time.perf_counter() + MEASURE_S
     while time.perf_counter() < end:
         t0 = time.perf_counter()
         pipe(x)
         times.append(time.perf_counter() - t0)
-    return {"rows_s": MAX_BATCH * len(times) / sum(times), "batch_ms": statistics.median(times) * 1000}
+    cpu = time.process_time() - cpu
+    return {"rows_s": MAX_BATCH * len(times) / sum(times), "batch_ms": statistics.median(times) * 1000,
+            "cpu_us": cpu / (MAX_BATCH * len(times)) * 1e6}
 
 
 def profile_overhead(pipe, row, runs: int = 20, warmup: int = 3) -> dict:
@@ -170,37 +181,49 @@ def profile_overhead(pipe, row, runs: int = 20, warmup: int = 3) -> dict:
     }
 
 
+def one(mode: str, pipe, row) -> dict:
+    if mode == "ceiling":
+        return ceiling(pipe, row)
+    if mode == "a":
+        return with_threads(pipe, row)
+    if mode == "c":
+        return with_coroutines(pipe.run_async, row)
+    with pipe.batcher(max_batch_size=MAX_BATCH, max_delay_ms=MAX_DELAY_MS) as b:
+        return with_coroutines(b.run_async, row) if mode == "b" else with_threads(b, row)
+
+
 def measure(name: str, pipe, row) -> dict:
-    print(f"{name}: ceiling ...", file=sys.stderr, flush=True)
-    result = {"ceiling": ceiling(pipe, row), "modes": {}}
-    for mode in MODES:
-        print(f"{name}: {MODES[mode]} ...", file=sys.stderr, flush=True)
-        if mode == "a":
-            result["modes"][mode] = with_threads(pipe, row)
-        elif mode == "c":
-            result["modes"][mode] = with_coroutines(pipe.run_async, row)
-        else:
-            with pipe.batcher(max_batch_size=MAX_BATCH, max_delay_ms=MAX_DELAY_MS) as b:
-                result["modes"][mode] = with_coroutines(b.run_async, row) if mode == "b" else with_threads(b, row)
+    runs: dict[str, list[dict]] = {m: [] for m in ["ceiling", *MODES]}
+    for k in range(REPEATS):  # in turns: a busy spell lands on all of them alike
+        print(f"{name}: round {k + 1} of {REPEATS} ...", file=sys.stderr, flush=True)
+        for mode in runs:
+            runs[mode].append(one(mode, pipe, row))
+
+    def median(results: list[dict]) -> dict:
+        return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
     print(f"{name}: profile ...", file=sys.stderr, flush=True)
-    result["profile"] = profile_overhead(pipe, row)
-    return result
+    return {"ceiling": median(runs.pop("ceiling")), "modes": {m: median(r) for m, r in runs.items()},
+            "profile": profile_overhead(pipe, row)}
 
 
 # --- output ---------------------------------------------------------------------------------------
 def tables(report: dict) -> str:
     lines = [
-        f"Measured on {report['machine']}, {report['date']}; {CALLERS} callers, batch-1 requests, "
+        f"Measured on {report['machine']}, {report['date']} (load average {report['load'][0]:.1f} at the start, "
+        f"{report['load'][1]:.1f} at the end: the machine is shared); {CALLERS} callers, batch-1 requests, "
         f"max_batch_size={MAX_BATCH}, max_delay_ms={MAX_DELAY_MS:g}.",
         "",
-        "| rows/s (p50 / p99 latency) | ceiling: 1 thread, 32 rows per call | " + " | ".join(MODES.values()) + " |",
+        "| rows/s (p50 / p99 latency; CPU per row) | ceiling: 1 thread, 32 rows per call | "
+        + " | ".join(MODES.values()) + " |",
         "|" + "---|" * (len(MODES) + 2),
     ]
     for r in report["pipelines"].values():
-        cells = [r["description"], f"{r['ceiling']['rows_s']:,.0f} ({r['ceiling']['batch_ms']:.2f} ms per call)"]
+        c = r["ceiling"]
+        cells = [r["description"], f"{c['rows_s']:,.0f} ({c['batch_ms']:.2f} ms per call; {c['cpu_us']:.0f} µs)"]
         for mode in MODES:
             m = r["modes"][mode]
-            cells.append(f"{m['rows_s']:,.0f} ({m['p50_ms']:.1f} / {m['p99_ms']:.1f} ms)")
+            cells.append(f"{m['rows_s']:,.0f} ({m['p50_ms']:.1f} / {m['p99_ms']:.1f} ms; {m['cpu_us']:.0f} µs)")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| profile overhead | profiling session created | profiled run | plain run (pipe(x), 32 rows) |",
               "|---|---|---|---|"]
@@ -241,11 +264,15 @@ def main() -> None:
     p.add_argument("--readme", action="store_true", help="write the table into README.md (serve markers)")
     a = p.parse_args()
     chosen = a.pipelines.split(",")
+    import onnx  # noqa: F401  (a process's first profile imports it: not the profile's own cost)
+
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
               "date": time.strftime("%Y-%m-%d"), "pipelines": {}}
+    start_load = os.getloadavg()[0]
     for name, (description, pipe, row) in pipelines().items():
         if name in chosen:
             report["pipelines"][name] = {"description": description, **measure(name, pipe, row)}
+    report["load"] = (start_load, os.getloadavg()[0])
     bench.OUT.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))
     text = tables(report)
