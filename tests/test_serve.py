@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
+from conftest import tmpfs
 
 N = 64  # concurrent callers
 
@@ -94,8 +96,12 @@ def test_profile_maps_the_time_back_to_the_stages_and_their_own_node_names():
 
 
 def test_profile_table_dict_and_drawing():
-    pipe = light_heavy()
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    pipe = light_heavy(session_options=options)
     p = pipe.profile(rows(8), runs=3, warmup=1)
+    assert not options.enable_profiling  # the pipeline's options are its own again
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     table = str(p)
     assert f"{p.hottest.name} (hottest)" in table and "light" in table and "heavy" in table and "(between stages)" in table
     assert "mm0 (MatMul)" in table
@@ -136,6 +142,22 @@ def test_profile_refuses_bad_arguments_and_inputs():
         pipe.profile(rows(2), runs=0)
     with pytest.raises(fastseq.InputError, match="expects float32"):
         pipe.profile(rows(2).astype(np.float64))
+
+
+def test_profile_leaves_no_files_and_refuses_a_profile_cut_short_by_a_full_disk(tmp_path, monkeypatch):
+    pipe = light_heavy()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    pipe.profile(rows(4), runs=2, warmup=1)
+    assert not os.listdir(tmp_path / "tmp")
+    # ONNX Runtime writes its profile without checking the writes: on a full disk the file is
+    # cut short, and the profile says so instead of summing what is left.
+    with tmpfs(tmp_path / "full", "256k") as full:
+        monkeypatch.setattr("tempfile.tempdir", str(full))
+        with pytest.raises(fastseq.RunError, match="of the 200 runs measured: its file was cut short"):
+            pipe.profile(rows(64), runs=200, warmup=0)
+        assert not os.listdir(full)
+    same(pipe(rows(2)), pipe(rows(2)))  # the pipeline is unharmed
 
 
 def test_cli_profile_prints_the_table(tmp_path):

@@ -93,22 +93,22 @@ class Batcher:
         request, key = self._request(inputs, named)
         with self._cond:
             batch, leader = self._join(request, (None, key), None)
-            if leader:  # waits for the others, at most the delay, then runs the batch
-                deadline = time.monotonic() + self._delay
-                while not batch.sealed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        self._seal(batch, (None, key))
-                    else:
-                        self._cond.wait(left)
-        if leader:
+        if leader:  # waits for the others, at most the delay, then runs the batch
             try:
-                _run(self._pipe._runner, batch.requests)
-            finally:
-                batch.done.set()
+                deadline = time.monotonic() + self._delay
                 with self._cond:
-                    self._leading -= 1
-                    self._cond.notify_all()
+                    while not batch.sealed and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
+            finally:  # interrupted or not, the others get their answers
+                try:
+                    with self._cond:
+                        self._seal(batch, (None, key))
+                    _run(self._pipe._runner, batch.requests)
+                finally:
+                    batch.done.set()
+                    with self._cond:
+                        self._leading -= 1
+                        self._cond.notify_all()
         else:
             batch.done.wait()
         if isinstance(request.answer, BaseException):
@@ -153,6 +153,8 @@ class Batcher:
         runner = self._pipe._runner
         feeds = runner.feeds(inputs, named)
         arrays = [feeds[i.name] for i in runner.inputs]
+        if any(a.ndim == 0 for a in arrays):
+            raise InputError("a batched request's inputs need a batch axis (axis 0); got a scalar")
         rows = {a.shape[0] for a in arrays}
         if len(rows) != 1:
             sizes = ", ".join(f"'{i.name}' {a.shape[0]}" for i, a in zip(runner.inputs, arrays))

@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from fastseq import _core
 from fastseq.errors import RunError
+from fastseq.runtime.session import default_options
 
 #: ONNX Runtime's profiler stops recording after this many events (``max_num_events_``).
 MAX_EVENTS = 1_000_000
@@ -138,11 +139,18 @@ def measure(
     if runs < 1 or warmup < 0:
         raise ValueError(f"profile needs runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     folder = tempfile.mkdtemp(prefix="fastseq-profile-")
+    options = session_options if session_options is not None else default_options()
+    saved = options.enable_profiling, options.profile_file_prefix
     try:
-        options = _profiling_options(session_options, os.path.join(folder, "profile"))
-        start = time.perf_counter()
-        session = new_session(options)
-        session_s = time.perf_counter() - start
+        # The pipeline's own options (custom operators and all), profiling on only for this
+        # session: ONNX Runtime copies them when it makes one.
+        options.enable_profiling, options.profile_file_prefix = True, os.path.join(folder, "profile")
+        try:
+            start = time.perf_counter()
+            session = new_session(options)
+            session_s = time.perf_counter() - start
+        finally:
+            options.enable_profiling, options.profile_file_prefix = saved
         graph = _Graph(composed())
         # Past ONNX Runtime's event limit the last runs would go unrecorded: fewer runs.
         per_run = graph.size + 2
@@ -156,17 +164,6 @@ def measure(
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return _summarise(events, graph, warmup, runs, session_s, providers)
-
-
-def _profiling_options(options: ort.SessionOptions | None, prefix: str) -> ort.SessionOptions:
-    """A copy of the pipeline's session options with ONNX Runtime's profiler on."""
-    from fastseq.graph.options import session_options, session_options_dict
-    from fastseq.runtime.session import default_options
-
-    copy = session_options(session_options_dict(options if options is not None else default_options()))
-    copy.enable_profiling = True
-    copy.profile_file_prefix = prefix
-    return copy
 
 
 class _Graph:
@@ -267,8 +264,11 @@ def _read_events(path: str) -> list[_Event]:
     """The runs' and the kernels' events of a profile file."""
     events = []
     kernels: dict[str, tuple[str | None, int | None]] = {}  # name -> (op, node index): read once
+    cut = False  # a line that does not parse may only be the last: a file cut short
     with open(path, encoding="utf-8") as f:
         for line in f:
+            if cut:
+                raise RunError(f"cannot read ONNX Runtime's profile {path}: an event does not parse")
             if "_kernel_time" not in line and '"model_run"' not in line:
                 continue
             m = _HEAD.match(line)
@@ -280,7 +280,11 @@ def _read_events(path: str) -> list[_Event]:
                     kernel = kernels[name] = (op and op.group(1), int(index.group(1)) if index else None)
                 events.append(_Event(cat, name, int(tid), int(ts), int(dur), *kernel))
                 continue
-            e = json.loads(line.strip().rstrip(","))
+            try:
+                e = json.loads(line.strip().rstrip(","))
+            except ValueError:
+                cut = True
+                continue
             args = e.get("args") or {}
             index = args.get("node_index")
             events.append(_Event(e.get("cat", ""), e.get("name", ""), int(e.get("tid", 0)), int(e["ts"]), int(e["dur"]),
@@ -293,8 +297,11 @@ def _summarise(
 ) -> Profile:
     windows = sorted((e.ts, e.ts + e.dur) for e in events if e.cat == "Session" and e.name == "model_run")
     windows = windows[warmup:warmup + runs]
-    if not windows:
-        raise RunError("ONNX Runtime's profiler recorded no measured run (its event limit was reached)")
+    if len(windows) < runs:  # ONNX Runtime writes the file without checking the writes
+        raise RunError(
+            f"ONNX Runtime's profile holds {len(windows)} of the {runs} runs measured: its file was cut short "
+            f"(is the temporary folder {tempfile.gettempdir()} full?)"
+        )
     kernels = sorted((e for e in events if e.cat == "Node" and e.name.endswith("_kernel_time")), key=lambda e: e.ts)
     per_stage = [0.0] * len(graph.labels)
     per_node: dict[tuple[int, str, str], float] = {}  # (stage or -1, own name, op) -> µs

@@ -229,10 +229,15 @@ class Runnable:
         from fastseq.runtime import profile
 
         feeds = self._runner.feeds(inputs, named)
-        return profile.measure(
-            lambda options: self._new_session(self._providers, options, None),
-            self._session_options, feeds, lambda: self._composed, runs, warmup,
-        )
+        try:
+            return profile.measure(
+                lambda options: self._new_session(self._providers, options, None),
+                self._session_options, feeds, lambda: self._composed, runs, warmup,
+            )
+        except Exception as e:
+            if type(e).__module__.startswith("onnxruntime"):
+                raise self._explain(e) from e
+            raise
 
     def bind(
         self,
