@@ -132,19 +132,13 @@ class Binding:
     # --- binding ------------------------------------------------------------------
     def bind(self, *inputs: Any, **named: Any) -> Binding:
         """Binds inputs (by position or by name) to their buffers; returns the binding."""
-        self._enter()
+        if not self._busy.acquire(False):
+            raise _in_use()
         try:
             self._bind(inputs, named)
         finally:
             self._busy.release()
         return self
-
-    def _enter(self) -> None:
-        if not self._busy.acquire(blocking=False):
-            raise RunError(
-                "this binding is in a call in another thread: a binding's buffers are one thread's; "
-                "make one binding per thread with pipe.bind(...)"
-            )
 
     def _bind(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> None:
         if inputs and named:
@@ -182,7 +176,8 @@ class Binding:
     # --- running ------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> list[Any]:
         """Binds the inputs given (re-binding only buffers that changed) and runs."""
-        self._enter()
+        if not self._busy.acquire(False):
+            raise _in_use()
         try:
             if inputs or named:
                 self._bind(inputs, named)
@@ -192,7 +187,8 @@ class Binding:
 
     def run(self) -> list[Any]:
         """Runs on the bound buffers; returns the output buffers (reused by the next call)."""
-        self._enter()
+        if not self._busy.acquire(False):  # positional: a keyword costs more than the check
+            raise _in_use()
         try:
             return self._run()
         finally:
@@ -271,6 +267,13 @@ class Binding:
         for n, buf in zip(self._names, buffers):
             b, _ = buffer_of(n, buf)
             self._iob.bind_output(n, b.device, b.device_id, b.dtype, list(b.shape), b.ptr)
+
+
+def _in_use() -> RunError:
+    return RunError(
+        "this binding is in a call in another thread: a binding's buffers are one thread's; "
+        "make one binding per thread with pipe.bind(...)"
+    )
 
 
 def _copy_into(buf: Any, value: ort.OrtValue) -> None:
