@@ -51,7 +51,8 @@ class Batcher:
     :meth:`fastseq.ONNXSequential.batcher`).
 
     ``batcher(x)`` from any thread, ``await batcher.run_async(x)`` from coroutines (any
-    loop); both return what ``pipe(x)`` returns for that request's rows. Threads are
+    loop); both return what ``pipe(x)`` returns for that request's rows (views of its own
+    rows of the joint run's outputs: no copy, and no other caller's rows). Threads are
     batched with threads, and coroutines with the coroutines of their own loop.
 
     Every input's and output's first axis is the batch axis: a pipeline with one whose first
@@ -153,14 +154,18 @@ class Batcher:
         runner = self._pipe._runner
         feeds = runner.feeds(inputs, named)
         arrays = [feeds[i.name] for i in runner.inputs]
-        if any(a.ndim == 0 for a in arrays):
-            raise InputError("a batched request's inputs need a batch axis (axis 0); got a scalar")
-        rows = {a.shape[0] for a in arrays}
-        if len(rows) != 1:
-            sizes = ", ".join(f"'{i.name}' {a.shape[0]}" for i, a in zip(runner.inputs, arrays))
-            raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
-        key = tuple((a.dtype.str, a.shape[1:]) for a in arrays)
-        return _Request(arrays, rows.pop()), key
+        rows = None
+        key: list[Any] = []  # what the batches it may join share: dtypes and the other axes
+        for info, a in zip(runner.inputs, arrays):
+            if a.ndim == 0:
+                raise InputError(f"input '{info.name}' of a batched request needs a batch axis (axis 0); got a scalar")
+            if rows is None:
+                rows = a.shape[0]
+            elif a.shape[0] != rows:
+                sizes = ", ".join(f"'{i.name}' {x.shape[0]}" for i, x in zip(runner.inputs, arrays))
+                raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
+            key += (a.dtype, a.shape[1:])
+        return _Request(arrays, rows), tuple(key)
 
     def _join(self, request: _Request, where: tuple, loop: Any) -> tuple[_Batch, bool]:
         """Adds ``request`` to the open batch at ``where`` or a new one; True if new."""
@@ -278,8 +283,8 @@ def _hand_out(runner: Any, requests: list[_Request], outputs: list[np.ndarray]) 
                 "the batch axis, so the batcher cannot split it between callers; call the pipeline directly"
             )
     start = 0
-    for r in requests:
-        r.answer = [out[start:start + r.rows].copy() for out in outputs]
+    for r in requests:  # views: each caller's rows, disjoint from the others', without a copy
+        r.answer = [out[start:start + r.rows] for out in outputs]
         start += r.rows
 
 
