@@ -39,6 +39,8 @@ _LAZY = {
     "io_name_conversion": "fastseq.graph.rename",
     "TensorInfo": "fastseq.runtime.session",
     "SessionCache": "fastseq.runtime.cache",
+    "Batcher": "fastseq.runtime.batcher",
+    "Profile": "fastseq.runtime.profile",
 }
 # public submodules under their public names (``fastseq.operators`` is the shipped models)
 _MODULES = {"ops": "fastseq.ops", "operators": "fastseq.ops.shipped"}
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
     from fastseq.graph.spec import PipelineSpec
     from fastseq.ops import shipped as operators
     from fastseq.runtime.cache import SessionCache
+    from fastseq.runtime.batcher import Batcher
+    from fastseq.runtime.profile import Profile
     from fastseq.runtime.session import TensorInfo
 
 
@@ -81,6 +85,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "MAX_IR_VERSION",
+    "Batcher",
     "CompositionError",
     "ConversionError",
     "DownloadError",
@@ -94,6 +99,7 @@ __all__ = [
     "OpsetMismatchError",
     "Pipeline",
     "PipelineSpec",
+    "Profile",
     "ProviderError",
     "RunError",
     "RunTimeoutError",

@@ -92,17 +92,17 @@ def _check_io_maps(command: str, args: argparse.Namespace) -> None:
         )
 
 
-def _load_npy(name: str, file: str):
+def _load_npy(name: str, file: str, command: str):
     """One --input array; anything but a readable .npy file is a one-line error."""
     path = Path(file).expanduser()
     if not path.is_file():
-        raise SystemExit(f"fastseq run: error: --input {name}={file}: no such file")
+        raise SystemExit(f"fastseq {command}: error: --input {name}={file}: no such file")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic != b"\x93NUMPY":
         kind = " (an .npz archive: save one array per input with numpy.save)" if magic[:2] == b"PK" else ""
         raise SystemExit(
-            f"fastseq run: error: --input {name}={file}: not a .npy file{kind}; "
+            f"fastseq {command}: error: --input {name}={file}: not a .npy file{kind}; "
             "write each input with numpy.save(path, array)"
         )
     import numpy as np
@@ -110,7 +110,36 @@ def _load_npy(name: str, file: str):
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as e:
-        raise SystemExit(f"fastseq run: error: --input {name}={file}: {e}") from None
+        raise SystemExit(f"fastseq {command}: error: --input {name}={file}: {e}") from None
+
+
+def _feeds(args: argparse.Namespace, command: str) -> dict:
+    """The --input NAME=FILE.npy arrays by name."""
+    feeds = {}
+    for item in args.input or []:
+        name, sep, file = item.partition("=")
+        if not sep or not name or not file:
+            raise SystemExit(f"fastseq {command}: error: --input '{item}': expected NAME=FILE.npy")
+        feeds[name] = _load_npy(name, file, command)
+    return feeds
+
+
+def _pipeline(args: argparse.Namespace, command: str):
+    """The pipeline that ``args.models`` name: one pipeline.toml, or models composed in order."""
+    if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
+        from fastseq.graph import pipefile
+        from fastseq.facades.pipeline import Pipeline
+
+        if args.io_map is not None:
+            raise SystemExit(f"fastseq {command}: error: --io-map is for a chain of models; a pipeline file has edges")
+        spec = pipefile.read(args.models[0])
+        if args.provider:
+            spec.providers = list(args.provider)
+        return Pipeline.from_spec(spec)
+    from fastseq.facades.sequential import ONNXSequential
+
+    _check_io_maps(command, args)
+    return ONNXSequential(*args.models, io_maps=args.io_map, providers=args.provider or None)
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -249,30 +278,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             from fastseq.integrations.ray import run_dataset
         except ImportError as e:
             raise SystemExit(f"fastseq run: error: {e}") from None
-    if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
-        from fastseq.graph import pipefile
-        from fastseq.facades.pipeline import Pipeline
-
-        if args.io_map is not None:
-            raise SystemExit("fastseq run: error: --io-map is for a chain of models; a pipeline file has edges")
-        spec = pipefile.read(args.models[0])
-        if args.provider:
-            spec.providers = list(args.provider)
-        pipe = Pipeline.from_spec(spec)
-    else:
-        from fastseq.facades.sequential import ONNXSequential
-
-        _check_io_maps("run", args)
-        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.provider or None)
+    pipe = _pipeline(args, "run")
     if args.ray is not None:
         run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
         return 0
-    feeds = {}
-    for item in args.input or []:
-        name, sep, file = item.partition("=")
-        if not sep or not name or not file:
-            raise SystemExit(f"fastseq run: error: --input '{item}': expected NAME=FILE.npy")
-        feeds[name] = _load_npy(name, file)
+    feeds = _feeds(args, "run")
     with progress("running"):
         outputs = pipe.run(feeds)
     names = [o.name for o in pipe.outputs]
@@ -281,6 +291,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         np.savez(args.output, **dict(zip(names, outputs)))
         print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    feeds = _feeds(args, "profile")
+    pipe = _pipeline(args, "profile")
+    with progress("profiling"):
+        profile = pipe.profile(runs=args.runs, warmup=args.warmup, **feeds)
+    print(profile)
     return 0
 
 
@@ -439,6 +458,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--concurrency", type=int, help="with --ray: actors (default: the cluster's CPUs less one)")
     r.add_argument("--batch-size", type=int, default=256, help="with --ray: rows per batch (default 256)")
     r.set_defaults(func=cmd_run)
+
+    pr = sub.add_parser("profile", help="where a pipeline spends its time, per stage (ONNX Runtime's profiler, "
+                                        "mapped back to the stages' own node names)")
+    pr.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
+    pr.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
+                    help="the connections of one joint; give one per joint, in order (default: by position)")
+    pr.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                    help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input")
+    pr.add_argument("--provider", action="append", help="execution provider, in priority order")
+    pr.add_argument("--runs", type=int, default=20, help="profiled runs (default 20)")
+    pr.add_argument("--warmup", type=int, default=3, help="runs before the profiled ones (default 3)")
+    pr.set_defaults(func=cmd_profile)
 
     c = sub.add_parser("cache", help="list, prune or empty the session cache")
     c.add_argument("action", choices=["list", "prune", "clear"],

@@ -18,6 +18,7 @@ from fastseq.graph.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from fastseq.runtime.cache import SessionCache
+    from fastseq.runtime.profile import Profile
 
 __all__ = ["Pipeline"]
 
@@ -136,13 +137,19 @@ class Pipeline(Facade):
         ``unused_outputs`` ([(stage, output)])."""
         return dict(self._report)
 
-    def to_dot(self) -> str:
-        """The stage graph as Graphviz DOT text (no Graphviz needed)."""
-        return drawing.to_dot(self._plan, "pipeline", self._sources)
+    def to_dot(self, profile: Profile | None = None) -> str:
+        """The stage graph as Graphviz DOT text (no Graphviz needed); with a ``profile``
+        (:meth:`profile`), each stage's time and share, the hottest stage in red."""
+        if profile is None:
+            return drawing.to_dot(self._plan, "pipeline", self._sources)
+        hottest = profile.hottest
+        return drawing.to_dot(self._plan, "pipeline", self._sources, profile.stage_labels(),
+                              hottest.name if hottest else None)
 
-    def to_svg(self) -> str:
-        """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it)."""
-        return drawing.to_svg(self.to_dot())
+    def to_svg(self, profile: Profile | None = None) -> str:
+        """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it);
+        ``profile`` as in :meth:`to_dot`."""
+        return drawing.to_svg(self.to_dot(profile))
 
     def _repr_svg_(self) -> str | None:
         # Notebooks fall back to repr() where Graphviz is missing.
