@@ -68,8 +68,9 @@ def _matmul_model(weights, dim: int, name: str):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def gen_node_heavy(folder: Path, models: int = 50, nodes: int = 600) -> None:
-    """50 models x 600 nodes, small weights, identical internal names (all clash)."""
+def gen_node_heavy(folder: Path, models: int = 50, nodes: int = 600, batch: int | str = 1) -> None:
+    """50 models x 600 nodes, small weights, identical internal names (all clash); inputs and
+    outputs [batch, 64] (``batch`` a name for a dynamic batch axis)."""
     from onnx import TensorProto, helper, numpy_helper
 
     np = _np()
@@ -81,8 +82,8 @@ def gen_node_heavy(folder: Path, models: int = 50, nodes: int = 600) -> None:
             ns.append(helper.make_node("Add", [prev, "c"], [out], name=f"add{k}") if k % 2 == 0
                       else helper.make_node("Relu", [prev], [out], name=f"relu{k}"))
             prev = out
-        g = helper.make_graph(ns, f"block{i}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [c])
+        g = helper.make_graph(ns, f"block{i}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 64])], [c])
         _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
 
 

@@ -3,12 +3,18 @@ peak memory), and what one call costs.
 
     python benches/bench_runtime.py              # both tables (a few minutes)
     python benches/bench_runtime.py --readme     # and write them into README.md
+    python benches/bench_runtime.py --cases cache [--readme]   # when the session cache helps
 
 "Ready to call" (each measurement in its own process, repeats taken in turns across the
 tools, medians): fastseq cold (compose + session), fastseq from its session cache, kornia's
 whole constructor (when installed), and ONNX Runtime alone on fastseq's merged file, all with
 kornia's session options (extended graph optimisations) on the CPU provider. Peak RSS is the
 process's VmHWM.
+
+"When the session cache helps" (``--cases cache``): fastseq cold against fastseq from its
+session cache, each start in its own process, in turns, on a resnet18-shaped CNN, the
+node-heavy chain, a graph that ONNX Runtime optimises heavily (constant folding) and the
+weight-heavy chain.
 
 "Per call" on a one-node model, in one process, the methods in turns: ``session.run``,
 ``run_with_iobinding`` (bound once), ``pipe(x)`` and the bound path ``binding.run()``.
@@ -38,12 +44,88 @@ import bench  # noqa: E402  (the case generators and helpers)
 OUT = HERE / "out"
 RESULTS = OUT / "runtime.json"
 MB = 1 << 20
+def gen_cnn(folder: Path) -> None:
+    """A resnet18-shaped CNN built with onnx (random weights, 11.7M parameters, 47 MB): a 7x7
+    stem, four stages of two basic blocks, a BatchNormalization after every Conv (ONNX Runtime
+    folds it into the Conv, and fuses the Relu), global pooling and a 1000-way head."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+
+    def const(name: str, value) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def conv(x: str, cin: int, cout: int, k: int, stride: int, name: str, relu: bool = True) -> str:
+        w = const(f"{name}.w", rng.standard_normal((cout, cin, k, k)) * (2 / (cin * k * k)) ** 0.5)
+        nodes.append(helper.make_node("Conv", [x, w], [f"{name}.c"], kernel_shape=[k, k], strides=[stride] * 2,
+                                      pads=[k // 2] * 4))
+        bn = [const(f"{name}.{p}", v) for p, v in (("g", np.ones(cout)), ("b", np.zeros(cout)),
+                                                 ("m", np.zeros(cout)), ("v", np.ones(cout)))]
+        nodes.append(helper.make_node("BatchNormalization", [f"{name}.c", *bn], [f"{name}.bn"]))
+        if not relu:
+            return f"{name}.bn"
+        nodes.append(helper.make_node("Relu", [f"{name}.bn"], [f"{name}.r"]))
+        return f"{name}.r"
+
+    x = conv("x", 3, 64, 7, 2, "stem")
+    nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4))
+    x, cin = "pool", 64
+    for stage, cout in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride, name = (2 if stage and not block else 1), f"s{stage}b{block}"
+            h = conv(conv(x, cin, cout, 3, stride, f"{name}.1"), cout, cout, 3, 1, f"{name}.2", relu=False)
+            skip = x if stride == 1 and cin == cout else conv(x, cin, cout, 1, stride, f"{name}.down", relu=False)
+            nodes += [helper.make_node("Add", [h, skip], [f"{name}.sum"]),
+                      helper.make_node("Relu", [f"{name}.sum"], [f"{name}.out"])]
+            x, cin = f"{name}.out", cout
+    fc_w, fc_b = const("fc.w", rng.standard_normal((1000, 512)) * 512 ** -0.5), const("fc.b", np.zeros(1000))
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"]), helper.make_node("Flatten", ["gap"], ["flat"]),
+              helper.make_node("Gemm", ["flat", fc_w, fc_b], ["y"], transB=1)]
+    g = helper.make_graph(nodes, "resnet18", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 224, 224])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1000])], inits)
+    bench._save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / "m00.onnx")
+
+
+def gen_folded(folder: Path, blocks: int = 100, dim: int = 384) -> None:
+    """A graph that ONNX Runtime optimises heavily: its weight is computed from constants
+    (100 MatMul + Add + Relu on 384 x 384 initializers, 59 MB), which constant folding
+    evaluates when the session is made; the optimised model holds the one result."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def const(name: str, value) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    inits: list = []
+    nodes, t = [], const("c0", rng.standard_normal((dim, dim)) / dim ** 0.5)
+    for k in range(blocks):
+        w, b = const(f"w{k}", rng.standard_normal((dim, dim)) / dim ** 0.5), const(f"b{k}", np.full(dim, 0.01))
+        nodes += [helper.make_node("MatMul", [t, w], [f"m{k}"]), helper.make_node("Add", [f"m{k}", b], [f"a{k}"]),
+                  helper.make_node("Relu", [f"a{k}"], [f"t{k}"])]
+        t = f"t{k}"
+    nodes.append(helper.make_node("MatMul", ["x", t], ["y"]))
+    g = helper.make_graph(nodes, "folded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], inits)
+    bench._save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / "m00.onnx")
+
+
 CASES = {
     "node_heavy": (bench.gen_node_heavy, "50 models x 600 nodes (30,000 nodes)"),
     "weight_heavy8": (lambda folder: bench._weight_chain(folder, 8, 64 * MB, 1, external=False),
                       "8 models x 64 MB (512 MB of weights)"),
+    "cnn": (gen_cnn, "resnet18-shaped CNN (47 MB, Conv + BatchNorm + Relu)"),
+    "folded": (gen_folded, "weights computed from constants (100 MatMul + Add + Relu, 59 MB)"),
 }
+READY_CASES = "node_heavy,weight_heavy8"
+CACHE_CASES = ["cnn", "node_heavy", "folded", "weight_heavy8"]
 TOOLS = ["fastseq cold", "fastseq cached", "kornia", "onnxruntime on the merged file"]
+CACHE_TOOLS = TOOLS[:2]
 RUNS = 3
 
 
@@ -102,14 +184,15 @@ def merged_file(case: str) -> Path:
     return bench.CASES_DIR / case / "merged" / "fastseq.onnx"
 
 
-def prepare(case: str) -> str:
+def prepare(case: str, merged: bool = True) -> str:
     """fastseq's merged file for ONNX Runtime alone, and a warm session cache."""
     import fastseq
 
     files = [str(f) for f in files_of(case)]
     io_maps = [[("y", "x")]] * (len(files) - 1)
-    merged_file(case).parent.mkdir(exist_ok=True)
-    fastseq.compose_to_file(files, merged_file(case), io_maps=io_maps)
+    if merged:
+        merged_file(case).parent.mkdir(exist_ok=True)
+        fastseq.compose_to_file(files, merged_file(case), io_maps=io_maps)
     cache = OUT / "session-cache" / case
     fastseq.ONNXSequential(*files, io_maps=io_maps, session_cache=cache)
     return str(cache)
@@ -128,7 +211,7 @@ def measure(tool: str, case: str, cache: str) -> dict:
 def ready_table(cases: list[str], tools: list[str]) -> dict:
     report = {}
     for case in cases:
-        cache = prepare(case)
+        cache = prepare(case, merged="onnxruntime on the merged file" in tools)
         runs: dict[str, list[dict]] = {t: [] for t in tools}
         for _ in range(RUNS):
             for tool in tools:
@@ -324,10 +407,24 @@ def targets(report: dict) -> list[str]:
     return out
 
 
+def cache_table(report: dict) -> str:
+    lines = [f"Measured on {report['machine']}, {report['date']}; medians of {RUNS} starts, each in its own process.",
+             "", "| ready to call | fastseq cold | fastseq from its session cache | cached / cold |", "|---|---|---|---|"]
+    for c in report["ready"].values():
+        cold, cached = (c["rows"].get(t, {}) for t in CACHE_TOOLS)
+        if "s" not in cold or "s" not in cached:
+            lines.append(f"| {c['description']} | {cold.get('error', '?')} | {cached.get('error', '?')} | |")
+            continue
+        runs = " ".join(f"{r:.2f}" for r in cached["runs"])
+        lines.append(f"| {c['description']} | {cold['s']:.2f} s ({' '.join(f'{r:.2f}' for r in cold['runs'])}) | "
+                     f"{cached['s']:.2f} s ({runs}) | {cold['s'] / cached['s']:.1f}x faster |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
-    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--cases", default=READY_CASES, help=f"cases among {', '.join(CASES)}, or 'cache'")
     p.add_argument("--readme", action="store_true")
     p.add_argument("--operators", action="store_true", help="only the operators' table")
     a = p.parse_args()
@@ -341,6 +438,15 @@ def main() -> None:
         print(text)
         if a.readme:
             bench.write_readme_section("operators", text)
+        return
+    if a.cases == "cache":
+        report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "ready": ready_table(CACHE_CASES, CACHE_TOOLS)}
+        OUT.mkdir(exist_ok=True)
+        (OUT / "cache.json").write_text(json.dumps(report, indent=2))
+        text = cache_table(report)
+        print(text)
+        if a.readme:
+            bench.write_readme_section("cache", text)
         return
     try:
         import kornia  # noqa: F401

@@ -334,3 +334,24 @@ def test_every_malformed_answer_is_a_download_error(tmp_path, case):
         assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*")), "a partial file was left"
     finally:
         server.close()
+
+
+def test_an_initializer_whose_dims_overflow_or_lack_data_is_a_load_error(tmp_path):
+    """SECURITY.md promises a LoadError for tensor data of the wrong size: dims of
+    [2^40, 2^40] with no data used to pass the core and fail later in ONNX Runtime."""
+    from onnx import TensorProto, helper
+
+    def model(tensor):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [tensor])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    huge = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 40, 1 << 40])
+    path = tmp_path / "big.onnx"
+    path.write_bytes(model(huge).SerializeToString())
+    with pytest.raises(fastseq.LoadError, match=r"big\.onnx: tensor 'w'.*overflow"):
+        fastseq.compose_bytes([path])
+    empty = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4])
+    with pytest.raises(fastseq.LoadError, match=r"tensor 'w' \(float \[4, 4\]\) has no data, but its dims say 16"):
+        fastseq.compose_bytes([model(empty)])

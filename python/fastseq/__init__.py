@@ -38,6 +38,9 @@ _LAZY = {
     "add_metadata": "fastseq.graph.metadata",
     "io_name_conversion": "fastseq.graph.rename",
     "TensorInfo": "fastseq.runtime.session",
+    "SessionCache": "fastseq.runtime.cache",
+    "Batcher": "fastseq.runtime.batcher",
+    "Profile": "fastseq.runtime.profile",
 }
 # public submodules under their public names (``fastseq.operators`` is the shipped models)
 _MODULES = {"ops": "fastseq.ops", "operators": "fastseq.ops.shipped"}
@@ -53,6 +56,9 @@ if TYPE_CHECKING:
     from fastseq.graph.rename import io_name_conversion
     from fastseq.graph.spec import PipelineSpec
     from fastseq.ops import shipped as operators
+    from fastseq.runtime.cache import SessionCache
+    from fastseq.runtime.batcher import Batcher
+    from fastseq.runtime.profile import Profile
     from fastseq.runtime.session import TensorInfo
 
 
@@ -79,6 +85,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "MAX_IR_VERSION",
+    "Batcher",
     "CompositionError",
     "ConversionError",
     "DownloadError",
@@ -92,9 +99,11 @@ __all__ = [
     "OpsetMismatchError",
     "Pipeline",
     "PipelineSpec",
+    "Profile",
     "ProviderError",
     "RunError",
     "RunTimeoutError",
+    "SessionCache",
     "TensorInfo",
     "__version__",
     "add_metadata",

@@ -92,17 +92,17 @@ def _check_io_maps(command: str, args: argparse.Namespace) -> None:
         )
 
 
-def _load_npy(name: str, file: str):
+def _load_npy(name: str, file: str, command: str):
     """One --input array; anything but a readable .npy file is a one-line error."""
     path = Path(file).expanduser()
     if not path.is_file():
-        raise SystemExit(f"fastseq run: error: --input {name}={file}: no such file")
+        raise SystemExit(f"fastseq {command}: error: --input {name}={file}: no such file")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic != b"\x93NUMPY":
         kind = " (an .npz archive: save one array per input with numpy.save)" if magic[:2] == b"PK" else ""
         raise SystemExit(
-            f"fastseq run: error: --input {name}={file}: not a .npy file{kind}; "
+            f"fastseq {command}: error: --input {name}={file}: not a .npy file{kind}; "
             "write each input with numpy.save(path, array)"
         )
     import numpy as np
@@ -110,7 +110,62 @@ def _load_npy(name: str, file: str):
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as e:
-        raise SystemExit(f"fastseq run: error: --input {name}={file}: {e}") from None
+        raise SystemExit(f"fastseq {command}: error: --input {name}={file}: {e}") from None
+
+
+def _feeds(args: argparse.Namespace, command: str, pipe) -> dict:
+    """The --input arrays by input name: ``NAME=FILE.npy``, or ``FILE.npy`` alone for a
+    one-input pipeline; each as its input's dtype where that changes no value (int32 to
+    int64, float16 to float32, bool to a number: the pipeline converts), or with ``--cast``
+    where it does (float64 to float32)."""
+    import numpy as np
+
+    from fastseq import _core
+    from fastseq.errors import InputError
+
+    inputs = {i.name: i for i in pipe.inputs}
+    feeds = {}
+    for item in args.input or []:
+        name, sep, file = item.partition("=")
+        if not (sep and name in inputs) and len(inputs) == 1 and (not sep or Path(item).expanduser().exists()):
+            name, file = next(iter(inputs)), item
+        elif not sep or not name or not file:
+            listing = ", ".join(map(str, pipe.inputs))
+            raise SystemExit(f"fastseq {command}: error: --input '{item}': expected NAME=FILE.npy; the inputs are "
+                             f"{listing}")
+        elif name not in inputs:
+            raise InputError(f"'{name}' is not an input{_core.did_you_mean(name, list(inputs))}; inputs: "
+                             f"{', '.join(inputs)}")
+        array = _load_npy(name, file, command)
+        want = inputs[name].dtype
+        if want is not None and array.dtype != want and not np.can_cast(array.dtype, want, "safe"):
+            if not args.cast:
+                raise SystemExit(
+                    f"fastseq {command}: error: --input {name}={file} holds {array.dtype}, input '{name}' expects "
+                    f"{want}, and converting loses values; pass --cast to convert it anyway (as "
+                    f"array.astype(numpy.{want}) does)"
+                )
+            array = array.astype(want)
+        feeds[name] = array
+    return feeds
+
+
+def _pipeline(args: argparse.Namespace, command: str):
+    """The pipeline that ``args.models`` name: one pipeline.toml, or models composed in order."""
+    if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
+        from fastseq.graph import pipefile
+        from fastseq.facades.pipeline import Pipeline
+
+        if args.io_map is not None:
+            raise SystemExit(f"fastseq {command}: error: --io-map is for a chain of models; a pipeline file has edges")
+        spec = pipefile.read(args.models[0])
+        if args.providers:
+            spec.providers = list(args.providers)
+        return Pipeline.from_spec(spec)
+    from fastseq.facades.sequential import ONNXSequential
+
+    _check_io_maps(command, args)
+    return ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None)
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -252,25 +307,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             from fastseq.integrations.ray import run_dataset
         except ImportError as e:
             raise SystemExit(f"fastseq run: error: {e}") from None
-    if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
-        from fastseq.graph import pipefile
-        from fastseq.facades.pipeline import Pipeline
-
-        if args.io_map is not None:
-            raise SystemExit("fastseq run: error: --io-map is for a chain of models; a pipeline file has edges")
-        spec = pipefile.read(args.models[0])
-        if args.providers:
-            spec.providers = list(args.providers)
-        pipe = Pipeline.from_spec(spec)
-    else:
-        from fastseq.facades.sequential import ONNXSequential
-
-        _check_io_maps("run", args)
-        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None)
+    pipe = _pipeline(args, "run")
     if args.ray is not None:
         run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
         return 0
-    feeds = {name: _converted(pipe, name, file, args.cast) for name, file in _inputs(pipe, args.input or [])}
+    feeds = _feeds(args, "run", pipe)
     with progress("running"):
         outputs = pipe.run(feeds)
     names = [o.name for o in pipe.outputs]
@@ -280,48 +321,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.savez(args.output, **dict(zip(names, outputs)))
         print(f"wrote {args.output}")
     return 0
-
-
-def _inputs(pipe, items: list[str]) -> list[tuple[str, str]]:
-    """``--input NAME=FILE.npy`` pairs; a one-input pipeline also takes ``--input FILE.npy``."""
-    names = [i.name for i in pipe.inputs]
-    pairs = []
-    for item in items:
-        name, sep, file = item.partition("=")
-        if sep and name in names:
-            pairs.append((name, file))
-        elif len(names) == 1 and (not sep or Path(item).expanduser().exists()):
-            pairs.append((names[0], item))
-        elif sep and name and file:
-            pairs.append((name, file))  # not an input: the error names the near miss
-        else:
-            listing = ", ".join(map(str, pipe.inputs))
-            raise SystemExit(f"fastseq run: error: --input '{item}': expected NAME=FILE.npy; the inputs are {listing}")
-    return pairs
-
-
-def _converted(pipe, name: str, file: str, cast: bool):
-    """The array of ``--input name=file``, as the input's dtype where it converts exactly
-    (int32 to int64, float16 to float32, bool to a number: the pipeline does it), or with
-    ``--cast`` where it does not (float64 to float32)."""
-    import numpy as np
-
-    names = [i.name for i in pipe.inputs]
-    if name not in names:
-        from fastseq import _core
-        from fastseq.errors import InputError
-
-        raise InputError(f"'{name}' is not an input{_core.did_you_mean(name, names)}; inputs: {', '.join(names)}")
-    array = _load_npy(name, file)
-    want = pipe.inputs[names.index(name)].dtype
-    if want is None or array.dtype == want or np.can_cast(array.dtype, want, "safe"):
-        return array
-    if cast:
-        return array.astype(want)
-    raise SystemExit(
-        f"fastseq run: error: --input {name}={file} holds {array.dtype}, input '{name}' expects {want}, and "
-        f"converting loses values; pass --cast to convert it anyway (as array.astype(numpy.{want}) does)"
-    )
 
 
 def _summary(value) -> str:
@@ -339,25 +338,66 @@ def _summary(value) -> str:
     return f"min {numbers.min():.6g} max {numbers.max():.6g} mean {numbers.mean():.6g}, first {first}"
 
 
-def cmd_cache(args: argparse.Namespace) -> int:
-    from fastseq.runtime import cache
-
-    root = cache.root_from(args.dir) if args.dir else (cache.root_from(None) or cache.default_root())
-    if args.action == "clear":
-        n = cache.clear(root)
-        print(f"removed {n} entr{'y' if n == 1 else 'ies'} from {root}")
-        return 0
-    found = cache.entries(root)
-    total = sum(e["bytes"] for e in found)
-    print(f"{root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {human_size(total)}")
-    for e in found:
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"])) if e["used"] else "?"
-        what = "damaged" if e.get("damaged") else (
-            f"onnxruntime {e['onnxruntime']}, "
-            + ", ".join(p if isinstance(p, str) else p[0] for p in e["providers"] or [])
-        )
-        print(f"  {e['key']}  {human_size(e['bytes']):>9}  used {used}  {what}")
+def cmd_profile(args: argparse.Namespace) -> int:
+    pipe = _pipeline(args, "profile")
+    feeds = _feeds(args, "profile", pipe)
+    with progress("profiling"):
+        profile = pipe.profile(runs=args.runs, warmup=args.warmup, **feeds)
+    print(profile)
     return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from fastseq.runtime.cache import SessionCache, parse_duration, parse_size, root_from
+
+    cache = SessionCache(args.dir) if args.dir else (root_from(None) or SessionCache())
+    if args.action != "prune" and (args.max_size or args.older_than):
+        raise FastseqError(f"cache {args.action}: --max-size and --older-than go with prune")
+    if args.action == "list":
+        if args.dry_run:
+            raise FastseqError("cache list: --dry-run goes with clear and prune")
+        found = cache.entries()
+        total = sum(e["bytes"] for e in found)
+        print(f"{cache.path}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, {human_size(total)} "
+              f"(limit {human_size(cache.max_size)}), least recently used first")
+        for e in found:
+            print("  " + _describe_entry(e))
+        return 0
+    if args.action == "clear":
+        removed = cache.clear(dry_run=args.dry_run)
+    else:
+        # Checked before anything is removed: a typo must not prune with a default.
+        max_size = None if args.max_size is None else parse_size(args.max_size, "--max-size")
+        older_than = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
+        removed = cache.prune(max_size, older_than, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for e in removed:
+        print(f"{verb} {cache.path / e['key']}" + (" (left by a process that was killed)" if e.get("leftover")
+                                                    else f": {_describe_entry(e)}"))
+    entries = [e for e in removed if not e.get("leftover")]
+    print(f"{verb} {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} "
+          f"({human_size(sum(e['bytes'] for e in entries))}) from {cache.path}")
+    kept = [] if args.dry_run or args.action == "prune" else cache.entries()
+    if kept:
+        print(f"kept {len(kept)} entr{'y' if len(kept) == 1 else 'ies'} that another process is loading "
+              "or that fastseq did not make")
+    return 0
+
+
+def _describe_entry(e: dict) -> str:
+    def when(t: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t else "?"
+
+    if e.get("refused"):
+        return f"{e['key']}  {human_size(e['bytes']):>9}  not used: {e['refused']}"
+    if e.get("damaged"):
+        return f"{e['key']}  {human_size(e['bytes']):>9}  damaged (its manifest cannot be read; rebuilt on next use)"
+    stages = " -> ".join(e["labels"] or []) or "?"
+    if len(stages) > 60:
+        stages = stages[:57] + "..."
+    providers = ", ".join(p.removesuffix("ExecutionProvider") for p in e["providers"] or [])
+    return (f"{e['key']}  {human_size(e['bytes']):>9}  {stages}  [{providers}; onnxruntime {e['onnxruntime']}]  "
+            f"created {when(e['created'])}, last used {when(e['used'])}, {e['hits']} hit{'s' * (e['hits'] != 1)}")
 
 
 #: The demo: photos of digits through operators built to order (``builtin:NAME?...``, the
@@ -416,6 +456,12 @@ def _providers_option(p: argparse.ArgumentParser, help: str) -> None:
                    help=help)
 
 
+def _cast_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cast", action="store_true",
+                   help="convert each input array to its input's dtype even where values change (float64 to "
+                        "float32); without it only exact conversions are made")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
     p.add_argument("--version", action="version", version=f"fastseq {__version__}")
@@ -460,9 +506,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input "
                         "(FILE.npy alone for a one-input pipeline); with --ray: one folder of .npy files or a "
                         "Parquet dataset")
-    r.add_argument("--cast", action="store_true",
-                   help="convert each input array to its input's dtype even where values change (float64 to "
-                        "float32); without it only exact conversions are made")
+    _cast_option(r)
     _providers_option(r, "the execution providers, in priority order")
     r.add_argument("-o", "--output", help="write the outputs to this .npz (with --ray: a folder of Parquet files); "
                                           "without it each output's shape, dtype and values are summarised")
@@ -473,9 +517,31 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--batch-size", type=int, default=256, help="with --ray: rows per batch (default 256)")
     r.set_defaults(func=cmd_run)
 
-    c = sub.add_parser("cache", help="list or empty the session cache")
-    c.add_argument("action", choices=["list", "clear"])
+    pr = sub.add_parser("profile", help="where a pipeline spends its time, per stage (ONNX Runtime's profiler, "
+                                        "mapped back to the stages' own node names)")
+    pr.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
+    pr.add_argument("--io-map", action="append", type=_parse_io_map, metavar="OUT:IN[,OUT:IN]",
+                    help="the connections of one joint; give one per joint, in order (default: by position)")
+    pr.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                    help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input "
+                         "(FILE.npy alone for a one-input pipeline)")
+    _cast_option(pr)
+    _providers_option(pr, "the execution providers, in priority order")
+    pr.add_argument("--runs", type=int, default=20, help="profiled runs (default 20)")
+    pr.add_argument("--warmup", type=int, default=3, help="runs before the profiled ones (default 3)")
+    pr.set_defaults(func=cmd_profile)
+
+    c = sub.add_parser("cache", help="list, prune or empty the session cache")
+    c.add_argument("action", choices=["list", "prune", "clear"],
+                   help="list: what each entry is for, its size, when made and last used, its hits; prune: remove "
+                        "entries by age and least recent use; clear: remove every entry")
     c.add_argument("--dir", help="the cache folder (default: $FASTSEQ_SESSION_CACHE or ~/.cache/fastseq/sessions)")
+    c.add_argument("--max-size", metavar="SIZE",
+                   help="prune: remove the least recently used entries until the rest fit in SIZE (e.g. 1G, 500M; "
+                        "default with no --older-than: the cache's limit, $FASTSEQ_SESSION_CACHE_MAX or 2G)")
+    c.add_argument("--older-than", metavar="DURATION",
+                   help="prune: remove entries last used more than DURATION ago (e.g. 30d, 12h, 90m)")
+    c.add_argument("--dry-run", action="store_true", help="clear, prune: say what would be removed, remove nothing")
     c.set_defaults(func=cmd_cache)
 
     q = sub.add_parser("quantize", help="write an int8 version of a model (onnxruntime.quantization)")

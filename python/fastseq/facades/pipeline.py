@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq.graph import drawing
 from fastseq.graph import pipefile
@@ -15,6 +15,10 @@ from fastseq.graph.build import build
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import Edge
 from fastseq.graph.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from fastseq.runtime.cache import SessionCache
+    from fastseq.runtime.profile import Profile
 
 __all__ = ["Pipeline"]
 
@@ -39,7 +43,8 @@ class Pipeline(Facade):
     are stored once (``dedupe=False`` keeps copies); ``adapt=True`` (or a list of edges)
     inserts a Cast or an (Un)squeeze where an edge's two sides differ in type or batch axis.
     The session API is ONNXSequential's: ``providers``, ``session_options``,
-    ``session_cache`` (where ONNX Runtime's optimised model is kept between starts),
+    ``session_cache`` (where ONNX Runtime's optimised model is kept between starts: a
+    folder, True, or a :class:`SessionCache`),
     calls, ``run(..., timeout=)``, ``bind``, ``export(..., optimized=True)``.
     """
 
@@ -63,7 +68,7 @@ class Pipeline(Facade):
         cache_dir: str | os.PathLike[str] | None = None,
         force_download: bool = False,
         token: str | bool | None = None,
-        session_cache: str | os.PathLike[str] | bool | None = None,
+        session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
     ) -> None:
         spec = PipelineSpec.graph(
             stages,
@@ -86,7 +91,7 @@ class Pipeline(Facade):
         self._build(spec, session_cache)
 
     @classmethod
-    def from_spec(cls, spec: PipelineSpec, session_cache: str | os.PathLike[str] | bool | None = None) -> Pipeline:
+    def from_spec(cls, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> Pipeline:
         """A pipeline built from a graph description (``session_cache`` as in the constructor)."""
         if not spec.is_graph:
             raise TypeError("Pipeline needs a graph description (named stages and edges)")
@@ -96,7 +101,7 @@ class Pipeline(Facade):
 
     @classmethod
     def from_file(
-        cls, path: str | os.PathLike[str], session_cache: str | os.PathLike[str] | bool | None = None
+        cls, path: str | os.PathLike[str], session_cache: SessionCache | str | os.PathLike[str] | bool | None = None
     ) -> Pipeline:
         """The pipeline that the TOML file at ``path`` describes (see :mod:`fastseq.graph.pipefile`)."""
         return cls.from_spec(pipefile.read(path), session_cache)
@@ -106,7 +111,7 @@ class Pipeline(Facade):
         models are saved beside it. ``Pipeline.from_file`` reads it back."""
         return pipefile.write(self.spec, path)
 
-    def _build(self, spec: PipelineSpec, session_cache: str | os.PathLike[str] | bool | None = None) -> None:
+    def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
         built = build(spec)
         self.spec = spec
         self._composed, self._labels = built.composed, built.labels
@@ -132,13 +137,19 @@ class Pipeline(Facade):
         ``unused_outputs`` ([(stage, output)])."""
         return dict(self._report)
 
-    def to_dot(self) -> str:
-        """The stage graph as Graphviz DOT text (no Graphviz needed)."""
-        return drawing.to_dot(self._plan, "pipeline", self._sources)
+    def to_dot(self, profile: Profile | None = None) -> str:
+        """The stage graph as Graphviz DOT text (no Graphviz needed); with a ``profile``
+        (:meth:`profile`), each stage's time and share, the hottest stage in red."""
+        if profile is None:
+            return drawing.to_dot(self._plan, "pipeline", self._sources)
+        hottest = profile.hottest
+        return drawing.to_dot(self._plan, "pipeline", self._sources, profile.stage_labels(),
+                              hottest.name if hottest else None)
 
-    def to_svg(self) -> str:
-        """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it)."""
-        return drawing.to_svg(self.to_dot())
+    def to_svg(self, profile: Profile | None = None) -> str:
+        """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it);
+        ``profile`` as in :meth:`to_dot`."""
+        return drawing.to_svg(self.to_dot(profile))
 
     def _repr_svg_(self) -> str | None:
         # Notebooks fall back to repr() where Graphviz is missing.

@@ -17,6 +17,7 @@ from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
 
 if TYPE_CHECKING:
+    from fastseq.runtime.cache import SessionCache
     import onnx
 
     from fastseq.integrations import quantize
@@ -71,9 +72,16 @@ class ONNXSequential(Facade):
             is used (a cached download that does not match is fetched again once): one string
             for a single model, else a list with one digest or None per model.
         session_cache: where ONNX Runtime's optimised model is kept between starts (a
-            folder, True for ``~/.cache/fastseq/sessions``, False for none; default: the
+            folder, True for ``~/.cache/fastseq/sessions``, a :class:`SessionCache` for a
+            folder with its own size limit, False for none; default: the
             ``FASTSEQ_SESSION_CACHE`` variable, a folder or 1, else none). A later start of
             the same pipeline, in any process, skips the graph optimisations.
+        adapt: where an output and the input it feeds differ in element type or by one axis
+            of size 1, insert a Cast, an Unsqueeze or a Squeeze (True for every joint, or a
+            list of edge indices: the joints' pairs in order). The axis is read from the
+            shapes' sizes and names (``[N, 32] -> [N, 1, 32]`` is an Unsqueeze of axis 1);
+            where several would fit, the error says so and none is inserted. Default False:
+            a mismatch is an error that names the adapter that would fix it.
 
     Raises:
         LoadError, DownloadError: a source is missing, corrupt or cannot be downloaded.
@@ -97,7 +105,8 @@ class ONNXSequential(Facade):
         keep_outputs: bool | Sequence[str] = False,
         token: str | bool | None = None,
         sha256: str | Sequence[str | None] | None = None,
-        session_cache: str | os.PathLike[str] | bool | None = None,
+        session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
+        adapt: bool | Sequence[int] = False,
     ) -> None:
         if not models:
             raise TypeError("ONNXSequential needs at least one model")
@@ -115,6 +124,7 @@ class ONNXSequential(Facade):
             token=token,
             entry="sequential",
             keep_stages=True,
+            adapt=adapt if isinstance(adapt, bool) else list(adapt),
         )
         built = build(spec)
         self._composed, self._labels = built.composed, built.labels

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from html import escape
-
 from collections.abc import Mapping
+from html import escape
 from typing import Any
 
 from fastseq.errors import ExportError
 from fastseq.graph.parts import IoInfo
 
 _GREY = "#9e9e9e"
+_HOT = "#c62828"
 
 
 def _q(s: str) -> str:
@@ -29,13 +29,20 @@ def _tensor(info: IoInfo | None) -> str:
     return f"{dtype}[{', '.join('?' if d is None else str(d) for d in dims)}]"
 
 
-def to_dot(plan: Mapping[str, Any], title: str = "pipeline", sources: Mapping[str, str] | None = None) -> str:
+def to_dot(
+    plan: Mapping[str, Any],
+    title: str = "pipeline",
+    sources: Mapping[str, str] | None = None,
+    times: Mapping[str, str] | None = None,
+    hottest: str | None = None,
+) -> str:
     """DOT text of the core's plan (``_core.Composed.plan()``): stages as boxes listing
     their inputs and outputs (name, dtype, shape) under their source (``sources``: stage
     label -> where it was read from), edges labelled with the tensors they carry, the merged
     model's graph inputs and outputs as ovals, pruned stages grey and dashed. Node ids:
     stages by label, graph inputs ``in:NAME``, outputs ``out:NAME``; ports ``i<k>`` /
-    ``o<k>`` by position."""
+    ``o<k>`` by position. ``times``: a label per stage (a profile's times) shown under its
+    name; the ``hottest`` stage is drawn in red."""
     sources = sources or {}
     lines = [
         f"digraph {_q(title)} {{",
@@ -48,10 +55,14 @@ def to_dot(plan: Mapping[str, Any], title: str = "pipeline", sources: Mapping[st
     pruned = set(plan["pruned"])
     for st in plan["stages"]:
         name, is_pruned = st["label"], st["pruned"]
-        colour = _GREY if is_pruned else "black"
+        hot = name == hottest
+        colour = _GREY if is_pruned else _HOT if hot else "black"
+        fill = "#eeeeee" if is_pruned else "#f8d3c8" if hot else "#dde8f5"
+        time = (times or {}).get(name)
+        timed = f'<BR/><B>{escape(time)}{" (hottest)" if hot else ""}</B>' if time else ""
         rows = [
-            f'<TR><TD COLSPAN="2" BGCOLOR="{"#eeeeee" if is_pruned else "#dde8f5"}"><B>{escape(name)}</B>'
-            f'<BR/><FONT POINT-SIZE="8">{escape(sources.get(name, ""))}{" (pruned)" if is_pruned else ""}</FONT></TD></TR>'
+            f'<TR><TD COLSPAN="2" BGCOLOR="{fill}"><B>{escape(name)}</B>'
+            f'<BR/><FONT POINT-SIZE="8">{escape(sources.get(name, ""))}{" (pruned)" if is_pruned else ""}</FONT>{timed}</TD></TR>'
         ]
         for k in range(max(len(st["inputs"]), len(st["outputs"]))):
             cells = []

@@ -10,6 +10,7 @@ or ONNX Runtime's own ``OrtValue``s (``outputs="ortvalue"``, left where the prov
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from fastseq.errors import InputError
+from fastseq.errors import InputError, RunError
 
 _OUTPUT_KINDS = ("numpy", "torch", "ortvalue")
 
@@ -102,6 +103,11 @@ class Binding:
     runs; ``binding.run()`` runs again on the bound buffers (write new data into them in
     place). The arrays returned are the output buffers, overwritten by the next call: copy
     what you keep.
+
+    A binding is for one thread: its bound buffers and reused outputs are one caller's
+    state. Threads that call the same pipeline make a binding each (``pipe.bind`` is cheap;
+    they share the session, which is safe); a call or ``bind`` entered while another thread
+    is in one on the same binding raises :class:`fastseq.RunError` instead of mixing them.
     """
 
     def __init__(self, runner: Any, outputs: str = "numpy", output_names: Sequence[str] | None = None,
@@ -127,6 +133,7 @@ class Binding:
         self._out_for: dict[tuple, list[Any]] = {}  # input signature -> output buffers
         self._outputs: list[Any] | None = None
         self._signature: tuple | None = None
+        self._busy = threading.Lock()  # held while a thread binds or runs
 
     def __repr__(self) -> str:
         ins = []
@@ -146,6 +153,15 @@ class Binding:
     # --- binding ------------------------------------------------------------------
     def bind(self, *inputs: Any, **named: Any) -> Binding:
         """Binds inputs (by position or by name) to their buffers; returns the binding."""
+        if not self._busy.acquire(False):
+            raise _in_use()
+        try:
+            self._bind(inputs, named)
+        finally:
+            self._busy.release()
+        return self
+
+    def _bind(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> None:
         if inputs and named:
             raise InputError("pass inputs either by position or by name, not both")
         if inputs:
@@ -154,7 +170,6 @@ class Binding:
             named = {c.name: x for c, x in zip(self._runner._checks, inputs)}
         for name, value in named.items():
             self._bind_input(name, value)
-        return self
 
     def _bind_input(self, name: str, value: Any) -> None:
         check = next((c for c in self._runner._checks if c.name == name), None)
@@ -182,12 +197,25 @@ class Binding:
     # --- running ------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> list[Any]:
         """Binds the inputs given (re-binding only buffers that changed) and runs."""
-        if inputs or named:
-            self.bind(*inputs, **named)
-        return self.run()
+        if not self._busy.acquire(False):
+            raise _in_use()
+        try:
+            if inputs or named:
+                self._bind(inputs, named)
+            return self._run()
+        finally:
+            self._busy.release()
 
     def run(self) -> list[Any]:
         """Runs on the bound buffers; returns the output buffers (reused by the next call)."""
+        if not self._busy.acquire(False):  # positional: a keyword costs more than the check
+            raise _in_use()
+        try:
+            return self._run()
+        finally:
+            self._busy.release()
+
+    def _run(self) -> list[Any]:
         if self._signature is None:
             self._prepare_outputs()
         try:
@@ -260,6 +288,13 @@ class Binding:
         for n, buf in zip(self._names, buffers):
             b, _ = buffer_of(n, buf)
             self._iob.bind_output(n, b.device, b.device_id, b.dtype, list(b.shape), b.ptr)
+
+
+def _in_use() -> RunError:
+    return RunError(
+        "this binding is in a call in another thread: a binding's buffers are one thread's; "
+        "make one binding per thread with pipe.bind(...)"
+    )
 
 
 def _copy_into(buf: Any, value: ort.OrtValue) -> None:

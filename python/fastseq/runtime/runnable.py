@@ -19,7 +19,10 @@ from fastseq.runtime.session import TensorInfo
 if TYPE_CHECKING:
     import onnx
 
+    from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.binding import Binding
+    from fastseq.runtime.cache import SessionCache
+    from fastseq.runtime.profile import Profile
 
 
 #: Below this many bytes held, a pipeline keeps them in memory rather than spill them.
@@ -44,13 +47,13 @@ class Runnable:
         self,
         providers: Sequence[session.Provider] | None,
         session_options: ort.SessionOptions | None,
-        session_cache: str | os.PathLike[str] | bool | None = None,
+        session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
     ) -> None:
         from fastseq.runtime import cache
 
         self._providers = list(providers) if providers else None
         self._session_options = session_options
-        self._cache_root = cache.root_from(session_cache)
+        self._cache = cache.root_from(session_cache)
         self.session_info: dict[str, Any] = {}
         self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
 
@@ -80,7 +83,7 @@ class Runnable:
                 moved = self._take_spilled(copy)
                 if info is not None and moved:
                     info["spilled"] = moved
-                return session.open_copy(copy, providers, session_options, self._cache_root, info)
+                return session.open_copy(copy, providers, session_options, self._cache, info, self._labels)
         except Exception as e:
             if type(e).__module__.startswith("onnxruntime"):
                 raise self._explain(e) from e
@@ -195,6 +198,48 @@ class Runnable:
             return self._runner.run(feeds, output_names, options)
         return session.with_timeout(timeout, options, lambda: self._runner.run(feeds, output_names, options))
 
+    async def run_async(
+        self, *inputs: Any, timeout: float | None = None, run_options: ort.RunOptions | None = None, **named: Any
+    ) -> list[np.ndarray]:
+        """``await pipe.run_async(x)``: ``pipe(x)`` from asyncio (FastAPI, aiohttp), same
+        checks and outputs. The call runs on ONNX Runtime's ``run_async`` (a thread of the
+        session's intra-op pool; no thread is started per call; with
+        ``intra_op_num_threads=1`` the loop's default executor). Cancelling the awaiting task
+        stops the run through its ``RunOptions``; ``timeout`` as in :meth:`run`
+        (:class:`fastseq.RunTimeoutError`)."""
+        runner = self._runner
+        return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
+
+    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 2.0) -> Batcher:
+        """Dynamic batching for many concurrent callers: ``batcher(x)`` from threads,
+        ``await batcher.run_async(x)`` from coroutines. Requests arriving within
+        ``max_delay_ms`` of the first waiting one are joined along the batch axis (up to
+        ``max_batch_size`` rows), run once, and each caller gets its own rows back. See
+        :class:`fastseq.Batcher`; a pipeline whose inputs share no dynamic
+        first axis is a :class:`fastseq.CompositionError`."""
+        from fastseq.runtime.batcher import Batcher
+
+        return Batcher(self, max_batch_size, max_delay_ms)
+
+    def profile(self, *inputs: Any, runs: int = 20, warmup: int = 3, **named: Any) -> Profile:
+        """Where the time goes, per stage: ONNX Runtime's profiler on a profiling session of
+        the composed model (this pipeline's own session is untouched), ``warmup`` runs then
+        ``runs`` measured ones on ``inputs``, every merged node mapped back to its stage and
+        its own name. Returns a :class:`fastseq.Profile`: ``str()`` is a
+        table, ``to_dict()`` the numbers; ``Pipeline.to_dot(profile=...)`` draws them."""
+        from fastseq.runtime import profile
+
+        feeds = self._runner.feeds(inputs, named)
+        try:
+            return profile.measure(
+                lambda options: self._new_session(self._providers, options, None),
+                self._session_options, feeds, lambda: self._composed, runs, warmup,
+            )
+        except Exception as e:
+            if type(e).__module__.startswith("onnxruntime"):
+                raise self._explain(e) from e
+            raise
+
     def bind(
         self,
         *inputs: Any,
@@ -209,7 +254,8 @@ class Runnable:
         "torch" (on the input's device) or "ortvalue" (left where the provider put them).
 
         ``b = pipe.bind(x); y, = b()`` runs on ``x``'s buffer (fill it in place for the next
-        call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call."""
+        call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call.
+        A binding is one thread's: threads make one each (concurrent use raises RunError)."""
         from fastseq.runtime.binding import Binding
 
         binding = Binding(self._runner, outputs, output_names, run_options)
@@ -310,8 +356,8 @@ class Runnable:
             f"{human_size(info['weight_bytes'])} of weights; {', '.join(self.providers)})"
         )
 
-    # Pickling keeps the composed model, the providers and the session cache; the session
-    # is rebuilt (from the cache, when there is one).
+    # Pickling keeps the composed model, the providers and the session cache (its folder and
+    # limit); the session is rebuilt (from the cache, when there is one).
     def __getstate__(self) -> dict[str, Any]:
         from fastseq.graph.options import session_options_dict
 
@@ -321,7 +367,7 @@ class Runnable:
             "providers": self._providers,
             # SessionOptions does not pickle: its settings travel as a dict
             "session_options": session_options_dict(self._session_options),
-            "session_cache": None if self._cache_root is None else str(self._cache_root),
+            "session_cache": self._cache,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:

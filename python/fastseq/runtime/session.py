@@ -10,14 +10,18 @@ import tempfile
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
 from fastseq.errors import InputError, ProviderError
+
+if TYPE_CHECKING:
+    from fastseq.runtime.cache import SessionCache
 
 Provider = str | tuple[str, dict[str, Any]]
 
@@ -161,39 +165,26 @@ def open_copy(
     copy: PrivateCopy,
     providers: Sequence[Provider] | None = None,
     session_options: ort.SessionOptions | None = None,
-    cache_root: Path | None = None,
+    cache: SessionCache | None = None,
     info: dict[str, Any] | None = None,
+    labels: Sequence[str] = (),
 ) -> ort.InferenceSession:
-    """A session over a private copy (see :class:`PrivateCopy`). With a ``cache_root``, the
+    """A session over a private copy (see :class:`PrivateCopy`). With a ``cache``, the
     optimised model is stored there on the first start and loaded with optimisation off on
-    later ones (see :mod:`fastseq.runtime.cache`). ``info``, when given, is filled with how the
-    session was made: ``cache`` ("hit", "stored" or None) and the entry's folder."""
+    later ones (see :mod:`fastseq.runtime.cache`; ``labels``, the stages, are recorded with
+    the entry). ``info``, when given, is filled with how the session was made: ``cache``
+    ("hit", "stored" or None) and the entry's folder."""
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
-    if cache_root is None:
+    if cache is None:
         return _session(copy.path, options, usable)
-    from fastseq.runtime import cache
+    from fastseq.runtime import cache as session_cache
 
-    parts = cache.key_parts(copy.digest, usable, options)
-    key = cache.key_of(parts)
-    info = info if info is not None else {}
-    info.update(cache=None, key=key, entry=None)
-    entry = cache.lookup(cache_root, key, parts)
-    if entry is not None:
-        info.update(cache="hit", entry=str(entry.folder))
-        return _session(str(entry.model), options, usable, optimise=False)
-    stage = cache.staging(cache_root)
-    if stage is None:
-        return _session(copy.path, options, usable)
-    try:
-        session = _session(copy.path, options, usable, save_to=stage / cache.MODEL, data_name=cache.DATA)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    stored = cache.commit(cache_root, key, parts, stage)
-    if stored is not None:
-        info.update(cache="stored", entry=str(stored.folder))
-    return session
+    def make(path: str, optimise: bool, save_to: str | None) -> ort.InferenceSession:
+        return _session(path, options, usable, optimise, save_to, session_cache.DATA)
+
+    parts = session_cache.key_parts(copy.digest, usable, options)
+    return session_cache.start(cache, parts, labels, info if info is not None else {}, make, copy.path)
 
 
 def _session(
@@ -201,7 +192,7 @@ def _session(
     options: ort.SessionOptions,
     providers: list[Provider],
     optimise: bool = True,
-    save_to: Path | None = None,
+    save_to: str | Path | None = None,
     data_name: str | None = None,
 ) -> ort.InferenceSession:
     """A session from a model file; the caller's options are changed only for the call."""
@@ -229,6 +220,19 @@ class _Check:
     dtype: np.dtype | None
     ndim: int | None
     static: tuple[tuple[int, int], ...]  # (axis, size) for each fixed dimension
+    # The fixed sizes read out of a shape in one C call, and what they must be: a call's
+    # check costs a fraction of a generator over ``static``.
+    fixed_of: Callable[[tuple[int, ...]], Any] | None = None
+    fixed: Any = None
+
+    @classmethod
+    def of(cls, info: TensorInfo) -> _Check:
+        static = tuple((axis, d) for axis, d in enumerate(info.shape or ()) if isinstance(d, int) and d > 0)
+        if not static:
+            return cls(info.name, info.dtype, len(info.shape) if info.shape is not None else None, static)
+        sizes = tuple(size for _, size in static)
+        return cls(info.name, info.dtype, len(info.shape), static, itemgetter(*(axis for axis, _ in static)),
+                   sizes[0] if len(sizes) == 1 else sizes)
 
 
 class Runner:
@@ -243,23 +247,22 @@ class Runner:
         self._by_name = {i.name: i for i in self.inputs}
         self._output_list = [o.name for o in self.outputs]
         self._output_names = set(self._output_list)
-        self._checks = [
-            _Check(
-                i.name,
-                i.dtype,
-                len(i.shape) if i.shape is not None else None,
-                tuple((axis, d) for axis, d in enumerate(i.shape or ()) if isinstance(d, int) and d > 0),
-            )
-            for i in self.inputs
-        ]
+        self._checks = [_Check.of(i) for i in self.inputs]
         self._n = len(self._checks)
         # The compiled run, without InferenceSession.run's per-call Python checks (ours
         # replace them); a provider failure still goes through session.run's fallback.
         self._run = getattr(session, "_sess", session).run
+        self._run_async = getattr(session, "_sess", session).run_async
+        # run_async runs on a thread of the session's intra-op pool, which may have none.
+        self._pooled = True
         self._explain = explain
 
     def call(self, inputs: tuple[Any, ...], named: Mapping[str, Any]) -> list[np.ndarray]:
         """``pipe(x1, x2, ...)`` in input order, or ``pipe(name=array, ...)``."""
+        return self._call(self._output_list, self.feeds(inputs, named), None)
+
+    def feeds(self, inputs: tuple[Any, ...], named: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The checked feeds of a call by position or by name (:meth:`call`'s checks)."""
         if not named and len(inputs) == self._n:
             feeds = {}
             for check, x in zip(self._checks, inputs):
@@ -267,12 +270,12 @@ class Runner:
                     type(x) is not np.ndarray
                     or x.dtype != check.dtype
                     or x.ndim != check.ndim
-                    or any(x.shape[axis] != size for axis, size in check.static)
+                    or (check.fixed_of is not None and check.fixed_of(x.shape) != check.fixed)
                 ):
                     break
                 feeds[check.name] = x
             else:
-                return self._call(self._output_list, feeds, None)
+                return feeds
         if inputs and named:
             raise InputError("pass inputs either by position or by name, not both")
         if inputs or not named:
@@ -282,24 +285,103 @@ class Runner:
                     f"expected {n} input{'s' if n != 1 else ''} "
                     f"({', '.join(str(i) for i in self.inputs)}), got {len(inputs)}"
                 )
-            feeds = {info.name: x for info, x in zip(self.inputs, inputs)}
-        else:
-            feeds = named
-        return self.run(feeds, None)
+            named = {info.name: x for info, x in zip(self.inputs, inputs)}
+        return self.check_feeds(named)
 
     def run(
         self, feeds: Mapping[str, Any], output_names: Sequence[str] | None, run_options: ort.RunOptions | None = None
     ) -> list[np.ndarray]:
         checked = self.check_feeds(feeds)
-        if output_names is not None:
-            for name in output_names:
-                if name not in self._output_names:
-                    raise InputError(
-                        f"'{name}' is not an output{_core.did_you_mean(name, self._output_list)}; "
-                        f"outputs: {', '.join(self._output_list)}"
-                    )
-            output_names = list(output_names)
-        return self._call(output_names or self._output_list, checked, run_options)
+        return self._call(self.output_names(output_names), checked, run_options)
+
+    def output_names(self, names: Sequence[str] | None) -> list[str]:
+        """The outputs a call returns: ``names`` checked, or every output."""
+        if names is None:
+            return self._output_list
+        for name in names:
+            if name not in self._output_names:
+                raise InputError(
+                    f"'{name}' is not an output{_core.did_you_mean(name, self._output_list)}; "
+                    f"outputs: {', '.join(self._output_list)}"
+                )
+        return list(names) or self._output_list
+
+    async def run_async(
+        self,
+        feeds: dict[str, np.ndarray],
+        output_names: list[str],
+        run_options: ort.RunOptions | None = None,
+        timeout: float | None = None,
+    ) -> list[np.ndarray]:
+        """Runs checked ``feeds`` with ONNX Runtime's ``run_async``: the call runs on a thread
+        of the session's intra-op pool, which resolves the awaiting future through the
+        loop's ``call_soon_threadsafe``; no thread is started per call. A session without
+        pool threads (``intra_op_num_threads=1``) runs the call in the loop's default
+        executor instead. Cancelling the awaiting task, or ``timeout`` seconds passing, sets
+        the run's ``terminate`` flag (:class:`~fastseq.errors.RunTimeoutError` for a timeout)."""
+        import asyncio
+
+        from fastseq.errors import RunTimeoutError
+
+        loop = asyncio.get_running_loop()
+        options = run_options if run_options is not None else ort.RunOptions()
+        stopped: list[str] = []  # why the terminate flag was set: "timeout" or "cancelled"
+
+        def stop(why: str) -> None:
+            stopped.append(why)
+            options.terminate = True
+
+        done = loop.create_future()
+
+        def finished(outputs: list[np.ndarray], _: Any, error: str) -> None:
+            # On ONNX Runtime's thread. Naming the feeds keeps their arrays alive until
+            # ONNX Runtime is done with them, whatever happens to the awaiting task.
+            _ = feeds
+            try:
+                loop.call_soon_threadsafe(_settle, done, outputs, error)
+            except RuntimeError:  # the loop was closed meanwhile: nobody is waiting
+                pass
+
+        try:
+            if self._pooled:
+                self._run_async(output_names, feeds, finished, None, options)
+            else:
+                done = loop.run_in_executor(None, self._settled_call, output_names, feeds, options)
+        except Exception as e:
+            if "intra op thread pool" not in str(e):
+                raise self._explained(e) from e
+            self._pooled = False  # this session has no pool thread to lend
+            done = loop.run_in_executor(None, self._settled_call, output_names, feeds, options)
+        timer = loop.call_later(timeout, stop, "timeout") if timeout is not None else None
+        try:
+            # Shielded: a cancelled task leaves the run's future to ONNX Runtime, which
+            # settles it once the terminate flag has stopped the run.
+            outputs, error = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            stop("cancelled")
+            done.add_done_callback(lambda _: setattr(options, "terminate", False))
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if stopped:
+            options.terminate = False  # ONNX Runtime is done with the options
+        if not error:
+            return outputs
+        if stopped == ["timeout"]:
+            raise RunTimeoutError(f"the call ran past its timeout of {timeout:g} s and was stopped: {error}")
+        failure = RuntimeError(error)
+        raise self._explained(failure) from failure
+
+    def _settled_call(self, output_names: list[str], feeds: dict[str, Any], options: ort.RunOptions) -> tuple:
+        """:meth:`_call` as (outputs, error text), as ``run_async`` reports it."""
+        try:
+            return self._run(output_names, feeds, options), ""
+        except Exception as e:
+            return [], str(e)
+
+    def _explained(self, error: Exception) -> Exception:
+        return self._explain(error) if self._explain is not None else error
 
     def _call(self, output_names: list[str], feeds: dict[str, Any], run_options: ort.RunOptions | None) -> list:
         try:
@@ -307,9 +389,7 @@ class Runner:
         except Exception as e:
             if type(e).__name__ == "EPFail":  # let onnxruntime fall back to its other providers
                 return self.session.run(output_names, feeds, run_options)
-            if self._explain is not None:
-                raise self._explain(e) from e
-            raise
+            raise self._explained(e) from e
 
     def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         by_name = self._by_name
@@ -348,6 +428,12 @@ class Runner:
                     )
             checked[name] = array
         return checked
+
+
+def _settle(done: Any, outputs: list[np.ndarray], error: str) -> None:
+    """Resolves a ``run_async`` future on its loop (unless its task was cancelled)."""
+    if not done.done():
+        done.set_result((outputs, error))
 
 
 def _as_array(name: str, value: Any, dtype: np.dtype | None) -> np.ndarray:

@@ -9,7 +9,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::bindings::errors::to_py;
 use crate::bindings::io_infos::io_infos;
 use crate::bindings::plan::plan_dict;
-use crate::codec::model::{decode, encode_into, restore_weights, strip_weights};
+use crate::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
 use crate::codec::proto::ModelProto;
 use crate::codec::summary::summary;
 use crate::error::Error;
@@ -105,7 +105,7 @@ impl Composed {
     fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
         let data = Bytes::copy_from_slice(stripped);
         let model =
-            py.detach(|| restore_weights(decode(label, data)?, &self.composition.model, label)).map_err(to_py)?;
+            py.detach(|| restore_weights(decode_without_weights(label, data)?, &self.composition.model, label)).map_err(to_py)?;
         let label = self.composition.labels.first().map_or(label, String::as_str);
         Ok(Composed { composition: Composition::single(model, label), linked: self.linked })
     }

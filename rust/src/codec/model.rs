@@ -6,7 +6,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use crate::codec::proto::{GraphProto, ModelProto, TensorProto};
-use crate::codec::tensor::{elem_type_name, expected_bytes};
+use crate::codec::tensor::{elem_type_name, expected_bytes, is_external};
 use crate::error::{Error, Result};
 
 /// The highest IR version the vendored schema describes. A newer model may carry fields
@@ -15,6 +15,16 @@ pub const MAX_IR_VERSION: i64 = 14;
 
 /// Decodes one model. `label` names the source in every error message.
 pub fn decode(label: &str, data: Bytes) -> Result<ModelProto> {
+    decode_checked(label, data, true)
+}
+
+/// [`decode`] for a model whose weights were taken out on purpose ([`strip_weights`]):
+/// initializers without data are expected until [`restore_weights`] puts them back.
+pub fn decode_without_weights(label: &str, data: Bytes) -> Result<ModelProto> {
+    decode_checked(label, data, false)
+}
+
+fn decode_checked(label: &str, data: Bytes, weights: bool) -> Result<ModelProto> {
     if data.is_empty() {
         return Err(Error::load(format!("{label}: empty input (0 bytes), not an ONNX model")));
     }
@@ -25,7 +35,7 @@ pub fn decode(label: &str, data: Bytes) -> Result<ModelProto> {
         ))
     })?;
     check_decoded(label, &model)?;
-    check_nodes(&model).map_err(|e| match e {
+    check_nodes(&model, weights).map_err(|e| match e {
         Invalid::Node(e) => {
             Error::load(format!("{label}: not a valid ONNX model ({size} bytes; corrupt or another file type): {e}"))
         }
@@ -39,57 +49,118 @@ enum Invalid {
     Size(String),
 }
 
-/// A tensor's `raw_data` must be as long as its type and dims need: ONNX Runtime refuses
-/// it otherwise, and exported with external data it would no longer load.
-fn check_raw_size(t: &TensorProto) -> std::result::Result<(), Invalid> {
-    let Some(raw) = &t.raw_data else { return Ok(()) };
+/// A tensor's data must be what its type and dims say: `raw_data` exactly as long as they
+/// need, or typed data with one value per element. ONNX Runtime refuses it otherwise (some
+/// only later: dims of `[2^40, 2^40]` and no data fail there as an overflow), and exported
+/// with external data it would no longer load. External tensors are sized when their data
+/// is resolved; `weights` false skips the check that data is present (a model whose
+/// weights were taken out on purpose, see [`strip_weights`]).
+fn check_tensor_size(t: &TensorProto, weights: bool) -> std::result::Result<(), Invalid> {
+    if is_external(t) {
+        return Ok(());
+    }
+    let shown = || format!("tensor '{}' ({} {:?})", t.name(), elem_type_name(t.data_type.unwrap_or(0)), t.dims);
     let need = expected_bytes(t).map_err(|e| Invalid::Size(format!("tensor '{}': {e}", t.name())))?;
-    match need {
-        Some(need) if need != raw.len() as u64 => Err(Invalid::Size(format!(
-            "tensor '{}' ({} {:?}) holds {} bytes of raw_data but its type and dims need {need}",
-            t.name(),
-            elem_type_name(t.data_type.unwrap_or(0)),
-            t.dims,
-            raw.len()
+    let count = element_count(t).map_err(|e| Invalid::Size(format!("tensor '{}': {e}", t.name())))?;
+    if let Some(raw) = &t.raw_data {
+        return match need {
+            Some(need) if need != raw.len() as u64 => Err(Invalid::Size(format!(
+                "{} holds {} bytes of raw_data but its type and dims need {need}",
+                shown(),
+                raw.len()
+            ))),
+            _ => Ok(()),
+        };
+    }
+    let typed = t.float_data.len()
+        + t.int32_data.len()
+        + t.string_data.len()
+        + t.int64_data.len()
+        + t.double_data.len()
+        + t.uint64_data.len();
+    if typed == 0 {
+        if weights && count > 0 {
+            return Err(Invalid::Size(format!("{} has no data, but its dims say {count} elements", shown())));
+        }
+        return Ok(());
+    }
+    // One value per element in the field its type uses (complex: two); packed types aside.
+    let per_element: Option<(usize, u64)> = match t.data_type.unwrap_or(0) {
+        1 => Some((t.float_data.len(), 1)),
+        2..=6 | 9 | 10 | 16 => Some((t.int32_data.len(), 1)),
+        7 => Some((t.int64_data.len(), 1)),
+        8 => Some((t.string_data.len(), 1)),
+        11 => Some((t.double_data.len(), 1)),
+        12 | 13 => Some((t.uint64_data.len(), 1)),
+        14 => Some((t.float_data.len(), 2)),
+        15 => Some((t.double_data.len(), 2)),
+        _ => None,
+    };
+    match per_element {
+        Some((have, k)) if have as u64 != count.saturating_mul(k) => Err(Invalid::Size(format!(
+            "{} holds {have} values but its dims say {count} elements",
+            shown()
         ))),
         _ => Ok(()),
     }
 }
 
+/// The number of elements a tensor's dims say it has.
+fn element_count(t: &TensorProto) -> std::result::Result<u64, String> {
+    t.dims.iter().try_fold(1u64, |n, &d| {
+        let d = u64::try_from(d).map_err(|_| format!("negative dimension {d} in {:?}", t.dims))?;
+        n.checked_mul(d).ok_or_else(|| format!("dims {:?} overflow", t.dims))
+    })
+}
+
 /// Nodes are kept as bytes (see [`crate::codec::node`]), so what prost would have checked in them
 /// (UTF-8 strings, well-formed attributes, subgraphs at any depth) is checked here, with the
-/// sizes of the tensors in graphs and attributes.
-fn check_nodes(model: &ModelProto) -> std::result::Result<(), Invalid> {
-    fn graph(g: &GraphProto, depth: usize) -> std::result::Result<(), Invalid> {
+/// sizes of the tensors in graphs and attributes (`weights`: see [`check_tensor_size`]).
+fn check_nodes(model: &ModelProto, weights: bool) -> std::result::Result<(), Invalid> {
+    let c = Checker { weights };
+    model.graph.iter().try_for_each(|g| c.graph(g, 0))?;
+    for t in &model.training_info {
+        t.initialization.iter().chain(t.algorithm.iter()).try_for_each(|g| c.graph(g, 0))?;
+    }
+    model.functions.iter().try_for_each(|f| c.nodes(&f.node, 0))
+}
+
+struct Checker {
+    weights: bool,
+}
+
+impl Checker {
+    fn tensor(&self, t: &TensorProto) -> std::result::Result<(), Invalid> {
+        check_tensor_size(t, self.weights)
+    }
+
+    fn graph(&self, g: &GraphProto, depth: usize) -> std::result::Result<(), Invalid> {
         if depth > crate::codec::node::MAX_NESTING {
             return Err(Invalid::Node(format!("subgraphs nested more than {} deep", crate::codec::node::MAX_NESTING)));
         }
-        g.initializer.iter().try_for_each(check_raw_size)?;
+        g.initializer.iter().try_for_each(|t| self.tensor(t))?;
         for s in &g.sparse_initializer {
-            s.values.iter().chain(s.indices.iter()).try_for_each(check_raw_size)?;
+            s.values.iter().chain(s.indices.iter()).try_for_each(|t| self.tensor(t))?;
         }
         for (k, raw) in g.node.iter().enumerate() {
             let decoded = crate::codec::node::check(raw)
                 .map_err(|e| Invalid::Node(format!("node {k} of graph '{}': {e}", g.name())))?;
             if let Some(n) = decoded {
-                attributes(&n)?;
-                crate::codec::node::subgraphs(&n).try_for_each(|sub| graph(sub, depth + 1))?;
+                self.attributes(&n)?;
+                crate::codec::node::subgraphs(&n).try_for_each(|sub| self.graph(sub, depth + 1))?;
             }
         }
         Ok(())
     }
-    fn attributes(n: &crate::codec::proto::NodeProto) -> std::result::Result<(), Invalid> {
-        n.attribute.iter().flat_map(|a| a.t.iter().chain(a.tensors.iter())).try_for_each(check_raw_size)
+
+    fn attributes(&self, n: &crate::codec::proto::NodeProto) -> std::result::Result<(), Invalid> {
+        n.attribute.iter().flat_map(|a| a.t.iter().chain(a.tensors.iter())).try_for_each(|t| self.tensor(t))
     }
-    fn nodes(ns: &[crate::codec::proto::NodeProto], depth: usize) -> std::result::Result<(), Invalid> {
-        ns.iter().try_for_each(attributes)?;
-        ns.iter().flat_map(crate::codec::node::subgraphs).try_for_each(|sub| graph(sub, depth + 1))
+
+    fn nodes(&self, ns: &[crate::codec::proto::NodeProto], depth: usize) -> std::result::Result<(), Invalid> {
+        ns.iter().try_for_each(|n| self.attributes(n))?;
+        ns.iter().flat_map(crate::codec::node::subgraphs).try_for_each(|sub| self.graph(sub, depth + 1))
     }
-    model.graph.iter().try_for_each(|g| graph(g, 0))?;
-    for t in &model.training_info {
-        t.initialization.iter().chain(t.algorithm.iter()).try_for_each(|g| graph(g, 0))?;
-    }
-    model.functions.iter().try_for_each(|f| nodes(&f.node, 0))
 }
 
 fn check_decoded(label: &str, model: &ModelProto) -> Result<()> {
@@ -157,6 +228,38 @@ pub fn restore_weights(mut stripped: ModelProto, original: &ModelProto, label: &
 }
 
 #[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    fn model_with(t: TensorProto) -> Bytes {
+        let g = GraphProto { name: Some("g".into()), initializer: vec![t], ..Default::default() };
+        Bytes::from(ModelProto { ir_version: Some(8), graph: Some(g), ..Default::default() }.encode_to_vec())
+    }
+
+    fn tensor(dims: &[i64]) -> TensorProto {
+        TensorProto { name: Some("w".into()), data_type: Some(1), dims: dims.to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn tensor_data_must_match_its_dims() {
+        let huge = tensor(&[1 << 40, 1 << 40]);
+        let e = decode("m.onnx", model_with(huge)).unwrap_err();
+        assert!(e.message.contains("m.onnx: tensor 'w'") && e.message.contains("overflow"), "{}", e.message);
+        let empty = tensor(&[2, 3]);
+        let e = decode("m.onnx", model_with(empty.clone())).unwrap_err();
+        assert!(e.message.contains("has no data, but its dims say 6 elements"), "{}", e.message);
+        // Taken out on purpose: fine until the weights are put back.
+        assert!(decode_without_weights("m.onnx", model_with(empty)).is_ok());
+        let short = TensorProto { float_data: vec![1.0; 5], ..tensor(&[2, 3]) };
+        let e = decode("m.onnx", model_with(short)).unwrap_err();
+        assert!(e.message.contains("holds 5 values but its dims say 6 elements"), "{}", e.message);
+        let right = TensorProto { float_data: vec![1.0; 6], ..tensor(&[2, 3]) };
+        assert!(decode("m.onnx", model_with(right)).is_ok());
+        assert!(decode("m.onnx", model_with(tensor(&[0, 3]))).is_ok(), "an empty tensor needs no data");
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use bytes::Bytes;
     use prost::Message;
@@ -185,7 +288,7 @@ mod tests {
         let stripped = strip_weights(&model, 1024);
         let inits = &stripped.graph.as_ref().unwrap().initializer;
         assert!(inits[0].raw_data.is_some() && inits[1].raw_data.is_none(), "only the large one goes");
-        let decoded = decode("s", Bytes::from(stripped.encode_to_vec())).unwrap();
+        let decoded = decode_without_weights("s", Bytes::from(stripped.encode_to_vec())).unwrap();
         assert_eq!(restore_weights(decoded, &model, "s").unwrap(), model);
     }
 

@@ -12,7 +12,7 @@ use crate::codec::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,
 };
 use crate::merge::options::Options;
-use crate::merge::plan::adapters::{Adapter, AxisOp};
+use crate::merge::plan::adapters::Adapter;
 use crate::merge::plan::parts::Plan;
 
 /// The names an adapter's nodes use, chosen by the naming step.
@@ -56,10 +56,7 @@ fn adapter_nodes(a: &Adapter, names: &AdapterNames, opset: i64) -> (Vec<Bytes>, 
         input = out;
     }
     if let Some(op) = a.axis {
-        let op_type = match op {
-            AxisOp::Unsqueeze => "Unsqueeze",
-            AxisOp::Squeeze => "Squeeze",
-        };
+        let op_type = op.op_type();
         let mut node = NodeProto {
             input: vec![input],
             output: vec![names.output.clone()],
@@ -73,14 +70,14 @@ fn adapter_nodes(a: &Adapter, names: &AdapterNames, opset: i64) -> (Vec<Bytes>, 
                 name: Some(names.axes.clone()),
                 dims: vec![1],
                 data_type: Some(crate::codec::proto::tensor_proto::DataType::Int64 as i32),
-                raw_data: Some(Bytes::from_static(&[0; 8])),
+                raw_data: Some(Bytes::copy_from_slice(&op.axis().to_le_bytes())),
                 ..Default::default()
             });
         } else {
             node.attribute.push(AttributeProto {
                 name: Some("axes".into()),
                 r#type: Some(AttributeType::Ints as i32),
-                ints: vec![0],
+                ints: vec![op.axis()],
                 ..Default::default()
             });
         }

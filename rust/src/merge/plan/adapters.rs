@@ -1,5 +1,6 @@
 //! The checks at each edge (element types, shapes) and the adapter that fixes a mismatch (a
-//! Cast, an Unsqueeze or Squeeze of the leading axis); symbolic dims joined by edges.
+//! Cast, an Unsqueeze or a Squeeze of one axis, found by matching the dims of both sides by
+//! their sizes and symbolic names); symbolic dims joined by edges.
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::codec::graph::{graph, vi_name};
@@ -19,25 +20,143 @@ pub struct Adapter {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AxisOp {
-    /// The input expects a leading (batch) axis that the output lacks.
-    Unsqueeze,
-    /// The output has a leading axis of size 1 that the input lacks.
-    Squeeze,
+    /// The input expects an axis of size 1 at this position that the output lacks.
+    Unsqueeze(i64),
+    /// The output has an axis of size 1 at this position that the input lacks.
+    Squeeze(i64),
+}
+
+impl AxisOp {
+    pub fn op_type(self) -> &'static str {
+        match self {
+            AxisOp::Unsqueeze(_) => "Unsqueeze",
+            AxisOp::Squeeze(_) => "Squeeze",
+        }
+    }
+
+    pub fn axis(self) -> i64 {
+        match self {
+            AxisOp::Unsqueeze(a) | AxisOp::Squeeze(a) => a,
+        }
+    }
+
+    fn describe(self) -> String {
+        format!("{} of axis {}", self.op_type(), self.axis())
+    }
 }
 
 impl Adapter {
-    /// "Cast to float, Unsqueeze of axis 0".
+    /// "Cast to float, Unsqueeze of axis 1".
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(t) = self.cast_to {
             parts.push(format!("Cast to {}", elem_type_name(t)));
         }
-        match self.axis {
-            Some(AxisOp::Unsqueeze) => parts.push("Unsqueeze of axis 0".to_string()),
-            Some(AxisOp::Squeeze) => parts.push("Squeeze of axis 0".to_string()),
-            None => {}
+        if let Some(op) = self.axis {
+            parts.push(op.describe());
         }
         parts.join(", ")
+    }
+}
+
+/// How one dim of a tensor fits one dim of another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// Two different static sizes, or a symbolic size that the other side uses elsewhere.
+    Clash,
+    /// Nothing says they differ (a static size against a symbolic or unknown one).
+    Weak,
+    /// The same static size, or the same symbolic name.
+    Exact,
+}
+
+fn fit(a: &Option<&Dim>, b: &Option<&Dim>) -> Fit {
+    match (a, b) {
+        (Some(Dim::DimValue(x)), Some(Dim::DimValue(y))) if *x > 0 && *y > 0 => {
+            if x == y {
+                Fit::Exact
+            } else {
+                Fit::Clash
+            }
+        }
+        (Some(Dim::DimParam(p)), Some(Dim::DimParam(q))) if p == q => Fit::Exact,
+        _ => Fit::Weak,
+    }
+}
+
+/// The positions at which an axis of size 1 inserted into `short` gives `long` (an
+/// Unsqueeze of `short`, or read backwards a Squeeze of `long`), best first: every dim must
+/// fit, the extra one must be able to be 1 (a static 1, or a size `short` does not name),
+/// and among those that fit the positions matching the most dims exactly win. Positions
+/// that give the same layout (an axis added beside static 1s) count once.
+fn axis_positions(short: &[Option<&Dim>], long: &[Option<&Dim>]) -> Vec<usize> {
+    if short.len() + 1 != long.len() {
+        return Vec::new();
+    }
+    let named: Vec<&str> = short
+        .iter()
+        .filter_map(|d| match d {
+            Some(Dim::DimParam(p)) => Some(p.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut scored: Vec<(usize, usize)> = Vec::new();
+    for k in 0..long.len() {
+        let extra = match &long[k] {
+            Some(Dim::DimValue(1)) => Fit::Exact,
+            Some(Dim::DimValue(v)) if *v > 0 => Fit::Clash,
+            Some(Dim::DimParam(p)) if named.contains(&p.as_str()) => Fit::Clash,
+            _ => Fit::Weak,
+        };
+        let rest = long[..k].iter().chain(&long[k + 1..]);
+        let fits: Vec<Fit> = std::iter::once(extra).chain(short.iter().zip(rest).map(|(a, b)| fit(a, b))).collect();
+        if !fits.contains(&Fit::Clash) {
+            scored.push((k, fits.iter().filter(|f| **f == Fit::Exact).count()));
+        }
+    }
+    let best = scored.iter().map(|&(_, s)| s).max().unwrap_or(0);
+    let mut out: Vec<usize> = Vec::new();
+    for (k, s) in scored {
+        let same_layout = out.last().is_some_and(|&j| short[j..k].iter().all(|d| matches!(d, Some(Dim::DimValue(1)))));
+        if s == best && !same_layout {
+            out.push(k);
+        }
+    }
+    out
+}
+
+/// The one axis change that turns the output's dims into the input's, if exactly one fits.
+/// `Err` lists the changes that fit equally well (more than one), or is empty (none).
+fn axis_change(out: &[Option<&Dim>], inp: &[Option<&Dim>]) -> std::result::Result<AxisOp, Vec<AxisOp>> {
+    let found: Vec<AxisOp> = if out.len() + 1 == inp.len() {
+        axis_positions(out, inp).into_iter().map(|k| AxisOp::Unsqueeze(k as i64)).collect()
+    } else if out.len() == inp.len() + 1 {
+        axis_positions(inp, out).into_iter().map(|k| AxisOp::Squeeze(k as i64)).collect()
+    } else {
+        Vec::new()
+    };
+    match found.as_slice() {
+        [one] => Ok(*one),
+        _ => Err(found),
+    }
+}
+
+/// Which dims of the output line up with which dims of the input across an edge: all of
+/// them for equal ranks, all but the adapter's axis where exactly one axis change fits.
+fn aligned<'a, 'b>(a: &'a [Option<&'b Dim>], b: &'a [Option<&'b Dim>]) -> Vec<(&'a Option<&'b Dim>, &'a Option<&'b Dim>)> {
+    if a.len() == b.len() {
+        return a.iter().zip(b).collect();
+    }
+    match axis_change(a, b) {
+        Ok(AxisOp::Unsqueeze(k)) => {
+            let k = k as usize;
+            a.iter().zip(b[..k].iter().chain(&b[k + 1..])).collect()
+        }
+        Ok(AxisOp::Squeeze(k)) => {
+            let k = k as usize;
+            a[..k].iter().chain(&a[k + 1..]).zip(b).collect()
+        }
+        Err(_) => Vec::new(),
     }
 }
 
@@ -102,14 +221,20 @@ pub(crate) fn check_edge(
                 shape_text(&da),
                 shape_text(&db)
             );
-            let leading_one = matches!(da.first(), Some(Some(Dim::DimValue(1)) | Some(Dim::DimParam(_)) | None));
-            if da.len() + 1 == db.len() && compatible(&da, &db[1..]) {
-                adapter.axis = Some(AxisOp::Unsqueeze);
-            } else if da.len() == db.len() + 1 && leading_one && compatible(&da[1..], &db) {
-                adapter.axis = Some(AxisOp::Squeeze);
-            } else {
-                // No adapter fixes this one.
-                return Err(Error::composition(format!("{where_}: {text}")));
+            match axis_change(&da, &db) {
+                Ok(op) => adapter.axis = Some(op),
+                Err(fits) if fits.is_empty() => {
+                    // No adapter fixes this one.
+                    return Err(Error::composition(format!("{where_}: {text}")));
+                }
+                Err(fits) => {
+                    let shown: Vec<String> = fits.iter().map(|f| f.describe()).collect();
+                    return Err(Error::composition(format!(
+                        "{where_}: {text}; several adapters would fit ({}): the shapes do not say which, so none \
+                         is inserted (name the dims alike in both models, or reshape in one of them)",
+                        shown.join(", ")
+                    )));
+                }
             }
             problems.push(text);
         }
@@ -155,10 +280,7 @@ pub(crate) fn unify_dims(models: &[ModelProto], edges: &[Edge]) -> Vec<FxHashMap
         let inp = graph(&models[e.to]).input.iter().find(|v| vi_name(v) == e.input);
         let (Some(a), Some(b)) = (out.and_then(tensor_type), inp.and_then(tensor_type)) else { continue };
         let (Some(da), Some(db)) = (dims_of(a), dims_of(b)) else { continue };
-        // With an adapter on the leading axis, the other axes line up from the end.
-        let skip_a = da.len().saturating_sub(db.len());
-        let skip_b = db.len().saturating_sub(da.len());
-        for (x, y) in da[skip_a..].iter().zip(&db[skip_b..]) {
+        for (x, y) in aligned(&da, &db) {
             match (x, y) {
                 (Some(Dim::DimParam(p)), Some(Dim::DimParam(q))) => {
                     let (rp, rq) = (root(&parent, (e.from, p.clone())), root(&parent, (e.to, q.clone())));
@@ -244,4 +366,48 @@ pub(crate) fn unify_dims(models: &[ModelProto], edges: &[Edge]) -> Vec<FxHashMap
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(spec: &[&str]) -> Vec<Dim> {
+        spec.iter()
+            .map(|s| match s.parse::<i64>() {
+                Ok(v) => Dim::DimValue(v),
+                Err(_) => Dim::DimParam(s.to_string()),
+            })
+            .collect()
+    }
+
+    fn change(out: &[&str], inp: &[&str]) -> std::result::Result<AxisOp, Vec<AxisOp>> {
+        let (a, b) = (dims(out), dims(inp));
+        let a: Vec<Option<&Dim>> = a.iter().map(Some).collect();
+        let b: Vec<Option<&Dim>> = b.iter().map(Some).collect();
+        axis_change(&a, &b)
+    }
+
+    #[test]
+    fn the_axis_is_found_from_sizes_and_names() {
+        // The issue's cases: the batch name pins the batch axis.
+        assert_eq!(change(&["N", "32"], &["N", "1", "32"]), Ok(AxisOp::Unsqueeze(1)));
+        assert_eq!(change(&["N", "32"], &["N", "32", "1"]), Ok(AxisOp::Unsqueeze(2)));
+        assert_eq!(change(&["3", "224", "224"], &["N", "3", "224", "224"]), Ok(AxisOp::Unsqueeze(0)));
+        assert_eq!(change(&["4"], &["1", "4"]), Ok(AxisOp::Unsqueeze(0)));
+        assert_eq!(change(&["N", "1", "32"], &["N", "32"]), Ok(AxisOp::Squeeze(1)));
+        assert_eq!(change(&["N", "32", "1"], &["N", "32"]), Ok(AxisOp::Squeeze(2)));
+        assert_eq!(change(&["1", "4"], &["4"]), Ok(AxisOp::Squeeze(0)));
+        // Beside static 1s every position gives the same layout: one adapter.
+        assert_eq!(change(&["N", "1"], &["N", "1", "1"]), Ok(AxisOp::Unsqueeze(1)));
+        // Nothing tells the axes apart: ambiguous, each fit listed.
+        assert_eq!(
+            change(&["a", "b"], &["c", "d", "e"]),
+            Err(vec![AxisOp::Unsqueeze(0), AxisOp::Unsqueeze(1), AxisOp::Unsqueeze(2)])
+        );
+        // No position fits: none.
+        assert_eq!(change(&["N", "32"], &["N", "2", "32"]), Err(vec![]));
+        assert_eq!(change(&["N", "5", "32"], &["N", "32"]), Err(vec![]));
+        assert_eq!(change(&["N", "32"], &["N", "32", "7", "1"]), Err(vec![]));
+    }
 }

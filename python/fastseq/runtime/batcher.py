@@ -1,0 +1,307 @@
+"""Dynamic batching: many callers' small requests joined along the batch axis into one run.
+
+A service receives many small requests at once; run one by one, a small machine spends its
+time on per-call overhead and small matrix products. The batcher joins the requests that
+arrive within ``max_delay_ms`` of the first waiting one (up to ``max_batch_size`` rows),
+runs the pipeline once and hands each caller its own rows.
+
+Batches are formed where the callers are, so that a request costs no hand-over between
+threads (under CPython each is a wait for the interpreter lock, and on a busy machine a wait
+for the scheduler): threads join a batch under a lock and the first of them (the leader)
+runs it in its own thread; coroutines join a batch of their own loop, which runs it with
+ONNX Runtime's ``run_async`` (see :meth:`fastseq.runtime.session.Runner.run_async`) and
+resolves their futures when its one callback comes back. The batcher has no thread of its
+own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from fastseq.errors import CompositionError, InputError, RunError
+
+class _Request:
+    """One caller's checked arrays (in input order), its rows, and its answer once run."""
+
+    __slots__ = ("arrays", "rows", "future", "answer")
+
+    def __init__(self, arrays: list[np.ndarray], rows: int, future: Any = None) -> None:
+        self.arrays, self.rows, self.future, self.answer = arrays, rows, future, None
+
+
+class _Batch:
+    """Requests with the same non-batch axes, from one group (the threads, or one loop)."""
+
+    __slots__ = ("requests", "rows", "loop", "sealed", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.requests: list[_Request] = []
+        self.rows = 0
+        self.loop = loop
+        self.sealed = False  # no request joins any more
+        self.done = threading.Event() if loop is None else None  # the threads' batches: answered
+
+
+class Batcher:
+    """Joins concurrent requests to one pipeline into batches (see
+    :meth:`fastseq.ONNXSequential.batcher`).
+
+    ``batcher(x)`` from any thread, ``await batcher.run_async(x)`` from coroutines (any
+    loop); both return what ``pipe(x)`` returns for that request's rows (views of its own
+    rows of the joint run's outputs: no copy, and no other caller's rows). Threads are
+    batched with threads, and coroutines with the coroutines of their own loop.
+
+    Every input's and output's first axis is the batch axis: a pipeline with one whose first
+    axis is fixed, or whose first axes carry different names, is refused with
+    :class:`fastseq.CompositionError` (joining would be wrong). A request is checked in its
+    caller before it is joined: a wrong dtype, rank, size or name, or inputs with different
+    row counts, is an :class:`fastseq.InputError` for that caller only. Requests join when
+    their other axes agree (others form their own batch); one of more than
+    ``max_batch_size`` rows runs alone. An error in a joint run reaches every caller of that
+    run (each gets its own copy); an output that does not keep its inputs' rows is a
+    :class:`fastseq.RunError` rather than a wrong split. A cancelled coroutine's request is
+    left out of its batch if that has not run yet.
+
+    A request waits at most ``max_delay_ms`` for others to join, plus the batches ahead of
+    it. ``close()`` (or leaving ``with pipe.batcher() as b:``) refuses new requests with
+    :class:`fastseq.RunError`, runs those already taken at once and waits for them (those
+    of the loop it is called from, if any, finish once it returns and the loop goes on).
+    Each batch runs on the pipeline's session of the moment (``as_cuda`` and the like may
+    switch it meanwhile).
+    """
+
+    def __init__(self, pipe: Any, max_batch_size: int = 32, max_delay_ms: float = 2.0) -> None:
+        if max_batch_size < 1 or max_delay_ms < 0:
+            raise ValueError(f"max_batch_size must be >= 1 and max_delay_ms >= 0, got {max_batch_size}, {max_delay_ms}")
+        _check_batch_axis(pipe._runner)
+        self.max_batch_size = max_batch_size
+        self.max_delay_ms = max_delay_ms
+        self._delay = max_delay_ms / 1000
+        self._pipe = pipe
+        self._cond = threading.Condition(threading.Lock())
+        self._open: dict[tuple, _Batch] = {}  # (loop or None, non-batch axes) -> the batch taking requests
+        self._leading = 0  # the threads' batches not yet run by their leaders
+        self._looping: dict[asyncio.AbstractEventLoop, int] = {}  # per loop: its batches not yet run
+        self._closed = False
+
+    # --- callers ---------------------------------------------------------------------------
+    def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
+        """``pipe(x)`` for this request's rows, run in a batch with other threads' rows."""
+        request, key = self._request(inputs, named)
+        with self._cond:
+            batch, leader = self._join(request, (None, key), None)
+        if leader:  # waits for the others, at most the delay, then runs the batch
+            try:
+                deadline = time.monotonic() + self._delay
+                with self._cond:
+                    while not batch.sealed and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
+            finally:  # interrupted or not, the others get their answers
+                try:
+                    with self._cond:
+                        self._seal(batch, (None, key))
+                    _run(self._pipe._runner, batch.requests)
+                finally:
+                    batch.done.set()
+                    with self._cond:
+                        self._leading -= 1
+                        self._cond.notify_all()
+        else:
+            batch.done.wait()
+        if isinstance(request.answer, BaseException):
+            raise request.answer
+        return request.answer
+
+    async def run_async(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
+        """``await batcher.run_async(x)``: as :meth:`__call__`, from a coroutine, batched
+        with the coroutines of the same loop."""
+        loop = asyncio.get_running_loop()
+        request, key = self._request(inputs, named)
+        request.future = loop.create_future()
+        with self._cond:
+            batch, new = self._join(request, (loop, key), loop)
+        if new and not batch.sealed:
+            loop.call_later(self._delay, self._expire, batch, (loop, key))
+        return await request.future
+
+    def close(self) -> None:
+        """Refuses new requests; runs those already taken at once and waits for them."""
+        here = asyncio._get_running_loop()
+        with self._cond:
+            self._closed = True
+            for where, batch in list(self._open.items()):
+                self._seal(batch, where)
+            while self._leading or any(n and loop is not here for loop, n in self._looping.items()):
+                self._cond.wait()
+
+    def __enter__(self) -> Batcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}; {state})"
+
+    # --- batches (under self._cond) -----------------------------------------------------------
+    def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[_Request, tuple]:
+        """The request, checked in its caller, and the key of the batches it may join."""
+        runner = self._pipe._runner
+        feeds = runner.feeds(inputs, named)
+        arrays = [feeds[i.name] for i in runner.inputs]
+        rows = None
+        key: list[Any] = []  # what the batches it may join share: dtypes and the other axes
+        for info, a in zip(runner.inputs, arrays):
+            if a.ndim == 0:
+                raise InputError(f"input '{info.name}' of a batched request needs a batch axis (axis 0); got a scalar")
+            if rows is None:
+                rows = a.shape[0]
+            elif a.shape[0] != rows:
+                sizes = ", ".join(f"'{i.name}' {x.shape[0]}" for i, x in zip(runner.inputs, arrays))
+                raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
+            key += (a.dtype, a.shape[1:])
+        return _Request(arrays, rows), tuple(key)
+
+    def _join(self, request: _Request, where: tuple, loop: Any) -> tuple[_Batch, bool]:
+        """Adds ``request`` to the open batch at ``where`` or a new one; True if new."""
+        if self._closed:
+            raise RunError("the batcher is closed: it takes no new requests")
+        batch = self._open.get(where)
+        new = batch is None or batch.rows + request.rows > self.max_batch_size
+        if new:
+            if batch is not None:
+                self._seal(batch, where)  # full enough: it runs now, this request starts the next
+            batch = self._open[where] = _Batch(loop)
+            if loop is None:
+                self._leading += 1
+            else:
+                self._looping[loop] = self._looping.get(loop, 0) + 1
+        batch.requests.append(request)
+        batch.rows += request.rows
+        if batch.rows >= self.max_batch_size:
+            self._seal(batch, where)
+        return batch, new
+
+    def _seal(self, batch: _Batch, where: tuple) -> None:
+        """Closes ``batch`` to new requests and sets it running."""
+        if batch.sealed:
+            return
+        batch.sealed = True
+        if self._open.get(where) is batch:
+            del self._open[where]
+        loop = batch.loop
+        if loop is None:
+            self._cond.notify_all()  # its leader runs it
+        elif asyncio._get_running_loop() is loop:
+            loop.create_task(self._run_on_loop(batch))
+        else:  # close() from another thread
+            try:
+                loop.call_soon_threadsafe(lambda: loop.create_task(self._run_on_loop(batch)))
+            except RuntimeError:  # the loop is closed: nobody awaits these requests
+                self._ran(loop)
+
+    def _expire(self, batch: _Batch, where: tuple) -> None:
+        """A loop's batch at its deadline (on the loop)."""
+        with self._cond:
+            self._seal(batch, where)
+
+    async def _run_on_loop(self, batch: _Batch) -> None:
+        """Runs a loop's batch with ``run_async`` and resolves its callers' futures."""
+        try:
+            requests = [r for r in batch.requests if not r.future.done()]  # done: cancelled
+            if requests:
+                runner = self._pipe._runner
+                try:
+                    outputs = await runner.run_async(_joined(runner, requests), runner._output_list)
+                    _hand_out(runner, requests, outputs)
+                except Exception as e:
+                    _fail(requests, e)
+                for r in requests:
+                    if r.future.done():
+                        continue
+                    if isinstance(r.answer, BaseException):
+                        r.future.set_exception(r.answer)
+                    else:
+                        r.future.set_result(r.answer)
+        finally:
+            with self._cond:
+                self._ran(batch.loop)
+
+    def _ran(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._looping[loop] -= 1
+        if not self._looping[loop]:
+            del self._looping[loop]
+        self._cond.notify_all()
+
+
+def _check_batch_axis(runner: Any) -> None:
+    """Refuses a pipeline whose inputs and outputs do not all share a dynamic first axis."""
+    named: dict[str, str] = {}  # first axis name -> the first input or output that has it
+    for kind, infos in (("input", runner.inputs), ("output", runner.outputs)):
+        for info in infos:
+            if info.shape is None:
+                continue  # not described: the rows of each run are checked instead
+            if not info.shape or isinstance(info.shape[0], int):
+                what = "is a scalar" if not info.shape else f"has a fixed first axis {info}"
+                raise CompositionError(
+                    f"cannot batch this pipeline: {kind} '{info.name}' {what}; the batcher joins requests "
+                    "along a dynamic first axis that every input and output has"
+                )
+            if isinstance(info.shape[0], str):
+                named.setdefault(info.shape[0], f"{kind} '{info.name}'")
+    if len(named) > 1:
+        raise CompositionError(
+            "cannot batch this pipeline: its first axes have different names ("
+            + ", ".join(f"'{axis}' on {where}" for axis, where in named.items())
+            + "), so they need not be one batch axis"
+        )
+
+
+# --- running a batch ------------------------------------------------------------------------
+def _joined(runner: Any, requests: list[_Request]) -> dict[str, np.ndarray]:
+    """The requests' arrays joined along the batch axis, by input name."""
+    if len(requests) == 1:
+        return {i.name: a for i, a in zip(runner.inputs, requests[0].arrays)}
+    return {i.name: np.concatenate([r.arrays[k] for r in requests]) for k, i in enumerate(runner.inputs)}
+
+
+def _hand_out(runner: Any, requests: list[_Request], outputs: list[np.ndarray]) -> None:
+    """Gives each request its own rows of a joint run's ``outputs``."""
+    if len(requests) == 1:
+        requests[0].answer = outputs
+        return
+    rows = sum(r.rows for r in requests)
+    for info, out in zip(runner.outputs, outputs):
+        if out.ndim == 0 or out.shape[0] != rows:
+            raise RunError(
+                f"output '{info.name}' has shape {list(out.shape)} for {rows} rows of input: it does not keep "
+                "the batch axis, so the batcher cannot split it between callers; call the pipeline directly"
+            )
+    start = 0
+    for r in requests:  # views: each caller's rows, disjoint from the others', without a copy
+        r.answer = [out[start:start + r.rows] for out in outputs]
+        start += r.rows
+
+
+def _run(runner: Any, requests: list[_Request]) -> None:
+    """Runs a threads' batch in the calling thread; sets each request's answer."""
+    try:
+        _hand_out(runner, requests, runner._call(runner._output_list, _joined(runner, requests), None))
+    except Exception as e:
+        _fail(requests, e)
+
+
+def _fail(requests: list[_Request], error: Exception) -> None:
+    """Each request of a failed joint run gets its own copy of the error to raise."""
+    for r in requests:
+        try:
+            copy = type(error)(*error.args)
+        except Exception:
+            copy = RunError(f"the batched run failed: {error}")
+        copy.__cause__ = error.__cause__ if error.__cause__ is not None else error
+        r.answer = copy

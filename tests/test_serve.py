@@ -1,0 +1,526 @@
+"""Serving: per-stage profiles, async calls, dynamic batching, and many threads on one
+pipeline, on real sessions, real threads and real asyncio loops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import fastseq
+from conftest import tmpfs
+
+N = 64  # concurrent callers
+
+
+def matmuls(n: int, dim: int = 128, seed: int = 0, batch: str | int | None = "N") -> onnx.ModelProto:
+    """``n`` MatMul nodes [batch, dim] x [dim, dim], named mm0, mm1, ... in every model (so the
+    names of two such stages clash)."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array((rng.standard_normal((dim, dim)) / np.sqrt(dim)).astype(np.float32), "w")
+    nodes, prev = [], "x"
+    for k in range(n):
+        out = "y" if k == n - 1 else f"h{k}"
+        nodes.append(helper.make_node("MatMul", [prev, "w"], [out], name=f"mm{k}"))
+        prev = out
+    g = helper.make_graph(nodes, f"mm{n}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dim])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def light_heavy(**kwargs) -> fastseq.Pipeline:
+    """Two stages, the second doing ten times the work of the first."""
+    return fastseq.Pipeline({"light": matmuls(1, seed=1), "heavy": matmuls(10, seed=2)},
+                            edges=["light.y -> heavy.x"], **kwargs)
+
+
+def slow_model(intra_op_threads: int) -> fastseq.ONNXSequential:
+    """3,000 MatMuls of 128x128: seconds of work; ONNX Runtime checks terminate between nodes."""
+    w = numpy_helper.from_array(np.eye(128, dtype=np.float32), "w")
+    nodes, prev = [], "x"
+    for k in range(3000):
+        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
+        prev = f"h{k}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    g = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])], [w])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = intra_op_threads
+    return fastseq.ONNXSequential(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+                                  session_options=options)
+
+
+def rows(k: int, dim: int = 128, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((k, dim)).astype(np.float32)
+
+
+def same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and x.dtype == y.dtype
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+# --- profiles -----------------------------------------------------------------------------------
+def test_profile_maps_the_time_back_to_the_stages_and_their_own_node_names():
+    pipe = light_heavy()
+    session = pipe.get_session()
+    x = rows(256)
+    before = pipe(x)
+    p = pipe.profile(x, runs=20, warmup=2)
+    light, heavy = p.stages
+    assert (light.name, light.nodes, heavy.name, heavy.nodes) == ("light", 1, "heavy", 10)
+    assert heavy.ms > light.ms and p.hottest is heavy  # ten times the work
+    # Both stages name their nodes mm0, mm1, ...: the merge renamed the clash, the profile does not show it.
+    assert [(n.name, n.op_type) for n in light.slowest] == [("mm0", "MatMul")]
+    assert {n.name for n in heavy.slowest} <= {f"mm{k}" for k in range(10)} and len(heavy.slowest) == 5
+    assert all(n.op_type == "MatMul" for n in heavy.slowest)
+    # The stages and the rest between them make up the run.
+    assert sum(s.ms for s in p.stages) + p.unassigned_ms == pytest.approx(p.run_ms)
+    assert sum(s.share for s in p.stages) + p.unassigned_share == pytest.approx(1.0)
+    assert p.runs == 20 and p.session_s > 0 and p.providers == ("CPUExecutionProvider",)
+    # The pipeline's own session is untouched.
+    assert pipe.get_session() is session
+    same(pipe(x), before)
+
+
+def test_profile_table_dict_and_drawing():
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    pipe = light_heavy(session_options=options)
+    p = pipe.profile(rows(8), runs=3, warmup=1)
+    assert not options.enable_profiling  # the pipeline's options are its own again
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    table = str(p)
+    assert f"{p.hottest.name} (hottest)" in table and "light" in table and "heavy" in table and "(between stages)" in table
+    assert "mm0 (MatMul)" in table
+    data = json.loads(json.dumps(p.to_dict()))
+    assert data["hottest"] == p.hottest.name and [s["name"] for s in data["stages"]] == ["light", "heavy"]
+    assert data["stages"][1]["nodes"] == 10 and data["stages"][0]["slowest"][0]["name"] == "mm0"
+    dot = pipe.to_dot(profile=p)
+    assert "(hottest)" in dot and f"{p.stages[1].ms:.3g} ms" in dot and "#c62828" in dot  # the hottest in red
+    assert "(hottest)" not in pipe.to_dot()
+
+
+def test_profile_stage_names_from_a_pipeline_file(tmp_path):
+    light_heavy().to_file(tmp_path / "pipeline.toml")
+    pipe = fastseq.Pipeline.from_file(tmp_path / "pipeline.toml")
+    p = pipe.profile(x=rows(4), runs=2, warmup=0)
+    assert [s.name for s in p.stages] == ["light", "heavy"]
+
+
+def test_profile_of_a_chain_names_its_models_and_counts_adapters_between_stages():
+    seq = fastseq.ONNXSequential(matmuls(2, seed=3), matmuls(3, seed=4))
+    p = seq.profile(rows(2), runs=2, warmup=1)
+    assert [(s.name, s.nodes) for s in p.stages] == [(seq._labels[0], 2), (seq._labels[1], 3)]
+    # An adapter the merge inserts between stages (here a Cast) belongs to no stage.
+    as_double = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "d",
+                          [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 128])],
+                          [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 128])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pipe = fastseq.Pipeline({"a": matmuls(1), "b": as_double}, edges=["a.y -> b.x"], adapt=True)
+    p = pipe.profile(rows(2), runs=2, warmup=1)
+    assert [s.nodes for s in p.stages] == [1, 1]
+    assert [n.op_type for n in p.unassigned_nodes] == ["Cast"]
+
+
+def test_profile_refuses_bad_arguments_and_inputs():
+    pipe = light_heavy()
+    with pytest.raises(ValueError, match="runs >= 1"):
+        pipe.profile(rows(2), runs=0)
+    with pytest.raises(fastseq.InputError, match="expects float32"):
+        pipe.profile(rows(2).astype(np.float64))
+
+
+def test_profile_leaves_no_files_and_refuses_a_profile_cut_short_by_a_full_disk(tmp_path, monkeypatch):
+    pipe = light_heavy()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    pipe.profile(rows(4), runs=2, warmup=1)
+    assert not os.listdir(tmp_path / "tmp")
+    # ONNX Runtime writes its profile without checking the writes: on a full disk the file is
+    # cut short, and the profile says so instead of summing what is left.
+    with tmpfs(tmp_path / "full", "256k") as full:
+        monkeypatch.setattr("tempfile.tempdir", str(full))
+        with pytest.raises(fastseq.RunError, match="of the 200 runs measured: its file was cut short"):
+            pipe.profile(rows(64), runs=200, warmup=0)
+        assert not os.listdir(full)
+    same(pipe(rows(2)), pipe(rows(2)))  # the pipeline is unharmed
+
+
+def test_cli_profile_prints_the_table(tmp_path):
+    light_heavy().to_file(tmp_path / "pipeline.toml")
+    np.save(tmp_path / "x.npy", rows(4))
+
+    def fastseq_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120)
+
+    r = fastseq_cli("profile", "pipeline.toml", "--input", "x=x.npy", "--runs", "3", "--warmup", "1")
+    assert r.returncode == 0, r.stderr
+    assert "light" in r.stdout and "heavy" in r.stdout and "(hottest)" in r.stdout and "(between stages)" in r.stdout
+    assert "mean of 3 profiled runs" in r.stdout and "mm0 (MatMul)" in r.stdout
+    r = fastseq_cli("profile", "pipeline.toml", "--input", "x=missing.npy")
+    assert r.returncode != 0 and "fastseq profile: error: --input x=missing.npy: no such file" in r.stderr
+
+
+# --- run_async ----------------------------------------------------------------------------------
+def test_run_async_equals_the_call_on_onnxruntimes_own_threads():
+    pipe = light_heavy()
+    inputs = [rows(1 + k % 3, seed=k) for k in range(16)]
+    expected = [pipe(x) for x in inputs]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def no_executor(*args):  # ONNX Runtime's run_async, not a thread of ours
+            raise AssertionError("run_async went through an executor")
+
+        loop.run_in_executor = no_executor
+        threads = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
+        got = await asyncio.gather(*(pipe.run_async(x) for x in inputs), pipe.run_async(x=inputs[0]))
+        started = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)} - threads
+        return got, started
+
+    got, started = asyncio.run(main())
+    assert not started
+    for g, e in zip(got, [*expected, expected[0]]):
+        same(g, e)
+
+
+def test_run_async_checks_inputs_like_the_call():
+    pipe = light_heavy()
+
+    async def main():
+        with pytest.raises(fastseq.InputError, match="expects float32"):
+            await pipe.run_async(rows(2).astype(np.float64))
+        with pytest.raises(fastseq.InputError, match="expects size 128 on axis 1"):
+            await pipe.run_async(np.zeros((2, 5), np.float32))
+        with pytest.raises(fastseq.InputError, match="'z' is not an input"):
+            await pipe.run_async(z=rows(2))
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("threads", [2, 1], ids=["onnxruntime-pool", "no-pool-executor"])
+def test_run_async_timeout_and_cancellation_stop_the_run(threads):
+    pipe = slow_model(threads)
+    x = np.ones((128, 128), np.float32)
+
+    async def main():
+        with pytest.raises(fastseq.RunTimeoutError, match="timeout of 0.05 s"):
+            await pipe.run_async(x, timeout=0.05)
+        options = ort.RunOptions()
+        task = asyncio.ensure_future(pipe.run_async(x, run_options=options))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert options.terminate  # the run is being stopped ...
+        deadline = time.monotonic() + 60
+        while options.terminate and time.monotonic() < deadline:  # ... and once stopped, the flag is reset
+            await asyncio.sleep(0.01)
+        assert not options.terminate
+        small = np.ones((1, 128), np.float32)
+        same(await pipe.run_async(small, timeout=60), [small])
+
+    asyncio.run(main())
+
+
+# --- the batcher --------------------------------------------------------------------------------
+def test_batcher_under_64_threads_with_mixed_batch_sizes():
+    pipe = light_heavy()
+    inputs = [rows(1 + k % 4, seed=k) for k in range(N)]
+    expected = [pipe(x) for x in inputs]
+    got: list = [None] * N
+    errors = []
+    with pipe.batcher(max_batch_size=16, max_delay_ms=5) as batcher:
+        barrier = threading.Barrier(N)
+
+        def caller(k: int) -> None:
+            barrier.wait()
+            try:
+                for _ in range(3):
+                    got[k] = batcher(inputs[k])
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(N)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    for g, e in zip(got, expected):
+        same(g, e)
+
+
+def test_batcher_under_64_coroutines_with_mixed_batch_sizes_and_named_inputs():
+    pipe = light_heavy()
+    inputs = [rows(1 + k % 4, seed=k) for k in range(N)]
+    expected = [pipe(x) for x in inputs]
+
+    async def main(batcher):
+        return await asyncio.gather(*(batcher.run_async(x) if k % 2 else batcher.run_async(x=x)
+                                      for k, x in enumerate(inputs)))
+
+    with pipe.batcher(max_batch_size=16, max_delay_ms=5) as batcher:
+        got = asyncio.run(main(batcher))
+        again = asyncio.run(main(batcher))  # a second loop
+    for g, a, e in zip(got, again, expected):
+        same(g, e)
+        same(a, e)
+
+
+def test_batcher_fails_only_the_bad_request_before_joining():
+    pipe = light_heavy()
+    good = [rows(1, seed=k) for k in range(7)]
+    bad = {
+        "dtype": (rows(1).astype(np.float64),),
+        "shape": (np.zeros((1, 5), np.float32),),
+        "rank": (np.zeros(128, np.float32),),
+    }
+    results: dict = {}
+    with pipe.batcher(max_batch_size=7, max_delay_ms=10_000) as batcher:  # the good ones fill one batch
+        def call(key, *args, **named):
+            try:
+                results[key] = batcher(*args, **named)
+            except Exception as e:  # noqa: BLE001
+                results[key] = e
+
+        threads = [threading.Thread(target=call, args=(k, x)) for k, x in enumerate(good)]
+        threads += [threading.Thread(target=call, args=(name, *args)) for name, args in bad.items()]
+        threads.append(threading.Thread(target=call, args=("name",), kwargs={"z": rows(1)}))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for k, x in enumerate(good):
+        same(results[k], pipe(x))
+    assert isinstance(results["dtype"], fastseq.InputError) and "expects float32" in str(results["dtype"])
+    assert isinstance(results["shape"], fastseq.InputError) and "axis 1" in str(results["shape"])
+    assert isinstance(results["rank"], fastseq.InputError) and "rank 2" in str(results["rank"])
+    assert isinstance(results["name"], fastseq.InputError) and "'z' is not an input" in str(results["name"])
+
+
+def gather_model() -> onnx.ModelProto:
+    """y = table[i]: an index out of range fails the run (ONNX Runtime checks it)."""
+    table = numpy_helper.from_array(np.arange(4, dtype=np.float32), "table")
+    g = helper.make_graph([helper.make_node("Gather", ["table", "i"], ["y"], name="lookup")], "gather",
+                          [helper.make_tensor_value_info("i", TensorProto.INT64, ["N"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])], [table])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_an_error_in_the_joint_run_reaches_every_caller_of_that_run():
+    pipe = fastseq.Pipeline({"lookup": gather_model()})
+    indices = [np.array([k % 4], np.int64) for k in range(7)] + [np.array([99], np.int64)]
+    results: list = [None] * 8
+    with pipe.batcher(max_batch_size=8, max_delay_ms=10_000) as batcher:  # all eight in one run
+        def call(k):
+            try:
+                results[k] = batcher(indices[k])
+            except Exception as e:  # noqa: BLE001
+                results[k] = e
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        later = np.arange(8, dtype=np.int64) % 4  # a later run (a full batch) is fine
+        same(batcher(later), [later.astype(np.float32)])
+    assert all(isinstance(r, fastseq.RunError) and "out of data bounds" in str(r) for r in results)
+    assert len({id(r) for r in results}) == 8  # each caller raises its own copy
+
+
+def test_close_runs_the_requests_waiting_and_refuses_new_ones():
+    pipe = light_heavy()
+    inputs = [rows(1, seed=k) for k in range(5)]
+    results: list = [None] * 5
+    batcher = pipe.batcher(max_batch_size=100, max_delay_ms=60_000)  # they would wait a minute
+
+    def call(k):
+        results[k] = batcher(inputs[k])
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(5)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while sum(len(b.requests) for b in list(batcher._open.values())) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)  # (peeks at the batch being formed: all five have joined)
+    batcher.close()
+    for t in threads:
+        t.join(timeout=30)
+    for r, x in zip(results, inputs):
+        same(r, pipe(x))
+    with pytest.raises(fastseq.RunError, match="closed"):
+        batcher(inputs[0])
+
+
+def test_close_from_another_thread_runs_a_loops_waiting_requests():
+    pipe = light_heavy()
+    inputs = [rows(1, seed=k) for k in range(5)]
+    batcher = pipe.batcher(max_batch_size=100, max_delay_ms=60_000)
+
+    async def main():
+        tasks = [asyncio.ensure_future(batcher.run_async(x)) for x in inputs]
+        await asyncio.sleep(0)  # they join
+        closer = threading.Thread(target=batcher.close)
+        closer.start()
+        got = await asyncio.gather(*tasks)
+        closer.join(timeout=30)
+        with pytest.raises(fastseq.RunError, match="closed"):
+            await batcher.run_async(inputs[0])
+        return got
+
+    for g, x in zip(asyncio.run(main()), inputs):
+        same(g, pipe(x))
+
+
+def test_closing_inside_the_loop_does_not_wait_for_the_loop_itself():
+    pipe = light_heavy()
+    inputs = [rows(1, seed=k) for k in range(3)]
+
+    async def main():
+        with pipe.batcher(max_batch_size=100, max_delay_ms=60_000) as batcher:
+            tasks = [asyncio.ensure_future(batcher.run_async(x)) for x in inputs]
+            await asyncio.sleep(0)
+        return await asyncio.gather(*tasks)  # closed: the batch runs once the loop goes on
+
+    for g, x in zip(asyncio.run(main()), inputs):
+        same(g, pipe(x))
+
+
+def test_a_cancelled_coroutine_is_left_out_of_its_batch():
+    pipe = light_heavy()
+
+    async def main(batcher):
+        keep = asyncio.ensure_future(batcher.run_async(rows(1, seed=1)))
+        drop = asyncio.ensure_future(batcher.run_async(rows(2, seed=2)))
+        await asyncio.sleep(0)
+        drop.cancel()
+        return await keep, drop
+
+    with pipe.batcher(max_batch_size=100, max_delay_ms=20) as batcher:
+        got, drop = asyncio.run(main(batcher))
+    same(got, pipe(rows(1, seed=1)))
+    assert drop.cancelled()
+
+
+def test_requests_with_other_axes_or_too_many_rows_run_apart():
+    wide = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "D"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "D"])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pipe = fastseq.ONNXSequential(wide)
+    inputs = [rows(1, dim=3, seed=1), rows(2, dim=5, seed=2), rows(9, dim=3, seed=3), rows(1, dim=3, seed=4)]
+
+    async def main(batcher):
+        return await asyncio.gather(*(batcher.run_async(x) for x in inputs))
+
+    with pipe.batcher(max_batch_size=4, max_delay_ms=5) as batcher:
+        for g, x in zip(asyncio.run(main(batcher)), inputs):
+            same(g, [np.maximum(x, 0)])
+
+
+def test_batcher_refuses_a_pipeline_without_a_shared_dynamic_batch_axis():
+    with pytest.raises(fastseq.CompositionError, match="input 'x' has a fixed first axis"):
+        fastseq.ONNXSequential(matmuls(1, batch=1)).batcher()
+    two = fastseq.Pipeline({"a": matmuls(1), "b": matmuls(1, batch="B")}, inputs={"xa": ["a.x"], "xb": ["b.x"]},
+                           outputs=["ya=a.y", "yb=b.y"])
+    with pytest.raises(fastseq.CompositionError, match="first axes have different names"):
+        two.batcher()
+    with pytest.raises(ValueError, match="max_batch_size"):
+        light_heavy().batcher(max_batch_size=0)
+
+
+def test_an_output_that_does_not_keep_the_rows_is_an_error_not_a_wrong_split():
+    # [N, 4] -> [2N, 2]: the output's first axis is not the batch axis, and nothing says so beforehand.
+    shape = numpy_helper.from_array(np.array([-1, 2], np.int64), "shape")
+    total = helper.make_model(
+        helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], "reshape",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pipe = fastseq.ONNXSequential(total)
+    with pipe.batcher(max_batch_size=2, max_delay_ms=10_000) as batcher:
+        results: list = [None, None]
+
+        def call(k):
+            try:
+                results[k] = batcher(np.ones((1, 4), np.float32))
+            except Exception as e:  # noqa: BLE001
+                results[k] = e
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert all(isinstance(r, fastseq.RunError) and "does not keep the batch axis" in str(r) for r in results)
+
+
+# --- many threads, one pipeline -----------------------------------------------------------------
+def test_many_threads_calling_one_pipeline_get_what_one_thread_gets():
+    pipe = light_heavy()
+    inputs = [rows(1 + k % 3, seed=k) for k in range(16)]
+    expected = [pipe(x) for x in inputs]
+    got: dict = {}
+    bound: dict = {}
+    barrier = threading.Barrier(16)
+
+    def caller(k):
+        barrier.wait()
+        for _ in range(20):
+            got[k] = pipe(inputs[k])
+        binding = pipe.bind(inputs[k])  # a binding per thread
+        for _ in range(20):
+            bound[k] = [o.copy() for o in binding()]
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(16):
+        same(got[k], expected[k])
+        same(bound[k], expected[k])
+
+
+def test_a_binding_used_by_two_threads_at_once_refuses_instead_of_mixing_them():
+    pipe = slow_model(1)
+    binding = pipe.bind(np.ones((128, 128), np.float32), run_options=ort.RunOptions())
+    stopped = []
+
+    def run():
+        try:
+            binding()
+        except fastseq.RunTimeoutError as e:
+            stopped.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not binding._busy.locked() and time.monotonic() < deadline:
+        time.sleep(0.001)  # (peeks: the other thread is inside its call)
+    with pytest.raises(fastseq.RunError, match="one binding per thread"):
+        binding()
+    with pytest.raises(fastseq.RunError, match="one binding per thread"):
+        binding.bind(np.ones((128, 128), np.float32))
+    binding._run_options.terminate = True
+    worker.join(timeout=60)
+    assert stopped

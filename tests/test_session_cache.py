@@ -1,0 +1,520 @@
+"""The session cache on real folders, real sessions and the CLI as a subprocess: it deletes
+only its own, runs only what it stored (links, pipes, other users' files, files swapped during
+loads), never fails a start (full disk), says what it holds and stays under its limit.
+
+The tests run as root: "another user's" folder is one chowned to another uid."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pickle
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import fastseq
+from conftest import scale_model, tmpfs
+
+TAG = "CACHEDIR.TAG"
+X = np.linspace(-1, 1, 3 * 512, dtype=np.float32).reshape(3, 512)
+OTHER_UID = 12345
+
+
+def model_file(folder: Path, scale: float, name: str | None = None) -> str:
+    """y = relu(x * scale) on [N, 512]: 2 KB of weights, so that the entry has a model.data."""
+    path = folder / (name or f"scale{scale:g}.onnx")
+    if not path.exists():
+        onnx.save(scale_model(scale, shape=("N", 512)), str(path))
+    return str(path)
+
+
+def expected(scale: float) -> np.ndarray:
+    return np.maximum(X * scale, 0)
+
+
+def start(source, cache, **kwargs) -> fastseq.ONNXSequential:
+    return fastseq.ONNXSequential(source, session_cache=cache, **kwargs)
+
+
+def stored(tmp_path: Path, cache: Path, scale: float = 2.0) -> tuple[str, Path]:
+    source = model_file(tmp_path, scale)
+    pipe = start(source, cache)
+    assert pipe.session_info["cache"] == "stored"
+    return source, Path(pipe.session_info["entry"])
+
+
+def uncached(source, cache, match: str) -> fastseq.ONNXSequential:
+    """A start that must warn (``match``), not use the cache and still compute right."""
+    with pytest.warns(RuntimeWarning, match=match):
+        pipe = start(source, cache)
+    assert pipe.session_info["cache"] is None
+    return pipe
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def one_error_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fastseq: error:"), out.stderr
+    return lines[0]
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every path under ``folder`` (links not followed) and what it is."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        kind = "link" if p.is_symlink() else "dir" if p.is_dir() else "file"
+        out[str(p.relative_to(folder))] = kind + ("" if kind != "file" else f" {p.read_bytes()[:20]!r}")
+    return out
+
+
+# --- a cache that is private and marked --------------------------------------------------------
+def test_a_new_cache_is_private_and_marked(tmp_path):
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache)
+    assert start(source, cache).session_info["cache"] == "hit"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert "fastseq" in (cache / TAG).read_text() and (cache / TAG).read_text().startswith("Signature: 8a477f59")
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o700
+    assert {p.name for p in entry.iterdir()} == {"model.onnx", "model.data", "manifest.json", "usage"}
+    for p in entry.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+    assert sorted(p.name for p in cache.iterdir()) == sorted([TAG, entry.name])  # no temporary folder left
+
+
+def test_processes_making_the_cache_at_once_all_use_it(tmp_path):
+    cache = tmp_path / "new" / "cache"
+    code = textwrap.dedent(f"""
+        import warnings, fastseq
+        warnings.simplefilter("error")  # a start without the cache would warn
+        pipe = fastseq.ONNXSequential({model_file(tmp_path, 2.0)!r}, session_cache={str(cache)!r})
+        assert pipe.session_info["cache"] in ("stored", "hit")
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    assert "fastseq" in (cache / TAG).read_text()
+
+
+def test_an_empty_folder_is_adopted_a_folder_of_other_files_is_not(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    source = model_file(tmp_path, 2.0)
+    assert start(source, empty).session_info["cache"] == "stored"
+    assert (empty / TAG).is_file()
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True, mode=0o700)
+    project.chmod(0o700)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    pipe = uncached(source, project, "not a fastseq session cache")
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    assert tree(project) == {"src": "dir", "src/main.py": "file b\"print('mine')\\n\""}
+
+
+# --- clear deletes only its own -----------------------------------------------------------------
+def test_clear_refuses_a_folder_that_is_not_a_cache(tmp_path):
+    project = tmp_path / "project"
+    for sub in ("src", "data"):
+        (project / sub).mkdir(parents=True)
+        (project / sub / "keep.txt").write_text(sub)
+    before = tree(project)
+    out = cli("cache", "clear", "--dir", str(project))
+    assert "not a fastseq session cache" in one_error_line(out)
+    assert tree(project) == before
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    (home / "Documents" / "thesis.tex").write_text("years of work")
+    (home / "0123456789abcdef0123456789abcdef").mkdir()  # named like an entry, not one
+    before = tree(home)
+    for action in ("clear", "prune", "list"):
+        out = cli("cache", action, env=dict(os.environ, FASTSEQ_SESSION_CACHE=str(home)))
+        one_error_line(out)
+    assert tree(home) == before
+
+
+def test_clear_removes_only_what_fastseq_made_and_says_what(tmp_path):
+    cache = tmp_path / "cache"
+    _, entry = stored(tmp_path, cache)
+    # Things in a real cache that fastseq did not make, or must not follow:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("model.onnx", "model.data", "manifest.json"):
+        (outside / name).write_text("the user's")
+    (cache / "fedcba9876543210fedcba9876543210").symlink_to(outside, target_is_directory=True)
+    mine = cache / "00000000000000000000000000000000"
+    mine.mkdir()
+    (mine / "manifest.json").write_text("{}")
+    (mine / "notes.txt").write_text("an entry's name, not an entry's contents")
+    (cache / "README").write_text("the user's")
+    leftover = cache / ".tmp-999999-0123456789ab"  # what a killed store left
+    leftover.mkdir(mode=0o700)
+    (leftover / "model.data").write_bytes(b"\0" * 100)
+    old = time.time() - 3600
+    os.utime(leftover, (old, old))
+    keep = {p: kind for p, kind in tree(cache).items() if not p.startswith((entry.name, leftover.name))}
+
+    out = cli("cache", "clear", "--dir", str(cache), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert f"would remove {entry}" in out.stdout and f"would remove {leftover}" in out.stdout
+    assert "would remove 1 entry" in out.stdout and out.stdout.count("would remove ") == 3
+    assert entry.exists() and leftover.exists()
+
+    out = cli("cache", "clear", "--dir", str(cache))
+    assert out.returncode == 0, out.stderr
+    assert f"removed {entry}" in out.stdout and f"removed {leftover}" in out.stdout
+    assert "removed 1 entry" in out.stdout and out.stdout.count("removed ") == 3
+    assert tree(cache) == keep
+    assert all((outside / n).read_text() == "the user's" for n in ("model.onnx", "model.data", "manifest.json"))
+
+
+def test_cache_commands_never_follow_a_link_to_the_folder(tmp_path):
+    cache = tmp_path / "cache"
+    stored(tmp_path, cache)
+    link = tmp_path / "link"
+    link.symlink_to(cache, target_is_directory=True)
+    before = tree(cache)
+    for action in ("clear", "list"):
+        assert "link" in one_error_line(cli("cache", action, "--dir", str(link)))
+    assert tree(cache) == before
+    pipe = uncached(model_file(tmp_path, 2.0), link, "not a folder")
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+
+
+def test_temporary_folders_of_killed_writers_are_removed_by_later_writers(tmp_path):
+    cache = tmp_path / "cache"
+    source = model_file(tmp_path, 2.0)
+    # A real writer killed after ONNX Runtime wrote the entry's files, before it was sealed.
+    code = textwrap.dedent(f"""
+        import os, signal, fastseq
+        from fastseq.runtime import cache
+        cache._seal = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
+    """)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+    (killed,) = [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+    assert {p.name for p in killed.iterdir()} == {"model.onnx", "model.data"}
+    old = time.time() - 3600
+    fresh = cache / ".tmp-1-aaaaaaaaaaaa"  # a writer that has just started
+    held = cache / ".tmp-2-bbbbbbbbbbbb"  # an old writer still at work: it holds its lock
+    foreign = cache / ".tmp-someone-elses"  # not fastseq's pattern
+    for folder in (fresh, held, foreign):
+        folder.mkdir()
+        (folder / "model.data").write_bytes(b"x")
+    for folder in (killed, held, foreign):
+        os.utime(folder, (old, old))
+    lock = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        other = model_file(tmp_path, 3.0)
+        assert start(other, cache).session_info["cache"] == "stored"  # a later writer sweeps
+    finally:
+        os.close(lock)
+    assert not killed.exists()
+    assert fresh.exists() and held.exists() and foreign.exists()
+
+
+# --- a cache that runs only what it stored -----------------------------------------------------
+@pytest.mark.parametrize("how", ["world-writable", "group-writable", "another user's"])
+def test_a_root_that_is_not_private_is_not_used(tmp_path, how):
+    cache = tmp_path / "cache"
+    source, _ = stored(tmp_path, cache)
+    if how == "another user's":
+        os.chown(cache, OTHER_UID, -1)
+    else:
+        cache.chmod(0o777 if how == "world-writable" else 0o770)
+    before = tree(cache)
+    pipe = uncached(source, cache, "owned by another user" if how == "another user's" else "writable by")
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    uncached(model_file(tmp_path, 3.0), cache, "not using it")  # nor is anything stored there
+    assert tree(cache) == before
+
+
+@pytest.mark.parametrize("what", ["entry", "model.onnx", "model.data"])
+@pytest.mark.parametrize("how", ["writable by others", "another user's"])
+def test_an_entry_that_is_not_private_is_not_used(tmp_path, what, how):
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache)
+    target = entry if what == "entry" else entry / what
+    if how == "another user's":
+        os.chown(target, OTHER_UID, -1)
+    else:
+        target.chmod(0o777 if what == "entry" else 0o666)
+    pipe = uncached(source, cache, "owned by another user" if how == "another user's" else "writable by")
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    assert target.exists()  # not fastseq's to delete any more
+    out = cli("cache", "list", "--dir", str(cache))
+    assert "not used:" in out.stdout and ("owned by another user" in out.stdout or "writable by" in out.stdout)
+
+
+@pytest.mark.parametrize("what", ["model.onnx", "model.data", "both", "entry"])
+def test_links_in_an_entry_are_refused_never_followed(tmp_path, what):
+    """An entry whose files are links to another model's entry ran the other model."""
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache, 2.0)
+    _, other = stored(tmp_path, cache, 3.0)
+    if what == "entry":
+        for p in entry.iterdir():
+            p.unlink()
+        entry.rmdir()
+        entry.symlink_to(other, target_is_directory=True)
+    else:
+        for name in ("model.onnx", "model.data") if what == "both" else (what,):
+            (entry / name).unlink()
+            (entry / name).symlink_to(other / name)
+    pipe = uncached(source, cache, "link|not a regular file|not a folder")
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    assert start(model_file(tmp_path, 3.0), cache).session_info["cache"] == "hit"  # the other is intact
+
+
+def test_a_pipe_in_an_entry_does_not_hang_the_start(tmp_path):
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache)
+    (entry / "model.data").unlink()
+    os.mkfifo(entry / "model.data")
+    code = textwrap.dedent(f"""
+        import warnings, numpy as np, fastseq
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            pipe = fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
+        print(pipe.session_info["cache"], float(pipe(np.ones((3, 512), np.float32))[0].sum()))
+        print(w[0].message)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, message = out.stdout.splitlines()
+    assert first.split() == ["None", str(float(2 * 3 * 512))]
+    assert "not a regular file" in message
+
+
+@pytest.mark.parametrize("name", ["../../outside.onnx", "/etc/passwd", "sub/model.onnx", "notes.txt"])
+def test_a_manifest_names_only_files_of_its_entry(tmp_path, name):
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache)
+    outside = tmp_path / "outside.onnx"
+    outside.write_bytes(b"not opened")
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest["files"][name] = [10, "0" * 32]
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+    pipe = uncached(source, cache, "names")
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    assert outside.read_bytes() == b"not opened"
+
+
+def test_weights_changed_in_an_entry_are_never_used(tmp_path):
+    """One byte of the data file flipped, its size unchanged: ONNX Runtime may have loaded
+    it while its digest was checked, but that session is dropped and the entry rebuilt."""
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache)
+    raw = bytearray((entry / "model.data").read_bytes())
+    raw[100] ^= 0x40
+    (entry / "model.data").write_bytes(bytes(raw))
+    pipe = start(source, cache)
+    assert pipe.session_info["cache"] == "stored"
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    assert start(source, cache).session_info["cache"] == "hit"
+
+
+def test_files_swapped_during_loads_never_change_what_runs(tmp_path):
+    """A second process swaps the entry's data file for another model's (same size, renamed
+    into place) and back, as fast as it can, while this one starts the pipeline again and
+    again: what ONNX Runtime loads is always what was verified, so every start computes the
+    pipeline's own result (before, 24 of 444 starts ran the swapped weights)."""
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache, 2.0)
+    _, other = stored(tmp_path, cache, 3.0)
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    os.link(entry / "model.data", stash / "own.data")
+    os.link(other / "model.data", stash / "swapped.data")
+    stop = tmp_path / "stop"
+    swapper = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os
+        entry, stash, stop = {str(entry)!r}, {str(stash)!r}, {str(stop)!r}
+        n = 0
+        while not os.path.exists(stop):
+            for name in ("swapped.data", "own.data"):
+                try:
+                    os.link(os.path.join(stash, name), os.path.join(entry, ".swap"))
+                    os.rename(os.path.join(entry, ".swap"), os.path.join(entry, "model.data"))
+                    n += 1
+                except OSError:
+                    pass
+        print(n)
+    """)], stdout=subprocess.PIPE, text=True)
+    how = {"hit": 0, "stored": 0, None: 0}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for _ in range(100):
+                pipe = start(source, cache)
+                how[pipe.session_info["cache"]] += 1
+                np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    finally:
+        stop.touch()
+        swaps = int(swapper.communicate(timeout=60)[0])
+    assert swaps > 100 and how["hit"] > 10, (swaps, how)
+
+
+def test_a_full_disk_is_a_warning_and_a_start_without_the_cache(tmp_path):
+    with tmpfs(tmp_path / "small", "256k") as mount:
+        cache = mount / "c"
+        source = str(tmp_path / "big.onnx")
+        onnx.save(scale_model(2.0, shape=("N", 131072)), source)  # 512 KB of weights: do not fit
+        with pytest.warns(RuntimeWarning, match="could not store"):
+            pipe = start(source, cache)
+        assert pipe.session_info["cache"] is None
+        x = np.ones((2, 131072), np.float32)
+        np.testing.assert_allclose(pipe(x)[0], 2 * x)
+        assert [p.name for p in cache.iterdir()] == [TAG]  # nothing half-written left
+
+
+# --- a cache that says what it holds and stays bounded ------------------------------------------
+def entry_bytes(entry: Path) -> int:
+    return sum(p.stat().st_size for p in entry.iterdir())
+
+
+def test_list_says_what_each_entry_is_for(tmp_path):
+    cache = tmp_path / "cache"
+    a, b = model_file(tmp_path, 2.0, "resize.onnx"), model_file(tmp_path, 3.0, "classify.onnx")
+    fastseq.ONNXSequential(a, b, session_cache=cache)
+    for _ in range(2):
+        assert fastseq.ONNXSequential(a, b, session_cache=cache).session_info["cache"] == "hit"
+    start(model_file(tmp_path, 5.0), cache)
+    found = fastseq.SessionCache(cache).entries()
+    assert [e["hits"] for e in found] == [2, 0]  # least recently used first
+    chain = found[0]
+    assert chain["labels"] == ["resize.onnx", "classify.onnx"] and chain["providers"] == ["CPUExecutionProvider"]
+    assert chain["bytes"] == entry_bytes(cache / chain["key"]) and chain["created"] <= chain["used"] <= time.time()
+    out = cli("cache", "list", "--dir", str(cache))
+    assert out.returncode == 0, out.stderr
+    assert "2 entries" in out.stdout and "limit 2.0 GB" in out.stdout
+    line = next(ln for ln in out.stdout.splitlines() if chain["key"] in ln)
+    assert "resize.onnx -> classify.onnx" in line and "[CPU; onnxruntime" in line and "2 hits" in line
+    assert "created 20" in line and "last used 20" in line
+
+
+def test_hits_are_counted_by_concurrent_processes(tmp_path):
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache)
+    code = f"import fastseq; assert fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r}).session_info['cache'] == 'hit'"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    assert (entry / "usage").read_text().strip() == "4"
+
+
+def test_least_recently_used_entries_are_evicted_to_fit_the_limit(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    a, entry_a = stored(tmp_path, cache, 2.0)
+    size = entry_bytes(entry_a) + 40  # entries differ by a few bytes of manifest
+    monkeypatch.setenv("FASTSEQ_SESSION_CACHE_MAX", str(int(2.5 * size)))
+    _, entry_b = stored(tmp_path, cache, 3.0)
+    time.sleep(0.05)  # "last used" is a file time
+    assert start(a, cache).session_info["cache"] == "hit"  # a is now the more recently used
+    _, entry_c = stored(tmp_path, cache, 4.0)
+    assert entry_a.exists() and not entry_b.exists() and entry_c.exists()
+    # The same through an argument, which wins over the variable.
+    pipe = start(model_file(tmp_path, 5.0), fastseq.SessionCache(cache, max_size=int(1.5 * size)))
+    assert [p.name for p in cache.iterdir() if p.name != TAG] == [Path(pipe.session_info["entry"]).name]
+
+
+def test_an_entry_larger_than_the_limit_is_not_stored(tmp_path):
+    cache = fastseq.SessionCache(tmp_path / "cache", max_size="1K")
+    pipe = uncached(model_file(tmp_path, 2.0), cache, "larger than the cache's limit")
+    np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+    assert [p.name for p in cache.path.iterdir()] == [TAG]
+
+
+def test_an_entry_being_loaded_is_never_evicted(tmp_path):
+    cache = tmp_path / "cache"
+    _, entry = stored(tmp_path, cache, 2.0)
+    reader = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)  # what a loading process holds
+    fcntl.flock(reader, fcntl.LOCK_SH)
+    try:
+        pipe = start(model_file(tmp_path, 3.0), fastseq.SessionCache(cache, max_size=entry_bytes(entry) + 100))
+        assert pipe.session_info["cache"] == "stored" and entry.exists()
+    finally:
+        os.close(reader)
+    pipe = start(model_file(tmp_path, 4.0), fastseq.SessionCache(cache, max_size=entry_bytes(entry) + 100))
+    assert not entry.exists()
+
+
+def test_concurrent_users_under_a_small_limit(tmp_path):
+    """Three processes store five pipelines each into a cache that holds two, while a fourth
+    starts one pipeline over and over: no start fails or computes wrong, the cache ends within
+    its limit, and what is left is whole."""
+    cache = tmp_path / "cache"
+    source, entry = stored(tmp_path, cache, 1.0)
+    limit = 2 * entry_bytes(entry) + 100
+    for k in range(15):
+        model_file(tmp_path, 10.0 + k)
+    writer = textwrap.dedent(f"""
+        import sys, warnings, numpy as np, fastseq
+        warnings.simplefilter("error")  # no start may fall back to running uncached
+        cache = fastseq.SessionCache({str(cache)!r}, max_size={limit})
+        x = np.ones((3, 512), np.float32)
+        for k in sys.argv[1:]:
+            scale = float(k)
+            pipe = fastseq.ONNXSequential({str(tmp_path)!r} + f"/scale{{scale:g}}.onnx", session_cache=cache)
+            assert float(pipe(x)[0].sum()) == 3 * 512 * scale
+    """)
+    reader = textwrap.dedent(f"""
+        import numpy as np, fastseq
+        cache = fastseq.SessionCache({str(cache)!r}, max_size={limit})
+        x = np.ones((3, 512), np.float32)
+        for _ in range(15):
+            assert float(fastseq.ONNXSequential({source!r}, session_cache=cache)(x)[0].sum()) == 3 * 512
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", writer, *(str(10 + k) for k in range(j, 15, 3))])
+             for j in range(3)]
+    procs.append(subprocess.Popen([sys.executable, "-c", reader]))
+    assert [p.wait(timeout=300) for p in procs] == [0] * 4
+    left = [p for p in cache.iterdir() if p.name != TAG]
+    assert sum(entry_bytes(p) for p in left) <= limit
+    for e in fastseq.SessionCache(cache).entries():
+        assert not e["damaged"]
+
+
+def test_prune_by_age_and_by_size(tmp_path):
+    cache = tmp_path / "cache"
+    _, old = stored(tmp_path, cache, 2.0)
+    _, mid = stored(tmp_path, cache, 3.0)
+    _, new = stored(tmp_path, cache, 4.0)
+    for entry, days in ((old, 40), (mid, 10)):
+        t = time.time() - days * 86400
+        os.utime(entry / "manifest.json", (t, t))
+    out = cli("cache", "prune", "--dir", str(cache), "--older-than", "30d", "--dry-run")
+    assert out.returncode == 0 and f"would remove {old}" in out.stdout and old.exists()
+    out = cli("cache", "prune", "--dir", str(cache), "--older-than", "30d")
+    assert out.returncode == 0 and f"removed {old}" in out.stdout and "removed 1 entry" in out.stdout
+    assert not old.exists() and mid.exists()
+    out = cli("cache", "prune", "--dir", str(cache), "--max-size", str(entry_bytes(new) + 100))
+    assert out.returncode == 0 and f"removed {mid}" in out.stdout
+    assert not mid.exists() and new.exists()
+    for bad in (["--max-size", "lots"], ["--older-than", "soon"]):
+        assert "expected a" in one_error_line(cli("cache", "prune", "--dir", str(cache), *bad))
+    assert "go with prune" in one_error_line(cli("cache", "clear", "--dir", str(cache), "--max-size", "1G"))
+    assert new.exists()
+
+
+def test_the_cache_and_its_limit_travel_with_a_pickled_pipeline(tmp_path):
+    cache = fastseq.SessionCache(tmp_path / "cache", max_size="100M")
+    pipe = start(model_file(tmp_path, 2.0), cache)
+    clone = pickle.loads(pickle.dumps(pipe))
+    assert clone.session_info["cache"] == "hit" and clone._cache == cache
+    np.testing.assert_allclose(clone(X)[0], expected(2.0))
+    assert repr(cache) == f"SessionCache({str(cache.path)!r}, max_size='100.0 MB')"
+    with pytest.raises(fastseq.FastseqError, match="expected a size"):
+        fastseq.SessionCache(tmp_path, max_size="huge")
