@@ -341,10 +341,17 @@ class Runner:
                 loop.call_soon_threadsafe(_settle, done, outputs, error)
             except RuntimeError:  # the loop was closed meanwhile: nobody is waiting
                 pass
+            finally:
+                _CALLBACKS.leave()
 
         try:
             if self._pooled:
-                self._run_async(output_names, feeds, finished, None, options)
+                _CALLBACKS.enter()
+                try:
+                    self._run_async(output_names, feeds, finished, None, options)
+                except BaseException:
+                    _CALLBACKS.leave()  # refused: no callback will come
+                    raise
             else:
                 done = loop.run_in_executor(None, self._settled_call, output_names, feeds, options)
         except Exception as e:
@@ -428,6 +435,51 @@ class Runner:
                     )
             checked[name] = array
         return checked
+
+
+class _Callbacks:
+    """ONNX Runtime's ``run_async`` callbacks still to come or still running. The interpreter
+    must not finalize under one: waking the loop (a socket write) lets the main thread take
+    the GIL, finish and start finalizing while the callback thread still has Python to run;
+    taking the GIL back then ends that thread with a forced unwind, which ONNX Runtime's
+    ``catch (...)`` swallows, and the process aborts ("FATAL: exception not rethrown").
+    Interpreter shutdown waits for them (atexit hooks run before it finalizes)."""
+
+    #: the longest a shutdown waits for runs still going
+    WAIT = 30.0
+
+    def __init__(self) -> None:
+        import threading
+
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._hooked = False
+
+    def enter(self) -> None:
+        with self._idle:
+            self._pending += 1
+            if not self._hooked:
+                import atexit
+
+                atexit.register(self._drain)
+                self._hooked = True
+
+    def leave(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    def _drain(self) -> None:
+        import time
+
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0, self.WAIT)
+        # The last callback has left its Python code; a moment for its thread to return
+        # through pybind11 and release the GIL.
+        time.sleep(0.02)
+
+
+_CALLBACKS = _Callbacks()
 
 
 def _settle(done: Any, outputs: list[np.ndarray], error: str) -> None:
