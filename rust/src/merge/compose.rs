@@ -15,9 +15,11 @@ use crate::merge::final_names::{
     assign_function_names, assign_node_names, assign_value_names, name_adapter_nodes, Renamed, ValueNames,
 };
 use crate::merge::opsets::{merge_opsets, merged_ir_version};
-use crate::merge::options::{Edge, Options};
+use crate::merge::onnx_rules::Frame;
+use crate::merge::options::{Edge, Options, Rules};
 use crate::merge::plan::build::build_plan;
 use crate::merge::plan::parts::PruneReport;
+use crate::merge::plan::prune::leave_out;
 use crate::merge::rename::{function_key, walk_model, NameSet, Renamer};
 
 /// What the composition did besides merging.
@@ -75,7 +77,8 @@ pub fn compose(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Re
     crate::pool::install(|| run_steps(models, labels, opts))
 }
 
-/// The steps of a composition, in order: plan, dedupe, final names, rename, assemble.
+/// The steps of a composition, in order: plan, dedupe, leave out what is not kept, final
+/// names, rename, assemble.
 fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     let n = models.len();
     if n == 0 {
@@ -101,6 +104,11 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     };
     let mut plan = build_plan(&models, labels, opts)?;
     let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan) } else { Deduped::default() };
+    leave_out(&mut plan, &mut models);
+    let frame = match opts.rules {
+        Rules::OnnxCompose => Some(Frame::of(&models, labels, opts)?),
+        Rules::Fastseq => None,
+    };
 
     // Per model, arenas for its names and for the fresh value and node names it gets. (An
     // arena is used by one thread at a time, hence one per model and per task.)
@@ -132,7 +140,10 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     // Freeing the arenas is off the caller's path.
     crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas, extra)));
 
-    let (model, ranges) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    let (mut model, ranges) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    if let Some(frame) = frame {
+        frame.apply(&mut model);
+    }
     let report = Report {
         pruned: plan.pruned.clone(),
         deduped,
