@@ -110,7 +110,7 @@ def merge_models(
     the same names (prefixes as ``add_prefix`` gives them), value_info, initializers,
     metadata (a key both models set to different values is refused), functions and model
     fields. Its ``ValueError`` cases raise :class:`fastseq.CompositionError` or
-    :class:`fastseq.OpsetMismatchError`, both ``ValueError``\ s.
+    :class:`fastseq.OpsetMismatchError`, both subclasses of ``ValueError``.
 
     It differs only where onnx.compose fails or returns a broken model:
 
