@@ -165,7 +165,8 @@ pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<St
 #[pyo3(signature = (data, label="model", graph=false))]
 pub(crate) fn decode(py: Python<'_>, data: Bound<'_, PyBytes>, label: &str, graph: bool) -> PyResult<Composed> {
     let data = shared(&data);
-    let model = py.detach(|| if graph { decode_graph(label, &data) } else { decode_model(label, data) }).map_err(to_py)?;
+    let model =
+        py.detach(|| if graph { decode_graph(label, &data) } else { decode_model(label, data) }).map_err(to_py)?;
     let mut c = Composed::of(model, false);
     c.labels = vec![label.to_string()];
     Ok(c)

@@ -22,7 +22,8 @@ fn new_class(py: Python<'_>, name: &CStr, doc: &CStr, bases: Bound<'_, PyTuple>)
     // SAFETY: the strings are NUL-terminated and outlive the call; `bases` is a live tuple
     // of classes. The call returns a new reference, or NULL with an exception set.
     unsafe {
-        let ptr = pyo3::ffi::PyErr_NewExceptionWithDoc(name.as_ptr(), doc.as_ptr(), bases.as_ptr(), std::ptr::null_mut());
+        let ptr =
+            pyo3::ffi::PyErr_NewExceptionWithDoc(name.as_ptr(), doc.as_ptr(), bases.as_ptr(), std::ptr::null_mut());
         Bound::from_owned_ptr_or_err(py, ptr)
             .and_then(|t| t.cast_into::<PyType>().map_err(PyErr::from))
             .expect("creating an exception class")

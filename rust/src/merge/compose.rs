@@ -14,8 +14,8 @@ use crate::merge::dedupe::{dedupe, Deduped};
 use crate::merge::final_names::{
     assign_function_names, assign_node_names, assign_value_names, name_adapter_nodes, Renamed, ValueNames,
 };
-use crate::merge::opsets::{merge_opsets, merged_ir_version};
 use crate::merge::onnx_rules::Frame;
+use crate::merge::opsets::{merge_opsets, merged_ir_version};
 use crate::merge::options::{Edge, Options, Rules};
 use crate::merge::plan::build::build_plan;
 use crate::merge::plan::parts::PruneReport;
@@ -249,11 +249,23 @@ mod tests {
             }],
             ..node_proto("If", &["t"], &["y"])
         });
+        let if_model = m.clone();
         let merged = compose(vec![m.clone(), m], &labels(2), &Options::default()).unwrap().model;
         let g = merged.graph.unwrap();
         let if_node = crate::codec::node::decode(&g.node[3]).unwrap();
         let sub = crate::codec::node::decode(&if_node.attribute[0].g.as_ref().unwrap().node[0]).unwrap();
         assert_eq!(sub.input, ["m0/y", "m1/c"]);
+        // Both bodies define 'out': sibling scopes in the merged graph, so it keeps its name.
+        assert_eq!(sub.output, ["out"]);
+        // A top-level 'out' in the first model would make the body's shadow it: renamed.
+        let mut first = scale(1);
+        first.graph.as_mut().unwrap().node[1] = node("Relu", &["t"], &["out"]);
+        first.graph.as_mut().unwrap().output[0].name = Some("out".into());
+        let opts = Options { io_maps: Some(vec![vec![("out".into(), "x".into())]]), ..Default::default() };
+        let merged = compose(vec![first, if_model], &labels(2), &opts).unwrap().model;
+        let g = merged.graph.unwrap();
+        let if_node = crate::codec::node::decode(&g.node[3]).unwrap();
+        let sub = crate::codec::node::decode(&if_node.attribute[0].g.as_ref().unwrap().node[0]).unwrap();
         assert_eq!(sub.output, ["m1/out"]);
     }
 

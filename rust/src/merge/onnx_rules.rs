@@ -11,9 +11,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::codec::graph::{graph, vi_name};
 use crate::codec::node;
-use crate::codec::proto::{
-    GraphProto, ModelProto, OperatorSetIdProto, StringStringEntryProto, ValueInfoProto,
-};
+use crate::codec::proto::{GraphProto, ModelProto, OperatorSetIdProto, StringStringEntryProto, ValueInfoProto};
 use crate::error::{Error, Result};
 use crate::merge::options::Options;
 use crate::merge::rename::{function_key, walk_model, NameSet, Renamer};
@@ -138,7 +136,11 @@ pub fn extracted_value_info(g: &GraphProto) -> Vec<ValueInfoProto> {
 /// "edge" (node inputs and outputs; the second graph's `io_map_inputs` left out),
 /// "value_info", "initializer", "sparse_initializer" (values', then indices' names). Each
 /// list in the first graph's order; kinds without a shared name are left out.
-pub fn overlapping_names(g1: &GraphProto, g2: &GraphProto, io_map_inputs: &[String]) -> Vec<(&'static str, Vec<String>)> {
+pub fn overlapping_names(
+    g1: &GraphProto,
+    g2: &GraphProto,
+    io_map_inputs: &[String],
+) -> Vec<(&'static str, Vec<String>)> {
     fn shared<'a>(a: impl Iterator<Item = &'a str>, b: impl Iterator<Item = &'a str>) -> Vec<String> {
         let b: FxHashSet<&str> = b.collect();
         let mut seen = FxHashSet::default();
@@ -220,7 +222,8 @@ fn defined_in_subgraphs(g: &GraphProto, out: &mut FxHashSet<String>) {
 pub fn prefix_names(model: &mut ModelProto, prefix: &str, what: Prefixed) -> Vec<(String, String)> {
     let Some(g) = model.graph.as_ref() else { return Vec::new() };
     let mut values: FxHashSet<String> = FxHashSet::default();
-    let mut add = |names: &mut dyn Iterator<Item = &str>| values.extend(names.filter(|s| !s.is_empty()).map(str::to_string));
+    let mut add =
+        |names: &mut dyn Iterator<Item = &str>| values.extend(names.filter(|s| !s.is_empty()).map(str::to_string));
     let outputs: FxHashSet<&str> = g.output.iter().map(vi_name).collect();
     if what.edges {
         add(&mut g.node.iter().flat_map(|raw| {
@@ -239,7 +242,11 @@ pub fn prefix_names(model: &mut ModelProto, prefix: &str, what: Prefixed) -> Vec
     }
     if what.initializers {
         add(&mut g.initializer.iter().filter_map(|t| t.name.as_deref()));
-        add(&mut g.sparse_initializer.iter().flat_map(|s| s.values.iter().chain(&s.indices)).filter_map(|t| t.name.as_deref()));
+        add(&mut g
+            .sparse_initializer
+            .iter()
+            .flat_map(|s| s.values.iter().chain(&s.indices))
+            .filter_map(|t| t.name.as_deref()));
     }
     if what.value_infos {
         add(&mut g.value_info.iter().map(vi_name));
@@ -254,7 +261,11 @@ pub fn prefix_names(model: &mut ModelProto, prefix: &str, what: Prefixed) -> Vec
         values: values.iter().map(|v| (v.as_str(), new(v))).collect(),
         nodes: node_names.iter().map(|&v| (v, new(v))).collect(),
         functions: if what.functions {
-            model.functions.iter().map(|f| (function_key(f), format!("{prefix}{}", f.name.as_deref().unwrap_or("")))).collect()
+            model
+                .functions
+                .iter()
+                .map(|f| (function_key(f), format!("{prefix}{}", f.name.as_deref().unwrap_or(""))))
+                .collect()
         } else {
             FxHashMap::default()
         },

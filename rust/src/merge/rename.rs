@@ -462,7 +462,8 @@ impl Visitor for Scoped {
         let local: FxHashSet<&str> = defined(g).into_iter().collect();
         let mut inner = self.maps.last().cloned().unwrap_or_default();
         inner.retain(|old, _| !local.contains(old.as_str()));
-        let mut hidden: Vec<(&String, &String)> = inner.iter().filter(|(_, new)| local.contains(new.as_str())).collect();
+        let mut hidden: Vec<(&String, &String)> =
+            inner.iter().filter(|(_, new)| local.contains(new.as_str())).collect();
         hidden.sort();
         if let (Some((old, new)), None) = (hidden.first(), &self.error) {
             self.error = Some(crate::error::Error::composition(format!(
@@ -551,6 +552,61 @@ pub fn fresh(prefix: &str, base: &str, free: impl Fn(&str) -> bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::merge::testing::{node, scale, vi};
+
+    fn if_reading(outer: &str, local: &str) -> ModelProto {
+        use crate::codec::proto::{attribute_proto::AttributeType, AttributeProto};
+        let mut m = scale(1);
+        let body = GraphProto {
+            name: Some("body".into()),
+            node: vec![node("Neg", &[outer], &[local]), node("Abs", &[local], &["out"])],
+            output: vec![vi("out", 1, &[2, 4])],
+            ..Default::default()
+        };
+        m.graph.as_mut().unwrap().node.push(node::encode(&NodeProto {
+            name: Some("cond".into()),
+            attribute: vec![AttributeProto {
+                name: Some("then_branch".into()),
+                r#type: Some(AttributeType::Graph as i32),
+                g: Some(body),
+                ..Default::default()
+            }],
+            ..crate::merge::testing::node_proto("If", &["b"], &["z"])
+        }));
+        m
+    }
+
+    fn body_nodes(m: &ModelProto) -> Vec<NodeProto> {
+        let n = node::decode(m.graph.as_ref().unwrap().node.last().unwrap()).unwrap();
+        n.attribute[0].g.as_ref().unwrap().node.iter().map(|raw| node::decode(raw).unwrap()).collect()
+    }
+
+    #[test]
+    fn rename_values_follows_outer_reads_and_leaves_a_bodys_own_names() {
+        let mut m = if_reading("c", "t");
+        rename_values(&mut m, &[("c".into(), "weights".into()), ("t".into(), "total".into())]).unwrap();
+        let body = body_nodes(&m);
+        assert_eq!((body[0].input.clone(), body[0].output.clone()), (vec!["weights".into()], vec!["t".into()]));
+        assert_eq!(node::decode(&m.graph.as_ref().unwrap().node[0]).unwrap().output, ["total"]);
+        let pairs = |p: &[(&str, &str)]| p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        let err = rename_values(&mut scale(1), &pairs(&[("x", "t")])).unwrap_err();
+        assert_eq!(err.message, "renaming 'x' to 't' clashes with the existing 't'");
+        let err = rename_values(&mut scale(1), &pairs(&[("x", "w"), ("c", "w")])).unwrap_err();
+        assert!(err.message.ends_with("which is also renamed to 'w'"), "{}", err.message);
+        let mut hidden = if_reading("c", "local");
+        let err = rename_values(&mut hidden, &pairs(&[("c", "local")])).unwrap_err();
+        assert_eq!(err.message, "'c' cannot become 'local': the subgraph 'body' of node 'cond' defines 'local' itself");
+        assert_eq!(hidden, if_reading("c", "local"), "left as it was");
+    }
+
+    #[test]
+    fn names_only_bodies_have_are_set_apart() {
+        let mut m = if_reading("c", "local");
+        let arena = Bump::new();
+        let names = NameSet::of(&mut m, &arena);
+        assert!(names.nested_values.contains("local") && names.nested_values.contains("out"));
+        assert!(!names.nested_values.contains("c") && names.has_top_value("c"));
+    }
 
     #[test]
     fn fresh_names_never_collide_with_originals_or_each_other() {

@@ -5,9 +5,9 @@ use bumpalo::Bump;
 use rustc_hash::FxHashSet;
 
 use crate::codec::graph::{graph, vi_name};
-use crate::error::{Error, Result};
 use crate::codec::proto::GraphProto;
 use crate::codec::proto::ModelProto;
+use crate::error::{Error, Result};
 use crate::merge::onnx_rules::extracted_value_info;
 use crate::merge::plan::parts::{Kept, Plan, PruneReport, Target};
 use crate::merge::rename::{walk_graph, Visitor};
@@ -139,8 +139,7 @@ pub fn extract(plan: &mut Plan, models: &[ModelProto], labels: &[String]) -> Res
             )));
         }
         report.nodes += nodes.iter().filter(|&&b| !b).count();
-        let inits: Vec<bool> =
-            g.initializer.iter().map(|t| needed.contains(t.name.as_deref().unwrap_or(""))).collect();
+        let inits: Vec<bool> = g.initializer.iter().map(|t| needed.contains(t.name.as_deref().unwrap_or(""))).collect();
         report.initializers += inits.iter().filter(|&&b| !b).count();
         kept.initializers.push(inits);
         kept.sparse.push(
