@@ -94,6 +94,17 @@ TAIL = """
     }
     """
 
+# Uses, at its top level, the names of DEAD's dead part ('unused', 'dead').
+SHARES_DEAD_NAMES = """
+    <ir_version: 8, opset_import: [ "": 17]>
+    third (float[2, 3] u) => (float[2, 3] z)
+    {
+        unused = Sin(u)
+        dead = Cos(unused)
+        z = Add(unused, dead)
+    }
+    """
+
 
 def load(text: str) -> ModelProto:
     m = parser.parse_model(text)
@@ -218,6 +229,8 @@ VARIATIONS = {
     "outputs_cut_value_info": (DEAD, TAIL, dict(io_map=[("y", "u")], outputs=["z"])),
     "outputs_keep_side": (DEAD, TAIL, dict(io_map=[("y", "u")], outputs=["side", "w"])),
     "no_cut_keeps_dead_nodes": (DEAD, TAIL, dict(io_map=[("y", "u")])),
+    # What the cut leaves out of the first model no longer clashes with the second's names.
+    "cut_part_names_free": (DEAD, SHARES_DEAD_NAMES, dict(io_map=[("y", "u")], inputs=["x"])),
     "prefixes_and_cut": (DROP_1, DROP_2, dict(io_map=[("A1", "B2")], inputs=["a/A0"], outputs=["b/B3"], prefix1="a/", prefix2="b/")),
     "prefix_first_only": (DEAD, TAIL, dict(io_map=[("y", "u")], prefix1="p/")),
     "prefix_second_only": (DEAD, TAIL, dict(io_map=[("y", "u")], prefix2="q/", outputs=["q/z", "side"])),
@@ -358,6 +371,15 @@ def test_different_ir_versions_merge_where_onnx_compose_refuses():
     assert merged.ir_version == 7
     x = np.ones((2, 2), np.float32)
     np.testing.assert_allclose(run(merged, {"X0": x})["Y1"], 4 * x)
+
+
+def test_names_of_the_cut_part_clash_only_when_kept():
+    m1, m2 = load(DEAD), load(SHARES_DEAD_NAMES)
+    with pytest.raises(ValueError, match="overlapping names"):
+        onnx_compose.merge_models(m1, m2, io_map=[("y", "u")])
+    merged = compose.merge_models(m1, m2, io_map=[("y", "u")])
+    onnx.checker.check_model(merged)
+    assert [n.output[0] for n in merged.graph.node if n.op_type in ("Sin", "Cos")] == ["m1/unused", "m1/dead"]
 
 
 def test_clashing_names_without_prefixes_merge_where_onnx_compose_refuses():

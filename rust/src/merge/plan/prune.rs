@@ -157,14 +157,28 @@ pub fn extract(plan: &mut Plan, models: &[ModelProto], labels: &[String]) -> Res
     Ok(())
 }
 
-/// Leaves out of the models what the plan does not keep (nodes, weights, value_info), so
-/// that the names of what is left out neither clash nor get renamed, and the value_info of
-/// values that take their name from elsewhere (inputs fed by an edge, weights stored once):
-/// the value feeding them has its own. A stage cut down as onnx.compose cuts it takes the
-/// Extractor's value_info, name and (empty) doc_string.
+/// Leaves out of the models what the plan does not keep (nodes, weights, value_info, and
+/// the graph inputs and outputs it neither exposes nor keeps as value_info; the plan's
+/// indices follow), so that the names of what is left out neither clash nor get renamed,
+/// and the value_info of values that take their name from elsewhere (inputs fed by an
+/// edge, weights stored once): the value feeding them has its own. A stage cut down as
+/// onnx.compose cuts it takes the Extractor's value_info, name and (empty) doc_string.
 pub fn leave_out(plan: &mut Plan, models: &mut [ModelProto]) {
     use rayon::prelude::*;
     let kept = plan.kept.take();
+    let mask = |len: &dyn Fn(&GraphProto) -> usize| -> Vec<Vec<bool>> {
+        models.iter().map(|m| vec![false; len(graph(m))]).collect()
+    };
+    let (mut keep_in, mut keep_out) = (mask(&|g| g.input.len()), mask(&|g| g.output.len()));
+    for gi in &plan.inputs {
+        keep_in[gi.stage][gi.index] = true;
+    }
+    for go in &plan.outputs {
+        keep_out[go.stage][go.index] = true;
+    }
+    for (k, xs) in plan.internal_outputs.iter().enumerate() {
+        xs.iter().for_each(|&x| keep_out[k][x] = true);
+    }
     let (alias, extracted) = (&plan.alias, &plan.extracted);
     models.par_iter_mut().enumerate().for_each(|(k, m)| {
         let g = m.graph.as_mut().expect("checked on entry");
@@ -175,6 +189,7 @@ pub fn leave_out(plan: &mut Plan, models: &mut [ModelProto]) {
             retain(&mut g.value_info, &kept.value_info[k]);
         }
         if extracted.get(k) == Some(&true) {
+            // From the graph's own inputs and outputs, all of them, as the Extractor reads them.
             g.value_info = extracted_value_info(g);
             g.name = Some(format!("Extracted from {{{}}}", g.name.as_deref().unwrap_or("")));
             g.doc_string = None;
@@ -182,7 +197,20 @@ pub fn leave_out(plan: &mut Plan, models: &mut [ModelProto]) {
         if !alias[k].is_empty() {
             g.value_info.retain(|vi| !alias[k].contains_key(vi_name(vi)));
         }
+        retain(&mut g.input, &keep_in[k]);
+        retain(&mut g.output, &keep_out[k]);
     });
+    let position = |masks: &[Vec<bool>]| -> Vec<Vec<usize>> {
+        masks.iter().map(|m| m.iter().scan(0, |n, &keep| Some(std::mem::replace(n, *n + usize::from(keep)))).collect()).collect()
+    };
+    let (at_in, at_out) = (position(&keep_in), position(&keep_out));
+    plan.inputs.iter_mut().for_each(|gi| gi.index = at_in[gi.stage][gi.index]);
+    plan.outputs.iter_mut().for_each(|go| go.index = at_out[go.stage][go.index]);
+    for (k, xs) in plan.internal_outputs.iter_mut().enumerate() {
+        xs.iter_mut().for_each(|x| *x = at_out[k][*x]);
+    }
+    // Indices into the inputs as they were: the plan was done with them.
+    plan.fed_inputs.clear();
 }
 
 fn retain<T>(list: &mut Vec<T>, mask: &[bool]) {
