@@ -373,6 +373,40 @@ def test_different_ir_versions_merge_where_onnx_compose_refuses():
     np.testing.assert_allclose(run(merged, {"X0": x})["Y1"], 4 * x)
 
 
+def test_external_data_references_are_kept_as_onnx_compose_keeps_them(tmp_path, monkeypatch):
+    from onnx import external_data_helper
+
+    monkeypatch.chdir(tmp_path)  # onnx.compose's checker looks for the data file from here
+
+    m2 = _big_weight_model()
+    external_data_helper.convert_model_to_external_data(m2, location="w.bin", size_threshold=0)
+    onnx.save(m2, str(tmp_path / "m2.onnx"))
+    m2 = onnx.load(str(tmp_path / "m2.onnx"), load_external_data=False)
+    assert m2.graph.initializer[0].data_location == TensorProto.EXTERNAL
+    m1 = _sparse_model("a")
+    merged = both_merge(m1, m2, io_map=[("y", "x")], prefix1="p/", prefix2="q/")
+    onnx.save(merged, str(tmp_path / "merged.onnx"))  # beside w.bin, it runs
+    x = np.ones(3, np.float32)
+    first = run(m1, {"x": x})["y"]
+    np.testing.assert_allclose(run(str(tmp_path / "merged.onnx"), {"p/x": x})["q/y"], first * [0, 1, 2])
+
+
+def _big_weight_model() -> ModelProto:
+    w = numpy_helper.from_array(np.arange(3, dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"], name="scale")], "weights",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_result_over_the_protobuf_limit_is_refused_with_the_way_out(monkeypatch):
+    from fastseq import _core
+
+    monkeypatch.setattr(_core, "PROTOBUF_LIMIT", 64)  # stands for 2 GB
+    with pytest.raises(ValueError, match="more than an onnx.ModelProto can hold .*compose_to_file"):
+        compose.merge_models(_big_weight_model(), _big_weight_model(), io_map=[("y", "x")], prefix2="b/")
+
+
 def test_names_of_the_cut_part_clash_only_when_kept():
     m1, m2 = load(DEAD), load(SHARES_DEAD_NAMES)
     with pytest.raises(ValueError, match="overlapping names"):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fastseq import _core
 from fastseq.errors import CompositionError, human_size
-from fastseq.sources.resolve import ModelSource
+from fastseq.sources.resolve import ModelSource, is_model_proto
 from fastseq.graph.build import build
 from fastseq.graph.parts import IoMap, Stage
 from fastseq.graph.spec import PipelineSpec
@@ -129,8 +129,9 @@ def merge_models(
     - an element type or shape mismatch across the io_map is refused;
     - a result over 2 GB, which an ``onnx.ModelProto`` cannot hold, is refused with a pointer
       to :func:`compose_to_file` (onnx.compose's checker fails on it);
-    - ``m1``/``m2`` may be any source :class:`fastseq.ONNXSequential` takes (paths, bytes);
-      a model whose weights are in external data files must be given as a path.
+    - ``m1``/``m2`` may be any source :class:`fastseq.ONNXSequential` takes (paths, bytes;
+      an ``onnx.ModelProto`` whose tensors refer to external data keeps the references, as
+      with onnx.compose).
     """
     import onnx
 
@@ -145,6 +146,16 @@ def merge_models(
             "hold (2 GB): fastseq.compose_to_file writes it with its weights in a data file"
         )
     return onnx.ModelProto.FromString(composed.to_bytes())
+
+
+def _stage(model: ModelSource, index: int) -> Stage:
+    """A stage of merge_models. An ``onnx.ModelProto`` is decoded as it is: tensors in
+    external data stay references (there is no folder to read them from), as onnx.compose
+    keeps them."""
+    if not is_model_proto(model):
+        return Stage(None, model)
+    label = f"{model.graph.name or 'model'} (#{index})"
+    return Stage(label, _core.decode(model.SerializeToString(), label))
 
 
 def merge_spec(
@@ -162,7 +173,7 @@ def merge_spec(
     by ``io_map`` under onnx.compose's rules (which the core applies)."""
     meta = {"name": name, "doc_string": doc_string}
     return PipelineSpec(
-        [Stage(None, m1), Stage(None, m2)],
+        [_stage(m1, 0), _stage(m2, 1)],
         io_maps=[[(str(o), str(i)) for o, i in io_map]],
         prefixes=[prefix1, prefix2],
         only_inputs=list(inputs) if inputs else None,
