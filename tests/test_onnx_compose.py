@@ -407,6 +407,26 @@ def test_a_result_over_the_protobuf_limit_is_refused_with_the_way_out(monkeypatc
         compose.merge_models(_big_weight_model(), _big_weight_model(), io_map=[("y", "x")], prefix2="b/")
 
 
+def _ir3_pair():
+    """IR 3 models, which list their initializers among the inputs."""
+    w = numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [3])  # noqa: E731
+    g1 = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"], name="add")], "first", [vi("x"), vi("w")], [vi("y")], [w])
+    g2 = helper.make_graph([helper.make_node("Relu", ["u"], ["z"], name="relu")], "second", [vi("u")], [vi("z")])
+    return [helper.make_model(g, opset_imports=[helper.make_opsetid("", 8)], ir_version=3) for g in (g1, g2)]
+
+
+def test_ir3_weights_listed_as_inputs_stay_inputs():
+    m1, m2 = _ir3_pair()
+    both_merge(m1, m2, io_map=[("y", "u")])
+    # inputs= names the real inputs; onnx.compose drops the weight's input and fails its check.
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx_compose.merge_models(m1, m2, io_map=[("y", "u")], inputs=["x"])
+    merged = compose.merge_models(m1, m2, io_map=[("y", "u")], inputs=["x"])
+    onnx.checker.check_model(merged)
+    assert _names(merged.graph.input) == ["x", "w"]
+
+
 def test_names_of_the_cut_part_clash_only_when_kept():
     m1, m2 = load(DEAD), load(SHARES_DEAD_NAMES)
     with pytest.raises(ValueError, match="overlapping names"):

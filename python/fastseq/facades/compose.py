@@ -125,7 +125,8 @@ def merge_models(
       annotations merge (onnx's Extractor refuses them); an input left out that a kept node
       reads, a name in ``inputs``/``outputs`` that no model has, and an io_map input listed
       in ``inputs`` are refused (onnx.compose returns a model reading an undefined tensor,
-      drops the name silently, or keeps an input nothing reads);
+      drops the name silently, or keeps an input nothing reads); the weights an IR < 4
+      model lists as inputs stay inputs (onnx.compose drops them, and its checker fails);
     - an element type or shape mismatch across the io_map is refused;
     - a result over 2 GB, which an ``onnx.ModelProto`` cannot hold, is refused with a pointer
       to :func:`compose_to_file` (onnx.compose's checker fails on it);

@@ -103,7 +103,18 @@ pub fn expose_linear(
                 "'{name}' is in inputs but an io_map pair feeds it: it cannot be a graph input too"
             )));
         }
-        inputs = select(models, labels, wanted, "input", |m| &graph(m).input, Some(&inputs))?;
+        let chosen = select(models, labels, wanted, "input", |m| &graph(m).input, Some(&inputs))?;
+        // The weights an IR < 4 model lists as inputs stay: without them it is invalid.
+        inputs = inputs
+            .iter()
+            .zip(chosen)
+            .enumerate()
+            .map(|(k, (unfed, chosen))| {
+                let weights = initializer_names(&models[k]);
+                let g = graph(&models[k]);
+                unfed.iter().copied().filter(|x| chosen.contains(x) || weights.contains(vi_name(&g.input[*x]))).collect()
+            })
+            .collect();
     }
     // onnx.compose keeps the outputs that no io_map pair consumes.
     let keep = if opts.rules == Rules::OnnxCompose { &Keep::Unconsumed } else { &opts.keep_outputs };
