@@ -155,9 +155,7 @@ pub(crate) fn decode(py: Python<'_>, data: Bound<'_, PyBytes>, label: &str, grap
     let data = shared(&data);
     let model =
         py.detach(|| if graph { decode_graph(label, &data) } else { decode_model(label, data) }).map_err(to_py)?;
-    let mut c = Composed::of(model, false);
-    c.labels = vec![label.to_string()];
-    Ok(c)
+    Ok(Composed { composition: Composition::single(model, label), linked: false })
 }
 
 /// The names the graphs of `g1` and `g2` share, by kind: see `onnx_rules::overlapping_names`.
@@ -167,5 +165,5 @@ pub(crate) fn overlapping_names(
     g2: PyRef<'_, Composed>,
     io_map_inputs: Vec<String>,
 ) -> Vec<(&'static str, Vec<String>)> {
-    overlaps(graph(&g1.model), graph(&g2.model), &io_map_inputs)
+    overlaps(graph(&g1.composition.model), graph(&g2.composition.model), &io_map_inputs)
 }

@@ -98,7 +98,7 @@ impl Composed {
 
     /// The model's graph alone, serialized (a `GraphProto`).
     fn graph_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let g = self.model.graph.clone().unwrap_or_default();
+        let g = self.composition.model.graph.clone().unwrap_or_default();
         Ok(PyBytes::new(py, &py.detach(|| g.encode_to_vec())))
     }
 
@@ -121,7 +121,7 @@ impl Composed {
     ) -> (Composed, Vec<(String, String)>) {
         let what = Prefixed { nodes, edges, inputs, outputs, initializers, value_infos, functions };
         let (model, renamed) = py.detach(|| {
-            let mut model = self.model.clone();
+            let mut model = self.composition.model.clone();
             let renamed = prefix_names(&mut model, prefix, what);
             (model, renamed)
         });
@@ -132,7 +132,7 @@ impl Composed {
     fn with_renamed(&self, py: Python<'_>, mapping: Vec<(String, String)>) -> PyResult<Composed> {
         let model = py
             .detach(|| {
-                let mut model = self.model.clone();
+                let mut model = self.composition.model.clone();
                 rename_values(&mut model, &mapping).map(|()| model)
             })
             .map_err(to_py)?;

@@ -134,6 +134,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     let labels = &labels[..];
     let mut plan = build_plan(&models, labels, opts)?;
     let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan) } else { Deduped::default() };
+    let declared = PlanView::declared_io(&models);
     leave_out(&mut plan, &mut models);
     let frame = match opts.rules {
         Rules::OnnxCompose => Some(Frame::of(&models, labels, opts)?),
@@ -152,7 +153,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         || assign_value_names(&models, &names, &plan, value_arenas.iter_mut().collect(), &mut extra),
         || assign_node_names(&names, node_arenas.iter_mut().collect()),
     );
-    let view = PlanView::of(&models, labels, &given, &plan, graph_form, &values.maps);
+    let view = PlanView::of(&models, labels, &given, &plan, graph_form, &values.maps).with_declared(declared);
     let ValueNames { maps: value_maps, adapters, renamed: value_renamed } = values;
     let (node_maps, node_renamed): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
     let adapters = name_adapter_nodes(adapters, &plan, &names);
