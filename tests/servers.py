@@ -15,6 +15,7 @@ class _Server:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.fail_next = 0  # answer this many requests with 503 first
         self.truncate = False  # send half the body with the full Content-Length
+        self.short_length = False  # announce half the body's length in Content-Length, send it whole
         self.delay = 0.0  # seconds to wait before answering
         self.trickle = 0.0  # seconds to wait before each byte of the body
         server = self
@@ -66,7 +67,7 @@ class _FileHandler(BaseHTTPRequestHandler):
             return
         data = path.read_bytes()
         self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(len(data) // 2 if self.owner.short_length else len(data)))
         self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
         for k, v in headers.items():
             self.send_header(k, v)
