@@ -231,8 +231,8 @@ def test_every_error_is_one_line_and_a_non_zero_exit(tmp_path):
             problems.append(f"{len(lines)} error lines")
         elif says not in lines[0]:
             problems.append(f"the error line does not say {says!r}")
-        if "Traceback" in r.stderr or "onnxruntime:" in r.stderr:
-            problems.append("a traceback or ONNX Runtime's log")
+        if "Traceback" in r.stderr or "[E:onnxruntime:" in r.stderr:
+            problems.append("a traceback or ONNX Runtime's error log")
         if problems:
             failures.append(f"fastseq {' '.join(a[:60] for a in args)}: {'; '.join(problems)}\n{r.stderr[-1500:]}")
     assert not failures, "\n\n".join(failures)

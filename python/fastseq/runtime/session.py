@@ -542,10 +542,14 @@ def check_timeout(timeout: Any) -> None:
     """``timeout=`` is None or a positive, finite number of seconds (an InputError
     otherwise): anything else would fail in the timer's thread, or never fire, and the call
     would run with no timeout at all."""
+    import threading
+
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise InputError(f"timeout must be a positive, finite number of seconds or None, got {timeout!r}")
+    if timeout > threading.TIMEOUT_MAX:
+        raise InputError(f"timeout must be at most {threading.TIMEOUT_MAX:g} s (what a timer can wait), got {timeout!r}")
 
 
 def check_log_level(level: Any) -> None:
