@@ -197,7 +197,9 @@ class Runnable:
         thread to stop the call); ``timeout``: seconds after which the call is stopped;
         ``log_level`` (0 verbose .. 4 fatal) and ``tag`` go to ONNX Runtime's log. A stopped
         call raises :class:`fastseq.RunTimeoutError`; a ``timeout`` that is not a positive,
-        finite number is an :class:`fastseq.InputError`."""
+        finite number, or a ``log_level`` out of range, is an :class:`fastseq.InputError`. A
+        failed call raises :class:`fastseq.RunError` naming the stage; ONNX Runtime's own
+        log line for it is left out unless ``log_level`` or ``run_options`` ask for it."""
         session.check_timeout(timeout)
         session.check_log_level(log_level)
         if timeout is None and log_level is None and tag is None:
@@ -268,7 +270,10 @@ class Runnable:
 
         ``b = pipe.bind(x); y, = b()`` runs on ``x``'s buffer (fill it in place for the next
         call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call.
-        A binding is one thread's: threads make one each (concurrent use raises RunError)."""
+        An input that is not C-contiguous (a strided view, Fortran order) cannot be bound in
+        place and is an :class:`fastseq.InputError` (bind ``np.ascontiguousarray(x)``), as is
+        an unknown ``outputs``. A binding is one thread's: threads make one each (concurrent
+        use raises RunError)."""
         from fastseq.runtime.binding import Binding
 
         binding = Binding(self._runner, outputs, output_names, run_options)
