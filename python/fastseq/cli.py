@@ -1,7 +1,8 @@
 """The ``fastseq`` command: merge, inspect and run ONNX models in build pipelines.
 
 Exit codes: 0 success, 1 a fastseq error (bad model, bad joint, failed download or write),
-2 a usage error. Errors go to stderr as one ``fastseq: error: ...`` line.
+2 a usage error (after the command's usage), 130 interrupted. Every error goes to stderr as
+one ``fastseq: error: ...`` line, never a traceback.
 """
 
 from __future__ import annotations
@@ -521,25 +522,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except FastseqError as e:
-        print(f"fastseq: error: {e}", file=sys.stderr)
-        return 1
+        return _error(e)
     except ModuleNotFoundError as e:
         from fastseq.errors import runtime_missing
 
-        if (missing := runtime_missing(e)) is None:
-            raise
-        print(f"fastseq: error: {missing}", file=sys.stderr)
-        return 1
+        return _error(runtime_missing(e) or e)
     except (OSError, ValueError) as e:
-        print(f"fastseq: error: {e}", file=sys.stderr)
-        return 1
+        return _error(e)
     except KeyboardInterrupt:
-        print("fastseq: error: interrupted", file=sys.stderr)
-        return 130
+        return _error("interrupted", 130)
     except Exception as e:  # noqa: BLE001  (the last resort: still one line, never a traceback)
-        print(f"fastseq: error: unexpected {type(e).__name__}: {' '.join(str(e).split())} "
-              "(a bug in fastseq: please report it)", file=sys.stderr)
-        return 1
+        return _error(f"unexpected {type(e).__name__}: {e} (a bug in fastseq: please report it)")
+
+
+def _error(error: BaseException | str, code: int = 1) -> int:
+    """Prints the one ``fastseq: error:`` line (a message over several lines joined)."""
+    text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
+    print(f"fastseq: error: {text}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":
