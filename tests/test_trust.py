@@ -95,6 +95,14 @@ def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_before_any_th
         threading.excepthook = hook
 
 
+@pytest.mark.parametrize("timeout", [float("inf"), "1", 0, float("nan")])
+def test_run_async_checks_its_timeout_too(pipe, timeout):
+    import asyncio
+
+    with pytest.raises(fastseq.InputError, match="timeout must be a positive, finite number"):
+        asyncio.run(pipe.run_async(X, timeout=timeout))
+
+
 def test_valid_timeouts_and_log_levels_still_run(pipe):
     np.testing.assert_allclose(pipe.run({"x": X}, timeout=30)[0], np.maximum(2 * X, 0))
     np.testing.assert_allclose(pipe.run({"x": X}, timeout=0.5, log_level=3)[0], np.maximum(2 * X, 0))

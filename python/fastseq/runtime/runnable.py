@@ -221,7 +221,9 @@ class Runnable:
         session's intra-op pool; no thread is started per call; with
         ``intra_op_num_threads=1`` the loop's default executor). Cancelling the awaiting task
         stops the run through its ``RunOptions``; ``timeout`` as in :meth:`run`
-        (:class:`fastseq.RunTimeoutError`)."""
+        (:class:`fastseq.RunTimeoutError`; one that is not a positive, finite number is an
+        :class:`fastseq.InputError`)."""
+        session.check_timeout(timeout)
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 

@@ -335,8 +335,9 @@ class Runner:
 
         from fastseq.errors import RunTimeoutError
 
+        check_timeout(timeout)
         loop = asyncio.get_running_loop()
-        options = run_options if run_options is not None else ort.RunOptions()
+        options = run_options if run_options is not None else quiet_run_options()
         stopped: list[str] = []  # why the terminate flag was set: "timeout" or "cancelled"
 
         def stop(why: str) -> None:
