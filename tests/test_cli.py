@@ -175,6 +175,8 @@ ERRORS = [
     (["run", "a.onnx", "--input", "x=x3.npy"], "expects size 4 on axis 1"),
     (["run", "reshape.onnx", "--input", "x=x9.npy"], "reshape"),
     (["run", "a.onnx", "--ray", "--input", "x=x.npy"], "--ray needs one --input"),
+    (["profile", "a.onnx", "--input", "x=nope.npy"], "nope.npy: no such file"),
+    (["profile", "a.onnx", "--input", "x=x.npy", "--runs", "0"], "profile needs runs >= 1"),
     # providers
     (["run", "a.onnx", "--input", "x=x.npy", "--provider", "CUDAExecutionProvder"], "did you mean 'CUDAExecutionProvider'"),
     (["merge", "a.onnx", "-o", "m.onnx", "--optimize", "--providers", "Bogus"], "unknown execution provider 'Bogus'"),
