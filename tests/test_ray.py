@@ -374,3 +374,25 @@ def test_a_graph_pipeline_runs_in_a_predictor_too(models, data):
     assert hasattr(graph, "map_batches")
     out = fray.Predictor(graph, output_columns={"y": "score"})({"x": data[:7], "id": np.arange(7)})
     np.testing.assert_allclose(out["score"], plain_loop(models, data[:7]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_failure_in_an_actor_names_the_stage(cluster):
+    """The Predictor runs the pipeline's own runtime: a node failing in the second stage is a
+    RunError naming that stage (no node names clash, so the core renamed nothing), in-process
+    and, through error_of(), from an actor."""
+    shape = numpy_helper.from_array(np.array([3, 3], np.int64), "square_shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["h", "square_shape"], ["y"], name="square")], "square",
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+    square = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pipe = fastseq.Pipeline({"scale": scale_model(2.0, out="h", shape=("N", 4)), "square": square},
+                            edges=["scale.h -> square.h"])
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(fastseq.RunError, match=r"^stage square: .*Name:'square \(in square\)'"):
+        fray.Predictor(pipe)({"x": x})
+    ds = ray.data.from_items([{"x": row} for row in np.ones((4, 4), np.float32)])
+    with pytest.raises(Exception) as failed:
+        pipe.map_batches(ds, compute=ray.data.ActorPoolStrategy(size=1), batch_size=2, num_cpus=1).take_all()
+    message = fray.error_of(failed.value)
+    assert message is not None and message.startswith("stage square: ") and "square (in square)" in message
