@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,6 +16,7 @@ class _Server:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.fail_next = 0  # answer this many requests with 503 first
         self.truncate = False  # send half the body with the full Content-Length
+        self.short_length = False  # announce half the body's length in Content-Length, send it whole
         self.delay = 0.0  # seconds to wait before answering
         self.trickle = 0.0  # seconds to wait before each byte of the body
         server = self
@@ -66,7 +68,7 @@ class _FileHandler(BaseHTTPRequestHandler):
             return
         data = path.read_bytes()
         self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(len(data) // 2 if self.owner.short_length else len(data)))
         self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
         for k, v in headers.items():
             self.send_header(k, v)
@@ -161,3 +163,27 @@ def serve_raw(answer: bytes) -> _Server:
             self.close_connection = True
 
     return _Server(Handler)
+
+
+class HangUp:
+    """Accepts each connection and closes it at once: a Hub that is there and is not."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()

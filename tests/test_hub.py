@@ -4,7 +4,6 @@ closed port on 127.0.0.1, and a server that hangs up on every connection."""
 from __future__ import annotations
 
 import socket
-import threading
 
 import numpy as np
 import onnx
@@ -12,7 +11,7 @@ import pytest
 
 import fastseq
 from conftest import scale_model
-from servers import serve_hub
+from servers import HangUp, serve_hub
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
 
@@ -36,30 +35,6 @@ def _closed_port() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
-class _HangUp:
-    """Accepts each connection and closes it at once: a Hub that is there and is not."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_unreachable_hub_fails_at_once_for_an_uncached_id(tmp_path, monkeypatch):
     endpoint = _closed_port()
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
@@ -73,7 +48,7 @@ def test_unreachable_hub_fails_at_once_for_an_uncached_id(tmp_path, monkeypatch)
 def test_an_unreachable_hub_is_asked_once_not_retried(tmp_path, monkeypatch):
     """huggingface_hub retries a dropped connection five times with back-off (~23 s) when
     nothing is cached; fastseq asks once."""
-    server = _HangUp()
+    server = HangUp()
     try:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
         with pytest.raises(fastseq.DownloadError, match="is unreachable"):

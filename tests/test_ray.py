@@ -403,3 +403,25 @@ def test_a_local_cluster_gets_an_object_store_that_fits_the_machine(monkeypatch,
     local, remote = calls
     assert set(local) == {"object_store_memory", "log_to_driver"} and 256 << 20 <= local["object_store_memory"]
     assert remote == {"address": "ray://head:10001", "log_to_driver": False}
+
+
+def test_a_failure_in_an_actor_names_the_stage(cluster):
+    """The Predictor runs the pipeline's own runtime: a node failing in the second stage is a
+    RunError naming that stage (no node names clash, so the core renamed nothing), in-process
+    and, through error_of(), from an actor."""
+    shape = numpy_helper.from_array(np.array([3, 3], np.int64), "square_shape")
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["h", "square_shape"], ["y"], name="square")], "square",
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+    square = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pipe = fastseq.Pipeline({"scale": scale_model(2.0, out="h", shape=("N", 4)), "square": square},
+                            edges=["scale.h -> square.h"])
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(fastseq.RunError, match=r"^stage square: .*Name:'square \(in square\)'"):
+        fray.Predictor(pipe)({"x": x})
+    ds = ray.data.from_items([{"x": row} for row in np.ones((4, 4), np.float32)])
+    with pytest.raises(Exception) as failed:
+        pipe.map_batches(ds, compute=ray.data.ActorPoolStrategy(size=1), batch_size=2, num_cpus=1).take_all()
+    message = fray.error_of(failed.value)
+    assert message is not None and message.startswith("stage square: ") and "square (in square)" in message

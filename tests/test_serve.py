@@ -173,7 +173,7 @@ def test_cli_profile_prints_the_table(tmp_path):
     assert "light" in r.stdout and "heavy" in r.stdout and "(hottest)" in r.stdout and "(between stages)" in r.stdout
     assert "mean of 3 profiled runs" in r.stdout and "mm0 (MatMul)" in r.stdout
     r = fastseq_cli("profile", "pipeline.toml", "--input", "x=missing.npy")
-    assert r.returncode != 0 and "fastseq profile: error: --input x=missing.npy: no such file" in r.stderr
+    assert r.returncode != 0 and "fastseq: error: --input x=missing.npy: no such file" in r.stderr
 
 
 # --- run_async ----------------------------------------------------------------------------------

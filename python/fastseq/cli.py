@@ -1,7 +1,8 @@
 """The ``fastseq`` command: merge, inspect and run ONNX models in build pipelines.
 
 Exit codes: 0 success, 1 a fastseq error (bad model, bad joint, failed download or write),
-2 a usage error. Errors go to stderr as one ``fastseq: error: ...`` line.
+2 a usage error (after the command's usage), 130 interrupted. Every error goes to stderr as
+one ``fastseq: error: ...`` line, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import NoReturn
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -23,6 +25,22 @@ from fastseq.graph.spec import PipelineSpec
 
 def _is_pipeline_file(arg: str) -> bool:
     return arg.endswith(".toml")
+
+
+def _fail(message: str) -> SystemExit:
+    """A usage mistake that argparse cannot see: the one ``fastseq: error:`` line, exit 1."""
+    return SystemExit(f"fastseq: error: {message}")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors on the one ``fastseq: error: <command>: ...`` line
+    (after the usage), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        command = self.prog.partition(" ")[2]
+        self.exit(2, f"fastseq: error: {command + ': ' if command else ''}{message}\n")
+
 
 # Each command imports what it uses (numpy, onnxruntime, the loader) itself: `fastseq --help`
 # and `fastseq inspect` stay fast.
@@ -84,36 +102,33 @@ def _parse_opset(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"'{text}': expected an opset version or 'highest'") from None
 
 
-def _check_io_maps(command: str, args: argparse.Namespace) -> None:
+def _check_io_maps(args: argparse.Namespace) -> None:
     if args.io_map is not None and len(args.io_map) != len(args.models) - 1:
-        raise SystemExit(
-            f"fastseq {command}: error: {len(args.models)} models have {len(args.models) - 1} joint(s) "
+        raise _fail(
+            f"{len(args.models)} models have {len(args.models) - 1} joint(s) "
             f"but {len(args.io_map)} --io-map were given (one per joint, in order)"
         )
 
 
-def _load_npy(name: str, file: str, command: str):
+def _load_npy(name: str, file: str):
     """One --input array; anything but a readable .npy file is a one-line error."""
     path = Path(file).expanduser()
     if not path.is_file():
-        raise SystemExit(f"fastseq {command}: error: --input {name}={file}: no such file")
+        raise _fail(f"--input {name}={file}: no such file")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic != b"\x93NUMPY":
         kind = " (an .npz archive: save one array per input with numpy.save)" if magic[:2] == b"PK" else ""
-        raise SystemExit(
-            f"fastseq {command}: error: --input {name}={file}: not a .npy file{kind}; "
-            "write each input with numpy.save(path, array)"
-        )
+        raise _fail(f"--input {name}={file}: not a .npy file{kind}; write each input with numpy.save(path, array)")
     import numpy as np
 
     try:
         return np.load(path, allow_pickle=False)
     except ValueError as e:
-        raise SystemExit(f"fastseq {command}: error: --input {name}={file}: {e}") from None
+        raise _fail(f"--input {name}={file}: {e}") from None
 
 
-def _feeds(args: argparse.Namespace, command: str, pipe) -> dict:
+def _feeds(args: argparse.Namespace, pipe) -> dict:
     """The --input arrays by input name: ``NAME=FILE.npy``, or ``FILE.npy`` alone for a
     one-input pipeline; each as its input's dtype where that changes no value (int32 to
     int64, float16 to float32, bool to a number: the pipeline converts), or with ``--cast``
@@ -130,41 +145,38 @@ def _feeds(args: argparse.Namespace, command: str, pipe) -> dict:
         if not (sep and name in inputs) and len(inputs) == 1 and (not sep or Path(item).expanduser().exists()):
             name, file = next(iter(inputs)), item
         elif not sep or not name or not file:
-            listing = ", ".join(map(str, pipe.inputs))
-            raise SystemExit(f"fastseq {command}: error: --input '{item}': expected NAME=FILE.npy; the inputs are "
-                             f"{listing}")
+            raise _fail(f"--input '{item}': expected NAME=FILE.npy; the inputs are {', '.join(map(str, pipe.inputs))}")
         elif name not in inputs:
             raise InputError(f"'{name}' is not an input{_core.did_you_mean(name, list(inputs))}; inputs: "
                              f"{', '.join(inputs)}")
-        array = _load_npy(name, file, command)
+        array = _load_npy(name, file)
         want = inputs[name].dtype
         if want is not None and array.dtype != want and not np.can_cast(array.dtype, want, "safe"):
             if not args.cast:
-                raise SystemExit(
-                    f"fastseq {command}: error: --input {name}={file} holds {array.dtype}, input '{name}' expects "
-                    f"{want}, and converting loses values; pass --cast to convert it anyway (as "
-                    f"array.astype(numpy.{want}) does)"
+                raise _fail(
+                    f"--input {name}={file} holds {array.dtype}, input '{name}' expects {want}, and converting loses "
+                    f"values; pass --cast to convert it anyway (as array.astype(numpy.{want}) does)"
                 )
             array = array.astype(want)
         feeds[name] = array
     return feeds
 
 
-def _pipeline(args: argparse.Namespace, command: str):
+def _pipeline(args: argparse.Namespace):
     """The pipeline that ``args.models`` name: one pipeline.toml, or models composed in order."""
     if len(args.models) == 1 and _is_pipeline_file(args.models[0]):
         from fastseq.graph import pipefile
         from fastseq.facades.pipeline import Pipeline
 
         if args.io_map is not None:
-            raise SystemExit(f"fastseq {command}: error: --io-map is for a chain of models; a pipeline file has edges")
+            raise _fail("--io-map is for a chain of models; a pipeline file has edges")
         spec = pipefile.read(args.models[0])
         if args.providers:
             spec.providers = list(args.providers)
         return Pipeline.from_spec(spec)
     from fastseq.facades.sequential import ONNXSequential
 
-    _check_io_maps(command, args)
+    _check_io_maps(args)
     return ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None)
 
 
@@ -173,14 +185,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
         from fastseq.graph import pipefile
 
         if args.io_map is not None or args.keep_outputs:
-            raise SystemExit(
-                "fastseq merge: error: --io-map and --keep-outputs are for a chain of models; "
+            raise _fail("--io-map and --keep-outputs are for a chain of models; "
                 "a pipeline file has edges and outputs"
             )
         spec = pipefile.read(args.models[0])
         what = f"merging {len(spec.stages)} stages"
     else:
-        _check_io_maps("merge", args)
+        _check_io_maps(args)
         spec = PipelineSpec.chain(args.models, args.io_map, keep_outputs=args.keep_outputs)
         what = f"merging {len(args.models)} models"
     spec.cache_dir = args.cache_dir or spec.cache_dir
@@ -250,7 +261,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if _is_pipeline_file(args.model):
         return _inspect_pipeline(args)
     if args.svg or args.dot:
-        raise SystemExit("fastseq inspect: error: --svg and --dot draw a pipeline file (pipeline.toml)")
+        raise _fail("--svg and --dot draw a pipeline file (pipeline.toml)")
     src = loader.resolve(args.model, 0)
     info = _core.load_model(src.data, src.label).summary()
     print(f"{src.label}")
@@ -298,20 +309,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.ray is not None:  # a dataset on a Ray cluster (extra: ray)
         if args.cast:
-            raise SystemExit("fastseq run: error: --cast converts .npy inputs; a dataset's columns must hold the "
-                             "inputs' dtypes")
+            raise _fail("--cast converts .npy inputs; a dataset's columns must hold the inputs' dtypes")
         if not args.input or len(args.input) != 1 or not args.output:
-            raise SystemExit("fastseq run: error: --ray needs one --input (a folder of .npy files or a Parquet "
-                             "dataset) and --output (a folder for Parquet files)")
+            raise _fail("--ray needs one --input (a folder of .npy files or a Parquet dataset) and --output "
+                        "(a folder for Parquet files)")
         try:
             from fastseq.integrations.ray import run_dataset
         except ImportError as e:
-            raise SystemExit(f"fastseq run: error: {e}") from None
-    pipe = _pipeline(args, "run")
+            raise _fail(str(e)) from None
+    pipe = _pipeline(args)
     if args.ray is not None:
         run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
         return 0
-    feeds = _feeds(args, "run", pipe)
+    feeds = _feeds(args, pipe)
     with progress("running"):
         outputs = pipe.run(feeds)
     names = [o.name for o in pipe.outputs]
@@ -339,8 +349,8 @@ def _summary(value) -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    pipe = _pipeline(args, "profile")
-    feeds = _feeds(args, "profile", pipe)
+    pipe = _pipeline(args)
+    feeds = _feeds(args, pipe)
     with progress("profiling"):
         profile = pipe.profile(runs=args.runs, warmup=args.warmup, **feeds)
     print(profile)
@@ -463,7 +473,7 @@ def _cast_option(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
+    p = _Parser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
     p.add_argument("--version", action="version", version=f"fastseq {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -568,18 +578,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except FastseqError as e:
-        print(f"fastseq: error: {e}", file=sys.stderr)
-        return 1
+        return _error(e)
     except ModuleNotFoundError as e:
         from fastseq.errors import runtime_missing
 
-        if (missing := runtime_missing(e)) is None:
-            raise
-        print(f"fastseq: error: {missing}", file=sys.stderr)
-        return 1
+        return _error(runtime_missing(e) or e)
     except (OSError, ValueError) as e:
-        print(f"fastseq: error: {e}", file=sys.stderr)
-        return 1
+        return _error(e)
+    except KeyboardInterrupt:
+        return _error("interrupted", 130)
+    except Exception as e:  # noqa: BLE001  (the last resort: still one line, never a traceback)
+        return _error(f"unexpected {type(e).__name__}: {e} (a bug in fastseq: please report it)")
+
+
+def _error(error: BaseException | str, code: int = 1) -> int:
+    """Prints the one ``fastseq: error:`` line (a message over several lines joined)."""
+    text = " ".join(part.strip() for part in str(error).splitlines() if part.strip())
+    print(f"fastseq: error: {text}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@ class DownloadError(LoadError):
     """A URL or Hub download failed."""
 
 
+class PipelineFileError(LoadError):
+    """A pipeline file (``pipeline.toml``) that cannot be read: not UTF-8 text, not TOML, a
+    key of the wrong type or nested deeper than any pipeline file is. The message names the
+    file and the key."""
+
+
 class InputError(FastseqError, ValueError):
     """The arrays passed to a pipeline do not match its inputs."""
 
@@ -52,6 +58,7 @@ __all__ = [
     "InputError",
     "LoadError",
     "OpsetMismatchError",
+    "PipelineFileError",
     "ProviderError",
     "RunError",
     "RunTimeoutError",

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastseq.sources.resolve import ModelSource
+from fastseq import _core
+from fastseq.errors import CompositionError, human_size
+from fastseq.sources.resolve import ModelSource, is_model_proto
 from fastseq.graph.build import build
 from fastseq.graph.parts import IoMap, Stage
 from fastseq.graph.spec import PipelineSpec
@@ -101,29 +103,83 @@ def merge_models(
     domain: str | None = "",
     model_version: int | None = 1,
 ) -> onnx.ModelProto:
-    """A drop-in for ``onnx.compose.merge_models`` with the same arguments and result.
+    """A drop-in for ``onnx.compose.merge_models``: the same arguments, and wherever
+    onnx.compose succeeds the same model: inputs and outputs in the same order (the first
+    model's outputs that the io_map does not consume, then the second's), the same nodes in
+    the same order, cut down as onnx.compose cuts them when ``inputs``/``outputs`` are given,
+    the same names (prefixes as ``add_prefix`` gives them), value_info, initializers,
+    metadata (a key both models set to different values is refused), functions and model
+    fields. Its ``ValueError`` cases raise :class:`fastseq.CompositionError` or
+    :class:`fastseq.OpsetMismatchError`, both subclasses of ``ValueError``.
 
-    Unlike it, names that clash between the models are made unique instead of refused,
-    If/Loop bodies that read outer-scope names stay valid, and models with different IR
-    versions merge (the result takes the highest).
+    It differs only where onnx.compose fails or returns a broken model:
+
+    - names that clash between the models (without prefixes) are renamed (``m1/x``)
+      instead of refused, and so are node names both graphs use, which onnx.compose keeps
+      twice and ONNX Runtime refuses; same-named local functions are kept once when
+      identical and renamed otherwise;
+    - models of different IR versions merge (the result takes the highest);
+    - If/Loop/Scan bodies that read outer-scope names stay valid (onnx.compose's
+      ``add_prefix`` misses outer initializers, its pruning what bodies read);
+    - with ``inputs``/``outputs``, models with sparse initializers or quantization
+      annotations merge (onnx's Extractor refuses them); an input left out that a kept node
+      reads, a name in ``inputs``/``outputs`` that no model has, and an io_map input listed
+      in ``inputs`` are refused (onnx.compose returns a model reading an undefined tensor,
+      drops the name silently, or keeps an input nothing reads); the weights an IR < 4
+      model lists as inputs stay inputs (onnx.compose drops them, and its checker fails);
+    - an element type or shape mismatch across the io_map is refused;
+    - a result over 2 GB, which an ``onnx.ModelProto`` cannot hold, is refused with a pointer
+      to :func:`compose_to_file` (onnx.compose's checker fails on it);
+    - ``m1``/``m2`` may be any source :class:`fastseq.ONNXSequential` takes (paths, bytes;
+      an ``onnx.ModelProto`` whose tensors refer to external data keeps the references, as
+      with onnx.compose).
     """
     import onnx
 
-    meta: dict[str, Any] = {
-        "name": name,
-        "doc_string": doc_string,
-        "producer_name": producer_name,
-        "producer_version": producer_version,
-        "domain": domain,
-    }
-    spec = PipelineSpec(
-        [Stage(None, m1), Stage(None, m2)],
+    spec = merge_spec(m1, m2, io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
+    spec.metadata.update(producer_name=producer_name, producer_version=producer_version, domain=domain)
+    spec.metadata = {k: v for k, v in spec.metadata.items() if v is not None}
+    spec.model_version = model_version
+    composed = build(spec).composed
+    if composed.encoded_len() >= _core.PROTOBUF_LIMIT:
+        raise CompositionError(
+            f"the merged model is {human_size(composed.encoded_len())}, more than an onnx.ModelProto can "
+            "hold (2 GB): fastseq.compose_to_file writes it with its weights in a data file"
+        )
+    return onnx.ModelProto.FromString(composed.to_bytes())
+
+
+def _stage(model: ModelSource, index: int) -> Stage:
+    """A stage of merge_models. An ``onnx.ModelProto`` is decoded as it is: tensors in
+    external data stay references (there is no folder to read them from), as onnx.compose
+    keeps them."""
+    if not is_model_proto(model):
+        return Stage(None, model)
+    label = f"{model.graph.name or 'model'} (#{index})"
+    return Stage(label, _core.decode(model.SerializeToString(), label))
+
+
+def merge_spec(
+    m1: ModelSource,
+    m2: ModelSource,
+    io_map: IoMap,
+    inputs: Sequence[str] | None,
+    outputs: Sequence[str] | None,
+    prefix1: str | None,
+    prefix2: str | None,
+    name: str | None,
+    doc_string: str | None,
+) -> PipelineSpec:
+    """The description of ``onnx.compose.merge_models``/``merge_graphs``: two models joined
+    by ``io_map`` under onnx.compose's rules (which the core applies)."""
+    meta = {"name": name, "doc_string": doc_string}
+    return PipelineSpec(
+        [_stage(m1, 0), _stage(m2, 1)],
         io_maps=[[(str(o), str(i)) for o, i in io_map]],
         prefixes=[prefix1, prefix2],
         only_inputs=list(inputs) if inputs else None,
         only_outputs=list(outputs) if outputs else None,
         metadata={k: v for k, v in meta.items() if v is not None},
-        model_version=model_version,
         entry="merge_models",
+        rules="onnx.compose",
     )
-    return onnx.ModelProto.FromString(build(spec).composed.to_bytes())

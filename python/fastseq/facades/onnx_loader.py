@@ -107,7 +107,11 @@ class ONNXLoader:
                 a download.
             force_download: download even when ``file_path`` exists, and replace it.
         """
-        target = Path(file_path).expanduser()
+        cls._fetch(url, Path(file_path).expanduser(), download_if_not_exists, force_download, model=False)
+
+    @classmethod
+    def _fetch(cls, url: str, target: Path, download_if_not_exists: bool, force_download: bool, model: bool) -> None:
+        """:meth:`download`; with ``model``, the core decodes the file before it is kept."""
         if force_download and not download_if_not_exists:
             raise ValueError("force_download=True needs download_if_not_exists=True")
         if target.exists() and not force_download:
@@ -121,7 +125,7 @@ class ONNXLoader:
         # target, then one rename: the target is never half-written.
         scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".download"))
         try:
-            fetched = loader.url_download(url, scratch, force_download=True)
+            fetched = loader.url_download(url, scratch, force_download=True, model=model)
             # The scratch file is private (0600); the file the caller named gets the usual
             # permissions, as a plain download would.
             os.chmod(fetched, 0o666 & ~_umask())
@@ -194,11 +198,8 @@ class ONNXLoader:
         if not local and text.startswith("hf://"):
             path = cls._hub_file(text, cache_dir, download, force_download)
         elif not local and text.startswith(("http://", "https://")):
-            path = Path(
-                cls.download_to_cache(
-                    text, _url_name(text), download, cache_dir=cache_dir, suffix=".onnx", force_download=force_download
-                )
-            )
+            path = Path(cls._get_file_path(_url_name(text), cache_dir, ".onnx"))
+            cls._fetch(text, path, download, force_download, model=True)
             if with_data:
                 parts = urllib.parse.urlsplit(text)
                 stem = parts.path[: -len(".onnx")] if parts.path.endswith(".onnx") else parts.path
@@ -251,15 +252,9 @@ class ONNXLoader:
     @classmethod
     def list_files(cls, folder: str, *, revision: str | None = None, token: str | bool | None = None) -> list[str]:
         """The paths of the files and folders directly in ``folder`` of the Hub repo
-        (``"operators"``, ``"models"``), through huggingface_hub (``HF_ENDPOINT`` honoured)."""
-        from huggingface_hub import HfApi
-        from huggingface_hub.errors import HfHubHTTPError
-
-        api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
-        try:
-            return [entry.path for entry in api.list_repo_tree(cls.REPO, folder, revision=revision, token=token)]
-        except (HfHubHTTPError, OSError, ValueError) as e:
-            raise DownloadError(f"cannot list {cls.REPO}/{folder}: {e}") from e
+        (``"operators"``, ``"models"``), through huggingface_hub (``HF_ENDPOINT`` honoured).
+        Offline (``HF_HUB_OFFLINE``) or with the Hub unreachable, a DownloadError at once."""
+        return loader.hub_listing(cls.REPO, folder, revision, token)
 
     @classmethod
     def list_operators(cls) -> None:

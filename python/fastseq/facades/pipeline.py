@@ -170,10 +170,6 @@ class Pipeline(Facade):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from fastseq import _core
-
         self.spec, self._plan, self._report = state["spec"], state["plan"], state["report"]
         self._sources = state["sources"]
-        self._labels = state["labels"]
-        self._composed = _core.load_model(state["model"], "pipeline")
-        self._start(state["providers"], session_options(self.spec.session_options), state.get("session_cache"))
+        self._restore(state, session_options(self.spec.session_options))

@@ -129,6 +129,7 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
             keep_outputs=keep,
             inputs=spec.only_inputs,
             outputs=spec.only_outputs,
+            rules=spec.rules,
             **_extra(spec),
             **common,
         )

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from fastseq import _core
-from fastseq.errors import LoadError
+from fastseq.errors import LoadError, PipelineFileError
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import META_KEYS, Stage
 from fastseq.graph.spec import PipelineSpec
@@ -39,27 +39,26 @@ KEYS = (
 _REMOTE = ("http://", "https://", "hf://", "builtin:")
 
 
+#: No pipeline key nests deeper than this (providers = [{ name = ..., option = ... }] is 2).
+MAX_DEPTH = 8
+_SCALAR = (str, int, float, bool)
+
+
 def read(path: str | os.PathLike[str]) -> PipelineSpec:
     """The pipeline described by the TOML file at ``path``; relative model paths resolve
-    against the file's folder. Errors name the file and the key."""
-    import tomllib
-
+    against the file's folder. Errors name the file and the key: a file that is not UTF-8
+    TOML, or a key of the wrong type, is a :class:`~fastseq.PipelineFileError`."""
     file = Path(path).expanduser()
     origin = os.fspath(path)
-    try:
-        with open(file, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise LoadError(f"{origin}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise LoadError(f"{origin}: not valid TOML: {e}") from None
+    data = _load(file, origin)
 
-    def bad(key: str, what: str) -> LoadError:
-        return LoadError(f"{origin}: {key}: {what}")
+    def bad(key: str, what: str) -> PipelineFileError:
+        return PipelineFileError(f"{origin}: {key}: {what}")
 
     for key in data:
         if key not in KEYS:
             raise bad(key, f"not a pipeline key{_core.did_you_mean(key, list(KEYS))}")
+    _check_depth(data, bad)
     stages = data.get("stages")
     if not isinstance(stages, dict) or not stages:
         raise bad("stages", "a [stages] table naming at least one model is needed")
@@ -79,16 +78,27 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
         if isinstance(value, dict):
             if "source" in value:
                 value = {**value, "source": source(key + ".source", value["source"])}
+            if "sha256" in value and not _is_sha256(value["sha256"]):
+                raise bad(key + ".sha256", f"expected 64 hex digits, got {_shown(value['sha256'])}")
             parsed[name] = value
         else:
             parsed[name] = source(key, value)
     options: dict[str, Any] = {}
-    for key, kind in (("opset", int), ("ir_version", int), ("model_version", int), ("cache_dir", str)):
+    for key, kind, low, high in (
+        ("opset", int, 1, 2**31 - 1),
+        ("ir_version", int, 1, 2**31 - 1),
+        ("model_version", int, 0, 2**63 - 1),
+        ("cache_dir", str, None, None),
+    ):
         if key in data:
-            if not isinstance(data[key], kind) or isinstance(data[key], bool):
-                if not (key == "opset" and data[key] == "highest"):
-                    raise bad(key, f"expected {'an integer' if kind is int else 'a string'}")
-            options[key] = data[key]
+            value = data[key]
+            if key == "opset" and value == "highest":
+                pass
+            elif not isinstance(value, kind) or isinstance(value, bool):
+                raise bad(key, f"expected {'an integer' if kind is int else 'a string'}, got {_shown(value)}")
+            elif kind is int and not low <= value <= high:
+                raise bad(key, f"expected an integer from {low} to {high}, got {value}")
+            options[key] = value
     for key in ("prune", "dedupe"):
         if key in data:
             if not isinstance(data[key], bool):
@@ -97,34 +107,53 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
     if "external_data" in data:
         value = data["external_data"]
         modes = {"auto": None, "yes": True, "no": False, "reuse": "reuse", True: True, False: False}
-        if value not in modes:
+        if not isinstance(value, (bool, str)) or value not in modes:
             raise bad("external_data", "expected true, false, \"auto\" or \"reuse\"")
         options["external_data"] = modes[value]
     if "metadata" in data:
         meta = data["metadata"]
         if not isinstance(meta, dict):
             raise bad("metadata", "expected a table")
-        for k in meta:
+        for k, v in meta.items():
             if k not in META_KEYS:
                 raise bad(f"metadata.{k}", f"not a model field{_core.did_you_mean(k, list(META_KEYS))}")
+            if not isinstance(v, _SCALAR):
+                raise bad(f"metadata.{k}", f"expected a string, got {_shown(v)}")
         options["metadata"] = {k: str(v) for k, v in meta.items()}
     if "providers" in data:
         options["providers"] = _providers(data["providers"], bad)
     if "session_options" in data:
-        if not isinstance(data["session_options"], dict):
+        table = data["session_options"]
+        if not isinstance(table, dict):
             raise bad("session_options", "expected a table")
+        for k, v in table.items():
+            if not isinstance(v, _SCALAR):
+                raise bad(f"session_options.{k}", f"expected a string, number or boolean, got {_shown(v)}")
         # Checked now, so that a typo is an error about this file, not at session start.
         try:
-            session_options(data["session_options"])
-        except (LoadError, TypeError, ValueError) as e:
+            session_options(table)
+        except (LoadError, TypeError, ValueError, OverflowError) as e:
             raise bad("session_options", str(e)) from None
-        options["session_options"] = dict(data["session_options"])
+        options["session_options"] = dict(table)
     for key, kind in (("edges", list), ("outputs", list), ("inputs", dict)):
         if key in data and not isinstance(data[key], kind):
             raise bad(key, f"expected {'a list of strings' if kind is list else 'a table'}")
+    for key in ("edges", "outputs"):
+        for i, item in enumerate(data.get(key, [])):
+            if not isinstance(item, str):
+                raise bad(f"{key}[{i}]", f"expected a string, got {_shown(item)}")
+    for name, targets in data.get("inputs", {}).items():
+        items = targets if isinstance(targets, list) else [targets]
+        for j, item in enumerate(items):
+            if not isinstance(item, str):
+                where = f"inputs.{name}" + (f"[{j}]" if isinstance(targets, list) else "")
+                raise bad(where, f"expected 'stage.input' or a list of them, got {_shown(item)}")
     adapt = data.get("adapt", False)
     if not isinstance(adapt, (bool, list)):
         raise bad("adapt", "expected true, false or a list of edges (indices or strings)")
+    for i, item in enumerate(adapt if isinstance(adapt, list) else []):
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise bad(f"adapt[{i}]", f"expected an edge index or an edge string, got {_shown(item)}")
     return PipelineSpec.graph(
         parsed,
         data.get("edges", []),
@@ -136,6 +165,88 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
     )
 
 
+def _load(file: Path, origin: str) -> dict[str, Any]:
+    """The file's TOML table; anything but readable UTF-8 TOML is a PipelineFileError."""
+    import tomllib
+
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise PipelineFileError(f"{origin}: no such file") from None
+    except OSError as e:
+        raise PipelineFileError(f"{origin}: cannot be read: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PipelineFileError(
+            f"{origin}: not a pipeline file: not UTF-8 text (byte {e.start} is 0x{raw[e.start]:02x})"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PipelineFileError(f"{origin}: not valid TOML: {e}") from None
+    except RecursionError:
+        key = _deepest_key(text)
+        raise PipelineFileError(
+            f"{origin}: {key or 'a value'}: nested deeper than any pipeline file (at most {MAX_DEPTH} levels)"
+        ) from None
+
+
+def _check_depth(data: dict[str, Any], bad) -> None:
+    """Refuses values nested deeper than :data:`MAX_DEPTH`, naming the key (what reads them
+    later need not guard against recursion)."""
+    todo: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in data.items()]
+    while todo:
+        key, value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise bad(key, f"nested deeper than any pipeline file (at most {MAX_DEPTH} levels)")
+        # The key named is the table entry (stages.a, metadata.name), not the path inside it.
+        if isinstance(value, dict):
+            todo += [(f"{key}.{k}" if depth < 2 else key, v, depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            todo += [(key, v, depth + 1) for v in value]
+
+
+def _deepest_key(text: str) -> str | None:
+    """The key whose value opens the most brackets, for a file too deep to parse: a rough
+    scan (strings and comments skipped) that only has to name the culprit."""
+    best, best_depth, table, key, depth = None, 0, "", None, 0
+    for line in text.splitlines():
+        if depth == 0:
+            header = re.match(r"\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$", line)
+            if header:
+                table = header.group(1).replace('"', "").replace("'", "") + "."
+                continue
+            assignment = re.match(r"\s*([A-Za-z0-9_.\"' -]+?)\s*=", line)
+            if assignment:
+                key = table + assignment.group(1).replace('"', "").replace("'", "")
+        quote = None
+        for ch in line:
+            if quote is not None:
+                quote = None if ch == quote else quote
+            elif ch in "\"'":
+                quote = ch
+            elif ch == "#":
+                break
+            elif ch in "[{":
+                depth += 1
+                if depth > best_depth:
+                    best, best_depth = key, depth
+            elif ch in "]}":
+                depth = max(0, depth - 1)
+    return best
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)
+
+
+def _shown(value: Any) -> str:
+    """A wrong value in a message: its type, and the value when it is short."""
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
+
+
 def _providers(value: Any, bad) -> list[Any]:
     if not isinstance(value, list):
         raise bad("providers", "expected a list of provider names or { name = ..., option = ... } tables")
@@ -144,6 +255,9 @@ def _providers(value: Any, bad) -> list[Any]:
         if isinstance(p, str):
             out.append(p)
         elif isinstance(p, dict) and isinstance(p.get("name"), str):
+            for k, v in p.items():
+                if not isinstance(v, _SCALAR):
+                    raise bad(f"providers[{i}].{k}", f"expected a string, number or boolean, got {_shown(v)}")
             out.append((p["name"], {k: v for k, v in p.items() if k != "name"}))
         else:
             raise bad(f"providers[{i}]", "expected a provider name or a table with a 'name'")

@@ -63,6 +63,9 @@ class PipelineSpec:
     entry: str = "compose"
     #: keep the loaded stage models in the result (ONNXSequential.combine re-wires them)
     keep_stages: bool = False
+    #: chain of two: "onnx.compose" merges them as onnx.compose.merge_models does (the
+    #: core's rules: outputs kept, cutting down to inputs/outputs, model fields, metadata)
+    rules: Literal["fastseq", "onnx.compose"] = "fastseq"
 
     @property
     def is_graph(self) -> bool:

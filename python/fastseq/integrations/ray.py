@@ -28,9 +28,10 @@ except ImportError as e:  # the extra is not installed
     raise ImportError(f"fastseq.ray needs Ray Data: pip install 'fastseq[ray]' ({e})") from e
 
 from fastseq import _core
-from fastseq.runtime import session
 from fastseq.errors import InputError
 from fastseq.graph.options import session_options, session_options_dict
+from fastseq.runtime import session
+from fastseq.runtime.runnable import Runnable
 
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
@@ -39,8 +40,9 @@ _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 class Shipment:
     """What an actor needs to build its session: the model (an object-store reference to
     its serialized bytes, or a path on storage every node can read), the providers, a
-    picklable description of the session options, and the model's inputs and outputs when
-    known in the driver. Small: pickling it never copies the model."""
+    picklable description of the session options, the model's inputs and outputs when
+    known in the driver, and its stages (``labels`` and the core's ``origins``, so that an
+    error in an actor names the stage). Small: pickling it never copies the model."""
 
     model: Any
     providers: list[Any] | None = None
@@ -48,17 +50,25 @@ class Shipment:
     inputs: tuple[Any, ...] | None = None
     outputs: tuple[Any, ...] | None = None
     label: str = "pipeline"
+    labels: tuple[str, ...] = ()
+    origins: Any = None
 
 
-def _payload(pipe: Any) -> tuple[bytes, list[Any] | None, dict[str, Any], tuple[Any, ...], tuple[Any, ...]]:
-    """Everything fastseq.ray reads from a pipeline, in one place: the serialized model,
-    the requested providers, the session options as a picklable dict, inputs, outputs."""
-    return (
-        pipe.model_bytes,
-        list(pipe._providers) if pipe._providers else None,
-        describe_options(pipe._session_options),
+def _shipment(pipe: Runnable, put: Any) -> Shipment:
+    """A pipeline's shipment, its model bytes passed through ``put`` (``ray.put`` in the
+    driver): everything fastseq.ray reads from a pipeline, through the runtime's
+    :meth:`~fastseq.runtime.runnable.Runnable.portable`."""
+    portable = pipe.portable()
+    labels = tuple(portable["labels"])
+    return Shipment(
+        put(portable["model"]),
+        list(portable["providers"]) if portable["providers"] else None,
+        portable["session_options"],
         tuple(pipe.inputs),
         tuple(pipe.outputs),
+        label=" -> ".join(labels) if labels else type(pipe).__name__,
+        labels=labels,
+        origins=portable["origins"],
     )
 
 
@@ -110,13 +120,7 @@ def ship(pipeline: Any) -> Shipment:
         if not path.is_file():
             raise InputError(f"{path}: no such model file")
         return Shipment(str(path), label=path.name)
-    model, providers, options, inputs, outputs = _payload(pipeline)
-    return Shipment(ray.put(model), providers, options, inputs, outputs, label=_label(pipeline))
-
-
-def _label(pipeline: Any) -> str:
-    labels = getattr(pipeline, "_labels", None)
-    return " -> ".join(labels) if labels else type(pipeline).__name__
+    return _shipment(pipeline, ray.put)
 
 
 class Predictor:
@@ -138,7 +142,9 @@ class Predictor:
     A column of per-row arrays is stacked on the pipeline's batch axis; a pipeline with a
     fixed batch of N is called N rows at a time, and one without a batch axis row by row.
     A column missing, or of a dtype or row shape the pipeline refuses, is an ``InputError``
-    naming the column, the input and the rows.
+    naming the column, the input and the rows. The actor runs the pipeline's own runtime
+    (:meth:`~fastseq.runtime.runnable.Runnable.from_portable`): its calls are checked as
+    the pipeline's are, and a failure in a stage is a ``RunError`` naming the stage.
     """
 
     def __init__(
@@ -151,22 +157,22 @@ class Predictor:
         shipped = _local_shipment(pipeline)
         model = ray.get(shipped.model) if isinstance(shipped.model, ray.ObjectRef) else shipped.model
         resources = _assigned_resources()
-        # The core decodes the bytes (or reads the path and its external data) and hands the
-        # model to ONNX Runtime the way every fastseq session gets it.
-        composed = _core.load_model(model, shipped.label)
+        # The core decodes the bytes (or reads the path and its external data) and the
+        # runtime starts the session the way every fastseq pipeline does (weights spilled to
+        # the session's private copy when large, so that they do not count twice).
+        self.pipe = Runnable.from_portable({
+            "model": model,
+            "labels": shipped.labels or [shipped.label],
+            "origins": shipped.origins,
+            "providers": actor_providers(shipped.providers, resources["gpu_ids"]),
+            "session_options": build_options(shipped.options, resources["cpus"]),
+            "session_cache": None,  # the driver's cache folder need not exist on this node
+        })
         del model
-        with session.PrivateCopy.of(composed) as copy:
-            # The actor never needs the model again: its memory is freed before ONNX Runtime
-            # builds the session from the copy, so the weights never count twice.
-            del composed
-            self.session = session.open_copy(
-                copy,
-                actor_providers(shipped.providers, resources["gpu_ids"]),
-                build_options(shipped.options, resources["cpus"]),
-            )
+        self.session = self.pipe.get_session()
         self.label = shipped.label
-        self.inputs = [session.TensorInfo.of(a) for a in self.session.get_inputs()]
-        self.outputs = [session.TensorInfo.of(a) for a in self.session.get_outputs()]
+        self.inputs = self.pipe.inputs
+        self.outputs = self.pipe.outputs
         self.columns, self.renamed = _routes(self.inputs, self.outputs, input_columns, output_columns)
         self.drop_columns = drop_columns
 
@@ -185,7 +191,7 @@ class Predictor:
                 )
             feeds[info.name] = _stack(columns[column], column, info, self.label)
         wanted = [o for o in self.outputs if o.name in self.renamed]  # only these are computed
-        results = _run_rows(self.session, feeds, self.inputs, rows, wanted, self.label)
+        results = _run_rows(self.pipe, feeds, self.inputs, rows, wanted, self.label)
         out = {} if self.drop_columns else dict(columns)
         for info, value in zip(wanted, results):
             name = self.renamed[info.name]
@@ -203,8 +209,7 @@ def _local_shipment(pipeline: Any) -> Shipment:
     # puts the constructor arguments in the object store once), so read it without a put.
     if isinstance(pipeline, (Shipment, str, os.PathLike)):
         return ship(pipeline)
-    model, providers, options, inputs, outputs = _payload(pipeline)
-    return Shipment(model, providers, options, inputs, outputs, label=_label(pipeline))
+    return _shipment(pipeline, lambda model: model)
 
 
 def _assigned_resources() -> dict[str, Any]:
@@ -278,9 +283,7 @@ def _stack(values: np.ndarray, column: str, info: Any, label: str) -> np.ndarray
                     f"row 0 has {list(first)}: rows stacked for input '{info.name}' must share a shape"
                 )
         values = np.stack(values)
-    if info.dtype is not None and values.dtype != info.dtype and not (
-        info.dtype.kind == "U" and values.dtype.kind in "UO"
-    ):
+    if not session.dtype_accepts(info.dtype, values.dtype):
         raise InputError(
             f"{where} holds {values.dtype}, input '{info.name}' expects {info.dtype} "
             "(cast the column first: fastseq does not change what a pipeline computes)"
@@ -309,8 +312,8 @@ def _check_row_shape(info: Any, row: tuple[int | None, ...], where: str) -> None
             raise InputError(f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want}")
 
 
-def _run_rows(sess, feeds, inputs, rows: int, outputs, label: str) -> list[np.ndarray]:
-    """Calls the session on the whole batch when its batch axis is dynamic, N rows at a
+def _run_rows(pipe: Runnable, feeds, inputs, rows: int, outputs, label: str) -> list[np.ndarray]:
+    """Calls the pipeline on the whole batch when its batch axis is dynamic, N rows at a
     time when it is fixed at N, and row by row when the input has no batch axis."""
     output_names = [o.name for o in outputs]
     step, batched = None, True  # step: the fixed batch size, None when dynamic
@@ -323,7 +326,7 @@ def _run_rows(sess, feeds, inputs, rows: int, outputs, label: str) -> list[np.nd
         elif info.shape and isinstance(info.shape[0], int) and info.shape[0] > 0:
             step = info.shape[0] if step is None else min(step, info.shape[0])
     if batched and step is None:
-        return sess.run(output_names, feeds)
+        return pipe.run(feeds, output_names)
     step = step if batched else 1
     if rows == 0:  # nothing to call a fixed-size pipeline with: empty output columns
         empty = []
@@ -339,9 +342,9 @@ def _run_rows(sess, feeds, inputs, rows: int, outputs, label: str) -> list[np.nd
     parts = []
     for lo in range(0, rows, step):
         if batched:
-            parts.append(sess.run(output_names, {k: v[lo : lo + step] for k, v in feeds.items()}))
+            parts.append(pipe.run({k: v[lo : lo + step] for k, v in feeds.items()}, output_names))
         else:
-            parts.append([o[None] for o in sess.run(output_names, {k: v[lo] for k, v in feeds.items()})])
+            parts.append([o[None] for o in pipe.run({k: v[lo] for k, v in feeds.items()}, output_names)])
     return [np.concatenate(outs) for outs in zip(*parts)] if parts else []
 
 
@@ -373,9 +376,7 @@ def check_schema(
             )
         dtype, row = _column_type(schema.types[names.index(column)])
         where = f"{shipped.label}: column '{column}' (all rows)"
-        if dtype is not None and info.dtype is not None and dtype != info.dtype and not (
-            info.dtype.kind == "U" and dtype.kind in "UO"
-        ):
+        if dtype is not None and not session.dtype_accepts(info.dtype, dtype):
             raise InputError(
                 f"{where} holds {dtype}, input '{info.name}' expects {info.dtype} "
                 "(cast the column first: fastseq does not change what a pipeline computes)"
@@ -438,7 +439,7 @@ def error_of(exc: BaseException) -> str | None:
     (Ray wraps an actor's error in its own class and keeps the original only as text,
     unless ``DataContext.raise_original_map_exception`` is set)."""
     for line in reversed(str(exc).splitlines()):
-        for name in ("InputError", "FastseqError", "LoadError"):
+        for name in ("InputError", "RunError", "FastseqError", "LoadError"):
             mark = f"{name}: "
             if mark in line and ("fastseq" in line or line.lstrip().startswith(mark)):
                 return line.split(mark, 1)[1].strip()
@@ -488,7 +489,7 @@ def run_dataset(
     if src.is_dir() and any(src.glob("*.npy")):
         if len(pipe.inputs) != 1:
             raise InputError(
-                f"{_label(pipe)} has {len(pipe.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
+                f"the pipeline has {len(pipe.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
                 "with a column per input)"
             )
         ds = ray.data.read_numpy(str(src), include_paths=True)

@@ -69,15 +69,31 @@ def choice(op: str, param: str, value: Any, allowed: Sequence[str], aliases: dic
     return by_lower[text]
 
 
+#: The largest magnitude a float32 constant holds: larger parameters would become inf.
+FLOAT32_MAX = 3.4028234663852886e38
+#: The int64 range: every integer parameter ends up in an int64 constant or attribute.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: More axes than any tensor has (numpy's own limit is 64).
+MAX_RANK = 32
+
+
 def number(op: str, param: str, value: Any, *, positive: bool = False, nonzero: bool = False) -> float:
-    """A finite real number (bools refused: ``True`` is not a scale)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite real number that a float32 constant holds (bools refused: ``True`` is not a
+    scale)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise fail(op, f"{param} must be a finite number, got {value!r}")
-    if positive and value <= 0:
+    try:
+        real = float(value)
+    except OverflowError:  # an int beyond any float
+        real = math.inf
+    if not math.isfinite(real) or abs(real) > FLOAT32_MAX:
+        shown = value if isinstance(value, float) or abs(value) < 10**20 else f"an integer of {len(str(value))} digits"
+        raise fail(op, f"{param} must be a finite number within float32's range (±{FLOAT32_MAX:.4g}), got {shown}")
+    if positive and real <= 0:
         raise fail(op, f"{param} must be positive, got {value!r}")
-    if nonzero and value == 0:
+    if nonzero and real == 0:
         raise fail(op, f"{param} must not be zero")
-    return float(value)
+    return real
 
 
 def _numpy_integer(value: Any) -> bool:
@@ -86,13 +102,23 @@ def _numpy_integer(value: Any) -> bool:
     return np is not None and isinstance(value, np.integer)
 
 
-def integer(op: str, param: str, value: Any, *, minimum: int | None = None) -> int:
-    """An int (a float with an integral value is refused: 224.5 pixels is a mistake)."""
+def integer(op: str, param: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An int within int64's range (a float with an integral value is refused: 224.5 pixels
+    is a mistake)."""
     if isinstance(value, bool) or not (isinstance(value, int) or _numpy_integer(value)):
         raise fail(op, f"{param} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise fail(op, f"{param} must be at least {minimum}, got {value}")
-    return int(value)
+    value = int(value)
+    low = INT64_MIN if minimum is None else minimum
+    high = INT64_MAX if maximum is None else maximum
+    if value < low:
+        raise fail(op, f"{param} must be at least {low}, got {_int_text(value)}")
+    if value > high:
+        raise fail(op, f"{param} must be at most {high}, got {_int_text(value)}")
+    return value
+
+
+def _int_text(value: int) -> str:
+    return str(value) if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
 
 
 def flag(op: str, param: str, value: Any) -> bool:
@@ -239,5 +265,5 @@ def tensor(name: str, dtype: str, shape: Sequence[int | str]) -> Tensor:
 
 def rank_dims(op: str, rank: Any, minimum: int = 1) -> list[str]:
     """``["N", "d1", ...]``: a batch axis and ``rank - 1`` more, all dynamic."""
-    n = integer(op, "rank", rank, minimum=minimum)
+    n = integer(op, "rank", rank, minimum=minimum, maximum=MAX_RANK)
     return ["N"] + [f"d{i}" for i in range(1, n)]

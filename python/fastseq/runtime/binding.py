@@ -48,33 +48,44 @@ def _torch_dtype_to_numpy(t: Any) -> np.dtype:
 
 
 def buffer_of(name: str, value: Any) -> tuple[_Buffer, Any]:
-    """The buffer of a bindable value and the object that keeps it alive."""
+    """The buffer of a bindable value and the object that keeps it alive. A value whose
+    elements are not laid out contiguously in row-major order (a strided view, Fortran order)
+    is refused: binding it would bind a copy, and data written into the original in place
+    would never reach the pipeline."""
     if isinstance(value, np.ndarray):
-        array = value if value.flags.c_contiguous else np.ascontiguousarray(value)
-        return _Buffer("cpu", 0, array.dtype, array.shape, array.ctypes.data), array
+        if not value.flags.c_contiguous:
+            raise _strided(name, "numpy array", "np.ascontiguousarray(x)")
+        return _Buffer("cpu", 0, value.dtype, value.shape, value.ctypes.data), value
     if hasattr(value, "data_ptr") and hasattr(value, "is_contiguous"):  # torch.Tensor
-        tensor = value if value.is_contiguous() else value.contiguous()
-        device = tensor.device
+        if not value.is_contiguous():
+            raise _strided(name, "torch tensor", "x.contiguous()")
+        device = value.device
         return (
             _Buffer(
                 "cuda" if device.type == "cuda" else "cpu",
                 device.index or 0,
-                _torch_dtype_to_numpy(tensor.dtype),
-                tuple(tensor.shape),
-                tensor.data_ptr(),
+                _torch_dtype_to_numpy(value.dtype),
+                tuple(value.shape),
+                value.data_ptr(),
             ),
-            tensor,
+            value,
         )
     cai = getattr(value, "__cuda_array_interface__", None)
     if cai is not None:
-        if cai.get("strides") not in (None,) and cai["strides"] != _contiguous_strides(cai):
-            raise InputError(f"input '{name}': a strided CUDA array cannot be bound in place")
+        if cai.get("strides") is not None and tuple(cai["strides"]) != _contiguous_strides(cai):
+            raise _strided(name, "CUDA array", "a C-contiguous copy (cupy.ascontiguousarray(x))")
         dev = getattr(value, "device", None)
         return _Buffer("cuda", int(getattr(dev, "id", 0) or 0), np.dtype(cai["typestr"]), tuple(cai["shape"]),
                        int(cai["data"][0])), value
     if hasattr(value, "__dlpack__"):
-        array = np.from_dlpack(value)  # zero-copy for CPU memory; refuses device memory
-        return buffer_of(name, array)
+        try:
+            array = np.from_dlpack(value)  # zero-copy for CPU memory; refuses device memory
+        except (BufferError, RuntimeError, TypeError) as e:
+            raise InputError(f"input '{name}': cannot bind a {type(value).__name__} through DLPack: {e}") from e
+        if not array.flags.c_contiguous:
+            raise _strided(name, f"{type(value).__name__} (DLPack)", "np.ascontiguousarray(x)")
+        # The array is a view of the value's memory: keeping both keeps the memory alive.
+        return _Buffer("cpu", 0, array.dtype, array.shape, array.ctypes.data), (array, value)
     raise InputError(
         f"input '{name}': cannot bind a {type(value).__name__}; pass a numpy array, a torch tensor or an "
         "object with __dlpack__ / __cuda_array_interface__"
@@ -87,6 +98,14 @@ def _where(b: _Buffer) -> str:
     return f"{b.dtype}[{', '.join(map(str, b.shape))}] on {device}"
 
 
+def _strided(name: str, what: str, fix: str) -> InputError:
+    return InputError(
+        f"input '{name}': the {what} is not C-contiguous (a strided view or Fortran order) and cannot be "
+        f"bound in place: a copy would be bound, and data written into the original would not reach the "
+        f"pipeline; bind {fix} and write into that"
+    )
+
+
 def _contiguous_strides(cai: dict) -> tuple[int, ...] | None:
     itemsize = np.dtype(cai["typestr"]).itemsize
     strides, step = [], itemsize
@@ -94,6 +113,12 @@ def _contiguous_strides(cai: dict) -> tuple[int, ...] | None:
         strides.append(step)
         step *= d
     return tuple(reversed(strides))
+
+
+def check_output_kind(outputs: Any) -> None:
+    """``outputs=`` is one of :data:`_OUTPUT_KINDS` (an InputError naming them otherwise)."""
+    if not isinstance(outputs, str) or outputs not in _OUTPUT_KINDS:
+        raise InputError(f"outputs must be one of {', '.join(map(repr, _OUTPUT_KINDS))}, got {outputs!r}")
 
 
 class Binding:
@@ -112,15 +137,14 @@ class Binding:
 
     def __init__(self, runner: Any, outputs: str = "numpy", output_names: Sequence[str] | None = None,
                  run_options: ort.RunOptions | None = None) -> None:
-        if outputs not in _OUTPUT_KINDS:
-            raise ValueError(f"outputs must be one of {', '.join(_OUTPUT_KINDS)}, got {outputs!r}")
+        check_output_kind(outputs)
         self._runner = runner
         self._session = runner.session
         self._iob = self._session.io_binding()
         self._c_iob = getattr(self._iob, "_iobinding", self._iob)
         self._c_run = getattr(self._session, "_sess", None)
         self._kind = outputs
-        self._run_options = run_options
+        self._run_options = run_options if run_options is not None else runner.quiet
         known = runner._output_list
         names = list(output_names) if output_names is not None else list(known)
         for n in names:

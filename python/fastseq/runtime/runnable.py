@@ -48,9 +48,13 @@ class Runnable:
         providers: Sequence[session.Provider] | None,
         session_options: ort.SessionOptions | None,
         session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
+        origins: tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]] | None = None,
     ) -> None:
+        """Starts the session. ``origins``: the core's origins of ``_composed`` where it no
+        longer has them (a model rebuilt from its bytes: pickling, :meth:`from_portable`)."""
         from fastseq.runtime import cache
 
+        self._origins = origins
         self._providers = list(providers) if providers else None
         self._session_options = session_options
         self._cache = cache.root_from(session_cache)
@@ -61,10 +65,16 @@ class Runnable:
         return session.Runner(new_session, explain=self._explain)
 
     def _explain(self, error: Exception) -> Exception:
-        """An ONNX Runtime failure as a typed error in the stages' own names."""
-        origins = getattr(self._composed, "origins", None)
-        renamed = origins()[1] if origins is not None else None
-        return session.explain(error, self._labels, renamed)
+        """An ONNX Runtime failure as a typed error in the stages' own names: any node or
+        tensor that ONNX Runtime names is traced to its stage through the core's origins."""
+        stages, renamed = self._stage_origins()
+        return session.explain(
+            error, self._labels, renamed, [(first, end) for _, first, end in stages],
+            lambda: session.node_names(self._composed),
+        )
+
+    def _stage_origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
+        return self._origins if self._origins is not None else self._composed.origins()
 
     # --- sessions -------------------------------------------------------------------
     def create_session(
@@ -186,10 +196,15 @@ class Runnable:
         ``run_options``: an ``onnxruntime.RunOptions`` (set its ``terminate`` from another
         thread to stop the call); ``timeout``: seconds after which the call is stopped;
         ``log_level`` (0 verbose .. 4 fatal) and ``tag`` go to ONNX Runtime's log. A stopped
-        call raises :class:`fastseq.RunTimeoutError`."""
+        call raises :class:`fastseq.RunTimeoutError`; a ``timeout`` that is not a positive,
+        finite number, or a ``log_level`` out of range, is an :class:`fastseq.InputError`. A
+        failed call raises :class:`fastseq.RunError` naming the stage; ONNX Runtime's own
+        log line for it is left out unless ``log_level`` or ``run_options`` ask for it."""
+        session.check_timeout(timeout)
+        session.check_log_level(log_level)
         if timeout is None and log_level is None and tag is None:
             return self._runner.run(feeds, output_names, run_options)
-        options = run_options if run_options is not None else ort.RunOptions()
+        options = run_options if run_options is not None else session.quiet_run_options()
         if log_level is not None:
             options.log_severity_level = log_level
         if tag is not None:
@@ -206,7 +221,9 @@ class Runnable:
         session's intra-op pool; no thread is started per call; with
         ``intra_op_num_threads=1`` the loop's default executor). Cancelling the awaiting task
         stops the run through its ``RunOptions``; ``timeout`` as in :meth:`run`
-        (:class:`fastseq.RunTimeoutError`)."""
+        (:class:`fastseq.RunTimeoutError`; one that is not a positive, finite number is an
+        :class:`fastseq.InputError`)."""
+        session.check_timeout(timeout)
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
@@ -255,7 +272,10 @@ class Runnable:
 
         ``b = pipe.bind(x); y, = b()`` runs on ``x``'s buffer (fill it in place for the next
         call, or pass a new array: ``b(x2)``). Returned outputs are overwritten by the next call.
-        A binding is one thread's: threads make one each (concurrent use raises RunError)."""
+        An input that is not C-contiguous (a strided view, Fortran order) cannot be bound in
+        place and is an :class:`fastseq.InputError` (bind ``np.ascontiguousarray(x)``), as is
+        an unknown ``outputs``. A binding is one thread's: threads make one each (concurrent
+        use raises RunError)."""
         from fastseq.runtime.binding import Binding
 
         binding = Binding(self._runner, outputs, output_names, run_options)
@@ -356,24 +376,48 @@ class Runnable:
             f"{human_size(info['weight_bytes'])} of weights; {', '.join(self.providers)})"
         )
 
-    # Pickling keeps the composed model, the providers and the session cache (its folder and
-    # limit); the session is rebuilt (from the cache, when there is one).
-    def __getstate__(self) -> dict[str, Any]:
+    # --- another process ----------------------------------------------------------------
+    def portable(self) -> dict[str, Any]:
+        """What rebuilds this pipeline's runtime in another process (a Ray actor, pickling),
+        as a dict of picklable values: ``model`` (the composed model's bytes), ``labels``
+        and ``origins`` (the stages, so that errors there name them too), ``providers`` (as
+        requested), ``session_options`` (a dict of their settings) and ``session_cache``
+        (the cache, its folder and limit, or None). Change what the other side needs and
+        pass it to :meth:`from_portable`."""
         from fastseq.graph.options import session_options_dict
 
         return {
             "model": self._composed.to_bytes(),
-            "labels": self._labels,
+            "labels": list(self._labels),
+            "origins": self._stage_origins(),
             "providers": self._providers,
             # SessionOptions does not pickle: its settings travel as a dict
             "session_options": session_options_dict(self._session_options),
             "session_cache": self._cache,
         }
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    @staticmethod
+    def from_portable(portable: Mapping[str, Any]) -> Runnable:
+        """The runtime of a pipeline rebuilt from :meth:`portable`'s dict (``model`` may also
+        be the path of an exported model), its session started: calls, their checks and
+        errors (in the stages' names), IO binding and export as in the original."""
+        runnable = Runnable.__new__(Runnable)
+        runnable._restore(portable)
+        return runnable
+
+    def _restore(self, state: Mapping[str, Any], options: ort.SessionOptions | None = None) -> None:
         from fastseq.graph.options import session_options
 
-        self._labels = state["labels"]
+        self._labels = list(state["labels"])
         self._composed = _core.load_model(state["model"], " -> ".join(self._labels))
-        options = session_options(state.get("session_options") or None)
-        self._start(state["providers"], options, state.get("session_cache"))
+        if options is None:
+            options = session_options(state.get("session_options") or None)
+        self._start(state.get("providers"), options, state.get("session_cache"), state.get("origins"))
+
+    # Pickling keeps the composed model, its origins, the providers and the session cache (its
+    # folder and limit); the session is rebuilt (from the cache, when there is one).
+    def __getstate__(self) -> dict[str, Any]:
+        return self.portable()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._restore(state)

@@ -3,6 +3,7 @@ inputs described once, and calls checked on that description."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -212,6 +213,16 @@ def _session(
         options.optimized_model_filepath = saved_path
 
 
+def quiet_run_options() -> ort.RunOptions:
+    """Run options whose log shows no errors: fastseq raises each one itself, in the stages'
+    names (:func:`explain`), and ONNX Runtime would print it on stderr first. Its warnings
+    (an output of another shape than declared, for one) come from the session's log and
+    still show."""
+    options = ort.RunOptions()
+    options.log_severity_level = 4
+    return options
+
+
 @dataclass(frozen=True)
 class _Check:
     """One input's checks, computed once per session: what a call compares against."""
@@ -256,6 +267,7 @@ class Runner:
         # run_async runs on a thread of the session's intra-op pool, which may have none.
         self._pooled = True
         self._explain = explain
+        self.quiet = quiet_run_options()
 
     def call(self, inputs: tuple[Any, ...], named: Mapping[str, Any]) -> list[np.ndarray]:
         """``pipe(x1, x2, ...)`` in input order, or ``pipe(name=array, ...)``."""
@@ -323,8 +335,9 @@ class Runner:
 
         from fastseq.errors import RunTimeoutError
 
+        check_timeout(timeout)
         loop = asyncio.get_running_loop()
-        options = run_options if run_options is not None else ort.RunOptions()
+        options = run_options if run_options is not None else quiet_run_options()
         stopped: list[str] = []  # why the terminate flag was set: "timeout" or "cancelled"
 
         def stop(why: str) -> None:
@@ -391,6 +404,8 @@ class Runner:
         return self._explain(error) if self._explain is not None else error
 
     def _call(self, output_names: list[str], feeds: dict[str, Any], run_options: ort.RunOptions | None) -> list:
+        if run_options is None:
+            run_options = self.quiet
         try:
             return self._run(output_names, feeds, run_options)
         except Exception as e:
@@ -413,9 +428,7 @@ class Runner:
         for name, value in feeds.items():
             info = by_name[name]
             array = _as_array(name, value, info.dtype)
-            if info.dtype is not None and array.dtype != info.dtype and not (
-                info.dtype.kind == "U" and array.dtype.kind in "UO"
-            ):
+            if not dtype_accepts(info.dtype, array.dtype):
                 if not np.can_cast(array.dtype, info.dtype, "safe"):
                     raise InputError(
                         f"input '{name}' expects {info.dtype}, got {array.dtype}, which does not convert without "
@@ -510,22 +523,53 @@ def _as_array(name: str, value: Any, dtype: np.dtype | None) -> np.ndarray:
 
 # --- errors in the stages' own names ----------------------------------------------------------
 _PREFIXED = re.compile(r"\bm(\d+)/([^\s'\"\]\[,:;()]+)")
-_TOKEN = re.compile(r"[^\s'\"\]\[,;()]+")
+_TOKEN = r"[^\s'\"\]\[,;()]+"
+# Where ONNX Runtime names a node: "... running Reshape node. Name:'reshape' Status ..." at
+# run time, "Node (reshape) Op (Reshape) ..." when a session is made.
+_NODE = r"(?<=Name:')[^']+(?=')|(?<=Node \()[^()]+(?=\))"
+_WORDS = re.compile(f"(?P<node>{_NODE})|(?P<token>{_TOKEN})")
+
+
+def node_names(composed: _core.Composed) -> dict[str, set[int]]:
+    """Every node name of a composed model's graph, subgraphs' nodes included, mapped to the
+    indices of the top-level nodes they sit in: what a node that ONNX Runtime names is
+    traced back to its stage with. Reads the model without its weights."""
+    import onnx
+
+    graph = onnx.ModelProto.FromString(composed.stripped_bytes(0)).graph
+    names: dict[str, set[int]] = {}
+    for index, top in enumerate(graph.node):
+        todo = [top]
+        while todo:
+            node = todo.pop()
+            names.setdefault(node.name, set()).add(index)
+            for attribute in node.attribute:
+                for sub in [attribute.g, *attribute.graphs]:
+                    todo.extend(sub.node)
+    return names
 
 
 def explain(
-    error: Exception, labels: Sequence[str], renamed: Mapping[str, tuple[int, str]] | None = None
+    error: Exception,
+    labels: Sequence[str],
+    renamed: Mapping[str, tuple[int, str]] | None = None,
+    ranges: Sequence[tuple[int, int]] | None = None,
+    nodes: Callable[[], Mapping[str, set[int]]] | None = None,
 ) -> Exception:
     """An ONNX Runtime error as a :class:`RunError` whose message names the stage and its own
-    node and tensor names. ``renamed`` is the core's map from every name it changed in the
-    merged graph to (stage, original name); without it, the core's ``m<i>/`` prefix (given
-    only where two stages clash) says the stage."""
+    node and tensor names, from the core's origins: ``renamed`` maps every name the core
+    changed in the merged graph to (stage, original name); ``ranges`` gives each stage's
+    nodes in the merged graph (first, end), and ``nodes`` the merged graph's node names
+    (:func:`node_names`; read only when the error names a node the core did not rename), so
+    that a node is traced to its stage whatever its name. Without them, the core's ``m<i>/``
+    prefix (given only where two stages clash) says the stage."""
     from fastseq.errors import RunError, RunTimeoutError
 
     text = str(error).strip()
     if "terminate flag" in text.lower():
         return RunTimeoutError(f"the call was stopped: {text}")
     stages: list[str] = []
+    known: list[Mapping[str, set[int]]] = []  # the node names, once read
 
     def named(stage: int, original: str) -> str:
         label = labels[stage] if stage < len(labels) else f"model {stage}"
@@ -533,25 +577,65 @@ def explain(
             stages.append(label)
         return f"{original} (in {label})"
 
-    def token(m: re.Match[str]) -> str:
-        word = m.group(0)
-        for candidate in (word, word.rstrip(".:")):
+    def stage_of_node(name: str) -> int | None:
+        if not ranges or nodes is None:
+            return None
+        if not known:
+            known.append(nodes())
+        found = {k for i in known[0].get(name, ()) for k, (first, end) in enumerate(ranges) if first <= i < end}
+        return found.pop() if len(found) == 1 else None
+
+    def word(m: re.Match[str]) -> str:
+        text = m.group(0)
+        for candidate in (text, text.rstrip(".:")):
             hit = renamed.get(candidate) if renamed else None
             if hit is not None:
-                return named(*hit) + word[len(candidate):]
-        return _PREFIXED.sub(lambda p: named(int(p.group(1)), p.group(2)), word)
+                return named(*hit) + text[len(candidate):]
+        if m.group("node") is not None and not _PREFIXED.match(text):
+            stage = stage_of_node(text)
+            if stage is not None:
+                return named(stage, text)
+        return _PREFIXED.sub(lambda p: named(int(p.group(1)), p.group(2)), text)
 
-    translated = _TOKEN.sub(token, text)
+    translated = _WORDS.sub(word, text)
     where = f"stage {', '.join(stages)}" if stages else "the pipeline " + " -> ".join(labels)
     return RunError(f"{where}: onnxruntime {type(error).__name__}: {translated}")
 
 
+def dtype_accepts(expected: np.dtype | None, got: np.dtype) -> bool:
+    """Whether an input declared ``expected`` takes an array of ``got`` as it is (strings
+    as str or object arrays); nothing is cast: a cast would change what is computed."""
+    return expected is None or got == expected or (expected.kind == "U" and got.kind in "UO")
+
+
+def check_timeout(timeout: Any) -> None:
+    """``timeout=`` is None or a positive, finite number of seconds (an InputError
+    otherwise): anything else would fail in the timer's thread, or never fire, and the call
+    would run with no timeout at all."""
+    import threading
+
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise InputError(f"timeout must be a positive, finite number of seconds or None, got {timeout!r}")
+    if timeout > threading.TIMEOUT_MAX:
+        raise InputError(f"timeout must be at most {threading.TIMEOUT_MAX:g} s (what a timer can wait), got {timeout!r}")
+
+
+def check_log_level(level: Any) -> None:
+    """``log_level=`` is None or one of ONNX Runtime's severities, 0 (verbose) .. 4 (fatal)."""
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 4):
+        raise InputError(f"log_level must be an int from 0 (verbose) to 4 (fatal) or None, got {level!r}")
+
+
 def with_timeout(timeout: float, options: ort.RunOptions, call: Callable[[], Any]) -> Any:
-    """Runs ``call`` and sets ``options.terminate`` if it takes more than ``timeout`` s."""
+    """Runs ``call`` and sets ``options.terminate`` if it takes more than ``timeout`` s
+    (checked first, by :func:`check_timeout`, before any thread starts)."""
     import threading
 
     from fastseq.errors import RunTimeoutError
 
+    check_timeout(timeout)
     fired = threading.Event()
 
     def stop() -> None:

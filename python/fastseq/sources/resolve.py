@@ -6,6 +6,7 @@ the core reads into memory of its own). Downloads land in a cache and are writte
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -13,6 +14,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Union
 
 from fastseq import _core
@@ -82,6 +84,12 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
         return Resolved(model, f"model #{index}")
     if isinstance(model, (str, os.PathLike)):
         path = Path(os.fspath(model)).expanduser()
+        try:
+            path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except (OSError, ValueError) as e:  # a name too long, a NUL byte, a loop of links
+            raise LoadError(f"{os.fspath(model)[:200]}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
         if not path.exists():
             hint = ""
             if not path.suffix:
@@ -119,6 +127,11 @@ def resolve(
 ) -> Resolved:
     """Resolves any source, downloading URLs and Hub ids into the cache. ``sha256`` (or a
     ``#sha256=`` fragment) is checked before a download is used; a local file is checked too."""
+    if sha256 is not None and not (
+        isinstance(sha256, str) and len(sha256) == 64 and all(c in "0123456789abcdefABCDEF" for c in sha256)
+    ):
+        raise LoadError(f"{model if isinstance(model, str) else f'model #{index}'}: sha256 must be 64 hex digits, "
+                        f"got {sha256!r}")
     if isinstance(model, str) and model.startswith("hf://"):
         path = hub_download(model, cache_dir, force_download, token, sha256=sha256)
         # The Hub cache links snapshot files into blobs/: external data may resolve anywhere
@@ -127,7 +140,7 @@ def resolve(
         repo_folder = path.parents[len(Path(parse_hub_id(model).filename).parts) + 1]
         return Resolved((str(path), str(repo_folder)), model)
     if isinstance(model, str) and model.startswith(("http://", "https://")):
-        path = url_download(model, cache_dir, force_download, sha256=sha256)
+        path = url_download(model, cache_dir, force_download, sha256=sha256, model=True)
         return Resolved(str(path), model.partition("#")[0].rsplit("/", 1)[-1] or model)
     resolved = resolve_local(model, index)
     if sha256 is not None:
@@ -153,11 +166,23 @@ def parse_hub_id(ref: str) -> HubRef:
         parts = body.split("/")
         if len(parts) < 3:
             raise LoadError(f"{ref}: expected hf://org/repo/path/file.onnx")
-        repo, _, revision = "/".join(parts[:2]).partition("@")
-        return HubRef(repo, "/".join(parts[2:]), revision or None, sha)
-    if not body or body.startswith("/"):
+        repo, at, revision = "/".join(parts[:2]).partition("@")
+        hub = HubRef(repo, "/".join(parts[2:]), revision if at else None, sha)
+    elif not body or body.startswith("/"):
         raise LoadError(f"{ref}: empty Hub id")
-    return HubRef(KORNIA_REPO, body + ".onnx", None, sha)
+    else:
+        hub = HubRef(KORNIA_REPO, body + ".onnx", None, sha)
+    # Checked before any request: each part becomes a URL path and a path in the cache.
+    for what, text in (("repository", hub.repo_id), ("revision", hub.revision), ("file", hub.filename)):
+        if text is None:
+            continue
+        bad = [s for s in text.split("/") if s in ("", ".", "..") or "\\" in s or "\0" in s]
+        if bad:
+            raise DownloadError(
+                f"{ref}: the {what} {text!r} has an empty, '.' or '..' part (or a backslash); "
+                "a Hub id is hf://org/repo[@revision]/path/file.onnx with plain names"
+            )
+    return hub
 
 
 def hub_download(
@@ -186,17 +211,31 @@ def hub_download(
         token=token,
     )
     expected = sha256 or hub.sha256
-    path = repo.download(hub.filename, force_download)
+    path, fetched = repo.download(hub.filename, force_download)
     if expected is not None:
         try:
             check_sha256(path, expected, ref)
         except DownloadError:
             if force_download:
+                _discard_fetched(path, fetched)
                 raise
-            path = repo.download(hub.filename, True)  # a corrupt cached copy: once more from the server
-            check_sha256(path, expected, ref)
+            path, fetched = repo.download(hub.filename, True)  # a corrupt cached copy: once more from the server
+            try:
+                check_sha256(path, expected, ref)
+            except DownloadError:
+                _discard_fetched(path, fetched)
+                raise
+    try:
+        locations = _core.external_data_locations(str(path))  # decodes the model: every check but its data
+    except LoadError as e:
+        _discard_fetched(path, fetched)
+        detail = str(e).removeprefix(f"{path}: ")
+        if fetched:
+            raise DownloadError(f"{ref}: the download is not a whole ONNX model, so it was not kept: {detail}") from None
+        raise DownloadError(f"{ref}: the cached copy at {path} is not a whole ONNX model ({detail}); pass "
+                            "force_download=True to fetch it again") from None
     folder = os.path.dirname(hub.filename)
-    for location in _core.external_data_locations(str(path)):
+    for location in locations:
         # Untrusted: checked by the core's rule before it becomes a download (and a path in
         # the cache).
         try:
@@ -205,6 +244,45 @@ def hub_download(
             raise LoadError(f"{ref}: {e}") from None
         repo.download(f"{folder}/{location}" if folder else location, force_download)
     return path
+
+
+def _discard_fetched(path: Path, fetched: bool) -> None:
+    """Removes a file that this call fetched into huggingface_hub's cache and that failed its
+    checks (the snapshot's link and the blob it points to), so that no later load finds it.
+    A file that was cached before the call is not this call's to remove."""
+    if not fetched:
+        return
+    blob = path.resolve()
+    path.unlink(missing_ok=True)
+    if blob != path and blob.parent.name == "blobs":
+        blob.unlink(missing_ok=True)
+
+
+def hub_listing(repo_id: str, folder: str, revision: str | None = None, token: str | bool | None = None) -> list[str]:
+    """The paths directly in ``folder`` of the Hub repository ``repo_id``. Like a download
+    of a file that is not cached, it fails at once with a DownloadError when
+    ``HF_HUB_OFFLINE`` is set or the Hub is unreachable (one request, no retries first:
+    huggingface_hub alone would retry for about 20 s)."""
+    import urllib.parse
+
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    where = f"{repo_id}/{folder}"
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    if _hub_offline():
+        raise DownloadError(f"cannot list {where}: listing the Hub needs the network, and HF_HUB_OFFLINE is set")
+    url = (f"{endpoint}/api/models/{repo_id}/tree/{urllib.parse.quote(revision or 'main', safe='')}/"
+           f"{urllib.parse.quote(folder)}")
+    try:
+        get_session().get(url, headers=build_hf_headers(token=token), timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except Exception as e:  # noqa: BLE001  (connection refused, DNS, timeouts: whatever the HTTP client raises)
+        raise DownloadError(f"cannot list {where}: the Hub at {endpoint} is unreachable ({_causes(e)})") from e
+    try:
+        return [entry.path for entry in HfApi(endpoint=endpoint).list_repo_tree(repo_id, folder, revision=revision,
+                                                                                token=token)]
+    except Exception as e:  # noqa: BLE001  (huggingface_hub raises many kinds; all are a failed listing)
+        raise DownloadError(f"cannot list {where}: {_causes(e)}") from e
 
 
 def _hub_offline() -> bool:
@@ -234,9 +312,10 @@ class _HubRepo:
     def where(self) -> str:
         return f"{self.repo_id} at {self.revision or 'main'}"
 
-    def download(self, filename: str, force: bool) -> Path:
-        """``filename`` from the cache or the Hub. Errors say which of file, revision,
-        repository, access or network is at fault, with the cause."""
+    def download(self, filename: str, force: bool) -> tuple[Path, bool]:
+        """``filename`` from the cache or the Hub, and whether it was fetched now (rather
+        than found in the cache). Errors say which of file, revision, repository, access or
+        network is at fault, with the cause."""
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
         from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -252,7 +331,7 @@ class _HubRepo:
             if force:
                 raise DownloadError(f"{self.ref}: force_download=True needs the Hub, but HF_HUB_OFFLINE is set")
             try:
-                return Path(hf_hub_download(**kwargs, local_files_only=True))
+                return Path(hf_hub_download(**kwargs, local_files_only=True)), False
             except LocalEntryNotFoundError:
                 raise DownloadError(
                     f"{self.ref}: {filename} of {self.where} is not in the cache and HF_HUB_OFFLINE is set"
@@ -265,9 +344,11 @@ class _HubRepo:
             # giving up, so ask once, without retries, and say what is wrong.
             self._probe(filename, force)
         try:
-            return Path(hf_hub_download(**kwargs, force_download=force))
+            path = Path(hf_hub_download(**kwargs, force_download=force))
         except Exception as e:  # noqa: BLE001  (huggingface_hub raises many kinds; all are a failed download)
             raise DownloadError(f"{self.ref}: download of {filename} from {self.where} failed: {_causes(e)}") from e
+        # huggingface_hub fetches again when the Hub has a newer file: then the blob differs.
+        return path, force or not isinstance(cached, str) or os.path.realpath(cached) != os.path.realpath(path)
 
     def _probe(self, filename: str, force: bool) -> None:
         from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
@@ -362,9 +443,13 @@ def url_download(
     retries: int = 3,
     max_bytes: int | None = None,
     deadline: float | None = None,
+    model: bool = False,
 ) -> Path:
     """Downloads ``url`` into the cache (atomically) and returns the local path. A cached
     copy is reused unless ``force_download``; offline, the cached copy is the only option.
+    What arrives is checked before it enters the cache: its ``sha256`` when one is given and,
+    with ``model=True``, that the core decodes it as an ONNX model (so a truncated or garbage
+    body is a :class:`DownloadError` and never a cached file).
 
     ``timeout`` bounds each wait for the server (connecting, each read); ``deadline``
     (default :data:`DOWNLOAD_DEADLINE`) bounds the whole download, every attempt and pause
@@ -388,6 +473,7 @@ def url_download(
         raise DownloadError(f"{url}: offline (HF_HUB_OFFLINE/FASTSEQ_OFFLINE) and not cached at {target}")
     limit = MAX_DOWNLOAD if max_bytes is None else max_bytes
     allowed = DOWNLOAD_DEADLINE if deadline is None else deadline
+    fresh = not target.parent.exists()  # a failed download leaves no empty folder of its own
     target.parent.mkdir(parents=True, exist_ok=True)
     watchdog = _Watchdog(time.monotonic() + allowed)
     last: Exception | None = None
@@ -403,13 +489,7 @@ def url_download(
                 time.sleep(pause)
             tried += 1
             try:
-                _fetch(url, target, timeout, limit, watchdog)
-                if sha256 is not None:
-                    try:
-                        check_sha256(target, sha256, url)
-                    except DownloadError:
-                        target.unlink(missing_ok=True)
-                        raise
+                _fetch(url, target, timeout, limit, watchdog, lambda part: _verify(part, url, sha256, model))
                 return target
             except urllib.error.HTTPError as e:
                 last = e
@@ -425,6 +505,9 @@ def url_download(
                 break
     finally:
         watchdog.cancel()
+        if fresh and not target.exists():
+            with contextlib.suppress(OSError):
+                target.parent.rmdir()
     if out_of_time or watchdog.fired or watchdog.left() <= 0:
         raise DownloadError(
             f"{url}: download not done within its deadline of {allowed:g} s "
@@ -527,7 +610,27 @@ def _content_length(url: str, response: http.client.HTTPResponse) -> int | None:
     return int(value)
 
 
-def _fetch(url: str, target: Path, timeout: float, limit: int, watchdog: _Watchdog) -> None:
+def _verify(part: Path, url: str, sha256: str | None, model: bool) -> None:
+    """Checks a downloaded file before it is committed to the cache (see :func:`url_download`)."""
+    if sha256 is not None:
+        check_sha256(part, sha256, url)
+    if model:
+        check_model_file(part, url)
+
+
+def check_model_file(path: Path, source: str) -> None:
+    """Raises DownloadError unless the core decodes the file at ``path`` as an ONNX model
+    (every check of loading but the external data files, which may come later)."""
+    try:
+        _core.external_data_locations(str(path))
+    except LoadError as e:
+        detail = str(e).removeprefix(f"{path}: ")
+        raise DownloadError(f"{source}: the download is not a whole ONNX model, so it was not kept: {detail}") from None
+
+
+def _fetch(
+    url: str, target: Path, timeout: float, limit: int, watchdog: _Watchdog, verify: Callable[[Path], None]
+) -> None:
     import http.client
     import tempfile
     import urllib.request
@@ -555,6 +658,7 @@ def _fetch(url: str, target: Path, timeout: float, limit: int, watchdog: _Watchd
                 raise TimeoutError("deadline reached")
             if length is not None and received != length:
                 raise _Truncated(f"{url}: truncated ({received} of {length} bytes)")
+            verify(Path(tmp))
             os.replace(tmp, target)
             tmp = None
     except http.client.IncompleteRead as e:

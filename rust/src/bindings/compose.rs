@@ -2,13 +2,16 @@
 use std::collections::HashMap;
 
 use pyo3::prelude::*;
-use pyo3::types::PyBool;
+use pyo3::types::{PyBool, PyBytes};
 
 use crate::bindings::composed::Composed;
 use crate::bindings::errors::to_py;
-use crate::bindings::sources::PySource;
+use crate::bindings::sources::{shared, PySource};
+use crate::codec::graph::graph;
+use crate::codec::model::{decode as decode_model, decode_graph};
 use crate::merge::compose::{compose, Composition};
-use crate::merge::options::{Adapt, Edge, Keep, Options};
+use crate::merge::onnx_rules::overlapping_names as overlaps;
+use crate::merge::options::{Adapt, Edge, Keep, Options, Rules};
 use crate::storage::external::Mode;
 use crate::storage::source::{load, load_all, Source};
 
@@ -44,11 +47,13 @@ fn adapt(a: Option<Bound<'_, PyAny>>) -> PyResult<Adapt> {
 /// `edges`: (from stage, output, to stage, input) tuples, any earlier stage to any later
 /// one (instead of `io_maps`); `graph_inputs`: (exposed name, [(stage, input), ...]);
 /// `graph_outputs`: (exposed name, stage, output). `prune` and `dedupe` default to on in
-/// that graph form and off in the linear one; `adapt`: True, or a list of edge indices.
+/// that graph form and off in the linear one; `adapt`: True, or a list of edge indices;
+/// `rules`: "fastseq" or "onnx.compose" (two models as `onnx.compose.merge_models` merges them).
 #[pyfunction(name = "compose")]
 #[pyo3(signature = (sources, labels, io_maps=None, edges=None, graph_inputs=None, graph_outputs=None,
                     keep_outputs=None, prefixes=None, inputs=None, outputs=None, ir_version=None, meta=None,
-                    model_version=None, link_external=false, prune=None, dedupe=None, adapt=None))]
+                    model_version=None, link_external=false, prune=None, dedupe=None, adapt=None,
+                    rules="fastseq"))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub(crate) fn compose_sources(
     py: Python<'_>,
@@ -69,10 +74,20 @@ pub(crate) fn compose_sources(
     prune: Option<bool>,
     dedupe: Option<bool>,
     adapt: Option<Bound<'_, PyAny>>,
+    rules: &str,
 ) -> PyResult<Composed> {
     if sources.len() != labels.len() {
         return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
     }
+    let rules = match rules {
+        "fastseq" => Rules::Fastseq,
+        "onnx.compose" => Rules::OnnxCompose,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "rules must be 'fastseq' or 'onnx.compose', not {other:?}"
+            )))
+        }
+    };
     let meta = meta.unwrap_or_default();
     let opts = Options {
         io_maps,
@@ -94,6 +109,7 @@ pub(crate) fn compose_sources(
         producer_version: meta.get("producer_version").cloned(),
         domain: meta.get("domain").cloned(),
         model_version,
+        rules,
     };
     let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
     let composed = py
@@ -129,4 +145,25 @@ pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<St
         .zip(labels)
         .map(|(model, label)| Composed { composition: Composition::single(model, &label), linked: false })
         .collect())
+}
+
+/// Decodes a serialized model (a `GraphProto` with `graph=True`) as it is: tensors in
+/// external data stay references, nothing is read from disk.
+#[pyfunction]
+#[pyo3(signature = (data, label="model", graph=false))]
+pub(crate) fn decode(py: Python<'_>, data: Bound<'_, PyBytes>, label: &str, graph: bool) -> PyResult<Composed> {
+    let data = shared(&data);
+    let model =
+        py.detach(|| if graph { decode_graph(label, &data) } else { decode_model(label, data) }).map_err(to_py)?;
+    Ok(Composed { composition: Composition::single(model, label), linked: false })
+}
+
+/// The names the graphs of `g1` and `g2` share, by kind: see `onnx_rules::overlapping_names`.
+#[pyfunction]
+pub(crate) fn overlapping_names(
+    g1: PyRef<'_, Composed>,
+    g2: PyRef<'_, Composed>,
+    io_map_inputs: Vec<String>,
+) -> Vec<(&'static str, Vec<String>)> {
+    overlaps(graph(&g1.composition.model), graph(&g2.composition.model), &io_map_inputs)
 }

@@ -15,6 +15,8 @@ use crate::codec::summary::summary;
 use crate::error::Error;
 use crate::merge::compose::Composition;
 use crate::merge::metadata::with_metadata;
+use crate::merge::onnx_rules::{prefix_names, Prefixed};
+use crate::merge::rename::rename_values;
 use crate::storage::external::check_sources;
 use crate::storage::writer::save;
 
@@ -92,6 +94,49 @@ impl Composed {
         d.set_item("data_bytes", saved.data_bytes)?;
         d.set_item("data_file", saved.data_file)?;
         Ok(d)
+    }
+
+    /// The model's graph alone, serialized (a `GraphProto`).
+    fn graph_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let g = self.composition.model.graph.clone().unwrap_or_default();
+        Ok(PyBytes::new(py, &py.detach(|| g.encode_to_vec())))
+    }
+
+    /// A copy with the names `onnx.compose.add_prefix` would prefix prefixed (its flags),
+    /// every reference renamed in every scope, and the value names renamed as (old, new).
+    #[pyo3(signature = (prefix, nodes=true, edges=true, inputs=true, outputs=true, initializers=true,
+                        value_infos=true, functions=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn with_prefix(
+        &self,
+        py: Python<'_>,
+        prefix: &str,
+        nodes: bool,
+        edges: bool,
+        inputs: bool,
+        outputs: bool,
+        initializers: bool,
+        value_infos: bool,
+        functions: bool,
+    ) -> (Composed, Vec<(String, String)>) {
+        let what = Prefixed { nodes, edges, inputs, outputs, initializers, value_infos, functions };
+        let (model, renamed) = py.detach(|| {
+            let mut model = self.composition.model.clone();
+            let renamed = prefix_names(&mut model, prefix, what);
+            (model, renamed)
+        });
+        (self.with_model(model), renamed)
+    }
+
+    /// A copy with values renamed as `mapping` says (old, new): see `rename::rename_values`.
+    fn with_renamed(&self, py: Python<'_>, mapping: Vec<(String, String)>) -> PyResult<Composed> {
+        let model = py
+            .detach(|| {
+                let mut model = self.composition.model.clone();
+                rename_values(&mut model, &mapping).map(|()| model)
+            })
+            .map_err(to_py)?;
+        Ok(self.with_model(model))
     }
 
     /// The model serialized without its initializers of at least `threshold` bytes.

@@ -12,9 +12,9 @@ mod plan;
 mod sources;
 
 use crate::allocator::tune_allocator;
-use crate::bindings::compose::{compose_sources, load_model, load_models};
+use crate::bindings::compose::{compose_sources, decode, load_model, load_models, overlapping_names};
 use crate::bindings::composed::Composed;
-use crate::bindings::errors::{CompositionError, ExportError, FastseqError, LoadError, OpsetMismatchError};
+use crate::bindings::errors::{composition_error, opset_mismatch_error, ExportError, FastseqError, LoadError};
 use crate::bindings::files::{check_external_location, external_data_locations, file_digest, write_private_copy};
 use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
@@ -30,8 +30,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("FastseqError", py.get_type::<FastseqError>())?;
     m.add("LoadError", py.get_type::<LoadError>())?;
-    m.add("CompositionError", py.get_type::<CompositionError>())?;
-    m.add("OpsetMismatchError", py.get_type::<OpsetMismatchError>())?;
+    m.add("CompositionError", composition_error(py))?;
+    m.add("OpsetMismatchError", opset_mismatch_error(py))?;
     m.add("ExportError", py.get_type::<ExportError>())?;
     m.add("MAX_IR_VERSION", MAX_IR_VERSION)?;
     m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
@@ -40,6 +40,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;
+    m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(overlapping_names, m)?)?;
     m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
     m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
     m.add_function(wrap_pyfunction!(file_digest, m)?)?;

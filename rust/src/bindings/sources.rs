@@ -27,6 +27,12 @@ impl AsRef<[u8]> for PyBytesOwner {
     }
 }
 
+/// The buffer of `b`, shared (not copied) for as long as the returned `Bytes` live.
+pub(crate) fn shared(b: &Bound<'_, PyBytes>) -> Bytes {
+    let data = b.as_bytes();
+    Bytes::from_owner(PyBytesOwner { ptr: data.as_ptr(), len: data.len(), _object: b.clone().unbind() })
+}
+
 /// A model source (see [`Source`]): Python `bytes` (shared, not copied), a
 /// path or (path, root folder), or a model the core already holds.
 pub(crate) struct PySource(pub(crate) Source);
@@ -35,9 +41,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PySource {
     type Error = PyErr;
     fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         if let Ok(b) = ob.cast::<PyBytes>() {
-            let data = b.as_bytes();
-            let owner = PyBytesOwner { ptr: data.as_ptr(), len: data.len(), _object: b.to_owned().unbind() };
-            return Ok(PySource(Source::Bytes(Bytes::from_owner(owner))));
+            return Ok(PySource(Source::Bytes(shared(&b))));
         }
         if let Ok(c) = ob.cast::<Composed>() {
             // Nodes and weights are shared slices (reference counts); the rest is copied.

@@ -44,6 +44,19 @@ fn decode_checked(label: &str, data: Bytes, weights: bool) -> Result<ModelProto>
     Ok(model)
 }
 
+/// Decodes a serialized `GraphProto` as the graph of a model that has nothing else (its IR
+/// version the newest this schema describes), checked as a model's graph is.
+pub fn decode_graph(label: &str, data: &[u8]) -> Result<ModelProto> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    let mut buf = Vec::with_capacity(data.len() + 16);
+    encode_key(1, WireType::Varint, &mut buf);
+    encode_varint(MAX_IR_VERSION as u64, &mut buf);
+    encode_key(7, WireType::LengthDelimited, &mut buf);
+    encode_varint(data.len() as u64, &mut buf);
+    buf.extend_from_slice(data);
+    decode(label, Bytes::from(buf))
+}
+
 enum Invalid {
     Node(String),
     Size(String),

@@ -14,12 +14,14 @@ use crate::merge::dedupe::{dedupe, Deduped};
 use crate::merge::final_names::{
     assign_function_names, assign_node_names, assign_value_names, name_adapter_nodes, Renamed, ValueNames,
 };
+use crate::merge::onnx_rules::Frame;
 use crate::merge::opsets::{merge_opsets, merged_ir_version};
-use crate::merge::options::{Edge, Options};
+use crate::merge::options::{Edge, Options, Rules};
 use crate::merge::plan::build::build_plan;
 use crate::merge::plan::parts::PruneReport;
 use crate::merge::plan::view::PlanView;
 use crate::merge::plan::wiring::{check_wiring, in_graph_order};
+use crate::merge::plan::prune::leave_out;
 use crate::merge::rename::{function_key, walk_model, NameSet, Renamer};
 
 /// What the composition did besides merging.
@@ -93,8 +95,8 @@ pub fn compose(models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Re
     crate::pool::install(|| run_steps(models, labels, opts))
 }
 
-/// The steps of a composition, in order: wiring and order, plan, dedupe, final names,
-/// rename, assemble.
+/// The steps of a composition, in order: wiring and order, plan, dedupe, leave out what is
+/// not kept, final names, rename, assemble.
 fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> Result<Composition> {
     let n = models.len();
     if n == 0 {
@@ -132,6 +134,12 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     let labels = &labels[..];
     let mut plan = build_plan(&models, labels, opts)?;
     let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan) } else { Deduped::default() };
+    let declared = PlanView::declared_io(&models);
+    leave_out(&mut plan, &mut models);
+    let frame = match opts.rules {
+        Rules::OnnxCompose => Some(Frame::of(&models, labels, opts)?),
+        Rules::Fastseq => None,
+    };
 
     // Per model, arenas for its names and for the fresh value and node names it gets. (An
     // arena is used by one thread at a time, hence one per model and per task.)
@@ -145,7 +153,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         || assign_value_names(&models, &names, &plan, value_arenas.iter_mut().collect(), &mut extra),
         || assign_node_names(&names, node_arenas.iter_mut().collect()),
     );
-    let view = PlanView::of(&models, labels, &given, &plan, graph_form, &values.maps);
+    let view = PlanView::of(&models, labels, &given, &plan, graph_form, &values.maps).with_declared(declared);
     let ValueNames { maps: value_maps, adapters, renamed: value_renamed } = values;
     let (node_maps, node_renamed): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
     let adapters = name_adapter_nodes(adapters, &plan, &names);
@@ -164,7 +172,10 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     // Freeing the arenas is off the caller's path.
     crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas, extra)));
 
-    let (model, ranges) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    let (mut model, ranges) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    if let Some(frame) = frame {
+        frame.apply(&mut model);
+    }
     let report = Report {
         pruned: plan.pruned.clone(),
         deduped,
@@ -270,11 +281,23 @@ mod tests {
             }],
             ..node_proto("If", &["t"], &["y"])
         });
+        let if_model = m.clone();
         let merged = compose(vec![m.clone(), m], &labels(2), &Options::default()).unwrap().model;
         let g = merged.graph.unwrap();
         let if_node = crate::codec::node::decode(&g.node[3]).unwrap();
         let sub = crate::codec::node::decode(&if_node.attribute[0].g.as_ref().unwrap().node[0]).unwrap();
         assert_eq!(sub.input, ["m0/y", "m1/c"]);
+        // Both bodies define 'out': sibling scopes in the merged graph, so it keeps its name.
+        assert_eq!(sub.output, ["out"]);
+        // A top-level 'out' in the first model would make the body's shadow it: renamed.
+        let mut first = scale(1);
+        first.graph.as_mut().unwrap().node[1] = node("Relu", &["t"], &["out"]);
+        first.graph.as_mut().unwrap().output[0].name = Some("out".into());
+        let opts = Options { io_maps: Some(vec![vec![("out".into(), "x".into())]]), ..Default::default() };
+        let merged = compose(vec![first, if_model], &labels(2), &opts).unwrap().model;
+        let g = merged.graph.unwrap();
+        let if_node = crate::codec::node::decode(&g.node[3]).unwrap();
+        let sub = crate::codec::node::decode(&if_node.attribute[0].g.as_ref().unwrap().node[0]).unwrap();
         assert_eq!(sub.output, ["m1/out"]);
     }
 

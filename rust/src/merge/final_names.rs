@@ -42,6 +42,28 @@ fn model_prefix(i: usize) -> String {
 
 /// Marks a name that an exposed graph input or output claims (not a stage).
 const EXPOSED: usize = usize::MAX;
+/// Marks a name that only subgraphs have so far: taken (fresh names avoid it), but nobody's,
+/// since the bodies of two models are never nested in one another.
+const NESTED: usize = usize::MAX - 1;
+
+/// Model `k` claims `name` unless someone did before; a top-level name takes over from
+/// names only subgraphs have.
+fn claim<'a>(owner: &mut FxHashMap<&'a str, usize>, name: &'a str, k: usize, nested: bool) {
+    let by = if nested { NESTED } else { k };
+    let o = owner.entry(name).or_insert(by);
+    if *o == NESTED {
+        *o = by;
+    }
+}
+
+fn nested_only(set: &FxHashSet<&str>, name: &str) -> bool {
+    !set.is_empty() && set.contains(name)
+}
+
+/// Whether model `k` must give up `name`: another model or an exposed name claimed it.
+fn claimed_by_other(owner: &FxHashMap<&str, usize>, name: &str, k: usize) -> bool {
+    owner.get(name).is_some_and(|&o| o != k && o != NESTED)
+}
 
 pub struct ValueNames<'a> {
     pub maps: Vec<FxHashMap<&'a str, &'a str>>,
@@ -53,7 +75,9 @@ pub struct ValueNames<'a> {
 /// Gives every value name its final name. Exposed names chosen by the caller claim their
 /// spelling first; then a name keeps its spelling in the model that claims it first, exposed
 /// inputs and outputs of the linear form claiming before anything else (so that they keep
-/// the user's names); other models get a fresh `m<i>/` name for it. An input fed by an edge
+/// the user's names); other models get a fresh `m<i>/` name for it. Names that only
+/// subgraphs have are nobody's: models keep them unless one has the name at its top level.
+/// An input fed by an edge
 /// (or a weight stored once) takes the final name of the value feeding it.
 pub fn assign_value_names<'a>(
     models: &[ModelProto],
@@ -85,7 +109,7 @@ pub fn assign_value_names<'a>(
     for (k, set) in names.iter().enumerate() {
         for &name in &set.values {
             if own(k, name) {
-                owner.entry(name).or_insert(k);
+                claim(&mut owner, name, k, nested_only(&set.nested_values, name));
             }
         }
     }
@@ -96,7 +120,7 @@ pub fn assign_value_names<'a>(
         .map(|(k, arena)| {
             let mut fresh = FreshNames::new(model_prefix(k), arena, names[k].values.len());
             for &name in &names[k].values {
-                if own(k, name) && owner.get(name).is_some_and(|&o| o != k) {
+                if own(k, name) && claimed_by_other(&owner, name, k) {
                     fresh.rename(name, |c| owner.contains_key(c));
                 }
             }
@@ -161,8 +185,8 @@ pub fn assign_node_names<'a>(
     let total: usize = names.iter().map(|s| s.nodes.len()).sum();
     let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
     for (k, set) in names.iter().enumerate() {
-        for name in &set.nodes {
-            owner.entry(name).or_insert(k);
+        for &name in &set.nodes {
+            claim(&mut owner, name, k, nested_only(&set.nested_nodes, name));
         }
     }
     names
@@ -172,7 +196,7 @@ pub fn assign_node_names<'a>(
         .map(|(k, (set, arena))| {
             let mut fresh = FreshNames::new(model_prefix(k), arena, set.nodes.len());
             for &name in &set.nodes {
-                if owner[name] != k {
+                if claimed_by_other(&owner, name, k) {
                     fresh.rename(name, |c| owner.contains_key(c));
                 }
             }

@@ -3,8 +3,9 @@
 //! What the caller asks ([`options`]); the plan ([`plan`]: edges, checks, exposure,
 //! pruning, adapters); the final name of every value and node ([`final_names`]); the walk
 //! that renames them ([`rename`]); weights stored once ([`dedupe`]); the merged graph laid
-//! out ([`assemble`]); opset imports ([`opsets`]); metadata ([`metadata`]); and the entry
-//! point that runs these steps in order ([`compose`]).
+//! out ([`assemble`]); opset imports ([`opsets`]); metadata ([`metadata`]); onnx.compose's
+//! rules where they differ ([`onnx_rules`]); and the entry point that runs these steps in
+//! order ([`compose`]).
 //!
 //! The one rule: it imports the codec layer (and the bottom modules), never storage's
 //! functions or the bindings: models come in decoded, and go out as a [`compose::Composition`].
@@ -13,6 +14,7 @@ pub mod compose;
 pub mod dedupe;
 pub mod final_names;
 pub mod metadata;
+pub mod onnx_rules;
 pub mod opsets;
 pub mod options;
 pub mod plan;

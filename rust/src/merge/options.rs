@@ -18,6 +18,19 @@ pub enum Keep {
     Names(Vec<String>),
 }
 
+/// Whose rules the linear form of two models follows where fastseq's and onnx.compose's
+/// differ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Rules {
+    #[default]
+    Fastseq,
+    /// `onnx.compose.merge_models`' result wherever onnx.compose succeeds (see
+    /// [`crate::merge::onnx_rules`]): the first model's unconsumed outputs kept, each model
+    /// cut down to what `inputs`/`outputs` need as `onnx.utils.Extractor` cuts it, its
+    /// model and graph fields, metadata merged with its conflict rule.
+    OnnxCompose,
+}
+
 /// How to compose. The linear form (`io_maps`, `keep_outputs`, `inputs`, `outputs`) and the
 /// graph form (`edges`, `graph_inputs`, `graph_outputs`) both become edges in the plan.
 #[derive(Debug, Clone, Default)]
@@ -51,6 +64,7 @@ pub struct Options {
     pub producer_version: Option<String>,
     pub domain: Option<String>,
     pub model_version: Option<i64>,
+    pub rules: Rules,
 }
 
 impl Options {

@@ -44,6 +44,10 @@ pub trait Visitor {
     }
     /// The name of a local function.
     fn function(&mut self, _f: &mut FunctionProto) {}
+    /// A subgraph of node `owner` (its name, else its op_type) is about to be walked; its
+    /// names are a scope nested in the current one until [`Visitor::leave_subgraph`].
+    fn enter_subgraph(&mut self, _owner: &str, _g: &GraphProto) {}
+    fn leave_subgraph(&mut self) {}
 }
 
 fn set(name: &mut String, new: Option<&str>) -> bool {
@@ -103,8 +107,10 @@ pub fn walk_graph(g: &mut GraphProto, v: &mut impl Visitor) -> bool {
         changed |= opt_value(&mut t.name, v);
     }
     for s in &mut g.sparse_initializer {
-        if let Some(values) = s.values.as_mut() {
-            changed |= opt_value(&mut values.name, v);
+        // The indices' name is no value of the graph, but onnx.compose treats it as a name
+        // of the graph (check_overlapping_names, add_prefix): renamed along with the rest.
+        for t in s.values.iter_mut().chain(s.indices.iter_mut()) {
+            changed |= opt_value(&mut t.name, v);
         }
     }
     for a in &mut g.quantization_annotation {
@@ -230,12 +236,14 @@ fn walk_node(node: &mut NodeProto, v: &mut impl Visitor) -> bool {
             changed |= opt_value(&mut s.tensor_name, v);
         }
     }
-    for a in &mut node.attribute {
-        if let Some(g) = a.g.as_mut() {
-            changed |= walk_graph(g, v);
-        }
-        for g in &mut a.graphs {
-            changed |= walk_graph(g, v);
+    if node.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty()) {
+        let owner = node.name.clone().filter(|n| !n.is_empty()).or_else(|| node.op_type.clone()).unwrap_or_default();
+        for a in &mut node.attribute {
+            for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                v.enter_subgraph(&owner, g);
+                changed |= walk_graph(g, v);
+                v.leave_subgraph();
+            }
         }
     }
     changed
@@ -287,6 +295,11 @@ pub fn function_key(f: &FunctionProto) -> FunctionKey {
 pub struct NameSet<'a> {
     pub values: FxHashSet<&'a str>,
     pub nodes: FxHashSet<&'a str>,
+    /// The values and node names found only inside subgraphs (If/Loop/Scan bodies): two
+    /// models' bodies are never nested in one another, so such names of two models never
+    /// clash with each other, only with the other model's top-level names.
+    pub nested_values: FxHashSet<&'a str>,
+    pub nested_nodes: FxHashSet<&'a str>,
 }
 
 impl<'a> NameSet<'a> {
@@ -296,30 +309,54 @@ impl<'a> NameSet<'a> {
         let set = NameSet {
             values: FxHashSet::with_capacity_and_hasher(2 * nodes + 8, Default::default()),
             nodes: FxHashSet::with_capacity_and_hasher(nodes + 8, Default::default()),
+            ..Default::default()
         };
-        let mut collect = Collect { set, arena };
+        let mut collect = Collect { set, arena, depth: 0 };
         walk_model(model, &mut collect);
-        collect.set
+        let mut set = collect.set;
+        // Seen in a body first, then at the top: not nested only.
+        set.nested_values.retain(|n| !set.values.contains(n));
+        set.nested_nodes.retain(|n| !set.nodes.contains(n));
+        set.values.extend(set.nested_values.iter().copied());
+        set.nodes.extend(set.nested_nodes.iter().copied());
+        set
+    }
+
+    /// Whether the top-level graph (or a training graph) has this value name.
+    pub fn has_top_value(&self, name: &str) -> bool {
+        self.values.contains(name) && !self.nested_values.contains(name)
     }
 }
 
 struct Collect<'a> {
     set: NameSet<'a>,
     arena: &'a Bump,
+    /// How deep in subgraphs the walk is: names at depth 0 are top-level.
+    depth: usize,
+}
+
+fn collect<'a>(set: &mut FxHashSet<&'a str>, name: &str, arena: &'a Bump) {
+    if !set.contains(name) {
+        set.insert(arena.alloc_str(name));
+    }
 }
 
 impl Visitor for Collect<'_> {
     fn value(&mut self, name: &str) -> Option<&str> {
-        if !self.set.values.contains(name) {
-            self.set.values.insert(self.arena.alloc_str(name));
-        }
+        let set = if self.depth == 0 { &mut self.set.values } else { &mut self.set.nested_values };
+        collect(set, name, self.arena);
         None
     }
     fn node_name(&mut self, name: &str) -> Option<&str> {
-        if !self.set.nodes.contains(name) {
-            self.set.nodes.insert(self.arena.alloc_str(name));
-        }
+        let set = if self.depth == 0 { &mut self.set.nodes } else { &mut self.set.nested_nodes };
+        collect(set, name, self.arena);
         None
+    }
+    fn enter_subgraph(&mut self, _owner: &str, _g: &GraphProto) {
+        self.depth += 1;
+    }
+    fn leave_subgraph(&mut self) {
+        self.depth -= 1;
     }
 }
 
@@ -356,6 +393,88 @@ impl Visitor for Renamer<'_> {
         if let Some(new) = self.functions.get(&function_key(f)) {
             f.name = Some(new.clone());
         }
+    }
+}
+
+/// The names a graph itself defines, in order, each once: its inputs, initializers, sparse
+/// initializers and node outputs (not what its subgraphs define).
+fn defined(g: &GraphProto) -> Vec<&str> {
+    let mut seen = FxHashSet::default();
+    let inputs = g.input.iter().filter_map(|v| v.name.as_deref());
+    let weights = g.initializer.iter().filter_map(|t| t.name.as_deref());
+    let sparse = g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()?.name.as_deref());
+    let outputs = g.node.iter().flat_map(|raw| {
+        node::fields(raw).filter_map(|f| f.ok()).filter(|f| f.tag == node::OUTPUT).filter_map(|f| f.text())
+    });
+    inputs.chain(weights).chain(sparse).chain(outputs).filter(|n| !n.is_empty() && seen.insert(*n)).collect()
+}
+
+/// Renames values of `model` as `mapping` says (old -> new): every reference in every
+/// scope, except inside a subgraph that defines the old name itself (its own value, which
+/// shadows the outer one, keeps its name). Names the model does not have are ignored.
+/// Refused, with the model left as it was: a new name that a value of the graph already
+/// has (unless that one is renamed too: swaps are fine), two names renamed onto one, and a
+/// new name that a subgraph defines itself while the old one may be read inside it.
+pub fn rename_values(model: &mut ModelProto, mapping: &[(String, String)]) -> crate::error::Result<()> {
+    use crate::error::Error;
+    let map: FxHashMap<String, String> = mapping.iter().filter(|(a, b)| a != b).cloned().collect();
+    let Some(g) = model.graph.as_ref() else { return Ok(()) };
+    if map.is_empty() {
+        return Ok(());
+    }
+    let mut by_new: FxHashMap<&str, &str> = FxHashMap::default();
+    for old in defined(g) {
+        let new = map.get(old).map_or(old, String::as_str);
+        if let Some(&other) = by_new.get(new) {
+            // Whichever of the two is renamed (the other keeps `new`, or is renamed too).
+            let (renamed, kept) = if map.contains_key(old) { (old, other) } else { (other, old) };
+            return Err(Error::composition(if map.contains_key(kept) {
+                format!("renaming '{renamed}' to '{new}' clashes with '{kept}', which is also renamed to '{new}'")
+            } else {
+                format!("renaming '{renamed}' to '{new}' clashes with the existing '{new}'")
+            }));
+        }
+        by_new.insert(new, old);
+    }
+    let mut r = Scoped { maps: vec![map], error: None };
+    let mut copy = model.clone();
+    walk_model(&mut copy, &mut r);
+    match r.error {
+        Some(e) => Err(e),
+        None => {
+            *model = copy;
+            Ok(())
+        }
+    }
+}
+
+/// A map per scope: a subgraph drops the names it defines itself.
+struct Scoped {
+    maps: Vec<FxHashMap<String, String>>,
+    error: Option<crate::error::Error>,
+}
+
+impl Visitor for Scoped {
+    fn value(&mut self, name: &str) -> Option<&str> {
+        self.maps.last()?.get(name).map(String::as_str)
+    }
+    fn enter_subgraph(&mut self, owner: &str, g: &GraphProto) {
+        let local: FxHashSet<&str> = defined(g).into_iter().collect();
+        let mut inner = self.maps.last().cloned().unwrap_or_default();
+        inner.retain(|old, _| !local.contains(old.as_str()));
+        let mut hidden: Vec<(&String, &String)> =
+            inner.iter().filter(|(_, new)| local.contains(new.as_str())).collect();
+        hidden.sort();
+        if let (Some((old, new)), None) = (hidden.first(), &self.error) {
+            self.error = Some(crate::error::Error::composition(format!(
+                "'{old}' cannot become '{new}': the subgraph '{}' of node '{owner}' defines '{new}' itself",
+                g.name.as_deref().unwrap_or("")
+            )));
+        }
+        self.maps.push(inner);
+    }
+    fn leave_subgraph(&mut self) {
+        self.maps.pop();
     }
 }
 
@@ -433,6 +552,61 @@ pub fn fresh(prefix: &str, base: &str, free: impl Fn(&str) -> bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::merge::testing::{node, scale, vi};
+
+    fn if_reading(outer: &str, local: &str) -> ModelProto {
+        use crate::codec::proto::{attribute_proto::AttributeType, AttributeProto};
+        let mut m = scale(1);
+        let body = GraphProto {
+            name: Some("body".into()),
+            node: vec![node("Neg", &[outer], &[local]), node("Abs", &[local], &["out"])],
+            output: vec![vi("out", 1, &[2, 4])],
+            ..Default::default()
+        };
+        m.graph.as_mut().unwrap().node.push(node::encode(&NodeProto {
+            name: Some("cond".into()),
+            attribute: vec![AttributeProto {
+                name: Some("then_branch".into()),
+                r#type: Some(AttributeType::Graph as i32),
+                g: Some(body),
+                ..Default::default()
+            }],
+            ..crate::merge::testing::node_proto("If", &["b"], &["z"])
+        }));
+        m
+    }
+
+    fn body_nodes(m: &ModelProto) -> Vec<NodeProto> {
+        let n = node::decode(m.graph.as_ref().unwrap().node.last().unwrap()).unwrap();
+        n.attribute[0].g.as_ref().unwrap().node.iter().map(|raw| node::decode(raw).unwrap()).collect()
+    }
+
+    #[test]
+    fn rename_values_follows_outer_reads_and_leaves_a_bodys_own_names() {
+        let mut m = if_reading("c", "t");
+        rename_values(&mut m, &[("c".into(), "weights".into()), ("t".into(), "total".into())]).unwrap();
+        let body = body_nodes(&m);
+        assert_eq!((body[0].input.clone(), body[0].output.clone()), (vec!["weights".into()], vec!["t".into()]));
+        assert_eq!(node::decode(&m.graph.as_ref().unwrap().node[0]).unwrap().output, ["total"]);
+        let pairs = |p: &[(&str, &str)]| p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        let err = rename_values(&mut scale(1), &pairs(&[("x", "t")])).unwrap_err();
+        assert_eq!(err.message, "renaming 'x' to 't' clashes with the existing 't'");
+        let err = rename_values(&mut scale(1), &pairs(&[("x", "w"), ("c", "w")])).unwrap_err();
+        assert!(err.message.ends_with("which is also renamed to 'w'"), "{}", err.message);
+        let mut hidden = if_reading("c", "local");
+        let err = rename_values(&mut hidden, &pairs(&[("c", "local")])).unwrap_err();
+        assert_eq!(err.message, "'c' cannot become 'local': the subgraph 'body' of node 'cond' defines 'local' itself");
+        assert_eq!(hidden, if_reading("c", "local"), "left as it was");
+    }
+
+    #[test]
+    fn names_only_bodies_have_are_set_apart() {
+        let mut m = if_reading("c", "local");
+        let arena = Bump::new();
+        let names = NameSet::of(&mut m, &arena);
+        assert!(names.nested_values.contains("local") && names.nested_values.contains("out"));
+        assert!(!names.nested_values.contains("c") && names.has_top_value("c"));
+    }
 
     #[test]
     fn fresh_names_never_collide_with_originals_or_each_other() {

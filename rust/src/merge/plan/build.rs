@@ -5,12 +5,12 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::codec::graph::{graph, vi_name};
 use crate::codec::proto::ModelProto;
 use crate::error::{Error, Result};
-use crate::merge::options::{Adapt, Options};
+use crate::merge::options::{Adapt, Keep, Options, Rules};
 use crate::merge::plan::adapters::{check_edge, unify_dims};
 use crate::merge::plan::edges::{linear_edges, stage_io};
 use crate::merge::plan::exposure::{expose_graph, expose_linear};
 use crate::merge::plan::parts::{Plan, PruneReport, Target};
-use crate::merge::plan::prune::prune;
+use crate::merge::plan::prune::{extract, prune};
 
 /// Plans the composition of `models` (already prefixed) under `opts`. In the graph form,
 /// the models are in graph order and the wiring is checked (see
@@ -19,6 +19,13 @@ use crate::merge::plan::prune::prune;
 pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> Result<Plan> {
     let n = models.len();
     let graph_form = opts.is_graph();
+    let onnx = opts.rules == Rules::OnnxCompose;
+    if onnx && (graph_form || n != 2 || opts.keep_outputs != Keep::Last) {
+        return Err(Error::composition(
+            "onnx.compose's rules apply to two models joined by an io_map (merge_models); \
+             they decide which outputs are kept",
+        ));
+    }
     let (edges, wheres) = match &opts.edges {
         Some(edges) => {
             let wheres = edges
@@ -119,7 +126,8 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
         })
         .collect();
     let mut plan = Plan {
-        dims: unify_dims(models, &edges),
+        // onnx.compose keeps every model's own dim names.
+        dims: if onnx { vec![FxHashMap::default(); n] } else { unify_dims(models, &edges) },
         edges,
         alias,
         pinned,
@@ -131,11 +139,14 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
         kept: None,
         pruned: PruneReport::default(),
         unused,
+        extracted: Vec::new(),
     };
-    if opts.prune.unwrap_or(graph_form) {
+    if onnx {
+        extract(&mut plan, models, labels)?;
+    } else if opts.prune.unwrap_or(graph_form) {
         prune(&mut plan, models);
     }
-    // An IR < 4 weight listed as an input and fed by an edge is overridden: dropped.
+    // A weight listed as an input (its default value) and fed by an edge is overridden: dropped.
     if plan.fed_inputs.iter().any(|f| !f.is_empty()) {
         let fed_inputs = std::mem::take(&mut plan.fed_inputs);
         let kept = plan.kept_mut(models);
@@ -145,6 +156,11 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
             for (x, t) in g.initializer.iter().enumerate() {
                 if fed.contains(t.name.as_deref().unwrap_or("")) {
                     kept.initializers[k][x] = false;
+                }
+            }
+            for (x, s) in g.sparse_initializer.iter().enumerate() {
+                if fed.contains(s.values.as_ref().and_then(|v| v.name.as_deref()).unwrap_or("")) {
+                    kept.sparse[k][x] = false;
                 }
             }
         }

@@ -6,7 +6,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::codec::graph::{graph, initializer_names, vi_name};
 use crate::codec::proto::{ModelProto, ValueInfoProto};
 use crate::error::{Error, Result};
-use crate::merge::options::{Keep, Options};
+use crate::merge::options::{Keep, Options, Rules};
 use crate::merge::plan::edges::stage_io;
 use crate::merge::plan::parts::{GraphInput, GraphOutput};
 use crate::merge::rename::fresh;
@@ -97,9 +97,28 @@ pub fn expose_linear(
         })
         .collect();
     if let Some(wanted) = &opts.inputs {
-        inputs = select(models, labels, wanted, "input", |m| &graph(m).input, Some(&inputs))?;
+        let unfed = |w: &str| (0..n).any(|k| inputs[k].iter().any(|&x| vi_name(&graph(&models[k]).input[x]) == w));
+        if let Some(name) = wanted.iter().find(|w| !unfed(w) && fed.iter().any(|f| f.contains_key(w.as_str()))) {
+            return Err(Error::composition(format!(
+                "'{name}' is in inputs but an io_map pair feeds it: it cannot be a graph input too"
+            )));
+        }
+        let chosen = select(models, labels, wanted, "input", |m| &graph(m).input, Some(&inputs))?;
+        // The weights an IR < 4 model lists as inputs stay: without them it is invalid.
+        inputs = inputs
+            .iter()
+            .zip(chosen)
+            .enumerate()
+            .map(|(k, (unfed, chosen))| {
+                let weights = initializer_names(&models[k]);
+                let g = graph(&models[k]);
+                unfed.iter().copied().filter(|x| chosen.contains(x) || weights.contains(vi_name(&g.input[*x]))).collect()
+            })
+            .collect();
     }
-    let outputs = match (&opts.outputs, &opts.keep_outputs) {
+    // onnx.compose keeps the outputs that no io_map pair consumes.
+    let keep = if opts.rules == Rules::OnnxCompose { &Keep::Unconsumed } else { &opts.keep_outputs };
+    let outputs = match (&opts.outputs, keep) {
         (Some(wanted), _) => select(models, labels, wanted, "output", |m| &graph(m).output, None)?,
         (None, Keep::Names(wanted)) => {
             let mut chosen = select(models, labels, wanted, "output", |m| &graph(m).output, None)?;

@@ -83,6 +83,8 @@ pub struct Plan {
     pub pruned: PruneReport,
     /// Outputs that no edge consumes and no graph output exposes (graph form only).
     pub unused: Vec<(usize, String)>,
+    /// Per stage (onnx.compose's rules): cut down as `onnx.utils.Extractor` cuts a graph.
+    pub extracted: Vec<bool>,
 }
 
 impl Plan {

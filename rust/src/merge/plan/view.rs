@@ -130,6 +130,25 @@ impl PlanView {
         }
     }
 
+    /// Each stage's inputs and outputs as the stage declares them, read before a cut
+    /// (`prune::leave_out`) drops those the merged graph does not keep: a drawing shows
+    /// the whole stage.
+    pub fn declared_io(models: &[ModelProto]) -> Vec<(Vec<IoInfo>, Vec<IoInfo>)> {
+        models
+            .iter()
+            .map(|m| (graph(m).input.iter().map(io_info).collect(), graph(m).output.iter().map(io_info).collect()))
+            .collect()
+    }
+
+    /// This view with the stages' inputs and outputs as [`PlanView::declared_io`] read them.
+    pub fn with_declared(mut self, declared: Vec<(Vec<IoInfo>, Vec<IoInfo>)>) -> PlanView {
+        for (st, (inputs, outputs)) in self.stages.iter_mut().zip(declared) {
+            st.inputs = inputs;
+            st.outputs = outputs;
+        }
+        self
+    }
+
     /// The plan of one model on its own: one stage, its inputs and outputs exposed as they are.
     pub fn single(model: &ModelProto, label: &str) -> PlanView {
         let Some(g) = model.graph.as_ref() else { return PlanView::default() };
