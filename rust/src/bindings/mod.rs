@@ -8,12 +8,14 @@ mod composed;
 mod errors;
 mod files;
 mod sources;
+mod writer;
 
 use crate::allocator::tune_allocator;
 use crate::bindings::compose::{compose_sources, load_model, load_models};
 use crate::bindings::composed::Composed;
 use crate::bindings::errors::{CompositionError, ExportError, FastseqError, LoadError, OpsetMismatchError};
 use crate::bindings::files::{check_external_location, external_data_locations, file_digest, write_private_copy};
+use crate::bindings::writer::{commit_bytes, Staging};
 use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
@@ -35,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Composed>()?;
+    m.add_class::<Staging>()?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;
@@ -43,5 +46,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_digest, m)?)?;
     m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
     m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
+    m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
     Ok(())
 }
