@@ -15,7 +15,7 @@ use crate::bindings::compose::{compose_sources, load_model, load_models};
 use crate::bindings::composed::Composed;
 use crate::bindings::errors::{CompositionError, ExportError, FastseqError, LoadError, OpsetMismatchError};
 use crate::bindings::files::{check_external_location, external_data_locations, file_digest, write_private_copy};
-use crate::bindings::writer::{commit_bytes, Staging};
+use crate::bindings::writer::{commit_bytes, stage, Staging};
 use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
@@ -47,5 +47,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
     m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
     m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(stage, m)?)?;
     Ok(())
 }

@@ -24,9 +24,9 @@ pub(crate) fn commit_bytes<'py>(py: Python<'py>, data: &[u8], path: PathBuf) -> 
     written(py, saved)
 }
 
-/// A staging folder beside `target` for another program to write a model into; `commit`
-/// puts that model in place. Removed on `close()` (or by the next write into that folder if
-/// the process is killed).
+/// A staging folder beside a target (made by `stage`) for another program to write a model
+/// into; `commit` puts that model in place. Removed on `close()` or leaving a `with` block
+/// (or by the next write into that folder if the process is killed).
 #[pyclass(module = "fastseq._core")]
 pub(crate) struct Staging {
     inner: Option<writer::Staging>,
@@ -38,16 +38,16 @@ impl Staging {
     }
 }
 
+/// A staging folder beside `target` (see `Staging`).
+#[pyfunction]
+pub(crate) fn stage(py: Python<'_>, target: PathBuf) -> PyResult<Staging> {
+    let inner = py.detach(|| writer::stage(&target)).map_err(to_py)?;
+    Ok(Staging { inner: Some(inner) })
+}
+
 #[pymethods]
 impl Staging {
-    #[new]
-    fn new(py: Python<'_>, target: PathBuf) -> PyResult<Staging> {
-        let inner = py.detach(|| writer::stage(&target)).map_err(to_py)?;
-        Ok(Staging { inner: Some(inner) })
-    }
-
     /// The folder to write into.
-    #[getter]
     fn folder(&self) -> PyResult<PathBuf> {
         Ok(self.inner()?.path().to_path_buf())
     }
@@ -56,15 +56,16 @@ impl Staging {
     /// refers to there) to the target; `metadata` pairs are set in its metadata_props;
     /// `encode(bytes) -> bytes` turns the final model into another format. Returns a dict
     /// with the bytes written and the data files' names.
-    #[pyo3(signature = (model_file, metadata=Vec::new(), encode=None))]
+    #[pyo3(signature = (model_file, metadata=None, encode=None))]
     fn commit<'py>(
         &self,
         py: Python<'py>,
         model_file: &str,
-        metadata: Vec<(String, String)>,
+        metadata: Option<Vec<(String, String)>>,
         encode: Option<Py<PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let staging = self.inner()?;
+        let metadata = metadata.unwrap_or_default();
         let saved = py
             .detach(|| {
                 let mut call = |model: Vec<u8>| -> Result<Vec<u8>> {

@@ -12,7 +12,6 @@ use std::fs::File;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::storage::temp::nanos;
 
 /// The export lock of one folder, held until dropped.
 pub(crate) struct ExportLock {
@@ -31,12 +30,13 @@ impl ExportLock {
 
 pub(crate) const LOCK_EX: std::ffi::c_int = libc::LOCK_EX;
 
-/// Whether the file or folder at `path` is `flock`ed by another open file (a live writer's).
+/// Whether the file at `path` is `flock`ed by another open file (a live writer's). A file
+/// that is not there is not held.
 pub(crate) fn is_held(path: &Path) -> bool {
     match File::open(path) {
         // Released when `f` is closed, just after.
         Ok(f) => flock(&f, LOCK_EX | libc::LOCK_NB).is_err(),
-        Err(_) => true, // gone or unreadable: not ours to judge
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound, // unreadable: not ours to judge
     }
 }
 
@@ -60,7 +60,8 @@ pub(crate) fn flock(file: &File, op: std::ffi::c_int) -> std::io::Result<()> {
 pub(crate) fn new_token() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut x = (nanos() as u64)
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos());
+    let mut x = (nanos.unwrap_or(0) as u64)
         ^ u64::from(std::process::id()).rotate_left(32)
         ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     x ^= x >> 30;
@@ -126,5 +127,6 @@ mod tests {
         assert!(is_held(dir.path()), "the folder itself is the lock");
         drop(lock);
         assert!(!is_held(dir.path()));
+        assert!(!is_held(&dir.path().join("gone")));
     }
 }

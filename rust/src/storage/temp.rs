@@ -4,8 +4,9 @@
 //! A writer's temporary file is `.{name}.{token}.{what}.tmp` and a staging folder (where
 //! another program, onnx or ONNX Runtime, writes a model for the writer to commit) is
 //! `.{name}.{token}.staging`, both beside the target `name`. Each is created under the export
-//! lock and `flock`ed by its writer until it is renamed or removed: one that nobody holds
-//! belongs to a writer that was killed, and any export into the folder removes it.
+//! lock and `flock`ed by its writer (a staging folder through a file inside) until it is
+//! renamed or removed: one that nobody holds belongs to a writer that was killed, and any
+//! export into the folder removes it.
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
@@ -43,6 +44,9 @@ impl Drop for Temp {
     }
 }
 
+/// The file in a staging folder whose lock says its writer is alive.
+const HELD: &str = ".held";
+
 /// A staging folder that this writer holds; removed with what it holds when dropped.
 pub struct Staging {
     path: PathBuf,
@@ -56,11 +60,13 @@ impl Staging {
         let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let path = target.with_file_name(format!(".{name}.{token}.staging"));
         fs::create_dir(&path)?;
-        let lock = File::open(&path).and_then(|f| flock(&f, LOCK_EX).map(|_| f));
+        // Held through a file inside: the folder itself is the export lock of what is
+        // written into it (the core's own writes into a staging folder take it).
+        let lock = File::create(path.join(HELD)).and_then(|f| flock(&f, LOCK_EX).map(|_| f));
         match lock {
             Ok(lock) => Ok(Staging { path, target: target.to_path_buf(), _lock: lock }),
             Err(e) => {
-                let _ = fs::remove_dir(&path);
+                let _ = fs::remove_dir_all(&path);
                 Err(e)
             }
         }
@@ -98,23 +104,19 @@ pub(crate) fn remove_stale(folder: &Path) {
     let Ok(entries) = fs::read_dir(folder) else { return };
     for e in entries.flatten() {
         let file = e.file_name().to_string_lossy().into_owned();
-        if !is_temp_name(&file) || is_held(&e.path()) {
+        if !is_temp_name(&file) {
             continue;
         }
         match e.file_type() {
-            Ok(t) if t.is_dir() => {
+            Ok(t) if t.is_dir() && !is_held(&e.path().join(HELD)) => {
                 let _ = fs::remove_dir_all(e.path());
             }
-            Ok(t) if t.is_file() => {
+            Ok(t) if t.is_file() && !is_held(&e.path()) => {
                 let _ = fs::remove_file(e.path());
             }
             _ => {}
         }
     }
-}
-
-pub(crate) fn nanos() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -89,8 +89,8 @@ pub fn stage(path: &Path) -> Result<Staging> {
     target.staging(&new_token())
 }
 
-/// Commits the model `model_file` of `staging` (a protobuf file, with its external data
-/// files in the staging folder) to the staging folder's target: each data file is moved
+/// Commits the model `model_file` of `staging` (a protobuf file, a path relative to the
+/// folder, with its external data files beside it in the folder) to the staging folder's target: each data file is moved
 /// beside the target under the name it had in the folder when that name is free or the
 /// writer's, else under a token name, and the model's locations are rewritten to match.
 /// `metadata` pairs are set in the model's metadata_props (a key keeps its place and takes
@@ -106,6 +106,7 @@ pub fn commit_staged(
     let folder = staging.path();
     let staged = folder.join(model_file);
     let staged_err = |e: Error| target.err(format!("the model to write ({model_file}): {}", e.message));
+    check_relative(model_file).map_err(staged_err)?;
     let mut model = decode(model_file, read_path(&staged).map_err(staged_err)?).map_err(staged_err)?;
     let found = locations(&mut model);
     if found.is_empty() && metadata.is_empty() && encode.is_none() {
@@ -115,10 +116,11 @@ pub fn commit_staged(
         let len = file.metadata().map_err(|e| target.err(e))?.len();
         return commit(&target, &token, Model::Written { path: staged, temp: None, len }, Vec::new());
     }
+    let base = staged.parent().unwrap_or(folder);
     let mut data = Vec::new();
     for (k, location) in found.iter().enumerate() {
         check_relative(location).map_err(staged_err)?;
-        let path = safe_location(folder, folder, location).map_err(staged_err)?;
+        let path = safe_location(base, folder, location).map_err(staged_err)?;
         let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| target.err(e))?;
         file.sync_all().map_err(|e| target.err(e))?;
         let len = file.metadata().map_err(|e| target.err(e))?.len();
