@@ -83,9 +83,8 @@ def write(kind: str, scale: float, target: Path) -> None:
 KINDS = ["external", "location", "per_tensor", "textproto", "json_external", "optimized", "quantize", "merge_optimize"]
 
 
-def load(kind: str, target: Path) -> onnx.ModelProto:
-    fmt = FORMATS.get(kind)
-    return onnx.load(str(target), format=fmt) if fmt else onnx.load(str(target))
+def load(kind: str, target: Path, external_data: bool = True) -> onnx.ModelProto:
+    return onnx.load(str(target), format=FORMATS.get(kind), load_external_data=external_data)
 
 
 def outputs(kind: str, target: Path) -> np.ndarray:
@@ -137,7 +136,7 @@ def referenced(model: onnx.ModelProto) -> set[str]:
 
 def folder_holds_the_model_its_data_and(folder: Path, kind: str, target: Path, extra: set[str]) -> set[str]:
     """Asserts the folder holds the model, exactly the data files it references, and `extra`."""
-    data = referenced(load(kind, target)) if target.exists() else set()
+    data = referenced(load(kind, target, external_data=False)) if target.exists() else set()
     assert {p.name for p in folder.iterdir()} == {target.name, *data, *extra}
     return data
 

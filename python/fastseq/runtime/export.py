@@ -93,6 +93,8 @@ def _export_with_onnx(
     one_file = kwargs.get("all_tensors_to_one_file", True)
     with _core.stage(str(target)) as stage:
         try:
+            if location is not None:  # onnx.save makes no folder; the core makes it beside the target
+                (stage.folder() / location).parent.mkdir(parents=True, exist_ok=True)
             model = _as_proto(composed, stage.folder())
             onnx.save(
                 model,
@@ -104,7 +106,7 @@ def _export_with_onnx(
                 size_threshold=threshold,
                 convert_attribute=bool(kwargs.get("convert_attribute", False)),
             )
-        except (OSError, ValueError, RuntimeError) as e:
+        except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as e:
             raise ExportError(f"cannot write {target}: {e}") from e
         del model
         stage.commit(target.name, encode=encode)

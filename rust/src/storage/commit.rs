@@ -115,7 +115,7 @@ pub(crate) enum Model<'a, 'e> {
     Written { path: PathBuf, temp: Option<Temp>, len: u64 },
     /// Encoded under the lock, once its data files are named; `link` links the sources'
     /// data files that its tensors still point at (see [`link_sources`]).
-    Header { model: ModelProto, encode: Option<&'a mut Encoder<'e>>, link: bool },
+    Header { model: Box<ModelProto>, encode: Option<&'a mut Encoder<'e>>, link: bool },
 }
 
 /// Places `data` and `model` at `target` (see the module's notes) and returns what was written.
@@ -252,7 +252,14 @@ fn rename_new(from: &Path, to: &Path) -> std::io::Result<()> {
     let (f, t) = (c(from)?, c(to)?);
     // SAFETY: renameat2(2) with two NUL-terminated paths relative to the working folder.
     let r = unsafe {
-        libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), libc::RENAME_NOREPLACE)
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
     };
     if r == 0 {
         return Ok(());
@@ -343,7 +350,8 @@ fn remove_orphans(target: &Target, referenced: &[String], written: (u64, u64)) {
             if referenced.contains(&location) {
                 continue;
             }
-            if (dir.is_empty() && token_named(&target.name, &file)) || is_ours(&target.folder, &location, &target.name) {
+            if (dir.is_empty() && token_named(&target.name, &file)) || is_ours(&target.folder, &location, &target.name)
+            {
                 let _ = fs::remove_file(e.path());
             }
         }

@@ -8,7 +8,7 @@
 //! The slow part of a write (gigabytes of weights into a temporary file) runs outside the
 //! lock; that file is `flock`ed by its writer from its creation (under the lock) to its
 //! rename, so that a clean-up can tell a live writer's file from a killed one's.
-use std::fs::File;
+use std::fs::{self, File};
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -23,17 +23,34 @@ impl ExportLock {
     pub(crate) fn acquire(folder: &Path, target: &Path) -> Result<ExportLock> {
         let err = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", target.display()));
         let dir = File::open(folder).map_err(err)?;
-        flock(&dir, LOCK_EX).map_err(err)?;
-        Ok(ExportLock { _folder: dir })
+        match flock(&dir, LOCK_EX) {
+            Ok(()) => Ok(ExportLock { _folder: dir }),
+            // NFS emulates flock with byte-range locks, which a folder (never open for
+            // writing) cannot take: a lock file there instead, left in place.
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EBADF | libc::ENOLCK | libc::EINVAL | libc::EOPNOTSUPP)) =>
+            {
+                let mut open = fs::OpenOptions::new();
+                let file = open.read(true).write(true).create(true).truncate(false);
+                let file = file.open(folder.join(FALLBACK)).map_err(err)?;
+                flock(&file, LOCK_EX).map_err(err)?;
+                Ok(ExportLock { _folder: file })
+            }
+            Err(e) => Err(err(e)),
+        }
     }
 }
+
+/// The lock file of a folder whose file system cannot lock the folder itself.
+const FALLBACK: &str = ".fastseq.lock";
 
 pub(crate) const LOCK_EX: std::ffi::c_int = libc::LOCK_EX;
 
 /// Whether the file at `path` is `flock`ed by another open file (a live writer's). A file
 /// that is not there is not held.
 pub(crate) fn is_held(path: &Path) -> bool {
-    match File::open(path) {
+    // Open for writing where it can be: NFS's emulated flock needs it for an exclusive lock.
+    match fs::OpenOptions::new().read(true).write(true).open(path).or_else(|_| File::open(path)) {
         // Released when `f` is closed, just after.
         Ok(f) => flock(&f, LOCK_EX | libc::LOCK_NB).is_err(),
         Err(e) => e.kind() != std::io::ErrorKind::NotFound, // unreadable: not ours to judge

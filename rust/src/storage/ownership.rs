@@ -33,9 +33,7 @@ pub(crate) fn mark(file: &File, model: &str, names: &[&str]) -> bool {
     let value = value.join("\0");
     // SAFETY: fsetxattr(2) on a descriptor `file` owns, with a NUL-terminated name and a
     // buffer of the length given; it only reads them.
-    let done = unsafe {
-        libc::fsetxattr(file.as_raw_fd(), KEY.as_ptr(), value.as_ptr().cast(), value.len(), 0)
-    };
+    let done = unsafe { libc::fsetxattr(file.as_raw_fd(), KEY.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
     done == 0
 }
 

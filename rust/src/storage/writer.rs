@@ -43,9 +43,10 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
         let fallback = format!("{}.{token}.data", target.name);
         let mut header = model.clone();
         let mut out = BufWriter::with_capacity(1 << 20, &temp.file);
-        let (len, moved) = move_weights(&mut header, &fallback, threshold, &mut out, &mut std::io::sink(), &mut Vec::new())
-            .and_then(|r| out.flush().map(|_| r))
-            .map_err(|e| target.err(e))?;
+        let (len, moved) =
+            move_weights(&mut header, &fallback, threshold, &mut out, &mut std::io::sink(), &mut Vec::new())
+                .and_then(|r| out.flush().map(|_| r))
+                .map_err(|e| target.err(e))?;
         drop(out);
         temp.file.sync_all().map_err(|e| target.err(e))?;
         let mut data = Vec::new();
@@ -56,7 +57,7 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
             let preferred = marked.then_some(preferred);
             data.push(DataFile { path, temp: Some(temp), placeholder: fallback.clone(), preferred, fallback, len });
         }
-        return commit(&target, &token, Model::Header { model: header, encode: None, link: linked }, data);
+        return commit(&target, &token, Model::Header { model: Box::new(header), encode: None, link: linked }, data);
     }
     if size >= PROTOBUF_LIMIT {
         return Err(Error::export(format!(
@@ -78,7 +79,12 @@ pub fn commit_bytes(bytes: &[u8], path: &Path) -> Result<Saved> {
     let token = new_token();
     let temp = target.temp(&token, "model")?;
     (&temp.file).write_all(bytes).and_then(|_| temp.file.sync_all()).map_err(|e| target.err(e))?;
-    commit(&target, &token, Model::Written { path: temp.path.clone(), temp: Some(temp), len: bytes.len() as u64 }, Vec::new())
+    commit(
+        &target,
+        &token,
+        Model::Written { path: temp.path.clone(), temp: Some(temp), len: bytes.len() as u64 },
+        Vec::new(),
+    )
 }
 
 /// A staging folder beside `path` for another program to write a model into, then
@@ -140,7 +146,7 @@ pub fn commit_staged(
             }
         }
     }
-    commit(&target, &token, Model::Header { model, encode, link: false }, data)
+    commit(&target, &token, Model::Header { model: Box::new(model), encode, link: false }, data)
 }
 
 /// Writes the session's private copy of `model` into `path`'s folder, which only this
@@ -200,8 +206,11 @@ fn move_weights(
         }
         offset += pad;
         placed.push((raw.as_ptr() as usize, raw.len(), offset));
-        t.external_data =
-            vec![kv("location", location.to_string()), kv("offset", offset.to_string()), kv("length", raw.len().to_string())];
+        t.external_data = vec![
+            kv("location", location.to_string()),
+            kv("offset", offset.to_string()),
+            kv("length", raw.len().to_string()),
+        ];
         offset += raw.len() as u64;
         moved += 1;
         t.data_location = Some(DataLocation::External as i32);
@@ -210,5 +219,89 @@ fn move_weights(
     match failed {
         Some(e) => Err(e),
         None => Ok((offset, moved)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::codec::proto::{GraphProto, TensorProto};
+
+    fn model(value: u8) -> ModelProto {
+        let w = TensorProto {
+            name: Some("w".into()),
+            dims: vec![256],
+            data_type: Some(2), // uint8
+            raw_data: Some(Bytes::from(vec![value; 256])),
+            ..Default::default()
+        };
+        let graph = GraphProto { name: Some("g".into()), initializer: vec![w], ..Default::default() };
+        ModelProto { ir_version: Some(8), graph: Some(graph), ..Default::default() }
+    }
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn data_files_keep_their_plain_name_and_a_users_file_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("m.onnx");
+        for value in [1, 2] {
+            let saved = save(&model(value), &target, Some(true), false, 0).unwrap();
+            assert_eq!(saved.data_files, ["m.onnx.data"]);
+            assert_eq!(listing(dir.path()), ["m.onnx", "m.onnx.data"]);
+            assert_eq!(fs::read(dir.path().join("m.onnx.data")).unwrap(), vec![value; 256]);
+        }
+        save(&model(3), &target, Some(false), false, 0).unwrap();
+        assert_eq!(listing(dir.path()), ["m.onnx"], "an inline write removes the writer's data file");
+
+        fs::write(dir.path().join("u.onnx.data"), b"theirs").unwrap();
+        let user = dir.path().join("u.onnx");
+        for _ in 0..2 {
+            let saved = save(&model(4), &user, Some(true), false, 0).unwrap();
+            assert!(saved.data_files[0].starts_with("u.onnx.fastseq-"), "{:?}", saved.data_files);
+            assert_eq!(listing(dir.path()), ["m.onnx", "u.onnx", "u.onnx.data", &saved.data_files[0]]);
+        }
+        assert_eq!(fs::read(dir.path().join("u.onnx.data")).unwrap(), b"theirs");
+    }
+
+    #[test]
+    fn targets_that_cannot_be_written_are_export_errors_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("m.onnx");
+        fs::create_dir(&folder).unwrap();
+        let err = save(&model(1), &folder, Some(true), false, 0).unwrap_err();
+        assert_eq!(err.message, format!("cannot write {}: it is a directory", folder.display()));
+        let missing = dir.path().join("nowhere").join("m.onnx");
+        let err = commit_bytes(b"x", &missing).unwrap_err();
+        assert!(err.message.starts_with(&format!("cannot write {}: the folder", missing.display())), "{}", err.message);
+        assert_eq!(listing(dir.path()), ["m.onnx"]);
+    }
+
+    #[test]
+    fn a_staged_model_is_committed_with_its_data_under_the_names_it_had() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("m.onnx");
+        let staging = stage(&target).unwrap();
+        let mut m = model(7);
+        let mut out = File::create(staging.path().join("w.bin")).unwrap();
+        move_weights(&mut m, "w.bin", 0, &mut out, &mut std::io::sink(), &mut Vec::new()).unwrap();
+        fs::write(staging.path().join("m.onnx"), m.encode_to_vec()).unwrap();
+        let meta = [("k".to_string(), "v".to_string())];
+        let saved = commit_staged(&staging, "m.onnx", &meta, None).unwrap();
+        assert_eq!(saved.data_files, ["w.bin"]);
+        drop(staging);
+        assert_eq!(listing(dir.path()), ["m.onnx", "w.bin"], "the staging folder goes when dropped");
+        let back = decode("m", read_path(&target).unwrap()).unwrap();
+        assert_eq!(back.metadata_props[0].value.as_deref(), Some("v"));
+        assert_eq!(fs::read(dir.path().join("w.bin")).unwrap(), vec![7; 256]);
     }
 }
