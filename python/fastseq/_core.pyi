@@ -1,7 +1,8 @@
 """Type stubs for the Rust extension module ``fastseq._core``."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from os import PathLike
+from pathlib import Path
 from typing import Any
 
 MAX_IR_VERSION: int
@@ -104,6 +105,38 @@ def external_data_locations(path: str) -> list[str]: ...
 def did_you_mean(name: str, candidates: Sequence[str]) -> str: ...
 def check_external_location(location: str) -> None: ...
 def file_digest(path: str | PathLike[str]) -> str: ...
+def commit_bytes(data: bytes, path: str | PathLike[str]) -> dict[str, Any]:
+    """Writes ``data`` (a model without external data, in any format) to ``path`` with the
+    core's writer: atomically, under the export lock. Returns ``model_bytes``,
+    ``data_bytes`` (0) and ``data_files`` ([])."""
+
+def stage(target: str | PathLike[str]) -> Staging:
+    """A staging folder beside ``target`` for another program (onnx, ONNX Runtime) to write
+    a model into, for :meth:`Staging.commit` to put in place."""
+
+class Staging:
+    """A staging folder beside a target, held by this process (a killed process's is
+    removed by the next write into that folder). A context manager: leaving it removes the
+    folder and what it still holds."""
+
+    def folder(self) -> Path: ...
+    def commit(
+        self,
+        model_file: str,
+        metadata: Sequence[tuple[str, str]] | None = None,
+        encode: Callable[[bytes], bytes] | None = None,
+    ) -> dict[str, Any]:
+        """Commits the protobuf model ``model_file`` (relative to the folder) and the external
+        data files it refers to beside it to the target: each data file under the name it
+        has here when that name is free or holds a file the writer made for this target,
+        else under a token name, the model last, its locations rewritten to match.
+        ``metadata`` pairs are set in its metadata_props; ``encode`` turns the final model's
+        protobuf bytes into another format (a text format). Returns ``model_bytes``,
+        ``data_bytes`` and ``data_files`` (relative to the target's folder)."""
+    def close(self) -> None: ...
+    def __enter__(self) -> Staging: ...
+    def __exit__(self, _exc_type: object, _exc: object, _tb: object) -> None: ...
+
 def write_private_copy(
     models: Sequence[Composed], path: str | PathLike[str], spill_min: int | None = None
 ) -> tuple[str, int, list[Composed] | None]: ...

@@ -207,17 +207,15 @@ def cmd_merge(args: argparse.Namespace) -> int:
         if args.optimize:
             from fastseq.runtime import session
 
-            session.export_optimized(built.composed, args.output, args.providers, None)
-            data = args.output.with_name(f"{args.output.name}.data")
-            written = {"model_bytes": args.output.stat().st_size,
-                       "data_file": data.name if data.exists() else None,
-                       "data_bytes": data.stat().st_size if data.exists() else 0}
+            written = session.export_optimized(built.composed, args.output, args.providers, None)
+            data_files = written["data_files"]
         else:
             written = save(built.composed, args.output, spec.external_data)
+            data_files = [written["data_file"]] if written["data_file"] else []
     info = built.composed.summary()
     print(
         f"wrote {args.output} ({human_size(written['model_bytes'])}"
-        + (f" + {written['data_file']} {human_size(written['data_bytes'])}" if written["data_file"] else "")
+        + (f" + {', '.join(data_files)} {human_size(written['data_bytes'])}" if data_files else "")
         + f"): {info['nodes']} nodes, {info['initializers']} weights"
     )
     _print_cleanups(built.report, built.plan)

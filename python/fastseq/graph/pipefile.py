@@ -334,9 +334,7 @@ def _stage_source(st: Stage, target: Path, folder: Path) -> str:
         data = loader.resolve_local(src, 0).data
         if not isinstance(data, bytes):
             raise TypeError(f"stage {st.name}: cannot write a {type(src).__name__} to a file")
-        tmp = beside.with_name(f".{beside.name}.tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, beside)
+        _core.commit_bytes(data, str(beside))
     return beside.name
 
 

@@ -4,17 +4,17 @@ The model is first put through ONNX Runtime's own pre-processing (``quant_pre_pr
 symbolic shape inference and graph optimisation, which the quantizer needs to know tensor
 shapes), then quantized: dynamically (weights int8, activations quantized at run time; no
 data needed), or statically from calibration data (activations' ranges measured on real
-inputs, in QDQ or QOperator form). Every step writes into a temporary folder beside the
-output, which is moved into place at the end: a failure leaves no half-written file.
-Models above 2 GB keep their weights in a data file beside the output (protobuf's limit).
+inputs, in QDQ or QOperator form). Every step writes into a staging folder that the core
+makes beside the output; the core then commits the result as it commits every model file
+(its data file first, under a name that cannot collide with the user's, the model last): a
+failure leaves no half-written file and no file of the user's is overwritten. Models above
+2 GB keep their weights in a data file beside the output (protobuf's limit).
 
 onnxruntime is imported only when a quantization runs."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -103,14 +103,17 @@ def quantize(
 
         data = loader.resolve(model, 0).data  # downloaded into the cache; a local path
         model = data[0] if isinstance(data, tuple) else data
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    from fastseq import _core
+
+    with _core.stage(str(target)) as stage:
+        work = stage.folder()
         source, size_before = _as_file(model, work)
         big = size_before > _LIMIT
         current = source
         if preprocess:
             current = _preprocess(q, source, work / "pre.onnx", big, name)
-        quantized = work / target.name
+        quantized = work / "out" / target.name  # beside the inputs' files, whatever the target's name
+        quantized.parent.mkdir()
         try:
             if static:
                 reader = _Reader(calibration, _input_names(onnx, current), progress, name)
@@ -141,19 +144,22 @@ def quantize(
                 hint = " (onnxruntime quantizes per channel reliably only in QDQ form: format='qdq' or " \
                        "per_channel=False may avoid this)"
             raise ConversionError(f"{name}: quantization failed: {_first_line(e)}{hint}") from e
-        return _move_into_place(quantized, target, size_before)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        written = stage.commit(f"out/{target.name}")
+    data = written["data_files"]
+    return QuantizeResult(target, target.parent / data[0] if data else None, size_before,
+                          written["model_bytes"] + written["data_bytes"])
 
 
 def quantize_composed(composed: Any, output: str | os.PathLike[str], label: str, **options: Any) -> QuantizeResult:
     """:func:`quantize` for a composed model held by the core (what ``pipe.quantize`` calls):
-    it is written to a temporary file first (weights external above 2 GB)."""
+    it is written into a staging folder beside the output first (weights external above 2 GB)."""
+    from fastseq import _core
+
     target = Path(output).expanduser()
     if not target.parent.is_dir():
         raise InputError(f"cannot write {target}: the folder {target.parent} does not exist")
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as work:
-        source = Path(work) / "pipeline.onnx"
+    with _core.stage(str(target)) as stage:
+        source = stage.folder() / "pipeline.onnx"
         composed.save(str(source), external_data=None)
         return quantize(source, target, label=label, **options)
 
@@ -321,22 +327,6 @@ def _batches(calibration: Calibration, inputs: list[str], name: str) -> list | I
             raise InputError("calibration: no batches given")
         return [feed(item, f"calibration batch {i}") for i, item in enumerate(calibration)]
     return (feed(item, f"calibration batch {i}") for i, item in enumerate(calibration))
-
-
-def _move_into_place(quantized: Path, target: Path, size_before: int) -> QuantizeResult:
-    """Moves the quantized model (and its data file) from the work folder to ``target``."""
-    from fastseq import _core
-
-    locations = sorted(set(_core.external_data_locations(str(quantized))))
-    data_file = None
-    for location in locations:
-        # The quantizer names its data file after the model's file, so it lands beside the
-        # target under the same relative name.
-        os.replace(quantized.parent / location, target.parent / location)
-        data_file = target.parent / location
-    os.replace(quantized, target)
-    size_after = target.stat().st_size + (data_file.stat().st_size if data_file else 0)
-    return QuantizeResult(target, data_file, size_before, size_after)
 
 
 def _first_line(e: BaseException) -> str:

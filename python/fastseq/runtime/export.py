@@ -1,18 +1,19 @@
 """Writing a composed model to a file, with ``onnx.save``'s keywords (kornia's ``export``
-passes its keywords to ``onnx.save``) mapped onto the core's streaming writer.
+passes its keywords to ``onnx.save``) mapped onto the core's writer.
 
 The core writes one model file, atomically, with its weights inline or in one data file
-beside it (``<name>.<token>.data``). What it cannot do (a data file of the caller's name,
-one file per tensor, attribute tensors kept inline, a text format) goes through
-``onnx.save`` on a copy of the model, in a temporary folder beside the target whose files
-are moved into place at the end: the pipeline itself is never changed.
+beside it (``<name>.data``). What it cannot lay out itself (a data file of the caller's
+name, one file per tensor, attribute tensors kept inline, a text format with external data)
+is written by ``onnx.save`` on a copy of the model into a staging folder that the core
+made beside the target; the core then commits it, as it commits every model file: data
+files first under names that cannot collide with the user's, the model last. The pipeline
+itself is never changed.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -77,45 +78,54 @@ def _export_with_onnx(
 ) -> Path:
     import onnx
 
-    folder = target.parent
-    if not folder.is_dir():
-        raise ExportError(f"cannot write {target}: the folder {folder} does not exist")
     location = kwargs.get("location")
     if location is not None:
         parts = PurePath(location).parts
         if PurePath(location).is_absolute() or ".." in parts or not parts:
-            raise ExportError(f"export(location={location!r}): expected a relative path inside {folder}")
+            raise ExportError(f"export(location={location!r}): expected a relative path inside {target.parent}")
     if external is None:
         external = composed.encoded_len() >= _core.PROTOBUF_LIMIT
-    staging = Path(tempfile.mkdtemp(dir=folder, prefix=f".{target.name}.", suffix=".export"))
-    try:
-        model = _as_proto(composed, staging)
-        staged = staging / target.name
-        onnx.save(
-            model,
-            str(staged),
-            format=kwargs.get("format"),
-            save_as_external_data=bool(external),
-            all_tensors_to_one_file=kwargs.get("all_tensors_to_one_file", True),
-            location=location,
-            size_threshold=threshold,
-            convert_attribute=bool(kwargs.get("convert_attribute", False)),
-        )
+    encode = _encoder(kwargs.get("format"), target)
+    if not external:  # a text format with the weights inline: the text is the file
+        data = composed.to_bytes()
+        _core.commit_bytes(encode(data) if encode else data, str(target))
+        return target
+    one_file = kwargs.get("all_tensors_to_one_file", True)
+    with _core.stage(str(target)) as stage:
+        try:
+            if location is not None:  # onnx.save makes no folder; the core makes it beside the target
+                (stage.folder() / location).parent.mkdir(parents=True, exist_ok=True)
+            model = _as_proto(composed, stage.folder())
+            onnx.save(
+                model,
+                os.path.join(stage.folder(), target.name),
+                format="protobuf",  # the core reads it; `encode` writes the format asked for
+                save_as_external_data=True,
+                all_tensors_to_one_file=one_file,
+                location=(location or f"{target.name}.data") if one_file else None,
+                size_threshold=threshold,
+                convert_attribute=bool(kwargs.get("convert_attribute", False)),
+            )
+        except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as e:
+            raise ExportError(f"cannot write {target}: {e}") from e
         del model
-        # Data files first, the model last: a reader never sees a model whose data is missing.
-        for path in sorted(staging.rglob("*")):
-            if path.is_file() and path != staged and path.parent.name != ".core":
-                dest = folder / path.relative_to(staging)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, dest)
-        os.replace(staged, target)
-    except ExportError:
-        raise
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ExportError(f"cannot write {target}: {e}") from e
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        stage.commit(target.name, encode=encode)
     return target
+
+
+def _encoder(fmt: str | None, target: Path) -> Callable[[bytes], bytes] | None:
+    """What turns the model's protobuf bytes into ``fmt`` (as ``onnx.save`` reads it, from
+    the file's extension when not given), or None for protobuf itself."""
+    from onnx import ModelProto, serialization
+
+    fmt = fmt or serialization.registry.get_format_from_file_extension(target.suffix) or "protobuf"
+    try:
+        serializer = serialization.registry.get(fmt)
+    except ValueError as e:
+        raise ExportError(f"cannot write {target}: {e}") from e
+    if fmt == "protobuf":
+        return None
+    return lambda data: serializer.serialize_proto(ModelProto.FromString(data))
 
 
 def _as_proto(composed: _core.Composed, staging: Path):

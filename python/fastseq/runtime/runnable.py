@@ -313,7 +313,8 @@ class Runnable:
         pipeline itself is not changed, whatever the options.
 
         ``external_data``: True puts the weights in one data file beside the model
-        (``<name>.<token>.data``), False keeps them inline, None (default) decides by size
+        (``<name>.data``; a name with a token, ``<name>.fastseq-<8 hex>.data``, when a file
+        that fastseq did not write holds that one), False keeps them inline, None (default) decides by size
         (external above the 2 GB protobuf limit). A missing folder is an ``ExportError``.
 
         ``kwargs`` are ``onnx.save``'s keywords, with their meaning there (kornia passes its
@@ -328,8 +329,8 @@ class Runnable:
         ``convert_attribute=False`` and a text format go through ``onnx.save`` on a copy.
 
         ``optimized=True`` writes the model as ONNX Runtime leaves it after its graph
-        optimisations for this pipeline's providers and session options (weights in
-        ``<name>.data`` beside it), recording the providers and onnxruntime version in its
+        optimisations for this pipeline's providers and session options (weights in a data
+        file beside it, as above: ONNX Runtime starts faster from external data), recording the providers and onnxruntime version in its
         metadata, so that a deployment can start its sessions with optimisation off.
         """
         from fastseq.runtime.export import export
@@ -337,8 +338,9 @@ class Runnable:
         if optimized:
             if kwargs or external_data is not None:
                 raise TypeError("export(optimized=True) writes its own layout: no other options")
-            return session.export_optimized(self._composed, Path(file_path).expanduser(), self._providers,
-                                            self._session_options)
+            target = Path(file_path).expanduser()
+            session.export_optimized(self._composed, target, self._providers, self._session_options)
+            return target
         return export(self._composed, file_path, external_data, **kwargs)
 
     def add_metadata(self, additional_metadata: Sequence[tuple[str, Any]] | None = None) -> onnx.ModelProto:

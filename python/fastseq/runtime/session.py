@@ -665,38 +665,28 @@ def export_optimized(
     target: Path,
     providers: Sequence[Provider] | None,
     session_options: ort.SessionOptions | None,
-) -> Path:
-    """Writes the model ONNX Runtime makes of ``composed`` after its graph optimisations
-    (weights in ``<name>.data`` beside it), with what it was optimised for in its metadata.
-    The file appears whole or not at all."""
+) -> dict[str, Any]:
+    """Writes the model ONNX Runtime makes of ``composed`` after its graph optimisations,
+    with what it was optimised for in its metadata; returns what the core wrote (see
+    ``_core.Staging.commit``). Its weights are in a data file beside it (``<name>.data``
+    unless a file fastseq did not write has that name): ONNX Runtime maps external data
+    instead of parsing it out of the model, so sessions start faster from it. ONNX Runtime
+    writes into a staging folder beside the target; the core commits the model from there."""
     import json
-
-    import onnx
 
     target.parent.mkdir(parents=True, exist_ok=True)
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
-    stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        data_name = f"{target.name}.data"
+    with _core.stage(str(target)) as stage:
+        staged = stage.folder() / target.name
         with PrivateCopy.of(composed) as copy:
-            _session(copy.path, options, usable, save_to=stage / target.name, data_name=data_name)
-        model = onnx.load(str(stage / target.name), load_external_data=False)
-        entry = model.metadata_props.add()
-        entry.key = OPTIMIZED_FOR
-        entry.value = json.dumps({
+            _session(copy.path, options, usable, save_to=staged, data_name=f"{target.name}.data")
+        made_for = json.dumps({
             "onnxruntime": ort.__version__,
             "providers": [provider_name(p) for p in usable],
             "graph_optimization_level": int(options.graph_optimization_level),
         })
-        onnx.save(model, str(stage / target.name))
-        # The data file first: the model that refers to it appears last.
-        if (stage / data_name).exists():
-            os.replace(stage / data_name, target.parent / data_name)
-        os.replace(stage / target.name, target)
-        return target
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        return stage.commit(target.name, metadata=[(OPTIMIZED_FOR, made_for)])
 
 
 def warn_if_optimized_elsewhere(new_session: ort.InferenceSession, providers: Sequence[Provider]) -> None:

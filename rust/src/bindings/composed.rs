@@ -92,7 +92,7 @@ impl Composed {
         let d = PyDict::new(py);
         d.set_item("model_bytes", saved.model_bytes)?;
         d.set_item("data_bytes", saved.data_bytes)?;
-        d.set_item("data_file", saved.data_file)?;
+        d.set_item("data_file", saved.data_files.into_iter().next())?;
         Ok(d)
     }
 

@@ -10,12 +10,14 @@ mod files;
 mod io_infos;
 mod plan;
 mod sources;
+mod writer;
 
 use crate::allocator::tune_allocator;
 use crate::bindings::compose::{compose_sources, decode, load_model, load_models, overlapping_names};
 use crate::bindings::composed::Composed;
 use crate::bindings::errors::{composition_error, opset_mismatch_error, ExportError, FastseqError, LoadError};
 use crate::bindings::files::{check_external_location, external_data_locations, file_digest, write_private_copy};
+use crate::bindings::writer::{commit_bytes, stage, Staging};
 use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
@@ -37,6 +39,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Composed>()?;
+    m.add_class::<Staging>()?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;
@@ -47,5 +50,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(file_digest, m)?)?;
     m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
     m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
+    m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(stage, m)?)?;
     Ok(())
 }

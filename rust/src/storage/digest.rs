@@ -30,10 +30,10 @@ impl Digest {
     }
 }
 
-/// Writes `model` with its tensors of at least `threshold` bytes in `<path>.data` beside
-/// `path` (see [`crate::storage::writer::write_with_external`]; meant for a private folder, so not
-/// synced to disk) and returns what was written with the digest of those bytes. `placed`
-/// receives where each weight went in the data file (see `spill::spill_onto`).
+/// Writes the session's private copy of `model` at `path` (see
+/// [`crate::storage::writer::write_private`]) and returns what was written with the digest
+/// of those bytes. `placed` receives where each weight went in the data file (see
+/// `spill::spill_onto`).
 pub fn save_placed(
     model: &ModelProto,
     path: &Path,
@@ -41,17 +41,8 @@ pub fn save_placed(
     placed: &mut Vec<(usize, usize, u64)>,
 ) -> Result<(Saved, String)> {
     let mut digest = Digest::default();
-    let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    let (model_bytes, data_bytes, name) = crate::storage::writer::write_with_external_tee(
-        model,
-        path,
-        threshold,
-        Some(&data_name),
-        false,
-        &mut digest,
-        placed,
-    )?;
-    Ok((Saved { model_bytes, data_bytes, data_file: Some(name) }, digest.hex()))
+    let saved = crate::storage::writer::write_private(model, path, threshold, &mut digest, placed)?;
+    Ok((saved, digest.hex()))
 }
 
 /// The digest of a file's bytes, read in chunks (the session cache checks its entries with

@@ -10,6 +10,7 @@ use crate::codec::model;
 use crate::codec::proto::ModelProto;
 use crate::error::{Error, Result};
 use crate::storage::external::{self, Mode};
+use crate::storage::read::{changed, Identity};
 
 /// A model source.
 #[derive(Debug, Clone)]
@@ -49,10 +50,16 @@ pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
             Ok(m)
         }
         Source::Path(p, root) => {
+            let before = Identity::at(&p).ok();
             let data = crate::storage::read::read_path(&p)?;
             let mut m = model::decode(label, data)?;
             let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
             external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label, mode)?;
+            // A model replaced while its data files were read (an export to the same path)
+            // may have been paired with the new model's data: refused, never mixed.
+            if Identity::at(&p).ok() != before {
+                return Err(changed(&label, "while its external data was read"));
+            }
             Ok(m)
         }
     }

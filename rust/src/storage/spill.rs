@@ -189,7 +189,7 @@ pub fn private_copy(
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
     let mut placed = Vec::new();
     let (saved, digest) = crate::storage::digest::save_placed(first, path, 1024, &mut placed)?;
-    let (Some(min), Some(data)) = (spill_min, saved.data_file) else { return Ok((digest, 0, None)) };
+    let (Some(min), Some(data)) = (spill_min, saved.data_files.first()) else { return Ok((digest, 0, None)) };
     // Below the minimum in the data file alone, no model is copied to find out more.
     if placed.iter().map(|&(_, n, _)| n as u64).sum::<u64>() < min {
         return Ok((digest, 0, None));

@@ -1,51 +1,63 @@
-//! The one writer: every model file fastseq writes goes through here. A model alone is
-//! written to a temporary file and renamed over the target; with external data, the data
-//! file is written first under a name carrying the export's token (it cannot collide with a
-//! user's file or another export's), the model last, under the export lock (see
-//! [`crate::storage::export_lock`]), and the files of earlier exports that the model now in
-//! place does not reference are removed.
-use std::collections::HashMap;
-use std::fs::{self, File};
+//! The one writer: every model file fastseq writes goes through here. A composed model
+//! ([`save`]), bytes in any format ([`commit_bytes`]), a model that another program wrote
+//! into a staging folder beside the target (ONNX Runtime's optimised model, a quantized
+//! model, an `onnx.save` output: [`stage`], [`commit_staged`]) and the session's private copy
+//! ([`write_private`]).
+//!
+//! The bytes go to temporary files beside the target first (outside the export lock: the
+//! weights may be gigabytes); the commit then places the data files, under their plain
+//! names where they are free or the writer's own, the model last, atomically, under the
+//! export lock, and removes what earlier and killed writes left (see
+//! [`crate::storage::commit`]). A user's file is never overwritten or removed; every failure
+//! is an export error naming the target.
+use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use prost::Message;
 
-use crate::codec::model::PROTOBUF_LIMIT;
-use crate::codec::proto::{tensor_proto::DataLocation, ModelProto};
+use crate::codec::model::{decode, PROTOBUF_LIMIT};
+use crate::codec::proto::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
 use crate::codec::stream::write_streaming;
-use crate::codec::tensor::{for_each_tensor, is_external};
+use crate::codec::tensor::for_each_tensor;
 use crate::error::{Error, Result};
-use crate::storage::export_lock::{remove_orphans, ExportLock};
-use crate::storage::external::{check_identity, entry, kv, IDENTITY_KEY};
-use crate::storage::read::{changed, Identity};
-use crate::storage::temp::{remove_stale_temps, temp_path};
+use crate::storage::commit::{commit, link_sources, DataFile, Model, Target};
+pub use crate::storage::commit::{Encoder, Saved};
+use crate::storage::export_lock::new_token;
+use crate::storage::external::{check_relative, kv, locations, safe_location};
+use crate::storage::ownership::mark;
+use crate::storage::read::read_path;
+pub use crate::storage::temp::Staging;
 
-/// What [`save`] wrote.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Saved {
-    pub model_bytes: u64,
-    pub data_bytes: u64,
-    pub data_file: Option<String>,
-}
-
-/// Writes `model` to `path` atomically. `external`: Some(true) puts tensors of at least
-/// `threshold` bytes in a data file beside it, Some(false) keeps them inline, None decides
-/// by size (external at the protobuf limit). `linked` models (external data left pointing
-/// at the sources) always take the external path, which links those files.
+/// Writes `model` to `path`. `external`: Some(true) puts tensors of at least `threshold`
+/// bytes in a data file beside it (`<name>.data` when that name is free or the writer's),
+/// Some(false) keeps them inline, None decides by size (external at the protobuf limit).
+/// `linked` models (external data left pointing at the sources) always take the external
+/// path, which links those files.
 pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: bool, threshold: usize) -> Result<Saved> {
-    // Named here: the writers' first file is a temporary one, whose name would mislead.
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
-        return Err(Error::export(format!(
-            "cannot write {}: the folder {} does not exist",
-            path.display(),
-            dir.display()
-        )));
-    }
+    let target = Target::new(path)?;
+    let token = new_token();
     let size = model.encoded_len() as u64;
     if linked || external.unwrap_or(size >= PROTOBUF_LIMIT) {
-        let (model_bytes, data_bytes, name) = crate::storage::writer::write_with_external(model, path, threshold)?;
-        return Ok(Saved { model_bytes, data_bytes, data_file: Some(name) });
+        let temp = target.temp(&token, "data")?;
+        let fallback = format!("{}.{token}.data", target.name);
+        let mut header = model.clone();
+        let mut out = BufWriter::with_capacity(1 << 20, &temp.file);
+        let (len, moved) =
+            move_weights(&mut header, &fallback, threshold, &mut out, &mut std::io::sink(), &mut Vec::new())
+                .and_then(|r| out.flush().map(|_| r))
+                .map_err(|e| target.err(e))?;
+        drop(out);
+        temp.file.sync_all().map_err(|e| target.err(e))?;
+        let mut data = Vec::new();
+        if moved > 0 {
+            let preferred = format!("{}.data", target.name);
+            let marked = mark(&temp.file, &target.name, &[&preferred, &fallback]);
+            let path = temp.path.clone();
+            let preferred = marked.then_some(preferred);
+            data.push(DataFile { path, temp: Some(temp), placeholder: fallback.clone(), preferred, fallback, len });
+        }
+        return commit(&target, &token, Model::Header { model: Box::new(header), encode: None, link: linked }, data);
     }
     if size >= PROTOBUF_LIMIT {
         return Err(Error::export(format!(
@@ -53,204 +65,243 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
             path.display()
         )));
     }
-    let model_bytes = write_atomic(model, path)?;
-    // Data files of earlier external-data exports to this path are no longer referenced.
-    remove_orphans(path);
-    Ok(Saved { model_bytes, data_bytes: 0, data_file: None })
+    let temp = target.temp(&token, "model")?;
+    let mut out = BufWriter::with_capacity(256 << 10, &temp.file);
+    let len = write_streaming(model, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| target.err(e))?;
+    drop(out);
+    temp.file.sync_all().map_err(|e| target.err(e))?;
+    commit(&target, &token, Model::Written { path: temp.path.clone(), temp: Some(temp), len }, Vec::new())
 }
 
-/// Writes `model` to `path` atomically: a temporary file in the same folder, synced, then
-/// renamed over the target. On any failure the temporary file is removed and an existing
-/// file at `path` is left as it was. Returns the number of bytes written.
-pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
-    write_atomic_with(model, path, true)
+/// Writes `bytes` (a model without external data, in any format) to `path`.
+pub fn commit_bytes(bytes: &[u8], path: &Path) -> Result<Saved> {
+    let target = Target::new(path)?;
+    let token = new_token();
+    let temp = target.temp(&token, "model")?;
+    (&temp.file).write_all(bytes).and_then(|_| temp.file.sync_all()).map_err(|e| target.err(e))?;
+    commit(
+        &target,
+        &token,
+        Model::Written { path: temp.path.clone(), temp: Some(temp), len: bytes.len() as u64 },
+        Vec::new(),
+    )
 }
 
-/// [`write_atomic`]; `durable: false` skips the sync, for files that only this process
-/// reads and that need not outlive a crash (a session's private copy).
-pub fn write_atomic_with(model: &ModelProto, path: &Path, durable: bool) -> Result<u64> {
-    remove_stale_temps(path);
-    let tmp = temp_path(path);
-    let result = (|| -> std::io::Result<u64> {
-        let file = File::create(&tmp)?;
-        let mut out = BufWriter::with_capacity(256 << 10, file);
-        let written = write_streaming(model, &mut out)?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        if durable {
-            file.sync_all()?;
+/// A staging folder beside `path` for another program to write a model into, then
+/// [`commit_staged`]. Removed when dropped, or by the next write into that folder if this
+/// process is killed.
+pub fn stage(path: &Path) -> Result<Staging> {
+    let target = Target::new(path)?;
+    target.staging(&new_token())
+}
+
+/// Commits the model `model_file` of `staging` (a protobuf file, a path relative to the
+/// folder, with its external data files beside it in the folder) to the staging folder's target: each data file is moved
+/// beside the target under the name it had in the folder when that name is free or the
+/// writer's, else under a token name, and the model's locations are rewritten to match.
+/// `metadata` pairs are set in the model's metadata_props (a key keeps its place and takes
+/// the new value); `encode` turns the final model into another format (a text format).
+pub fn commit_staged(
+    staging: &Staging,
+    model_file: &str,
+    metadata: &[(String, String)],
+    encode: Option<&mut Encoder<'_>>,
+) -> Result<Saved> {
+    let target = Target::new(staging.target())?;
+    let token = new_token();
+    let folder = staging.path();
+    let staged = folder.join(model_file);
+    let staged_err = |e: Error| target.err(format!("the model to write ({model_file}): {}", e.message));
+    check_relative(model_file).map_err(staged_err)?;
+    let mut model = decode(model_file, read_path(&staged).map_err(staged_err)?).map_err(staged_err)?;
+    let found = locations(&mut model);
+    if found.is_empty() && metadata.is_empty() && encode.is_none() {
+        // As it is: synced, then renamed into place.
+        let file = File::open(&staged).map_err(|e| target.err(e))?;
+        file.sync_all().map_err(|e| target.err(e))?;
+        let len = file.metadata().map_err(|e| target.err(e))?.len();
+        return commit(&target, &token, Model::Written { path: staged, temp: None, len }, Vec::new());
+    }
+    let base = staged.parent().unwrap_or(folder);
+    let mut data = Vec::new();
+    for (k, location) in found.iter().enumerate() {
+        check_relative(location).map_err(staged_err)?;
+        let path = safe_location(base, folder, location).map_err(staged_err)?;
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| target.err(e))?;
+        file.sync_all().map_err(|e| target.err(e))?;
+        let len = file.metadata().map_err(|e| target.err(e))?.len();
+        let fallback = match found.len() {
+            1 => format!("{}.{token}.data", target.name),
+            _ => format!("{}.{token}.{k}.data", target.name),
+        };
+        let marked = mark(&file, &target.name, &[location, &fallback]);
+        let preferred = marked.then(|| location.clone());
+        data.push(DataFile { path, temp: None, placeholder: location.clone(), preferred, fallback, len });
+    }
+    for (key, value) in metadata {
+        match model.metadata_props.iter_mut().find(|p| p.key.as_deref() == Some(key)) {
+            Some(p) => p.value = Some(value.clone()),
+            None => {
+                model.metadata_props.push(StringStringEntryProto { key: Some(key.clone()), value: Some(value.clone()) })
+            }
         }
-        fs::rename(&tmp, path)?;
-        Ok(written)
-    })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::export(format!("cannot write {}: {e}", path.display()))
-    })
+    }
+    commit(&target, &token, Model::Header { model: Box::new(model), encode, link: false }, data)
+}
+
+/// Writes the session's private copy of `model` into `path`'s folder, which only this
+/// process uses: tensors of at least `threshold` bytes in `<name>.data` beside it, neither
+/// file synced (the page cache is enough for a file that need not outlive a crash). Every
+/// byte of the data file and then the model's protobuf encoding also go to `tee` (a digest
+/// computed while writing); `placed` receives, for each weight moved to the data file, its
+/// address and length in `model` and its offset in the file (see `spill::spill_onto`).
+pub fn write_private(
+    model: &ModelProto,
+    path: &Path,
+    threshold: usize,
+    tee: &mut dyn Write,
+    placed: &mut Vec<(usize, usize, u64)>,
+) -> Result<Saved> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
+    let err = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", path.display()));
+    let mut header = model.clone();
+    // Sources still referred to (external_data="reuse") are linked beside the copy.
+    link_sources(&mut header, path, &new_token())?;
+    let data_name = format!("{name}.data");
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(path.with_file_name(&data_name)).map_err(err)?);
+    let (data_bytes, _) = move_weights(&mut header, &data_name, threshold, &mut out, tee, placed).map_err(err)?;
+    out.flush().map_err(err)?;
+    tee.write_all(&header.encode_to_vec()).map_err(err)?;
+    let mut out = BufWriter::with_capacity(256 << 10, File::create(path).map_err(err)?);
+    let model_bytes = write_streaming(&header, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(err)?;
+    Ok(Saved { model_bytes, data_bytes, data_files: vec![data_name] })
 }
 
 const ALIGN: u64 = 4096;
 
-/// Writes `model` to `path` with every tensor of at least `threshold` bytes in one data file
-/// beside it; tensors still external (from [`Mode::Link`]) get their source file linked
-/// beside it instead (a hard link, or a copy across file systems). Returns (model bytes,
-/// data bytes written, data file name). Atomic as described above; afterwards the folder
-/// holds no file of an earlier, concurrent or killed export that the model in place does
-/// not reference, but for those of exports still running.
-pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
-    write_with_external_tee(model, path, threshold, None, true, &mut std::io::sink(), &mut Vec::new())
-}
-
-/// [`write_with_external`], also sending every byte of the data file and then the model file
-/// to `tee` (a digest computed while encoding, instead of reading the files again).
-/// `data_name` fixes the data file's name (in a private folder, where no other export can
-/// collide with it, so that the bytes, and their digest, depend on the model alone);
-/// `durable: false` skips the syncs (a private copy that need not outlive a crash).
-/// `placed` receives, for each weight moved to the data file, its address and length in
-/// `model` and its offset in the file (see `spill::spill_onto`).
-pub fn write_with_external_tee(
-    model: &ModelProto,
-    path: &Path,
+/// Moves the weights of `header` of at least `threshold` bytes to `out` (each at an offset
+/// aligned for mapping), pointing their tensors at `location`; sends the same bytes to
+/// `tee` and records each weight's place (see [`write_private`]). Returns the bytes written
+/// and the number of tensors moved.
+fn move_weights(
+    header: &mut ModelProto,
+    location: &str,
     threshold: usize,
-    data_name: Option<&str>,
-    durable: bool,
+    out: &mut dyn Write,
     tee: &mut dyn Write,
     placed: &mut Vec<(usize, usize, u64)>,
-) -> Result<(u64, u64, String)> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
-    let lock = ExportLock::acquire(path)?;
-    let token = lock.token.clone();
-    let data_name = data_name.map_or_else(|| format!("{name}.{token}.data"), str::to_string);
-    let data_path = path.with_file_name(&data_name);
-    let data_tmp = temp_path(&data_path);
-
-    let mut header = model.clone();
-    let linked = link_sources(&mut header, path, &token)?;
-    let io = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", data_path.display()));
-    let result = (|| -> Result<u64> {
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp).map_err(io)?);
-        let mut offset = 0u64;
-        if let Some(g) = header.graph.as_mut() {
-            for_each_tensor(g, &mut |t| {
-                let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(false) };
-                let pad = (ALIGN - offset % ALIGN) % ALIGN;
-                let zeros = vec![0u8; pad as usize];
-                out.write_all(&zeros).and_then(|_| out.write_all(&raw)).map_err(io)?;
-                tee.write_all(&zeros).and_then(|_| tee.write_all(&raw)).map_err(io)?;
-                offset += pad;
-                placed.push((raw.as_ptr() as usize, raw.len(), offset));
-                t.external_data = vec![
-                    kv("location", data_name.clone()),
-                    kv("offset", offset.to_string()),
-                    kv("length", raw.len().to_string()),
-                ];
-                offset += raw.len() as u64;
-                t.data_location = Some(DataLocation::External as i32);
-                Ok(true)
-            })?;
+) -> std::io::Result<(u64, usize)> {
+    let (mut offset, mut moved) = (0u64, 0usize);
+    let Some(g) = header.graph.as_mut() else { return Ok((0, 0)) };
+    let mut failed = None;
+    let _ = for_each_tensor(g, &mut |t| {
+        let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(false) };
+        let pad = (ALIGN - offset % ALIGN) % ALIGN;
+        let zeros = vec![0u8; pad as usize];
+        let written = out.write_all(&zeros).and_then(|_| out.write_all(&raw));
+        let teed = written.and_then(|_| tee.write_all(&zeros)).and_then(|_| tee.write_all(&raw));
+        if let Err(e) = teed {
+            failed = Some(e);
+            return Err(Error::export(String::new()));
         }
-        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
-        if durable {
-            file.sync_all().map_err(io)?;
-        }
-        Ok(offset)
-    })();
-    let cleanup = |linked: &[PathBuf]| {
-        for l in linked {
-            let _ = fs::remove_file(l);
-        }
-    };
-    let data_len = result.inspect_err(|_| {
-        let _ = fs::remove_file(&data_tmp);
-        cleanup(&linked);
-    })?;
-    if let Err(e) = fs::rename(&data_tmp, &data_path) {
-        let _ = fs::remove_file(&data_tmp);
-        cleanup(&linked);
-        return Err(Error::export(format!("cannot write {}: {e}", data_path.display())));
-    }
-    // The header is small: encoded once more for the tee.
-    if let Err(e) = tee.write_all(&prost::Message::encode_to_vec(&header)) {
-        let _ = fs::remove_file(&data_path);
-        cleanup(&linked);
-        return Err(Error::export(format!("cannot digest {}: {e}", path.display())));
-    }
-    match crate::storage::writer::write_atomic_with(&header, path, durable) {
-        Ok(n) => {
-            // Released first, so that this export's own files are judged like any other's.
-            drop(lock);
-            remove_orphans(path);
-            Ok((n, data_len, data_name))
-        }
-        Err(e) => {
-            let _ = fs::remove_file(&data_path);
-            cleanup(&linked);
-            Err(e)
-        }
+        offset += pad;
+        placed.push((raw.as_ptr() as usize, raw.len(), offset));
+        t.external_data = vec![
+            kv("location", location.to_string()),
+            kv("offset", offset.to_string()),
+            kv("length", raw.len().to_string()),
+        ];
+        offset += raw.len() as u64;
+        moved += 1;
+        t.data_location = Some(DataLocation::External as i32);
+        Ok(true)
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok((offset, moved)),
     }
 }
 
-/// Links each source data file of the still-external tensors beside `path` and points the
-/// tensors at the links, after checking that each source is the file that was loaded.
-/// Returns the links made.
-fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<PathBuf>> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut links: HashMap<String, String> = HashMap::new();
-    let mut made = Vec::new();
-    let Some(g) = model.graph.as_mut() else { return Ok(made) };
-    let result = for_each_tensor(g, &mut |t| {
-        if !is_external(t) {
-            return Ok(false);
-        }
-        let recorded = entry(t, IDENTITY_KEY).map(str::to_string);
-        t.external_data.retain(|e| e.key.as_deref() != Some(IDENTITY_KEY));
-        for e in &mut t.external_data {
-            if e.key.as_deref() != Some("location") {
-                continue;
-            }
-            let source = e.value.clone().unwrap_or_default();
-            if !Path::new(&source).is_absolute() {
-                continue;
-            }
-            if let Some(link) = links.get(&source) {
-                e.value = Some(link.clone());
-                continue;
-            }
-            if let Some(recorded) = &recorded {
-                check_identity(Path::new(&source), recorded)?;
-            }
-            let base = Path::new(&source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let link_name = format!("{name}.{token}.{}.{base}", links.len());
-            let link_path = path.with_file_name(&link_name);
-            let hard = fs::hard_link(&source, &link_path).is_ok();
-            if !hard {
-                fs::copy(&source, &link_path).map_err(|err| {
-                    Error::export(format!("cannot link or copy {source} beside {}: {err}", path.display()))
-                })?;
-            }
-            made.push(link_path.clone());
-            // The link is the file itself (same inode): it must still be the file checked
-            // above. Linking changes the inode's ctime, so that is not compared; a copy is
-            // checked against the source, which must not have changed while it was copied.
-            if let Some(recorded) = recorded.as_deref().and_then(Identity::decode) {
-                let now = Identity::at(if hard { &link_path } else { Path::new(&source) });
-                let same = now.is_ok_and(|n| {
-                    (n.dev, n.ino, n.size, n.mtime_ns) == (recorded.dev, recorded.ino, recorded.size, recorded.mtime_ns)
-                        && (hard || n.ctime_ns == recorded.ctime_ns)
-                });
-                if !same {
-                    return Err(changed(&source, "since the model was loaded"));
-                }
-            }
-            links.insert(source, link_name.clone());
-            e.value = Some(link_name);
-        }
-        Ok(true)
-    });
-    if let Err(e) = result {
-        for m in &made {
-            let _ = fs::remove_file(m);
-        }
-        return Err(e);
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::codec::proto::{GraphProto, TensorProto};
+
+    fn model(value: u8) -> ModelProto {
+        let w = TensorProto {
+            name: Some("w".into()),
+            dims: vec![256],
+            data_type: Some(2), // uint8
+            raw_data: Some(Bytes::from(vec![value; 256])),
+            ..Default::default()
+        };
+        let graph = GraphProto { name: Some("g".into()), initializer: vec![w], ..Default::default() };
+        ModelProto { ir_version: Some(8), graph: Some(graph), ..Default::default() }
     }
-    Ok(made)
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn data_files_keep_their_plain_name_and_a_users_file_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("m.onnx");
+        for value in [1, 2] {
+            let saved = save(&model(value), &target, Some(true), false, 0).unwrap();
+            assert_eq!(saved.data_files, ["m.onnx.data"]);
+            assert_eq!(listing(dir.path()), ["m.onnx", "m.onnx.data"]);
+            assert_eq!(fs::read(dir.path().join("m.onnx.data")).unwrap(), vec![value; 256]);
+        }
+        save(&model(3), &target, Some(false), false, 0).unwrap();
+        assert_eq!(listing(dir.path()), ["m.onnx"], "an inline write removes the writer's data file");
+
+        fs::write(dir.path().join("u.onnx.data"), b"theirs").unwrap();
+        let user = dir.path().join("u.onnx");
+        for _ in 0..2 {
+            let saved = save(&model(4), &user, Some(true), false, 0).unwrap();
+            assert!(saved.data_files[0].starts_with("u.onnx.fastseq-"), "{:?}", saved.data_files);
+            assert_eq!(listing(dir.path()), ["m.onnx", "u.onnx", "u.onnx.data", &saved.data_files[0]]);
+        }
+        assert_eq!(fs::read(dir.path().join("u.onnx.data")).unwrap(), b"theirs");
+    }
+
+    #[test]
+    fn targets_that_cannot_be_written_are_export_errors_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("m.onnx");
+        fs::create_dir(&folder).unwrap();
+        let err = save(&model(1), &folder, Some(true), false, 0).unwrap_err();
+        assert_eq!(err.message, format!("cannot write {}: it is a directory", folder.display()));
+        let missing = dir.path().join("nowhere").join("m.onnx");
+        let err = commit_bytes(b"x", &missing).unwrap_err();
+        assert!(err.message.starts_with(&format!("cannot write {}: the folder", missing.display())), "{}", err.message);
+        assert_eq!(listing(dir.path()), ["m.onnx"]);
+    }
+
+    #[test]
+    fn a_staged_model_is_committed_with_its_data_under_the_names_it_had() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("m.onnx");
+        let staging = stage(&target).unwrap();
+        let mut m = model(7);
+        let mut out = File::create(staging.path().join("w.bin")).unwrap();
+        move_weights(&mut m, "w.bin", 0, &mut out, &mut std::io::sink(), &mut Vec::new()).unwrap();
+        fs::write(staging.path().join("m.onnx"), m.encode_to_vec()).unwrap();
+        let meta = [("k".to_string(), "v".to_string())];
+        let saved = commit_staged(&staging, "m.onnx", &meta, None).unwrap();
+        assert_eq!(saved.data_files, ["w.bin"]);
+        drop(staging);
+        assert_eq!(listing(dir.path()), ["m.onnx", "w.bin"], "the staging folder goes when dropped");
+        let back = decode("m", read_path(&target).unwrap()).unwrap();
+        assert_eq!(back.metadata_props[0].value.as_deref(), Some("v"));
+        assert_eq!(fs::read(dir.path().join("w.bin")).unwrap(), vec![7; 256]);
+    }
 }
