@@ -29,12 +29,12 @@ fn main() {
         let models: Vec<_> = files
             .par_iter()
             .zip(labels.par_iter())
-            .map(|(p, l)| fastseq::model::decode(l, fastseq::model::read_path(p).unwrap()).unwrap())
+            .map(|(p, l)| fastseq::codec::model::decode(l, fastseq::storage::read::read_path(p).unwrap()).unwrap())
             .collect();
         let t1 = Instant::now();
-        let merged = fastseq::compose(models, &labels, &Default::default()).unwrap();
+        let merged = fastseq::compose(models, &labels, &Default::default()).unwrap().model;
         let t2 = Instant::now();
-        fastseq::model::save(&merged, &out.path().join("merged.onnx"), None, false, 1024).unwrap();
+        fastseq::storage::writer::save(&merged, &out.path().join("merged.onnx"), None, false, 1024).unwrap();
         let t3 = Instant::now();
         drop(merged);
         let t4 = Instant::now();

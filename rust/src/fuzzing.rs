@@ -2,25 +2,26 @@
 //! corpus and every past crash through the very same code.
 use bytes::Bytes;
 
-use crate::compose::{compose, Keep, Options};
-use crate::model;
+use crate::codec::model;
+use crate::merge::compose::compose;
+use crate::merge::options::{Keep, Options};
 
 /// Decodes `data` and, when it is a model, merges it with itself and round-trips the result.
 /// Must never panic, whatever `data` is.
 pub fn decode_and_merge(data: &[u8]) {
     let Ok(mut m) = model::decode("fuzz", Bytes::copy_from_slice(data)) else { return };
-    let _ = model::summary(&m);
-    let _ = crate::external::locations(&mut m);
+    let _ = crate::codec::summary::summary(&m);
+    let _ = crate::storage::external::locations(&mut m);
     let stripped = model::strip_weights(&m, 16);
     let _ = model::restore_weights(stripped, &m, "fuzz");
     for keep in [Keep::Last, Keep::Unconsumed] {
         let opts = Options { keep_outputs: keep, ..Default::default() };
-        if let Ok(merged) = compose(vec![m.clone(), m.clone()], &["a".into(), "b".into()], &opts) {
+        if let Ok(merged) = compose(vec![m.clone(), m.clone()], &["a".into(), "b".into()], &opts).map(|c| c.model) {
             round_trip(&merged);
         }
     }
     let side_by_side = Options { io_maps: Some(vec![vec![]]), keep_outputs: Keep::Unconsumed, ..Default::default() };
-    if let Ok(merged) = compose(vec![m.clone(), m], &["a".into(), "b".into()], &side_by_side) {
+    if let Ok(merged) = compose(vec![m.clone(), m], &["a".into(), "b".into()], &side_by_side).map(|c| c.model) {
         round_trip(&merged);
     }
 }
@@ -42,7 +43,7 @@ pub fn compose_two(data: &[u8]) {
         Options { io_maps: Some(vec![vec![]]), ..Default::default() },
         graph_form(&a, &b),
     ] {
-        if let Ok(merged) = compose(vec![a.clone(), b.clone()], &["a".into(), "b".into()], &opts) {
+        if let Ok(merged) = compose(vec![a.clone(), b.clone()], &["a".into(), "b".into()], &opts).map(|c| c.model) {
             round_trip(&merged);
         }
     }
@@ -50,16 +51,21 @@ pub fn compose_two(data: &[u8]) {
 
 /// The graph form: a's first output to b's first input, b's first output exposed, every
 /// clean-up on (prune, dedupe, adapters).
-fn graph_form(a: &crate::proto::ModelProto, b: &crate::proto::ModelProto) -> Options {
-    let first = |m: &crate::proto::ModelProto, outputs: bool| {
+fn graph_form(a: &crate::codec::proto::ModelProto, b: &crate::codec::proto::ModelProto) -> Options {
+    let first = |m: &crate::codec::proto::ModelProto, outputs: bool| {
         let g = m.graph.as_ref();
         let list = g.map(|g| if outputs { &g.output } else { &g.input });
         list.and_then(|l| l.first()?.name.clone()).unwrap_or_default()
     };
     Options {
-        edges: Some(vec![crate::Edge { from: 0, output: first(a, true), to: 1, input: first(b, false) }]),
+        edges: Some(vec![crate::merge::options::Edge {
+            from: 0,
+            output: first(a, true),
+            to: 1,
+            input: first(b, false),
+        }]),
         graph_outputs: Some(vec![("out".into(), 1, first(b, true))]),
-        adapt: crate::Adapt::All,
+        adapt: crate::merge::options::Adapt::All,
         ..Default::default()
     }
 }
@@ -70,7 +76,7 @@ fn graph_form(a: &crate::proto::ModelProto, b: &crate::proto::ModelProto) -> Opt
 /// types and dims need; an export round-trips and leaves only the files its model names.
 /// Returns whether the input loaded.
 pub fn external_load_and_save(data: &[u8]) -> bool {
-    use crate::external::{self, Mode};
+    use crate::storage::external::{self, Mode};
     if data.len() < 2 {
         return false;
     }
@@ -82,8 +88,8 @@ pub fn external_load_and_save(data: &[u8]) -> bool {
     if std::fs::write(&model_path, model_bytes).is_err() || std::fs::write(&data_path, data_bytes).is_err() {
         return false;
     }
-    let load = |mode: Mode| -> crate::Result<crate::proto::ModelProto> {
-        let mut m = model::decode("fuzz", model::read_path(&model_path)?)?;
+    let load = |mode: Mode| -> crate::error::Result<crate::codec::proto::ModelProto> {
+        let mut m = model::decode("fuzz", crate::storage::read::read_path(&model_path)?)?;
         external::resolve(&mut m, dir, dir, "fuzz", mode)?;
         Ok(m)
     };
@@ -94,12 +100,13 @@ pub fn external_load_and_save(data: &[u8]) -> bool {
     external::check_sources(&linked).expect("nothing changed since the load");
     for (source, is_linked, out) in [(&m, false, "o.onnx"), (&linked, true, "l.onnx")] {
         let target = dir.join(out);
-        if model::save(source, &target, Some(true), is_linked, 0).is_err() {
+        if crate::storage::writer::save(source, &target, Some(true), is_linked, 0).is_err() {
             continue;
         }
-        let mut back = model::decode("back", model::read_path(&target).unwrap()).expect("our output decodes");
+        let mut back =
+            model::decode("back", crate::storage::read::read_path(&target).unwrap()).expect("our output decodes");
         external::resolve(&mut back, dir, dir, "back", Mode::InPlace).expect("our output loads");
-        let weights = |g: &crate::proto::ModelProto| -> Vec<Option<bytes::Bytes>> {
+        let weights = |g: &crate::codec::proto::ModelProto| -> Vec<Option<bytes::Bytes>> {
             g.graph.iter().flat_map(|g| g.initializer.iter().map(|t| t.raw_data.clone())).collect()
         };
         assert_eq!(weights(&back), weights(&m), "an export with external data round-trips");
@@ -111,7 +118,7 @@ pub fn external_load_and_save(data: &[u8]) -> bool {
             .collect();
         files.sort();
         let mut expected: Vec<String> =
-            external::locations(&mut model::decode("back", model::read_path(&target).unwrap()).unwrap());
+            external::locations(&mut model::decode("back", crate::storage::read::read_path(&target).unwrap()).unwrap());
         expected.push(out.to_string());
         expected.sort();
         assert_eq!(files, expected, "the export left exactly its model and the files it names");
@@ -141,10 +148,11 @@ impl Drop for Scratch {
     }
 }
 
-fn round_trip(merged: &crate::proto::ModelProto) {
+fn round_trip(merged: &crate::codec::proto::ModelProto) {
     let mut out = Vec::new();
-    model::write_streaming(merged, &mut out).expect("writing to memory cannot fail");
-    let back = <crate::proto::ModelProto as prost::Message>::decode(Bytes::from(out)).expect("our output decodes");
+    crate::codec::stream::write_streaming(merged, &mut out).expect("writing to memory cannot fail");
+    let back =
+        <crate::codec::proto::ModelProto as prost::Message>::decode(Bytes::from(out)).expect("our output decodes");
     // Compared as canonical bytes: NaN weights are equal bit for bit, not as floats.
     assert!(
         prost::Message::encode_to_vec(&back) == prost::Message::encode_to_vec(merged),

@@ -7,7 +7,7 @@ use prost_types::field_descriptor_proto::Type;
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let proto_dir = root.join("rust/proto");
-    let out_dir = root.join("rust/src/proto");
+    let out_dir = root.join("rust/src/codec/proto");
     let mut fds = protox::compile([proto_dir.join("onnx-ml.proto")], [&proto_dir]).expect("compile onnx-ml.proto");
     // Graph nodes are kept as their encoded bytes (the wire format of an embedded message and
     // of `bytes` is the same): decoding a graph then allocates nothing per node, and

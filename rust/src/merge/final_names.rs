@@ -1,15 +1,16 @@
 //! The final names of a composition: every value and node of every stage gets its name in
 //! the merged graph from the plan (exposed names, edges, deduplicated weights, adapters) and
-//! the name sets of the stages, in one pass; [`crate::names`] then applies them.
+//! the name sets of the stages, in one pass; [`crate::merge::rename`] then applies them.
 use bumpalo::Bump;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use rayon::prelude::*;
 
-use crate::assemble::AdapterNames;
-use crate::names::{fresh, function_body, function_key, FreshNames, FunctionKey, NameSet, Renamer};
-use crate::plan::{graph, vi_name, Plan, Target};
-use crate::proto::ModelProto;
+use crate::codec::graph::{graph, vi_name};
+use crate::codec::proto::ModelProto;
+use crate::merge::assemble::AdapterNames;
+use crate::merge::plan::parts::{Plan, Target};
+use crate::merge::rename::{fresh, function_body, function_key, FreshNames, FunctionKey, NameSet, Renamer};
 
 /// The names one stage's values and nodes had before they were renamed in the merged graph:
 /// (new, old) pairs kept in one buffer per stage.
@@ -257,7 +258,7 @@ pub fn assign_function_names(models: &[ModelProto], renamers: &mut [Renamer]) ->
 
 #[cfg(test)]
 mod tests {
-    use crate::compose::testing::*;
+    use crate::merge::testing::*;
 
     #[test]
     fn a_graph_input_feeds_several_stages_under_the_callers_name() {
@@ -266,7 +267,7 @@ mod tests {
             graph_inputs: Some(vec![("image".into(), vec![(0, "x".into()), (1, "x".into())])]),
             ..Default::default()
         };
-        let c = compose_graph(vec![distinct(1.0), distinct(2.0)], &labels(2), &opts).unwrap();
+        let c = compose(vec![distinct(1.0), distinct(2.0)], &labels(2), &opts).unwrap();
         let g = c.model.graph.as_ref().unwrap();
         assert_eq!(names(&g.input), ["image"]);
         assert_eq!(node_at(g, 0).input[0], "image");

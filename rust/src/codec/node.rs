@@ -15,7 +15,7 @@ use bytes::Bytes;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
 
-use crate::proto::{AttributeProto, NodeProto};
+use crate::codec::proto::{AttributeProto, NodeProto};
 
 // NodeProto's fields.
 pub const INPUT: u32 = 1;
@@ -219,14 +219,14 @@ pub fn check(raw: &Bytes) -> Result<Option<NodeProto>, String> {
 }
 
 /// The graphs a decoded node's attributes hold.
-pub fn subgraphs(node: &NodeProto) -> impl Iterator<Item = &crate::proto::GraphProto> {
+pub fn subgraphs(node: &NodeProto) -> impl Iterator<Item = &crate::codec::proto::GraphProto> {
     node.attribute.iter().flat_map(|a: &AttributeProto| a.g.iter().chain(a.graphs.iter()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{AttributeProto, GraphProto};
+    use crate::codec::proto::{AttributeProto, GraphProto};
 
     fn node(ins: &[&str], outs: &[&str]) -> NodeProto {
         NodeProto {

@@ -5,9 +5,9 @@ use std::path::Path;
 
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::codec::proto::ModelProto;
 use crate::error::Result;
-use crate::model::Saved;
-use crate::proto::ModelProto;
+use crate::storage::writer::Saved;
 
 /// XXH3-128 over a stream of bytes (several GB/s; the key is not a security boundary: cache
 /// entries carry their own checksums).
@@ -31,7 +31,7 @@ impl Digest {
 }
 
 /// Writes `model` with its tensors of at least `threshold` bytes in `<path>.data` beside
-/// `path` (see [`crate::external::write_with_external`]; meant for a private folder, so not
+/// `path` (see [`crate::storage::writer::write_with_external`]; meant for a private folder, so not
 /// synced to disk) and returns what was written with the digest of those bytes. `placed`
 /// receives where each weight went in the data file (see `spill::spill_onto`).
 pub fn save_placed(
@@ -42,8 +42,15 @@ pub fn save_placed(
 ) -> Result<(Saved, String)> {
     let mut digest = Digest::default();
     let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    let (model_bytes, data_bytes, name) =
-        crate::external::write_with_external_tee(model, path, threshold, Some(&data_name), false, &mut digest, placed)?;
+    let (model_bytes, data_bytes, name) = crate::storage::writer::write_with_external_tee(
+        model,
+        path,
+        threshold,
+        Some(&data_name),
+        false,
+        &mut digest,
+        placed,
+    )?;
     Ok((Saved { model_bytes, data_bytes, data_file: Some(name) }, digest.hex()))
 }
 

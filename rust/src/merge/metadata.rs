@@ -1,5 +1,5 @@
 //! Model metadata (`ModelProto.metadata_props`): key/value pairs added after composition.
-use crate::proto::{ModelProto, StringStringEntryProto};
+use crate::codec::proto::{ModelProto, StringStringEntryProto};
 
 /// A copy of `model` with `pairs` set in its `metadata_props`. Each key appears once:
 /// `onnx.checker` refuses repeated keys, and ONNX Runtime reads only the last entry of one.

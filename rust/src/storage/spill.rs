@@ -21,8 +21,8 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
+use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
 use crate::error::{Error, Result};
-use crate::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
 
 /// Address ranges of the live spill mappings: bytes already in one are not spilled again.
 static MAPPED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
@@ -104,7 +104,7 @@ fn in_memory(dir: &Path) -> bool {
 }
 
 /// Points the bytes of `models` at `data`, the data file of a private copy of `models[0]`
-/// that [`crate::digest::save_placed`] wrote, where `placed` says each weight went; copies
+/// that [`crate::storage::digest::save_placed`] wrote, where `placed` says each weight went; copies
 /// the rest into one fresh buffer. Done when there are at least `min_bytes` of bytes not
 /// spilled yet and `data` is on a disk (on a tmpfs it would only move memory). Returns the
 /// number of bytes now mapped (0: nothing done). The models encode exactly as before.
@@ -177,7 +177,7 @@ pub fn spill_onto(
 }
 
 /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
-/// [`crate::digest::save_placed`]) and returns the digest of what was written. With
+/// [`crate::storage::digest::save_placed`]) and returns the digest of what was written. With
 /// `spill_min`, also returns copies of all `models` spilled onto that data file (see
 /// [`spill_onto`]), or None when there is less than that in it or the spill cannot be done
 /// (the memory is then kept). The originals are left as they are.
@@ -188,7 +188,7 @@ pub fn private_copy(
 ) -> Result<(String, u64, Option<Vec<ModelProto>>)> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
     let mut placed = Vec::new();
-    let (saved, digest) = crate::digest::save_placed(first, path, 1024, &mut placed)?;
+    let (saved, digest) = crate::storage::digest::save_placed(first, path, 1024, &mut placed)?;
     let (Some(min), Some(data)) = (spill_min, saved.data_file) else { return Ok((digest, 0, None)) };
     // Below the minimum in the data file alone, no model is copied to find out more.
     if placed.iter().map(|&(_, n, _)| n as u64).sum::<u64>() < min {
@@ -223,7 +223,7 @@ mod tests {
     }
 
     fn model_bytes() -> Vec<u8> {
-        use crate::proto::{AttributeProto, FunctionProto, GraphProto, NodeProto};
+        use crate::codec::proto::{AttributeProto, FunctionProto, GraphProto, NodeProto};
         let w = TensorProto {
             name: Some("w".into()),
             data_type: Some(1),
@@ -267,7 +267,7 @@ mod tests {
     fn copy_and_spill(models: &mut [&mut ModelProto], dir: &Path, min: u64) -> u64 {
         let path = dir.join("model.onnx");
         let mut placed = Vec::new();
-        crate::digest::save_placed(models[0], &path, 1024, &mut placed).unwrap();
+        crate::storage::digest::save_placed(models[0], &path, 1024, &mut placed).unwrap();
         spill_onto(models, &dir.join("model.onnx.data"), &placed, min).unwrap()
     }
 
@@ -291,7 +291,7 @@ mod tests {
         let again = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let path = again.path().join("model.onnx");
         let mut placed = Vec::new();
-        crate::digest::save_placed(&a, &path, 1024, &mut placed).unwrap();
+        crate::storage::digest::save_placed(&a, &path, 1024, &mut placed).unwrap();
         assert_eq!(spill_onto(&mut [&mut a], &again.path().join("model.onnx.data"), &placed, 0).unwrap(), 0);
     }
 

@@ -1,8 +1,8 @@
 //! Opset imports and IR versions of the merged model.
 use std::collections::BTreeMap;
 
+use crate::codec::proto::{ModelProto, OperatorSetIdProto};
 use crate::error::{Error, Result};
-use crate::proto::{ModelProto, OperatorSetIdProto};
 
 /// "ai.onnx" and "" are the same domain.
 pub fn normalize_domain(domain: &str) -> &str {
@@ -53,7 +53,7 @@ pub fn merge_opsets(models: &[ModelProto], labels: &[String]) -> Result<Vec<Oper
 
 /// The merged IR version: the highest among the models.
 pub fn merged_ir_version(models: &[ModelProto]) -> i64 {
-    models.iter().filter_map(|m| m.ir_version).max().unwrap_or(crate::model::MAX_IR_VERSION)
+    models.iter().filter_map(|m| m.ir_version).max().unwrap_or(crate::codec::model::MAX_IR_VERSION)
 }
 
 #[cfg(test)]

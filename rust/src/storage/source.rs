@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use rayon::prelude::*;
 
+use crate::codec::model;
+use crate::codec::proto::ModelProto;
 use crate::error::{Error, Result};
-use crate::external::{self, Mode};
-use crate::model;
-use crate::proto::ModelProto;
+use crate::storage::external::{self, Mode};
 
 /// A model source.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
             Ok(m)
         }
         Source::Path(p, root) => {
-            let data = model::read_path(&p)?;
+            let data = crate::storage::read::read_path(&p)?;
             let mut m = model::decode(label, data)?;
             let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
             external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label, mode)?;
@@ -73,7 +73,7 @@ pub fn load_all(sources: Vec<Source>, labels: &[String], mode: Mode) -> Result<V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{
+    use crate::codec::proto::{
         tensor_proto::DataLocation, GraphProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
     };
 

@@ -1,0 +1,144 @@
+//! Loading and composing: `compose`, `load_model`, `load_models`.
+use std::collections::HashMap;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBool;
+
+use crate::bindings::composed::Composed;
+use crate::bindings::errors::to_py;
+use crate::bindings::sources::PySource;
+use crate::merge::compose::compose;
+use crate::merge::options::{Adapt, Edge, Keep, Options};
+use crate::storage::external::Mode;
+use crate::storage::source::{load, load_all, Source};
+
+fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
+    Ok(match k {
+        None => Keep::Last,
+        Some(k) if k.is_instance_of::<PyBool>() => {
+            if k.extract::<bool>()? {
+                Keep::Unconsumed
+            } else {
+                Keep::Last
+            }
+        }
+        Some(k) => Keep::Names(k.extract::<Vec<String>>()?),
+    })
+}
+
+fn adapt(a: Option<Bound<'_, PyAny>>) -> PyResult<Adapt> {
+    Ok(match a {
+        None => Adapt::Off,
+        Some(a) if a.is_instance_of::<PyBool>() => {
+            if a.extract::<bool>()? {
+                Adapt::All
+            } else {
+                Adapt::Off
+            }
+        }
+        Some(a) => Adapt::Edges(a.extract::<Vec<usize>>()?),
+    })
+}
+
+/// Loads and composes the models; every argument but the sources and labels is optional.
+/// `edges`: (from stage, output, to stage, input) tuples, any earlier stage to any later
+/// one (instead of `io_maps`); `graph_inputs`: (exposed name, [(stage, input), ...]);
+/// `graph_outputs`: (exposed name, stage, output). `prune` and `dedupe` default to on in
+/// that graph form and off in the linear one; `adapt`: True, or a list of edge indices.
+#[pyfunction(name = "compose")]
+#[pyo3(signature = (sources, labels, io_maps=None, edges=None, graph_inputs=None, graph_outputs=None,
+                    keep_outputs=None, prefixes=None, inputs=None, outputs=None, ir_version=None, meta=None,
+                    model_version=None, link_external=false, prune=None, dedupe=None, adapt=None))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub(crate) fn compose_sources(
+    py: Python<'_>,
+    sources: Vec<PySource>,
+    labels: Vec<String>,
+    io_maps: Option<Vec<Vec<(String, String)>>>,
+    edges: Option<Vec<(usize, String, usize, String)>>,
+    graph_inputs: Option<Vec<(String, Vec<(usize, String)>)>>,
+    graph_outputs: Option<Vec<(String, usize, String)>>,
+    keep_outputs: Option<Bound<'_, PyAny>>,
+    prefixes: Option<Vec<Option<String>>>,
+    inputs: Option<Vec<String>>,
+    outputs: Option<Vec<String>>,
+    ir_version: Option<i64>,
+    meta: Option<HashMap<String, String>>,
+    model_version: Option<i64>,
+    link_external: bool,
+    prune: Option<bool>,
+    dedupe: Option<bool>,
+    adapt: Option<Bound<'_, PyAny>>,
+) -> PyResult<Composed> {
+    if sources.len() != labels.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
+    }
+    let meta = meta.unwrap_or_default();
+    let opts = Options {
+        io_maps,
+        edges: edges
+            .map(|es| es.into_iter().map(|(from, output, to, input)| Edge { from, output, to, input }).collect()),
+        graph_inputs,
+        graph_outputs,
+        keep_outputs: self::keep_outputs(keep_outputs)?,
+        prefixes: prefixes.unwrap_or_default(),
+        inputs,
+        outputs,
+        prune,
+        dedupe,
+        adapt: self::adapt(adapt)?,
+        ir_version,
+        graph_name: meta.get("name").cloned(),
+        doc_string: meta.get("doc_string").cloned(),
+        producer_name: meta.get("producer_name").cloned(),
+        producer_version: meta.get("producer_version").cloned(),
+        domain: meta.get("domain").cloned(),
+        model_version,
+    };
+    let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
+    let composed = py
+        .detach(|| {
+            let mode = if link_external { Mode::Link } else { Mode::InPlace };
+            load_all(sources, &labels, mode).and_then(|ms| compose(ms, &labels, &opts))
+        })
+        .map_err(to_py)?;
+    Ok(Composed {
+        model: composed.model,
+        linked: link_external,
+        report: composed.report,
+        origins: composed.origins,
+        labels,
+    })
+}
+
+/// Loads one model (external data resolved) without composing it.
+#[pyfunction]
+#[pyo3(signature = (source, label=None))]
+pub(crate) fn load_model(py: Python<'_>, source: PySource, label: Option<String>) -> PyResult<Composed> {
+    let source = source.0;
+    let label = label.unwrap_or_else(|| source.default_label());
+    let model = py.detach(|| load(&label, source, Mode::InPlace)).map_err(to_py)?;
+    let mut c = Composed::of(model, false);
+    c.labels = vec![label];
+    Ok(c)
+}
+
+/// Loads several models in parallel (external data resolved), one Composed each: the
+/// stages a pipeline keeps so that it can be composed again without reading its sources.
+#[pyfunction]
+pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<String>) -> PyResult<Vec<Composed>> {
+    if sources.len() != labels.len() {
+        return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
+    }
+    let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
+    let models = py.detach(|| load_all(sources, &labels, Mode::InPlace)).map_err(to_py)?;
+    Ok(models
+        .into_iter()
+        .zip(labels)
+        .map(|(model, label)| {
+            let mut c = Composed::of(model, false);
+            c.labels = vec![label];
+            c
+        })
+        .collect())
+}

@@ -1,0 +1,45 @@
+//! Files: external-data locations, digests and the session's private copy.
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+
+use crate::bindings::composed::Composed;
+use crate::bindings::errors::to_py;
+use crate::codec::proto::ModelProto;
+use crate::storage::digest;
+use crate::storage::external::{check_relative, locations_in_file};
+use crate::storage::spill::private_copy;
+
+/// The external-data files that the model at `path` refers to (not opened).
+#[pyfunction]
+pub(crate) fn external_data_locations(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
+    py.detach(|| locations_in_file(&path)).map_err(to_py)
+}
+
+/// Raises LoadError unless `location` is a safe relative external-data location.
+#[pyfunction]
+pub(crate) fn check_external_location(location: &str) -> PyResult<()> {
+    check_relative(location).map_err(to_py)
+}
+
+/// The XXH3-128 digest of a file's bytes, as hex.
+#[pyfunction]
+pub(crate) fn file_digest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    py.detach(|| digest::file_digest(&path))
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
+}
+
+/// `(digest, bytes mapped, spilled copies or None)`: see `spill::private_copy`.
+#[pyfunction]
+#[pyo3(signature = (models, path, spill_min=None))]
+pub(crate) fn write_private_copy(
+    py: Python<'_>,
+    models: Vec<PyRef<'_, Composed>>,
+    path: PathBuf,
+    spill_min: Option<u64>,
+) -> PyResult<(String, u64, Option<Vec<Composed>>)> {
+    let refs: Vec<&ModelProto> = models.iter().map(|c| &c.model).collect();
+    let (digest, mapped, copies) = py.detach(|| private_copy(&refs, &path, spill_min)).map_err(to_py)?;
+    let spilled = copies.map(|copies| models.iter().zip(copies).map(|(c, m)| c.with_model(m)).collect());
+    Ok((digest, mapped, spilled))
+}

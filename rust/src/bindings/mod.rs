@@ -1,0 +1,47 @@
+//! The bindings layer (the `python` feature): `fastseq._core`. Each file converts one
+//! concept's types between Python and the core, releases the GIL around the work and maps
+//! errors ([`errors`]); nothing here decides anything.
+use pyo3::prelude::*;
+
+mod compose;
+mod composed;
+mod errors;
+mod files;
+mod sources;
+
+use crate::allocator::tune_allocator;
+use crate::bindings::compose::{compose_sources, load_model, load_models};
+use crate::bindings::composed::Composed;
+use crate::bindings::errors::{CompositionError, ExportError, FastseqError, LoadError, OpsetMismatchError};
+use crate::bindings::files::{check_external_location, external_data_locations, file_digest, write_private_copy};
+use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
+
+/// " (did you mean 'x'?)" for `name` among `candidates`, or "".
+#[pyfunction]
+fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
+    crate::near_miss::did_you_mean(name, candidates.iter().map(String::as_str))
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    tune_allocator();
+    let py = m.py();
+    m.add("FastseqError", py.get_type::<FastseqError>())?;
+    m.add("LoadError", py.get_type::<LoadError>())?;
+    m.add("CompositionError", py.get_type::<CompositionError>())?;
+    m.add("OpsetMismatchError", py.get_type::<OpsetMismatchError>())?;
+    m.add("ExportError", py.get_type::<ExportError>())?;
+    m.add("MAX_IR_VERSION", MAX_IR_VERSION)?;
+    m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Composed>()?;
+    m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
+    m.add_function(wrap_pyfunction!(load_model, m)?)?;
+    m.add_function(wrap_pyfunction!(load_models, m)?)?;
+    m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
+    m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
+    m.add_function(wrap_pyfunction!(file_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,16 @@
+//! The codec layer: one model as bytes and back.
+//!
+//! The ONNX protobuf types ([`proto`], generated), decoding and checking one model
+//! ([`model`]), reading its graph ([`graph`]), encoding it as a stream ([`stream`]), graph
+//! nodes kept as their bytes ([`node`]), tensors and their sizes ([`tensor`]), and a
+//! model's summary ([`summary`]).
+//!
+//! The one rule: nothing here knows about files, sources or compositions. It imports nothing
+//! of fastseq above it (only the bottom modules: `error`, `near_miss`, `pool`).
+pub mod graph;
+pub mod model;
+pub mod node;
+pub mod proto;
+pub mod stream;
+pub mod summary;
+pub mod tensor;

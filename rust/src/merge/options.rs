@@ -1,0 +1,93 @@
+//! What the caller asks of a composition: the linear form (`io_maps`, `keep_outputs`,
+//! `inputs`, `outputs`) or the graph form (`edges`, `graph_inputs`, `graph_outputs`), and
+//! the clean-ups (prune, dedupe, adapters) and metadata of the result.
+
+/// Exposed graph inputs: (name, the (stage, input) pairs it feeds).
+pub type GraphInputs = Vec<(String, Vec<(usize, String)>)>;
+
+/// Which outputs of the earlier models stay graph outputs besides the last model's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Keep {
+    /// Only the last model's outputs.
+    #[default]
+    Last,
+    /// Every output that no joint consumes.
+    Unconsumed,
+    /// These outputs (by the user's name), consumed or not.
+    Names(Vec<String>),
+}
+
+/// How to compose. The linear form (`io_maps`, `keep_outputs`, `inputs`, `outputs`) and the
+/// graph form (`edges`, `graph_inputs`, `graph_outputs`) both become edges in the plan.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `io_maps[j]`: the (output of model j, input of model j+1) pairs of joint j, in the
+    /// models' own names. `None` joins outputs to inputs by position.
+    pub io_maps: Option<Vec<Vec<(String, String)>>>,
+    pub keep_outputs: Keep,
+    /// A prefix applied to every name of model i before merging (`onnx.compose` style).
+    pub prefixes: Vec<Option<String>>,
+    /// Restrict the merged graph's inputs / outputs to these names (`merge_models` style).
+    pub inputs: Option<Vec<String>>,
+    pub outputs: Option<Vec<String>>,
+    /// Any earlier stage's output to any later stage's input (instead of io_maps).
+    pub edges: Option<Vec<Edge>>,
+    /// Exposed graph inputs: name -> the (stage, input) pairs it feeds. Unfed inputs not
+    /// listed are exposed under their own name when unique, `label.input` when not.
+    pub graph_inputs: Option<GraphInputs>,
+    /// Exposed graph outputs: (name, stage, output). Without it: every output no edge consumes.
+    pub graph_outputs: Option<Vec<(String, usize, String)>>,
+    /// Leave out what no graph output needs. Default: on in the graph form, off in the linear one.
+    pub prune: Option<bool>,
+    /// Store identical weights of different stages once. Default: as `prune`.
+    pub dedupe: Option<bool>,
+    pub adapt: Adapt,
+    /// Stamp this IR version instead of the highest of the models.
+    pub ir_version: Option<i64>,
+    pub graph_name: Option<String>,
+    pub doc_string: Option<String>,
+    pub producer_name: Option<String>,
+    pub producer_version: Option<String>,
+    pub domain: Option<String>,
+    pub model_version: Option<i64>,
+}
+
+impl Options {
+    /// Whether the graph form is used (edges, graph inputs or graph outputs given).
+    pub fn is_graph(&self) -> bool {
+        self.edges.is_some() || self.graph_inputs.is_some() || self.graph_outputs.is_some()
+    }
+}
+
+/// One connection: output `output` of stage `from` feeds input `input` of stage `to`
+/// (the stages' own names; `from` < `to`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Edge {
+    pub from: usize,
+    pub output: String,
+    pub to: usize,
+    pub input: String,
+}
+
+/// Which edges may get an adapter (a Cast, an Unsqueeze or Squeeze of the leading axis)
+/// where the two sides do not match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Adapt {
+    /// None: a mismatch is an error that says which adapter would fix it.
+    #[default]
+    Off,
+    All,
+    /// These edges, by index into the edge list (the converted one for io_maps: joint by
+    /// joint, pair by pair).
+    Edges(Vec<usize>),
+}
+
+impl Adapt {
+    pub(crate) fn covers(&self, edge: usize) -> bool {
+        match self {
+            Adapt::Off => false,
+            Adapt::All => true,
+            Adapt::Edges(set) => set.contains(&edge),
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The one writer: every model file fastseq writes goes through here. A model alone is
+//! written to a temporary file and renamed over the target; with external data, the data
+//! file is written first under a name carrying the export's token (it cannot collide with a
+//! user's file or another export's), the model last, under the export lock (see
+//! [`crate::storage::export_lock`]), and the files of earlier exports that the model now in
+//! place does not reference are removed.
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use crate::codec::model::PROTOBUF_LIMIT;
+use crate::codec::proto::{tensor_proto::DataLocation, ModelProto};
+use crate::codec::stream::write_streaming;
+use crate::codec::tensor::{for_each_tensor, is_external};
+use crate::error::{Error, Result};
+use crate::storage::export_lock::{remove_orphans, ExportLock};
+use crate::storage::external::{check_identity, entry, kv, IDENTITY_KEY};
+use crate::storage::read::{changed, Identity};
+use crate::storage::temp::{remove_stale_temps, temp_path};
+
+/// What [`save`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Saved {
+    pub model_bytes: u64,
+    pub data_bytes: u64,
+    pub data_file: Option<String>,
+}
+
+/// Writes `model` to `path` atomically. `external`: Some(true) puts tensors of at least
+/// `threshold` bytes in a data file beside it, Some(false) keeps them inline, None decides
+/// by size (external at the protobuf limit). `linked` models (external data left pointing
+/// at the sources) always take the external path, which links those files.
+pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: bool, threshold: usize) -> Result<Saved> {
+    // Named here: the writers' first file is a temporary one, whose name would mislead.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+        return Err(Error::export(format!(
+            "cannot write {}: the folder {} does not exist",
+            path.display(),
+            dir.display()
+        )));
+    }
+    let size = model.encoded_len() as u64;
+    if linked || external.unwrap_or(size >= PROTOBUF_LIMIT) {
+        let (model_bytes, data_bytes, name) = crate::storage::writer::write_with_external(model, path, threshold)?;
+        return Ok(Saved { model_bytes, data_bytes, data_file: Some(name) });
+    }
+    if size >= PROTOBUF_LIMIT {
+        return Err(Error::export(format!(
+            "{}: the model is {size} bytes, over the 2 GB protobuf limit: it needs external data",
+            path.display()
+        )));
+    }
+    let model_bytes = write_atomic(model, path)?;
+    // Data files of earlier external-data exports to this path are no longer referenced.
+    remove_orphans(path);
+    Ok(Saved { model_bytes, data_bytes: 0, data_file: None })
+}
+
+/// Writes `model` to `path` atomically: a temporary file in the same folder, synced, then
+/// renamed over the target. On any failure the temporary file is removed and an existing
+/// file at `path` is left as it was. Returns the number of bytes written.
+pub fn write_atomic(model: &ModelProto, path: &Path) -> Result<u64> {
+    write_atomic_with(model, path, true)
+}
+
+/// [`write_atomic`]; `durable: false` skips the sync, for files that only this process
+/// reads and that need not outlive a crash (a session's private copy).
+pub fn write_atomic_with(model: &ModelProto, path: &Path, durable: bool) -> Result<u64> {
+    remove_stale_temps(path);
+    let tmp = temp_path(path);
+    let result = (|| -> std::io::Result<u64> {
+        let file = File::create(&tmp)?;
+        let mut out = BufWriter::with_capacity(256 << 10, file);
+        let written = write_streaming(model, &mut out)?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        if durable {
+            file.sync_all()?;
+        }
+        fs::rename(&tmp, path)?;
+        Ok(written)
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::export(format!("cannot write {}: {e}", path.display()))
+    })
+}
+
+const ALIGN: u64 = 4096;
+
+/// Writes `model` to `path` with every tensor of at least `threshold` bytes in one data file
+/// beside it; tensors still external (from [`Mode::Link`]) get their source file linked
+/// beside it instead (a hard link, or a copy across file systems). Returns (model bytes,
+/// data bytes written, data file name). Atomic as described above; afterwards the folder
+/// holds no file of an earlier, concurrent or killed export that the model in place does
+/// not reference, but for those of exports still running.
+pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
+    write_with_external_tee(model, path, threshold, None, true, &mut std::io::sink(), &mut Vec::new())
+}
+
+/// [`write_with_external`], also sending every byte of the data file and then the model file
+/// to `tee` (a digest computed while encoding, instead of reading the files again).
+/// `data_name` fixes the data file's name (in a private folder, where no other export can
+/// collide with it, so that the bytes, and their digest, depend on the model alone);
+/// `durable: false` skips the syncs (a private copy that need not outlive a crash).
+/// `placed` receives, for each weight moved to the data file, its address and length in
+/// `model` and its offset in the file (see `spill::spill_onto`).
+pub fn write_with_external_tee(
+    model: &ModelProto,
+    path: &Path,
+    threshold: usize,
+    data_name: Option<&str>,
+    durable: bool,
+    tee: &mut dyn Write,
+    placed: &mut Vec<(usize, usize, u64)>,
+) -> Result<(u64, u64, String)> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
+    let lock = ExportLock::acquire(path)?;
+    let token = lock.token.clone();
+    let data_name = data_name.map_or_else(|| format!("{name}.{token}.data"), str::to_string);
+    let data_path = path.with_file_name(&data_name);
+    let data_tmp = temp_path(&data_path);
+
+    let mut header = model.clone();
+    let linked = link_sources(&mut header, path, &token)?;
+    let io = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", data_path.display()));
+    let result = (|| -> Result<u64> {
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp).map_err(io)?);
+        let mut offset = 0u64;
+        if let Some(g) = header.graph.as_mut() {
+            for_each_tensor(g, &mut |t| {
+                let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(false) };
+                let pad = (ALIGN - offset % ALIGN) % ALIGN;
+                let zeros = vec![0u8; pad as usize];
+                out.write_all(&zeros).and_then(|_| out.write_all(&raw)).map_err(io)?;
+                tee.write_all(&zeros).and_then(|_| tee.write_all(&raw)).map_err(io)?;
+                offset += pad;
+                placed.push((raw.as_ptr() as usize, raw.len(), offset));
+                t.external_data = vec![
+                    kv("location", data_name.clone()),
+                    kv("offset", offset.to_string()),
+                    kv("length", raw.len().to_string()),
+                ];
+                offset += raw.len() as u64;
+                t.data_location = Some(DataLocation::External as i32);
+                Ok(true)
+            })?;
+        }
+        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        if durable {
+            file.sync_all().map_err(io)?;
+        }
+        Ok(offset)
+    })();
+    let cleanup = |linked: &[PathBuf]| {
+        for l in linked {
+            let _ = fs::remove_file(l);
+        }
+    };
+    let data_len = result.inspect_err(|_| {
+        let _ = fs::remove_file(&data_tmp);
+        cleanup(&linked);
+    })?;
+    if let Err(e) = fs::rename(&data_tmp, &data_path) {
+        let _ = fs::remove_file(&data_tmp);
+        cleanup(&linked);
+        return Err(Error::export(format!("cannot write {}: {e}", data_path.display())));
+    }
+    // The header is small: encoded once more for the tee.
+    if let Err(e) = tee.write_all(&prost::Message::encode_to_vec(&header)) {
+        let _ = fs::remove_file(&data_path);
+        cleanup(&linked);
+        return Err(Error::export(format!("cannot digest {}: {e}", path.display())));
+    }
+    match crate::storage::writer::write_atomic_with(&header, path, durable) {
+        Ok(n) => {
+            // Released first, so that this export's own files are judged like any other's.
+            drop(lock);
+            remove_orphans(path);
+            Ok((n, data_len, data_name))
+        }
+        Err(e) => {
+            let _ = fs::remove_file(&data_path);
+            cleanup(&linked);
+            Err(e)
+        }
+    }
+}
+
+/// Links each source data file of the still-external tensors beside `path` and points the
+/// tensors at the links, after checking that each source is the file that was loaded.
+/// Returns the links made.
+fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<PathBuf>> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut links: HashMap<String, String> = HashMap::new();
+    let mut made = Vec::new();
+    let Some(g) = model.graph.as_mut() else { return Ok(made) };
+    let result = for_each_tensor(g, &mut |t| {
+        if !is_external(t) {
+            return Ok(false);
+        }
+        let recorded = entry(t, IDENTITY_KEY).map(str::to_string);
+        t.external_data.retain(|e| e.key.as_deref() != Some(IDENTITY_KEY));
+        for e in &mut t.external_data {
+            if e.key.as_deref() != Some("location") {
+                continue;
+            }
+            let source = e.value.clone().unwrap_or_default();
+            if !Path::new(&source).is_absolute() {
+                continue;
+            }
+            if let Some(link) = links.get(&source) {
+                e.value = Some(link.clone());
+                continue;
+            }
+            if let Some(recorded) = &recorded {
+                check_identity(Path::new(&source), recorded)?;
+            }
+            let base = Path::new(&source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let link_name = format!("{name}.{token}.{}.{base}", links.len());
+            let link_path = path.with_file_name(&link_name);
+            let hard = fs::hard_link(&source, &link_path).is_ok();
+            if !hard {
+                fs::copy(&source, &link_path).map_err(|err| {
+                    Error::export(format!("cannot link or copy {source} beside {}: {err}", path.display()))
+                })?;
+            }
+            made.push(link_path.clone());
+            // The link is the file itself (same inode): it must still be the file checked
+            // above. Linking changes the inode's ctime, so that is not compared; a copy is
+            // checked against the source, which must not have changed while it was copied.
+            if let Some(recorded) = recorded.as_deref().and_then(Identity::decode) {
+                let now = Identity::at(if hard { &link_path } else { Path::new(&source) });
+                let same = now.is_ok_and(|n| {
+                    (n.dev, n.ino, n.size, n.mtime_ns) == (recorded.dev, recorded.ino, recorded.size, recorded.mtime_ns)
+                        && (hard || n.ctime_ns == recorded.ctime_ns)
+                });
+                if !same {
+                    return Err(changed(&source, "since the model was loaded"));
+                }
+            }
+            links.insert(source, link_name.clone());
+            e.value = Some(link_name);
+        }
+        Ok(true)
+    });
+    if let Err(e) = result {
+        for m in &made {
+            let _ = fs::remove_file(m);
+        }
+        return Err(e);
+    }
+    Ok(made)
+}
