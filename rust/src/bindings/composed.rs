@@ -13,11 +13,14 @@ use crate::codec::summary::{summary, DimInfo, IoInfo};
 use crate::error::Error;
 use crate::merge::compose::{Origins, Report};
 use crate::merge::metadata::with_metadata;
+use crate::codec::range::inline_len;
 use crate::storage::external::check_sources;
+use crate::storage::ranges::inline;
 use crate::storage::writer::save;
 
-/// A model held by the core: decoded once, weights as slices of the sources' bytes (read
-/// into memory the core owns, see `storage::read::read_path`).
+/// A model held by the core: decoded once, large weights as ranges of the source files until
+/// a session's private copy holds them (see `storage::spill`), the rest as slices of the
+/// sources' bytes read into memory the core owns (see `storage::read`).
 #[pyclass(frozen, module = "fastseq._core")]
 pub(crate) struct Composed {
     pub(crate) model: ModelProto,
@@ -62,7 +65,7 @@ impl Drop for Composed {
 impl Composed {
     /// Size of the serialized model in bytes (weights inline).
     fn encoded_len(&self) -> usize {
-        self.model.encoded_len()
+        inline_len(&self.model)
     }
 
     /// The serialized model.
@@ -72,9 +75,9 @@ impl Composed {
                 "this model refers to its sources' data files (external_data='reuse'): save() it instead",
             )));
         }
-        PyBytes::new_with(py, self.model.encoded_len(), |buf| {
-            py.detach(|| encode_into(&self.model, buf)).map_err(to_py)
-        })
+        // Weights still in their source files are read first (checked against them).
+        let model = py.detach(|| inline(&self.model)).map_err(to_py)?;
+        PyBytes::new_with(py, model.encoded_len(), |buf| py.detach(|| encode_into(&model, buf)).map_err(to_py))
     }
 
     /// Writes the model to `path` atomically. `external_data`: True puts tensors of at
@@ -114,10 +117,10 @@ impl Composed {
         Ok(c)
     }
 
-    /// Raises LoadError naming the file if a source file this model still refers to
-    /// (external data kept for `external_data="reuse"`) is no longer the file loaded.
-    /// Other sources were read into memory and cannot change. For the runtime to call
-    /// before it creates a session.
+    /// Raises LoadError naming the file if a source file this model still refers to (weights
+    /// left in it, external data kept for `external_data="reuse"`) is no longer the file
+    /// loaded. Other sources were read into memory and cannot change. For the runtime to
+    /// call before it creates a session.
     fn check_sources(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| check_sources(&self.model)).map_err(to_py)
     }

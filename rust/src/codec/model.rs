@@ -6,6 +6,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use crate::codec::proto::{GraphProto, ModelProto, TensorProto};
+use crate::codec::range::FileRange;
 use crate::codec::tensor::{elem_type_name, expected_bytes};
 use crate::error::{Error, Result};
 
@@ -43,16 +44,21 @@ enum Invalid {
 /// it otherwise, and exported with external data it would no longer load.
 fn check_raw_size(t: &TensorProto) -> std::result::Result<(), Invalid> {
     let Some(raw) = &t.raw_data else { return Ok(()) };
-    let need = expected_bytes(t).map_err(|e| Invalid::Size(format!("tensor '{}': {e}", t.name())))?;
-    match need {
-        Some(need) if need != raw.len() as u64 => Err(Invalid::Size(format!(
-            "tensor '{}' ({} {:?}) holds {} bytes of raw_data but its type and dims need {need}",
+    size_error(t, raw.len() as u64).map_or(Ok(()), |e| Err(Invalid::Size(e)))
+}
+
+/// What is wrong with a tensor holding `len` bytes of `raw_data`, if its type and dims need
+/// another number (or are invalid).
+pub fn size_error(t: &TensorProto, len: u64) -> Option<String> {
+    match expected_bytes(t) {
+        Err(e) => Some(format!("tensor '{}': {e}", t.name())),
+        Ok(Some(need)) if need != len => Some(format!(
+            "tensor '{}' ({} {:?}) holds {len} bytes of raw_data but its type and dims need {need}",
             t.name(),
             elem_type_name(t.data_type.unwrap_or(0)),
             t.dims,
-            raw.len()
-        ))),
-        _ => Ok(()),
+        )),
+        Ok(_) => None,
     }
 }
 
@@ -117,12 +123,17 @@ pub fn encode_into(model: &ModelProto, mut buf: &mut [u8]) -> Result<()> {
     model.encode(&mut buf).map_err(|e| Error::export(format!("cannot encode the merged model: {e}")))
 }
 
-/// A copy of `model` whose main-graph initializers of at least `threshold` bytes have no
-/// data: what a tool that only reads the structure (the opset converter) needs.
+/// A copy of `model` whose main-graph initializers of at least `threshold` bytes (and those
+/// still in their source files) have no data: what a tool that only reads the structure (the
+/// opset converter) needs.
 pub fn strip_weights(model: &ModelProto, threshold: usize) -> ModelProto {
     let mut m = model.clone();
     if let Some(g) = m.graph.as_mut() {
         for t in &mut g.initializer {
+            if FileRange::of(t).is_some() {
+                t.external_data.clear();
+                t.data_location = None;
+            }
             if t.raw_data.as_ref().is_some_and(|r| r.len() >= threshold) {
                 t.raw_data = None;
             }
@@ -132,16 +143,24 @@ pub fn strip_weights(model: &ModelProto, threshold: usize) -> ModelProto {
 }
 
 /// Puts back the weights that [`strip_weights`] took out, by initializer name, from
-/// `original` (slices of the same buffers: nothing is copied).
+/// `original` (slices of the same buffers, or the same ranges: nothing is copied).
 pub fn restore_weights(mut stripped: ModelProto, original: &ModelProto, label: &str) -> Result<ModelProto> {
     let Some(src) = original.graph.as_ref() else { return Ok(stripped) };
-    let weights: std::collections::HashMap<&str, &Bytes> =
-        src.initializer.iter().filter_map(|t| Some((t.name.as_deref()?, t.raw_data.as_ref()?))).collect();
+    let weights: std::collections::HashMap<&str, &TensorProto> = src
+        .initializer
+        .iter()
+        .filter(|t| t.raw_data.is_some() || FileRange::of(t).is_some())
+        .filter_map(|t| Some((t.name.as_deref()?, t)))
+        .collect();
     if let Some(g) = stripped.graph.as_mut() {
         for t in &mut g.initializer {
             if t.raw_data.is_none() && t.float_data.is_empty() && t.int32_data.is_empty() && t.int64_data.is_empty() {
                 match weights.get(t.name()) {
-                    Some(raw) => t.raw_data = Some((*raw).clone()),
+                    Some(w) => match (&w.raw_data, FileRange::of(w)) {
+                        (_, Some(r)) => r.put(t),
+                        (Some(raw), None) => t.raw_data = Some(raw.clone()),
+                        (None, None) => {}
+                    },
                     None if t.dims.contains(&0) => {}
                     None => {
                         return Err(Error::load(format!(

@@ -10,6 +10,8 @@ use crate::codec::model;
 use crate::codec::proto::ModelProto;
 use crate::error::{Error, Result};
 use crate::storage::external::{self, Mode};
+use crate::storage::ranges::{self, RANGE_MIN};
+use crate::storage::read::{read_model_file, read_path};
 
 /// A model source.
 #[derive(Debug, Clone)]
@@ -33,8 +35,9 @@ impl Source {
     }
 }
 
-/// Decodes one source. A file is read into memory the core owns and its external data resolved (`mode`):
-/// weights stay slices of the maps. `label` names the source in every error.
+/// Decodes one source. A file is read into memory the core owns, but for its large inline
+/// weights, which stay in it as ranges unless `mode` is [`Mode::InPlace`]; its external data
+/// is resolved as `mode` says. `label` names the source in every error.
 pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
     match src {
         Source::Model(m) => Ok(*m),
@@ -49,10 +52,18 @@ pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
             Ok(m)
         }
         Source::Path(p, root) => {
-            let data = crate::storage::read::read_path(&p)?;
+            // Large inline weights stay in the file unless every byte is to be read.
+            let (data, left, identity) = match mode {
+                Mode::InPlace => (read_path(&p)?, Vec::new(), None),
+                _ => read_model_file(&p, RANGE_MIN).map(|(d, l, i)| (d, l, Some(i)))?,
+            };
             let mut m = model::decode(label, data)?;
             let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
             external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label, mode)?;
+            if let (false, Some(identity)) = (left.is_empty(), identity) {
+                let real = p.canonicalize().map_err(|e| Error::load(format!("{label}: cannot resolve its path: {e}")))?;
+                ranges::attach(&mut m, &real, &identity, &left, label)?;
+            }
             Ok(m)
         }
     }

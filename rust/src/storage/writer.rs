@@ -6,18 +6,21 @@
 //! place does not reference are removed.
 use std::collections::HashMap;
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-
-use prost::Message;
+use std::sync::Arc;
 
 use crate::codec::model::PROTOBUF_LIMIT;
+use crate::codec::range::{inline_len, FileRange};
 use crate::codec::proto::{tensor_proto::DataLocation, ModelProto};
 use crate::codec::stream::write_streaming;
 use crate::codec::tensor::{for_each_tensor, is_external};
 use crate::error::{Error, Result};
 use crate::storage::export_lock::{remove_orphans, ExportLock};
+use crate::storage::copy::{Copied, Copier};
+use crate::storage::mapped::file_of;
 use crate::storage::external::{check_identity, entry, kv, IDENTITY_KEY};
+use crate::storage::ranges::{by_file, inline, Source};
 use crate::storage::read::{changed, Identity};
 use crate::storage::temp::{remove_stale_temps, temp_path};
 
@@ -42,7 +45,7 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
             dir.display()
         )));
     }
-    let size = model.encoded_len() as u64;
+    let size = inline_len(model) as u64;
     if linked || external.unwrap_or(size >= PROTOBUF_LIMIT) {
         let (model_bytes, data_bytes, name) = crate::storage::writer::write_with_external(model, path, threshold)?;
         return Ok(Saved { model_bytes, data_bytes, data_file: Some(name) });
@@ -53,7 +56,7 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
             path.display()
         )));
     }
-    let model_bytes = write_atomic(model, path)?;
+    let model_bytes = write_atomic(&*inline(model)?, path)?;
     // Data files of earlier external-data exports to this path are no longer referenced.
     remove_orphans(path);
     Ok(Saved { model_bytes, data_bytes: 0, data_file: None })
@@ -91,31 +94,54 @@ pub fn write_atomic_with(model: &ModelProto, path: &Path, durable: bool) -> Resu
 const ALIGN: u64 = 4096;
 
 /// Writes `model` to `path` with every tensor of at least `threshold` bytes in one data file
-/// beside it; tensors still external (from [`Mode::Link`]) get their source file linked
-/// beside it instead (a hard link, or a copy across file systems). Returns (model bytes,
-/// data bytes written, data file name). Atomic as described above; afterwards the folder
-/// holds no file of an earlier, concurrent or killed export that the model in place does
-/// not reference, but for those of exports still running.
+/// beside it, and every weight still in its source file (see [`crate::codec::range`]) copied
+/// there in the kernel; tensors still external (from [`Mode::Link`]) get their source file
+/// linked beside it instead (a hard link, or a copy across file systems). Returns (model
+/// bytes, data bytes written, data file name). Atomic as described above; afterwards the
+/// folder holds no file of an earlier, concurrent or killed export that the model in place
+/// does not reference, but for those of exports still running.
+///
+/// [`Mode::Link`]: crate::storage::external::Mode::Link
 pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
-    write_with_external_tee(model, path, threshold, None, true, &mut std::io::sink(), &mut Vec::new())
+    let w = write_external(model, path, threshold, None, true, &mut Vec::new())?;
+    Ok((w.model_bytes, w.data_bytes, w.data_name))
 }
 
-/// [`write_with_external`], also sending every byte of the data file and then the model file
-/// to `tee` (a digest computed while encoding, instead of reading the files again).
-/// `data_name` fixes the data file's name (in a private folder, where no other export can
-/// collide with it, so that the bytes, and their digest, depend on the model alone);
+/// Where [`write_external`] took a weight from: what a model holding it can be matched by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Held {
+    /// `Bytes` in memory: (address, length).
+    Memory(usize, usize),
+    /// A range of a source file.
+    File(FileRange),
+}
+
+/// What [`write_external`] wrote.
+#[derive(Debug, Clone, Default)]
+pub struct Written {
+    pub model_bytes: u64,
+    /// The data file's length (its weights, aligned).
+    pub data_bytes: u64,
+    pub data_name: String,
+    /// The weights copied from their source files by the kernel.
+    pub copied: Copied,
+    /// The weights written from memory.
+    pub from_memory: u64,
+}
+
+/// [`write_with_external`]. `data_name` fixes the data file's name (in a private folder,
+/// where no other export can collide with it, so that the bytes depend on the model alone);
 /// `durable: false` skips the syncs (a private copy that need not outlive a crash).
-/// `placed` receives, for each weight moved to the data file, its address and length in
-/// `model` and its offset in the file (see `spill::spill_onto`).
-pub fn write_with_external_tee(
+/// `placed` receives, for each weight put in the data file, where it was held and its
+/// offset in the file (see `spill::spill_onto`).
+pub fn write_external(
     model: &ModelProto,
     path: &Path,
     threshold: usize,
     data_name: Option<&str>,
     durable: bool,
-    tee: &mut dyn Write,
-    placed: &mut Vec<(usize, usize, u64)>,
-) -> Result<(u64, u64, String)> {
+    placed: &mut Vec<(Held, u64)>,
+) -> Result<Written> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
     let lock = ExportLock::acquire(path)?;
     let token = lock.token.clone();
@@ -126,40 +152,67 @@ pub fn write_with_external_tee(
     let mut header = model.clone();
     let linked = link_sources(&mut header, path, &token)?;
     let io = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", data_path.display()));
-    let result = (|| -> Result<u64> {
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&data_tmp).map_err(io)?);
-        let mut offset = 0u64;
+    let result = (|| -> Result<Written> {
+        let file = File::options().read(true).write(true).create_new(true).open(&data_tmp).map_err(io)?;
+        let mut out = Pending::new(&file);
+        let (mut offset, mut from_memory) = (0u64, 0u64);
+        let mut copies: Vec<(FileRange, u64)> = Vec::new();
+        let mut private: Vec<(Arc<File>, u64, u64, u64)> = Vec::new();
         if let Some(g) = header.graph.as_mut() {
             for_each_tensor(g, &mut |t| {
-                let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(false) };
-                let pad = (ALIGN - offset % ALIGN) % ALIGN;
-                let zeros = vec![0u8; pad as usize];
-                out.write_all(&zeros).and_then(|_| out.write_all(&raw)).map_err(io)?;
-                tee.write_all(&zeros).and_then(|_| tee.write_all(&raw)).map_err(io)?;
-                offset += pad;
-                placed.push((raw.as_ptr() as usize, raw.len(), offset));
+                let range = FileRange::of(t);
+                let len = match (&range, &t.raw_data) {
+                    (Some(r), _) => r.len,
+                    (None, Some(raw)) if raw.len() >= threshold => raw.len() as u64,
+                    _ => return Ok(false),
+                };
+                offset += (ALIGN - offset % ALIGN) % ALIGN;
+                match range {
+                    Some(r) => {
+                        placed.push((Held::File(r.clone()), offset));
+                        copies.push((r, offset));
+                    }
+                    None => {
+                        let raw = t.raw_data.take().unwrap_or_default();
+                        // Bytes of an earlier private copy are copied from its file.
+                        match file_of(&raw) {
+                            Some((src, at)) => private.push((src, at, len, offset)),
+                            None => {
+                                out.write_at(&raw, offset).map_err(io)?;
+                                from_memory += len;
+                            }
+                        }
+                        placed.push((Held::Memory(raw.as_ptr() as usize, raw.len()), offset));
+                    }
+                }
+                t.raw_data = None;
                 t.external_data = vec![
                     kv("location", data_name.clone()),
                     kv("offset", offset.to_string()),
-                    kv("length", raw.len().to_string()),
+                    kv("length", len.to_string()),
                 ];
-                offset += raw.len() as u64;
+                offset += len;
                 t.data_location = Some(DataLocation::External as i32);
                 Ok(true)
             })?;
         }
-        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        out.flush().map_err(io)?;
+        file.set_len(offset).map_err(io)?;
+        let mut copied = copy_ranges(&copies, &file, &data_path)?;
+        for (src, at, len, to) in private {
+            copied += Copier::new(&src, &file).copy(at, to, len).map_err(io)?;
+        }
         if durable {
             file.sync_all().map_err(io)?;
         }
-        Ok(offset)
+        Ok(Written { data_bytes: offset, copied, from_memory, ..Default::default() })
     })();
     let cleanup = |linked: &[PathBuf]| {
         for l in linked {
             let _ = fs::remove_file(l);
         }
     };
-    let data_len = result.inspect_err(|_| {
+    let written = result.inspect_err(|_| {
         let _ = fs::remove_file(&data_tmp);
         cleanup(&linked);
     })?;
@@ -168,24 +221,71 @@ pub fn write_with_external_tee(
         cleanup(&linked);
         return Err(Error::export(format!("cannot write {}: {e}", data_path.display())));
     }
-    // The header is small: encoded once more for the tee.
-    if let Err(e) = tee.write_all(&prost::Message::encode_to_vec(&header)) {
-        let _ = fs::remove_file(&data_path);
-        cleanup(&linked);
-        return Err(Error::export(format!("cannot digest {}: {e}", path.display())));
-    }
     match crate::storage::writer::write_atomic_with(&header, path, durable) {
         Ok(n) => {
             // Released first, so that this export's own files are judged like any other's.
             drop(lock);
             remove_orphans(path);
-            Ok((n, data_len, data_name))
+            Ok(Written { model_bytes: n, data_name, ..written })
         }
         Err(e) => {
             let _ = fs::remove_file(&data_path);
             cleanup(&linked);
             Err(e)
         }
+    }
+}
+
+/// Copies each weight still in a source file to its offset in `dst`, in the kernel, one
+/// source file at a time (checked to be the file loaded before and after its copies).
+fn copy_ranges(copies: &[(FileRange, u64)], dst: &File, shown: &Path) -> Result<Copied> {
+    let mut done = Copied::default();
+    for (first, items) in by_file(copies.iter().map(|(r, to)| (r, *to))) {
+        done += Source::open(first)?.copy_into(&items, dst, shown)?;
+    }
+    Ok(done)
+}
+
+/// Writes from memory gathered into one buffer while they are contiguous, so that many small
+/// weights cost a few system calls, not one each.
+struct Pending<'f> {
+    file: &'f File,
+    buf: Vec<u8>,
+    at: u64,
+}
+
+impl<'f> Pending<'f> {
+    const CAPACITY: usize = 1 << 20;
+
+    fn new(file: &'f File) -> Pending<'f> {
+        Pending { file, buf: Vec::new(), at: 0 }
+    }
+
+    fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let end = self.at + self.buf.len() as u64;
+        if offset < end || offset - end >= ALIGN || self.buf.len() + data.len() > Self::CAPACITY {
+            self.flush()?;
+        }
+        if data.len() >= Self::CAPACITY {
+            return self.file.write_all_at(data, offset);
+        }
+        if self.buf.is_empty() {
+            self.at = offset;
+        }
+        let gap = offset - (self.at + self.buf.len() as u64);
+        self.buf.resize(self.buf.len() + gap as usize, 0);
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if !self.buf.is_empty() {
+            self.file.write_all_at(&self.buf, self.at)?;
+            self.buf.clear();
+        }
+        Ok(())
     }
 }
 
@@ -198,7 +298,8 @@ fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> Result<Vec<
     let mut made = Vec::new();
     let Some(g) = model.graph.as_mut() else { return Ok(made) };
     let result = for_each_tensor(g, &mut |t| {
-        if !is_external(t) {
+        // Weights left in their source files are copied, not linked (see write_external).
+        if !is_external(t) || FileRange::of(t).is_some() {
             return Ok(false);
         }
         let recorded = entry(t, IDENTITY_KEY).map(str::to_string);
