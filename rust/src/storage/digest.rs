@@ -7,7 +7,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::codec::proto::ModelProto;
 use crate::error::Result;
-use crate::storage::writer::{write_external, Held, Written};
+use crate::storage::data_file::Placed;
+use crate::storage::writer::{write_external, Written};
 
 /// XXH3-128 over a stream of bytes (several GB/s; the key is not a security boundary: cache
 /// entries carry their own checksums).
@@ -31,7 +32,8 @@ impl Digest {
 }
 
 /// Writes `model` for a session: its tensors of at least `threshold` bytes, and its weights
-/// still in their source files, in `<path>.data` beside `path` (see
+/// still in their source files, in `<path>.data` beside `path` and, for large copies, more
+/// data files `<path>.data.1`, ... copied side by side, one per thread of the pool (see
 /// [`crate::storage::writer::write_external`]; meant for a private folder, so not synced).
 /// `placed` receives where each weight went in the data file (see `spill::spill_onto`).
 /// With `digest`, also returns the digest of the data file and then the model file, read
@@ -41,19 +43,20 @@ pub fn save_placed(
     path: &Path,
     threshold: usize,
     digest: bool,
-    placed: &mut Vec<(Held, u64)>,
+    placed: &mut Vec<Placed>,
 ) -> Result<(Written, Option<String>)> {
     let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    let written = write_external(model, path, threshold, Some(&data_name), false, placed)?;
+    let parts = crate::pool::install(rayon::current_num_threads);
+    let written = write_external(model, path, threshold, Some(&data_name), false, parts, placed)?;
     if !digest {
         return Ok((written, None));
     }
     let mut d = Digest::default();
-    let data = path.with_file_name(&data_name);
     let read = |p: &Path, d: &mut Digest| -> std::io::Result<()> { feed(&std::fs::File::open(p)?, d) };
-    read(&data, &mut d)
-        .and_then(|()| read(path, &mut d))
-        .map_err(|e| crate::error::Error::export(format!("cannot digest {}: {e}", data.display())))?;
+    let files = written.data_names.iter().map(|n| path.with_file_name(n)).chain([path.to_path_buf()]);
+    for f in files {
+        read(&f, &mut d).map_err(|e| crate::error::Error::export(format!("cannot digest {}: {e}", f.display())))?;
+    }
     Ok((written, Some(d.hex())))
 }
 

@@ -229,13 +229,25 @@ const GRAPH: u64 = 7; // ModelProto.graph
 const INITIALIZER: u64 = 5; // GraphProto.initializer
 const RAW_DATA: u64 = 9; // TensorProto.raw_data
 const LEN: u64 = 2; // the length-delimited wire type
+/// Bytes kept for a length written after its content: a varint of up to 2^35 - 1.
+const LENGTH_ROOM: usize = 5;
 
 impl Walk<'_> {
     fn byte(&mut self) -> std::result::Result<u8, Stop> {
-        let mut b = [0u8];
-        self.reader.read_exact(&mut b)?;
+        use std::io::BufRead;
+        let b = match self.reader.buffer().first() {
+            Some(&b) => {
+                self.reader.consume(1);
+                b
+            }
+            None => {
+                let mut b = [0u8];
+                self.reader.read_exact(&mut b)?;
+                b[0]
+            }
+        };
         self.pos += 1;
-        Ok(b[0])
+        Ok(b)
     }
 
     /// A varint that must end before `end`.
@@ -298,11 +310,27 @@ impl Walk<'_> {
         }
     }
 
-    /// Writes a length-delimited field whose content is `body`.
-    fn put(key: u64, body: &[u8], out: &mut Vec<u8>) {
+    /// Starts a length-delimited field whose length is not known yet: its key, then room
+    /// for the length, which [`Walk::close`] fills in.
+    fn open(key: u64, out: &mut Vec<u8>) -> usize {
         prost::encoding::encode_varint(key, out);
-        prost::encoding::encode_varint(body.len() as u64, out);
-        out.extend_from_slice(body);
+        out.extend_from_slice(&[0; LENGTH_ROOM]);
+        out.len()
+    }
+
+    /// Writes the length of the field [`Walk::open`] started at `start`, as a varint padded
+    /// to its room (a longer encoding than needed, which decoders accept): the content
+    /// written after it need not move.
+    fn close(start: usize, out: &mut [u8]) -> std::result::Result<(), Stop> {
+        let mut n = (out.len() - start) as u64;
+        if n >> (7 * LENGTH_ROOM) != 0 {
+            return Err(Stop::Unexpected);
+        }
+        for (i, b) in out[start - LENGTH_ROOM..start].iter_mut().enumerate() {
+            *b = (n & 0x7f) as u8 | if i + 1 < LENGTH_ROOM { 0x80 } else { 0 };
+            n >>= 7;
+        }
+        Ok(())
     }
 
     fn model(&mut self, end: u64, out: &mut Vec<u8>) -> std::result::Result<(), Stop> {
@@ -317,10 +345,10 @@ impl Walk<'_> {
                     return Err(Stop::Unexpected);
                 }
                 let n = self.len(end)?;
-                let mut graph = Vec::new();
-                graph.try_reserve(n as usize).map_err(|_| Stop::Unexpected)?;
-                self.graph(self.pos + n, &mut graph)?;
-                Self::put(key, &graph, out);
+                out.try_reserve(n as usize).map_err(|_| Stop::Unexpected)?;
+                let start = Self::open(key, out);
+                self.graph(self.pos + n, out)?;
+                Self::close(start, out)?;
             } else {
                 self.field(key, end, out)?;
             }
@@ -330,14 +358,13 @@ impl Walk<'_> {
 
     fn graph(&mut self, end: u64, out: &mut Vec<u8>) -> std::result::Result<(), Stop> {
         let mut initializer = 0;
-        let mut tensor = Vec::new();
         while self.pos < end {
             let key = self.varint(end)?;
             if key >> 3 == INITIALIZER && key & 7 == LEN {
                 let n = self.len(end)?;
-                tensor.clear();
-                self.tensor(self.pos + n, initializer, &mut tensor)?;
-                Self::put(key, &tensor, out);
+                let start = Self::open(key, out);
+                self.tensor(self.pos + n, initializer, out)?;
+                Self::close(start, out)?;
                 initializer += 1;
             } else {
                 self.field(key, end, out)?;
@@ -458,6 +485,49 @@ mod tests {
             fs::write(&path, &bytes).unwrap();
             let (data, left, _) = read_model_file(&path, 65_536).unwrap();
             assert_eq!((data.len() == bytes.len() && left.is_empty()), whole);
+        }
+    }
+
+    #[test]
+    fn damaged_files_read_as_a_whole_read_would_decode_them() {
+        use crate::codec::proto::ModelProto;
+        use prost::Message;
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = dir.path().join("m.onnx");
+        let good = model_with(&[300, 70_000, 20]).encode_to_vec();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for k in 0..400 {
+            let mut bytes = good.clone();
+            if k % 2 == 0 {
+                bytes.truncate((next() as usize) % bytes.len());
+            } else {
+                for _ in 0..1 + k % 3 {
+                    // Flips land in the structure (the first bytes) as often as in the weights.
+                    let at = if next() % 2 == 0 { next() as usize % 600 } else { next() as usize } % bytes.len();
+                    bytes[at] ^= 1 << (next() % 8);
+                }
+            }
+            fs::write(&path, &bytes).unwrap();
+            let whole = ModelProto::decode(&bytes[..]);
+            let Ok((data, left, _)) = read_model_file(&path, 65_536) else { continue };
+            let mut ours = ModelProto::decode(data);
+            if let Ok(m) = ours.as_mut() {
+                for l in &left {
+                    let raw = Bytes::copy_from_slice(&bytes[l.offset as usize..(l.offset + l.len) as usize]);
+                    m.graph.as_mut().unwrap().initializer[l.initializer].raw_data = Some(raw);
+                }
+            }
+            match (whole, ours) {
+                (Ok(w), Ok(o)) => assert_eq!(w, o, "case {k}"),
+                (Err(_), Err(_)) => {}
+                (w, o) => panic!("case {k}: whole {:?}, walked {:?}", w.is_ok(), o.is_ok()),
+            }
         }
     }
 }

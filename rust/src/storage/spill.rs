@@ -18,7 +18,7 @@
 //! source buffer alive.
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::storage::copy::Copied;
 use crate::storage::mapped::{is_mapped, Mapping};
 use crate::storage::ranges::{by_file, Source};
-use crate::storage::writer::Held;
+use crate::storage::data_file::{Held, Placed};
 
 /// Calls `f` on every `Bytes` of `model`: the nodes kept as bytes (with whatever they hold)
 /// and the `raw_data` of every tensor outside them, in functions and training graphs too.
@@ -72,15 +72,15 @@ fn ranges_of(models: &[&mut ModelProto]) -> Vec<FileRange> {
     models.iter().flat_map(|m| crate::codec::range::ranges(m).map(|(_, r)| r)).collect()
 }
 
-/// Points the bytes of `models` at `data`, the data file of a private copy that holds each
-/// weight `placed` lists at its offset: every range of a source file, always (a pipeline
+/// Points the bytes of `models` at `data`, the data files of a private copy that hold each
+/// weight `placed` lists where it says: every range of a source file, always (a pipeline
 /// must not depend on its sources), and the weights in memory when at least `min_bytes` of
 /// them are not spilled yet; the rest of the memory is then copied into one fresh buffer.
 /// Returns the number of bytes now mapped (0: nothing done). The models encode exactly as
 /// before.
-pub fn spill_onto(models: &mut [&mut ModelProto], data: &Path, placed: &[(Held, u64)], min_bytes: u64) -> Result<u64> {
-    let placed: HashMap<&Held, u64> = placed.iter().map(|(h, off)| (h, *off)).collect();
-    let mut ranges: HashMap<FileRange, u64> = HashMap::new();
+pub fn spill_onto(models: &mut [&mut ModelProto], data: &[PathBuf], placed: &[Placed], min_bytes: u64) -> Result<u64> {
+    let placed: HashMap<&Held, (usize, u64)> = placed.iter().map(|p| (&p.held, (p.part, p.offset))).collect();
+    let mut ranges: HashMap<FileRange, (usize, u64)> = HashMap::new();
     for r in ranges_of(models) {
         let off = placed.get(&Held::File(r.clone())).copied().ok_or_else(|| {
             Error::export(format!("{}: a weight of this file is not in the session's copy", r.path))
@@ -115,18 +115,21 @@ pub fn spill_onto(models: &mut [&mut ModelProto], data: &Path, placed: &[(Held, 
     if ranges.is_empty() && !memory {
         return Ok(0);
     }
-    let io = |e: std::io::Error| Error::export(format!("cannot map {}: {e}", data.display()));
-    let file = File::open(data).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    let ends = placed.iter().map(|(h, off)| match h {
-        Held::Memory(_, n) => off + *n as u64,
-        Held::File(r) => off + r.len,
-    });
-    if ends.max().is_some_and(|end| end > len) {
-        return Err(Error::export(format!("{}: shorter than what was written to it", data.display())));
+    let mut wholes = Vec::new();
+    for (j, path) in data.iter().enumerate() {
+        let io = |e: std::io::Error| Error::export(format!("cannot map {}: {e}", path.display()));
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let ends = placed.iter().filter(|(_, (part, _))| *part == j).map(|(h, (_, off))| match h {
+            Held::Memory(_, n) => off + *n as u64,
+            Held::File(r) => off + r.len,
+        });
+        if ends.max().is_some_and(|end| end > len) {
+            return Err(Error::export(format!("{}: shorter than what was written to it", path.display())));
+        }
+        wholes.push(Bytes::from_owner(Mapping::of(file).map_err(io)?));
     }
-    let whole = Bytes::from_owner(Mapping::of(file).map_err(io)?);
-    let slice = |off: u64, n: u64| whole.slice(off as usize..(off + n) as usize);
+    let slice = |(part, off): (usize, u64), n: u64| wholes[part].slice(off as usize..(off + n) as usize);
     let mut mapped: u64 = ranges.keys().map(|r| r.len).sum();
     for m in models.iter_mut() {
         for t in m.graph.iter_mut().flat_map(|g| g.initializer.iter_mut()) {
@@ -148,8 +151,8 @@ pub fn spill_onto(models: &mut [&mut ModelProto], data: &Path, placed: &[(Held, 
         for_each_bytes(m, &mut |b| {
             let key = (b.as_ptr() as usize, b.len());
             let n = b.len();
-            if let Some(&off) = placed.get(&Held::Memory(key.0, key.1)) {
-                *b = slice(off, n as u64);
+            if let Some(&at) = placed.get(&Held::Memory(key.0, key.1)) {
+                *b = slice(at, n as u64);
             } else if let Some(Some(off)) = seen.get(&key) {
                 *b = copied.slice(*off..*off + n);
             }
@@ -193,19 +196,19 @@ pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>,
         ..Default::default()
     };
     let Some(min) = spill_min else { return Ok(done) };
-    let data = path.with_file_name(&written.data_name);
+    let data: Vec<PathBuf> = written.data_names.iter().map(|n| path.with_file_name(n)).collect();
     let extra: Vec<FileRange> = models[1..]
         .iter()
         .flat_map(|m| crate::codec::range::ranges(m).map(|(_, r)| r))
-        .filter(|r| !placed.iter().any(|(h, _)| matches!(h, Held::File(p) if p == r)))
+        .filter(|r| !placed.iter().any(|p| matches!(&p.held, Held::File(q) if q == r)))
         .collect();
-    let appended = append_ranges(&data, &extra, &mut placed)?;
+    let appended = append_ranges(&data[0], &extra, &mut placed)?;
     done.copied += appended.bytes;
     done.by_sendfile += appended.by_sendfile;
     // Below the minimum in the data file alone, and nothing to move off the sources, no
     // model is copied to find out more.
-    let in_memory: u64 = placed.iter().map(|(h, _)| if let Held::Memory(_, n) = h { *n as u64 } else { 0 }).sum();
-    if in_memory < min && !placed.iter().any(|(h, _)| matches!(h, Held::File(_))) {
+    let in_memory: u64 = placed.iter().map(|p| if let Held::Memory(_, n) = p.held { n as u64 } else { 0 }).sum();
+    if in_memory < min && !placed.iter().any(|p| matches!(p.held, Held::File(_))) {
         return Ok(done);
     }
     let mut copies: Vec<ModelProto> = models.iter().map(|m| (*m).clone()).collect();
@@ -218,7 +221,7 @@ pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>,
 }
 
 /// Copies `ranges` to the end of the data file at `data` (aligned), recording where.
-fn append_ranges(data: &Path, ranges: &[FileRange], placed: &mut Vec<(Held, u64)>) -> Result<Copied> {
+fn append_ranges(data: &Path, ranges: &[FileRange], placed: &mut Vec<Placed>) -> Result<Copied> {
     if ranges.is_empty() {
         return Ok(Copied::default());
     }
@@ -229,7 +232,7 @@ fn append_ranges(data: &Path, ranges: &[FileRange], placed: &mut Vec<(Held, u64)
     for r in ranges {
         end += (4096 - end % 4096) % 4096;
         at.push((r, end));
-        placed.push((Held::File(r.clone()), end));
+        placed.push(Placed { held: Held::File(r.clone()), part: 0, offset: end });
         end += r.len;
     }
     file.set_len(end).map_err(io)?;
@@ -306,7 +309,7 @@ mod tests {
         let path = dir.join("model.onnx");
         let mut placed = Vec::new();
         crate::storage::digest::save_placed(models[0], &path, 1024, false, &mut placed).unwrap();
-        spill_onto(models, &dir.join("model.onnx.data"), &placed, min).unwrap()
+        spill_onto(models, &[dir.join("model.onnx.data")], &placed, min).unwrap()
     }
 
     #[test]
@@ -330,7 +333,7 @@ mod tests {
         let path = again.path().join("model.onnx");
         let mut placed = Vec::new();
         crate::storage::digest::save_placed(&a, &path, 1024, false, &mut placed).unwrap();
-        assert_eq!(spill_onto(&mut [&mut a], &again.path().join("model.onnx.data"), &placed, 0).unwrap(), 0);
+        assert_eq!(spill_onto(&mut [&mut a], &[again.path().join("model.onnx.data")], &placed, 0).unwrap(), 0);
     }
 
     #[test]

@@ -8,19 +8,18 @@ use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use crate::codec::model::PROTOBUF_LIMIT;
 use crate::codec::range::{inline_len, FileRange};
-use crate::codec::proto::{tensor_proto::DataLocation, ModelProto};
+use crate::codec::proto::{GraphProto, ModelProto};
 use crate::codec::stream::write_streaming;
 use crate::codec::tensor::{for_each_tensor, is_external};
 use crate::error::{Error, Result};
 use crate::storage::export_lock::{remove_orphans, ExportLock};
-use crate::storage::copy::{Copied, Copier};
-use crate::storage::mapped::file_of;
-use crate::storage::external::{check_identity, entry, kv, IDENTITY_KEY};
-use crate::storage::ranges::{by_file, inline, Source};
+use crate::storage::copy::Copied;
+use crate::storage::data_file::{Layout, Placed};
+use crate::storage::external::{check_identity, entry, IDENTITY_KEY};
+use crate::storage::ranges::inline;
 use crate::storage::read::{changed, Identity};
 use crate::storage::temp::{remove_stale_temps, temp_path};
 
@@ -91,8 +90,6 @@ pub fn write_atomic_with(model: &ModelProto, path: &Path, durable: bool) -> Resu
     })
 }
 
-const ALIGN: u64 = 4096;
-
 /// Writes `model` to `path` with every tensor of at least `threshold` bytes in one data file
 /// beside it, and every weight still in its source file (see [`crate::codec::range`]) copied
 /// there in the kernel; tensors still external (from [`Mode::Link`]) get their source file
@@ -103,27 +100,19 @@ const ALIGN: u64 = 4096;
 ///
 /// [`Mode::Link`]: crate::storage::external::Mode::Link
 pub fn write_with_external(model: &ModelProto, path: &Path, threshold: usize) -> Result<(u64, u64, String)> {
-    let w = write_external(model, path, threshold, None, true, &mut Vec::new())?;
-    Ok((w.model_bytes, w.data_bytes, w.data_name))
-}
-
-/// Where [`write_external`] took a weight from: what a model holding it can be matched by.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Held {
-    /// `Bytes` in memory: (address, length).
-    Memory(usize, usize),
-    /// A range of a source file.
-    File(FileRange),
+    let w = write_external(model, path, threshold, None, true, 1, &mut Vec::new())?;
+    Ok((w.model_bytes, w.data_bytes, w.data_names.into_iter().next().unwrap_or_default()))
 }
 
 /// What [`write_external`] wrote.
 #[derive(Debug, Clone, Default)]
 pub struct Written {
     pub model_bytes: u64,
-    /// The data file's length (its weights, aligned).
+    /// The data files' lengths (their weights, aligned), together.
     pub data_bytes: u64,
-    pub data_name: String,
-    /// The weights copied from their source files by the kernel.
+    /// The data files' names, the first one first (the only one of an export).
+    pub data_names: Vec<String>,
+    /// The weights copied by the kernel (from their source files, or from an earlier copy).
     pub copied: Copied,
     /// The weights written from memory.
     pub from_memory: u64,
@@ -131,161 +120,79 @@ pub struct Written {
 
 /// [`write_with_external`]. `data_name` fixes the data file's name (in a private folder,
 /// where no other export can collide with it, so that the bytes depend on the model alone);
-/// `durable: false` skips the syncs (a private copy that need not outlive a crash).
-/// `placed` receives, for each weight put in the data file, where it was held and its
-/// offset in the file (see `spill::spill_onto`).
+/// `durable: false` skips the syncs (a private copy that need not outlive a crash); the
+/// weights copied by the kernel are spread over up to `max_parts` data files, copied side by
+/// side (see [`crate::storage::data_file`]). `placed` receives, for each weight put in the
+/// data files, where it was held and where it went (see `spill::spill_onto`).
 pub fn write_external(
     model: &ModelProto,
     path: &Path,
     threshold: usize,
     data_name: Option<&str>,
     durable: bool,
-    placed: &mut Vec<(Held, u64)>,
+    max_parts: usize,
+    placed: &mut Vec<Placed>,
 ) -> Result<Written> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
     let lock = ExportLock::acquire(path)?;
     let token = lock.token.clone();
     let data_name = data_name.map_or_else(|| format!("{name}.{token}.data"), str::to_string);
-    let data_path = path.with_file_name(&data_name);
-    let data_tmp = temp_path(&data_path);
 
     let mut header = model.clone();
     let linked = link_sources(&mut header, path, &token)?;
-    let io = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", data_path.display()));
-    let result = (|| -> Result<Written> {
-        let file = File::options().read(true).write(true).create_new(true).open(&data_tmp).map_err(io)?;
-        let mut out = Pending::new(&file);
-        let (mut offset, mut from_memory) = (0u64, 0u64);
-        let mut copies: Vec<(FileRange, u64)> = Vec::new();
-        let mut private: Vec<(Arc<File>, u64, u64, u64)> = Vec::new();
-        if let Some(g) = header.graph.as_mut() {
-            for_each_tensor(g, &mut |t| {
-                let range = FileRange::of(t);
-                let len = match (&range, &t.raw_data) {
-                    (Some(r), _) => r.len,
-                    (None, Some(raw)) if raw.len() >= threshold => raw.len() as u64,
-                    _ => return Ok(false),
-                };
-                offset += (ALIGN - offset % ALIGN) % ALIGN;
-                match range {
-                    Some(r) => {
-                        placed.push((Held::File(r.clone()), offset));
-                        copies.push((r, offset));
-                    }
-                    None => {
-                        let raw = t.raw_data.take().unwrap_or_default();
-                        // Bytes of an earlier private copy are copied from its file.
-                        match file_of(&raw) {
-                            Some((src, at)) => private.push((src, at, len, offset)),
-                            None => {
-                                out.write_at(&raw, offset).map_err(io)?;
-                                from_memory += len;
-                            }
-                        }
-                        placed.push((Held::Memory(raw.as_ptr() as usize, raw.len()), offset));
-                    }
-                }
-                t.raw_data = None;
-                t.external_data = vec![
-                    kv("location", data_name.clone()),
-                    kv("offset", offset.to_string()),
-                    kv("length", len.to_string()),
-                ];
-                offset += len;
-                t.data_location = Some(DataLocation::External as i32);
-                Ok(true)
-            })?;
+    let (mut temps, mut renamed): (Vec<PathBuf>, Vec<PathBuf>) = (Vec::new(), Vec::new());
+    let result = (|| -> Result<(Layout, Copied)> {
+        let mut no_graph = GraphProto::default();
+        let graph = header.graph.as_mut().unwrap_or(&mut no_graph);
+        let layout = Layout::place(graph, threshold, &data_name, max_parts, placed)?;
+        let paths = layout.paths(path);
+        let mut files = Vec::new();
+        for p in &paths {
+            let tmp = temp_path(p);
+            let file = File::options().read(true).write(true).create_new(true).open(&tmp);
+            let file = file.map_err(|e| Error::export(format!("cannot write {}: {e}", p.display())))?;
+            temps.push(tmp);
+            files.push(file);
         }
-        out.flush().map_err(io)?;
-        file.set_len(offset).map_err(io)?;
-        let mut copied = copy_ranges(&copies, &file, &data_path)?;
-        for (src, at, len, to) in private {
-            copied += Copier::new(&src, &file).copy(at, to, len).map_err(io)?;
+        let copied = layout.write(&files, &paths)?;
+        for (f, p) in files.iter().zip(&paths).filter(|_| durable) {
+            f.sync_all().map_err(|e| Error::export(format!("cannot write {}: {e}", p.display())))?;
         }
-        if durable {
-            file.sync_all().map_err(io)?;
+        for (tmp, p) in temps.iter().zip(&paths) {
+            fs::rename(tmp, p).map_err(|e| Error::export(format!("cannot write {}: {e}", p.display())))?;
+            renamed.push(p.clone());
         }
-        Ok(Written { data_bytes: offset, copied, from_memory, ..Default::default() })
+        Ok((layout, copied))
     })();
-    let cleanup = |linked: &[PathBuf]| {
-        for l in linked {
-            let _ = fs::remove_file(l);
+    let remove = |files: &[PathBuf]| {
+        for f in files {
+            let _ = fs::remove_file(f);
         }
     };
-    let written = result.inspect_err(|_| {
-        let _ = fs::remove_file(&data_tmp);
-        cleanup(&linked);
+    let (layout, copied) = result.inspect_err(|_| {
+        remove(&temps);
+        remove(&renamed);
+        remove(&linked);
     })?;
-    if let Err(e) = fs::rename(&data_tmp, &data_path) {
-        let _ = fs::remove_file(&data_tmp);
-        cleanup(&linked);
-        return Err(Error::export(format!("cannot write {}: {e}", data_path.display())));
-    }
+    let data_paths = layout.paths(path);
     match crate::storage::writer::write_atomic_with(&header, path, durable) {
         Ok(n) => {
             // Released first, so that this export's own files are judged like any other's.
             drop(lock);
             remove_orphans(path);
-            Ok(Written { model_bytes: n, data_name, ..written })
+            Ok(Written {
+                model_bytes: n,
+                data_bytes: layout.lens.iter().sum(),
+                from_memory: layout.from_memory(),
+                data_names: layout.names,
+                copied,
+            })
         }
         Err(e) => {
-            let _ = fs::remove_file(&data_path);
-            cleanup(&linked);
+            remove(&data_paths);
+            remove(&linked);
             Err(e)
         }
-    }
-}
-
-/// Copies each weight still in a source file to its offset in `dst`, in the kernel, one
-/// source file at a time (checked to be the file loaded before and after its copies).
-fn copy_ranges(copies: &[(FileRange, u64)], dst: &File, shown: &Path) -> Result<Copied> {
-    let mut done = Copied::default();
-    for (first, items) in by_file(copies.iter().map(|(r, to)| (r, *to))) {
-        done += Source::open(first)?.copy_into(&items, dst, shown)?;
-    }
-    Ok(done)
-}
-
-/// Writes from memory gathered into one buffer while they are contiguous, so that many small
-/// weights cost a few system calls, not one each.
-struct Pending<'f> {
-    file: &'f File,
-    buf: Vec<u8>,
-    at: u64,
-}
-
-impl<'f> Pending<'f> {
-    const CAPACITY: usize = 1 << 20;
-
-    fn new(file: &'f File) -> Pending<'f> {
-        Pending { file, buf: Vec::new(), at: 0 }
-    }
-
-    fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let end = self.at + self.buf.len() as u64;
-        if offset < end || offset - end >= ALIGN || self.buf.len() + data.len() > Self::CAPACITY {
-            self.flush()?;
-        }
-        if data.len() >= Self::CAPACITY {
-            return self.file.write_all_at(data, offset);
-        }
-        if self.buf.is_empty() {
-            self.at = offset;
-        }
-        let gap = offset - (self.at + self.buf.len() as u64);
-        self.buf.resize(self.buf.len() + gap as usize, 0);
-        self.buf.extend_from_slice(data);
-        Ok(())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        if !self.buf.is_empty() {
-            self.file.write_all_at(&self.buf, self.at)?;
-            self.buf.clear();
-        }
-        Ok(())
     }
 }
 
