@@ -31,6 +31,7 @@ pub const RANGE_MIN: u64 = 64 << 10;
 /// `label` names the source in errors.
 pub fn attach(model: &mut ModelProto, path: &Path, identity: &Identity, left: &[LeftInFile], label: &str) -> Result<()> {
     let Some(g) = model.graph.as_mut() else { return Ok(()) };
+    let mut file: Option<File> = None;
     for l in left {
         let Some(t) = g.initializer.get_mut(l.initializer) else { continue };
         if is_external(t) {
@@ -39,8 +40,23 @@ pub fn attach(model: &mut ModelProto, path: &Path, identity: &Identity, left: &[
         if let Some(e) = size_error(t, l.len) {
             return Err(Error::load(format!("{label}: {e}")));
         }
-        let path = path.to_string_lossy().into_owned();
-        FileRange { path, offset: l.offset, len: l.len, identity: identity.encode() }.put(t);
+        let shown = path.display();
+        if t.data_location.is_none() && t.external_data.is_empty() {
+            let path = path.to_string_lossy().into_owned();
+            FileRange { path, offset: l.offset, len: l.len, identity: identity.encode() }.put(t);
+            continue;
+        }
+        // A tensor that says something of its location already (inline all the same) keeps
+        // what it says: its bytes are read, as they would have been with the rest.
+        let f = match &mut file {
+            Some(f) => f,
+            None => file.insert(File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?),
+        };
+        let (data, seen) = read_range(f, &shown, l.offset, Some(l.len))?;
+        if seen != *identity {
+            return Err(changed(&shown, "while it was read"));
+        }
+        t.raw_data = Some(data);
     }
     Ok(())
 }
