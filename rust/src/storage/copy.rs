@@ -5,6 +5,7 @@
 //! weight costs its data, not 2 GB of page cache and disk).
 use std::fs::File;
 use std::io;
+#[cfg(target_os = "linux")]
 use std::os::fd::AsRawFd;
 
 /// What one copy did.
@@ -86,6 +87,7 @@ impl<'a> Copier<'a> {
 
     /// Bytes copied, or 0 when the kernel will not copy between these files this way (and
     /// from then on is not asked).
+    #[cfg(target_os = "linux")]
     fn copy_file_range(&mut self, from: u64, to: u64, len: u64) -> io::Result<u64> {
         let (mut off_in, mut off_out) = (from as libc::loff_t, to as libc::loff_t);
         loop {
@@ -117,7 +119,23 @@ impl<'a> Copier<'a> {
         }
     }
 
+    /// Elsewhere than on Linux there is no kernel copy between two files: read and written.
+    #[cfg(not(target_os = "linux"))]
+    fn copy_file_range(&mut self, _: u64, _: u64, _: u64) -> io::Result<u64> {
+        Ok(0)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn sendfile(&mut self, from: u64, to: u64, len: u64) -> io::Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; len.min(1 << 20) as usize];
+        let n = self.src.read_at(&mut buf, from)?;
+        self.dst.write_all_at(&buf[..n], to)?;
+        Ok(n as u64)
+    }
+
     /// Bytes copied by `sendfile`, which writes at the destination's file position.
+    #[cfg(target_os = "linux")]
     fn sendfile(&mut self, from: u64, to: u64, len: u64) -> io::Result<u64> {
         use std::io::Seek;
         (&mut &*self.dst).seek(io::SeekFrom::Start(to))?;
@@ -139,6 +157,14 @@ impl<'a> Copier<'a> {
 
 /// The first stretch of data in `[at, end)` of `file`: (start, end), or None when the rest
 /// is a hole. File systems that do not report holes report all data.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn next_data(_: &File, at: u64, end: u64) -> io::Result<Option<(u64, u64)>> {
+    Ok((at < end).then_some((at, end)))
+}
+
+/// The first stretch of data in `[at, end)` of `file`: (start, end), or None when the rest
+/// is a hole. File systems that do not report holes report all data.
+#[cfg(target_os = "linux")]
 pub(crate) fn next_data(file: &File, at: u64, end: u64) -> io::Result<Option<(u64, u64)>> {
     let seek = |offset: u64, whence: libc::c_int| -> io::Result<Option<u64>> {
         // SAFETY: lseek on a descriptor the caller borrows; it moves only that descriptor's
