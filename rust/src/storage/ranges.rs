@@ -110,7 +110,7 @@ impl Source {
         for (range, to) in ranges {
             done += copier.copy(range.offset, *to, range.len).map_err(|e| match e.kind() {
                 io::ErrorKind::UnexpectedEof => changed(&self.shown, "while it was copied (it got shorter)"),
-                _ => Error::export(format!("cannot copy weights of {} into {}: {e}", self.shown, shown_dst.display())),
+                _ => Error::export(format!("cannot write {} (copying weights of {}): {e}", shown_dst.display(), self.shown)),
             })?;
         }
         self.check("while it was copied")?;
