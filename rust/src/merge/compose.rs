@@ -100,7 +100,11 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         None => merged_ir_version(&models),
     };
     let mut plan = build_plan(&models, labels, opts)?;
-    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan, opts.read_weight) } else { Deduped::default() };
+    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) {
+        dedupe(&models, &mut plan, opts.read_weight)
+    } else {
+        Deduped::default()
+    };
 
     // Per model, arenas for its names and for the fresh value and node names it gets. (An
     // arena is used by one thread at a time, hence one per model and per task.)

@@ -73,15 +73,14 @@ impl Contents<'_> {
         (0..n).step_by(CHUNK).all(|at| {
             let k = (n - at).min(CHUNK);
             let mut mine = Vec::with_capacity(k);
-            self.chunks(at, k, &mut |c| mine.extend_from_slice(c))
-                && {
-                    let mut equal = true;
-                    let mut pos = 0;
-                    other.chunks(at, k, &mut |c| {
-                        equal &= mine[pos..pos + c.len()] == *c;
-                        pos += c.len();
-                    }) && equal
-                }
+            self.chunks(at, k, &mut |c| mine.extend_from_slice(c)) && {
+                let mut equal = true;
+                let mut pos = 0;
+                other.chunks(at, k, &mut |c| {
+                    equal &= mine[pos..pos + c.len()] == *c;
+                    pos += c.len();
+                }) && equal
+            }
         })
     }
 }
@@ -92,7 +91,8 @@ fn content_hash(c: &Contents<'_>, full: bool) -> Option<u64> {
     use std::hash::Hasher;
     let mut h = rustc_hash::FxHasher::default();
     let n = c.len();
-    let parts = if full || n <= 3 * SAMPLE { vec![(0, n)] } else { vec![(0, SAMPLE), (n / 2, SAMPLE), (n - SAMPLE, SAMPLE)] };
+    let parts =
+        if full || n <= 3 * SAMPLE { vec![(0, n)] } else { vec![(0, SAMPLE), (n / 2, SAMPLE), (n - SAMPLE, SAMPLE)] };
     c.hash(&parts, &mut h).then(|| h.finish())
 }
 

@@ -67,7 +67,13 @@ impl Layout {
     /// Points every tensor of `g` that goes to the data files (at least `threshold` bytes,
     /// or still in a file) at its place in them, taking its bytes out; `name` is the first
     /// file's name, and the large copies are spread over up to `max_parts` files.
-    pub fn place(g: &mut GraphProto, threshold: usize, name: &str, max_parts: usize, placed: &mut Vec<Placed>) -> Result<Layout> {
+    pub fn place(
+        g: &mut GraphProto,
+        threshold: usize,
+        name: &str,
+        max_parts: usize,
+        placed: &mut Vec<Placed>,
+    ) -> Result<Layout> {
         // The main graph's initializers (where the weights are) are spread over the parts;
         // whatever else goes to the data files goes to the first.
         let mut initializers = std::mem::take(&mut g.initializer);

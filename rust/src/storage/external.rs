@@ -138,9 +138,8 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mo
     let Some(g) = model.graph.as_mut() else { return Ok(()) };
     // The main graph's initializers may become ranges; the tensors anywhere else are read.
     let mut initializers = std::mem::take(&mut g.initializer);
-    let first = initializers.iter_mut().try_for_each(|t| {
-        resolve_one(t, &mut files, base, root, label, mode).map(|_| ())
-    });
+    let first =
+        initializers.iter_mut().try_for_each(|t| resolve_one(t, &mut files, base, root, label, mode).map(|_| ()));
     let inner = if mode == Mode::Range { Mode::InPlace } else { mode };
     let rest = first.and_then(|()| for_each_tensor(g, &mut |t| resolve_one(t, &mut files, base, root, label, inner)));
     g.initializer = initializers;

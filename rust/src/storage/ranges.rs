@@ -29,7 +29,13 @@ pub const RANGE_MIN: u64 = 64 << 10;
 /// Makes the initializers `left` in the model file at `path` (absolute) ranges of it.
 /// An initializer that is external data too takes its data file, as ONNX Runtime does.
 /// `label` names the source in errors.
-pub fn attach(model: &mut ModelProto, path: &Path, identity: &Identity, left: &[LeftInFile], label: &str) -> Result<()> {
+pub fn attach(
+    model: &mut ModelProto,
+    path: &Path,
+    identity: &Identity,
+    left: &[LeftInFile],
+    label: &str,
+) -> Result<()> {
     let Some(g) = model.graph.as_mut() else { return Ok(()) };
     let mut file: Option<File> = None;
     for l in left {
@@ -110,7 +116,11 @@ impl Source {
         for (range, to) in ranges {
             done += copier.copy(range.offset, *to, range.len).map_err(|e| match e.kind() {
                 io::ErrorKind::UnexpectedEof => changed(&self.shown, "while it was copied (it got shorter)"),
-                _ => Error::export(format!("cannot write {} (copying weights of {}): {e}", shown_dst.display(), self.shown)),
+                _ => Error::export(format!(
+                    "cannot write {} (copying weights of {}): {e}",
+                    shown_dst.display(),
+                    self.shown
+                )),
             })?;
         }
         self.check("while it was copied")?;
@@ -119,7 +129,9 @@ impl Source {
 }
 
 /// Groups ranges by their file, in first-seen order.
-pub fn by_file<'a, T>(items: impl IntoIterator<Item = (&'a FileRange, T)>) -> Vec<(&'a FileRange, Vec<(&'a FileRange, T)>)> {
+pub fn by_file<'a, T>(
+    items: impl IntoIterator<Item = (&'a FileRange, T)>,
+) -> Vec<(&'a FileRange, Vec<(&'a FileRange, T)>)> {
     let mut order: Vec<(&FileRange, Vec<(&FileRange, T)>)> = Vec::new();
     let mut at: HashMap<&str, usize> = HashMap::new();
     for (r, x) in items {
@@ -175,16 +187,6 @@ pub fn check(model: &ModelProto) -> Result<()> {
 /// compares weights (see `merge::dedupe`) without holding them.
 pub fn read_weight(range: &FileRange, offset: u64, buf: &mut [u8]) -> Result<()> {
     Source::open(range)?.read_at(range, offset, buf)
-}
-
-/// Bytes, in memory, for a range: used where a weight must be held (tests, small tools).
-pub fn read_whole(range: &FileRange) -> Result<Bytes> {
-    let source = Source::open(range)?;
-    let (data, seen) = read_range(&source.file, &source.shown, range.offset, Some(range.len))?;
-    if seen != source.identity {
-        return Err(changed(&source.shown, "since the model was loaded"));
-    }
-    Ok(data)
 }
 
 #[cfg(test)]
@@ -251,6 +253,10 @@ mod tests {
         model.graph.as_mut().unwrap().initializer[0].dims = vec![50_001];
         std::fs::write(&path, model.encode_to_vec()).unwrap();
         let err = load("m.onnx", ModelSource::Path(path, None), Mode::Range).unwrap_err();
-        assert!(err.message.starts_with("m.onnx: tensor 'w'") && err.message.contains("need 200004"), "{}", err.message);
+        assert!(
+            err.message.starts_with("m.onnx: tensor 'w'") && err.message.contains("need 200004"),
+            "{}",
+            err.message
+        );
     }
 }

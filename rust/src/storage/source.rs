@@ -61,7 +61,8 @@ pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
             let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
             external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label, mode)?;
             if let (false, Some(identity)) = (left.is_empty(), identity) {
-                let real = p.canonicalize().map_err(|e| Error::load(format!("{label}: cannot resolve its path: {e}")))?;
+                let real =
+                    p.canonicalize().map_err(|e| Error::load(format!("{label}: cannot resolve its path: {e}")))?;
                 ranges::attach(&mut m, &real, &identity, &left, label)?;
             }
             Ok(m)

@@ -26,9 +26,9 @@ use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, Ten
 use crate::codec::range::{set_inline, FileRange};
 use crate::error::{Error, Result};
 use crate::storage::copy::Copied;
+use crate::storage::data_file::{Held, Placed};
 use crate::storage::mapped::{is_mapped, Mapping};
 use crate::storage::ranges::{by_file, Source};
-use crate::storage::data_file::{Held, Placed};
 
 /// Calls `f` on every `Bytes` of `model`: the nodes kept as bytes (with whatever they hold)
 /// and the `raw_data` of every tensor outside them, in functions and training graphs too.
@@ -67,7 +67,7 @@ pub fn for_each_bytes(model: &mut ModelProto, f: &mut impl FnMut(&mut Bytes)) {
     }
 }
 
-/// The ranges of `models` (main-graph initializers) with the tensors holding them.
+/// The ranges the main-graph initializers of `models` hold.
 fn ranges_of(models: &[&mut ModelProto]) -> Vec<FileRange> {
     models.iter().flat_map(|m| crate::codec::range::ranges(m).map(|(_, r)| r)).collect()
 }
@@ -82,9 +82,10 @@ pub fn spill_onto(models: &mut [&mut ModelProto], data: &[PathBuf], placed: &[Pl
     let placed: HashMap<&Held, (usize, u64)> = placed.iter().map(|p| (&p.held, (p.part, p.offset))).collect();
     let mut ranges: HashMap<FileRange, (usize, u64)> = HashMap::new();
     for r in ranges_of(models) {
-        let off = placed.get(&Held::File(r.clone())).copied().ok_or_else(|| {
-            Error::export(format!("{}: a weight of this file is not in the session's copy", r.path))
-        })?;
+        let off = placed
+            .get(&Held::File(r.clone()))
+            .copied()
+            .ok_or_else(|| Error::export(format!("{}: a weight of this file is not in the session's copy", r.path)))?;
         ranges.insert(r, off);
     }
     // The distinct slices in memory not spilled yet; those the data file does not hold, in

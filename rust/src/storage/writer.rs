@@ -10,14 +10,14 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use crate::codec::model::PROTOBUF_LIMIT;
-use crate::codec::range::{inline_len, FileRange};
 use crate::codec::proto::{GraphProto, ModelProto};
+use crate::codec::range::{inline_len, FileRange};
 use crate::codec::stream::write_streaming;
 use crate::codec::tensor::{for_each_tensor, is_external};
 use crate::error::{Error, Result};
-use crate::storage::export_lock::{remove_orphans, ExportLock};
 use crate::storage::copy::Copied;
 use crate::storage::data_file::{Layout, Placed};
+use crate::storage::export_lock::{remove_orphans, ExportLock};
 use crate::storage::external::{check_identity, entry, IDENTITY_KEY};
 use crate::storage::ranges::inline;
 use crate::storage::read::{changed, Identity};
