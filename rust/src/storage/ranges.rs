@@ -12,8 +12,6 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use bytes::Bytes;
-
 use crate::codec::model::size_error;
 use crate::codec::proto::ModelProto;
 use crate::codec::range::{set_inline, FileRange};
@@ -195,6 +193,7 @@ mod tests {
     use crate::codec::proto::{GraphProto, TensorProto};
     use crate::storage::external::Mode;
     use crate::storage::source::{load, Source as ModelSource};
+    use bytes::Bytes;
     use prost::Message;
 
     /// A model whose one initializer holds `n` float32 values from `seed`.
