@@ -18,9 +18,10 @@ class ExportError(FastseqError): ...
 Source = bytes | str | PathLike[str] | Composed
 
 class Composed:
-    """A model held by the core: weights as slices of the sources' bytes (read into memory
-    the core owns), or of a private copy's data file once :func:`write_private_copy` has
-    spilled them."""
+    """A model held by the core: large weights as ranges of the source files (copied in the
+    kernel when the model is written, read where its bytes are asked for), the rest as
+    slices of the sources' bytes read into memory the core owns; or slices of a private
+    copy's data file once :func:`write_private_copy` has spilled them."""
 
     def encoded_len(self) -> int: ...
     def to_bytes(self) -> bytes: ...
@@ -138,5 +139,5 @@ class Staging:
     def __exit__(self, _exc_type: object, _exc: object, _tb: object) -> None: ...
 
 def write_private_copy(
-    models: Sequence[Composed], path: str | PathLike[str], spill_min: int | None = None
-) -> tuple[str, int, list[Composed] | None]: ...
+    models: Sequence[Composed], path: str | PathLike[str], spill_min: int | None = None, digest: bool = True
+) -> tuple[str | None, dict[str, int], list[Composed] | None]: ...

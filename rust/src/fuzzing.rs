@@ -71,10 +71,10 @@ fn graph_form(a: &crate::codec::proto::ModelProto, b: &crate::codec::proto::Mode
 }
 
 /// A model file and its external data from one input (two bytes of cut, then the model,
-/// then the bytes of `d.bin` beside it): loaded in place and linked, exported with external
-/// data, loaded back. Must never panic; both loads agree; what loads has the sizes its
-/// types and dims need; an export round-trips and leaves only the files its model names.
-/// Returns whether the input loaded.
+/// then the bytes of `d.bin` beside it): loaded in place, linked and with its large weights
+/// left in the files, exported with external data, loaded back. Must never panic; the loads
+/// agree; what loads has the sizes its types and dims need; an export round-trips and leaves
+/// only the files its model names. Returns whether the input loaded.
 pub fn external_load_and_save(data: &[u8]) -> bool {
     use crate::storage::external::{self, Mode};
     if data.len() < 2 {
@@ -94,11 +94,19 @@ pub fn external_load_and_save(data: &[u8]) -> bool {
         Ok(m)
     };
     let (in_place, linked) = (load(Mode::InPlace), load(Mode::Link));
+    let ranged = crate::storage::source::load(
+        "fuzz",
+        crate::storage::source::Source::Path(model_path.clone(), Some(dir.to_path_buf())),
+        Mode::Range,
+    );
     assert_eq!(in_place.is_ok(), linked.is_ok(), "reading and linking judge external data alike");
-    let (Ok(mut m), Ok(linked)) = (in_place, linked) else { return false };
+    assert_eq!(in_place.is_ok(), ranged.is_ok(), "reading and leaving weights in the files judge alike");
+    let (Ok(mut m), Ok(linked), Ok(ranged)) = (in_place, linked, ranged) else { return false };
     assert!(!external::has_external(&mut m), "in place, no tensor stays external");
     external::check_sources(&linked).expect("nothing changed since the load");
-    for (source, is_linked, out) in [(&m, false, "o.onnx"), (&linked, true, "l.onnx")] {
+    let read_back = crate::storage::ranges::inline(&ranged).expect("nothing changed since the load");
+    assert_eq!(*read_back, m, "weights left in the files read back as read in place");
+    for (source, is_linked, out) in [(&m, false, "o.onnx"), (&linked, true, "l.onnx"), (&ranged, false, "r.onnx")] {
         let target = dir.join(out);
         if crate::storage::writer::save(source, &target, Some(true), is_linked, 0).is_err() {
             continue;

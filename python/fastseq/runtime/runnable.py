@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from fastseq.runtime.profile import Profile
 
 
-#: Below this many bytes held, a pipeline keeps them in memory rather than spill them.
+#: Below this many bytes of weights in memory, a pipeline keeps them there rather than spill
+#: them (weights still in the source files are always moved onto the session's copy).
 SPILL_MIN = 32 << 20
 
 
@@ -89,10 +90,14 @@ class Runnable:
     def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
         try:
             # The list is built in the call: no name here keeps the models it replaces alive.
-            with session.PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
-                moved = self._take_spilled(copy)
-                if info is not None and moved:
-                    info["spilled"] = moved
+            with session.PrivateCopy.of(
+                [self._composed, *self._sharing()], SPILL_MIN, digest=self._cache is not None
+            ) as copy:
+                spilled = self._take_spilled(copy)
+                if info is not None:
+                    info["copied"] = copy.info["copied"]
+                    if spilled:
+                        info["spilled"] = copy.info["mapped"]
                 return session.open_copy(copy, providers, session_options, self._cache, info, self._labels)
         except Exception as e:
             if type(e).__module__.startswith("onnxruntime"):
@@ -103,19 +108,20 @@ class Runnable:
         """The models besides ``_composed`` that share its memory (ONNXSequential's stages)."""
         return getattr(self, "_stages", None) or []
 
-    def _take_spilled(self, copy: session.PrivateCopy) -> int:
+    def _take_spilled(self, copy: session.PrivateCopy) -> bool:
         """Swaps in the copy's spilled copies of ``_composed`` and :meth:`_sharing`'s models,
-        which map the session's private copy instead of holding the sources' bytes, and
-        returns the bytes mapped (0: nothing spilled). Done before ONNX Runtime reads the
-        copy: the weights then count once, not twice, while the session is built, and not at
-        all afterwards until something reads them again (an export, a new session)."""
+        which map the session's private copy instead of holding the sources' bytes or
+        pointing at the source files; returns whether it did. Done before ONNX Runtime reads
+        the copy: the weights then count once, not twice, while the session is built, not at
+        all afterwards until something reads them again (an export, a new session), and no
+        change to a source file reaches the pipeline."""
         spilled = copy.take_spilled()
         if spilled is None:
-            return 0
-        moved, (self._composed, *stages) = spilled
+            return False
+        self._composed, *stages = spilled
         if stages:
             self._stages = stages
-        return moved
+        return True
 
     def get_session(self) -> ort.InferenceSession:
         """The session that calls run on."""

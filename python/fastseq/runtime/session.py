@@ -109,48 +109,55 @@ def usable_providers(providers: Sequence[Provider] | None) -> list[Provider]:
 @dataclass
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
-    the temporary folder, removed on exit): ``path`` and the ``digest`` of what was written.
-    It holds no reference to the model, so that a caller can let go of the model's memory
-    while ONNX Runtime builds a session from the copy (:func:`open_copy`).
+    the temporary folder, removed on exit): ``path``, and the ``digest`` of what was written
+    when it was asked for (the session cache's key). It holds no reference to the model, so
+    that a caller can let go of the model's memory while ONNX Runtime builds a session from
+    the copy (:func:`open_copy`).
 
     ONNX Runtime gets the model as a file with its weights in a data file beside it, written
     by the core into a private folder (not synced: the page cache) and removed once the
     session exists: ONNX Runtime maps the weights instead of parsing them out of one
-    serialized buffer, so no second copy of them is made in this process, and the session no
-    longer depends on the source files (rewriting one cannot change or break it)."""
+    serialized buffer (it starts faster from external data than from inline weights), and
+    the session no longer depends on the source files. The weights go from the sources into
+    the data file in the kernel (``copy_file_range``, or ``sendfile`` across file systems),
+    never through this process's memory; only weights that exist in memory alone are
+    written. ``info`` says how many bytes each way (``copied``, ``written``) and how many the
+    spilled models map (``mapped``)."""
 
     folder: str
     path: str
-    digest: str
-    #: with ``spill_min``: (bytes mapped, copies of the models given) or None; see :meth:`of`
-    spilled: tuple[int, list[_core.Composed]] | None = None
+    digest: str | None
+    info: dict[str, int]
+    #: with ``spill_min``: copies of the models given that map the copy's data file, or None
+    spilled: list[_core.Composed] | None = None
 
     @classmethod
-    def of(cls, models: _core.Composed | Sequence[_core.Composed], spill_min: int | None = None) -> PrivateCopy:
+    def of(
+        cls, models: _core.Composed | Sequence[_core.Composed], spill_min: int | None = None, digest: bool = False
+    ) -> PrivateCopy:
         """Writes the copy of ``models`` (one composed model, or it followed by the models
-        that share its memory). Its files are not synced: they live in the page cache, which
-        the system can reclaim (a tmpfs would hold them in memory outside any process's RSS).
+        that share its memory), with its ``digest`` if asked. Its files are not synced: they
+        live in the page cache, which the system can reclaim.
 
         With ``spill_min``, ``spilled`` holds copies of ``models`` that map the copy's data
-        file instead of holding the sources' bytes (when there are at least ``spill_min`` of
-        them and the temporary folder is on a disk): the caller swaps them in and lets the
+        file instead of their sources: always when they still hold weights in the source
+        files (a pipeline must not depend on them), and when they hold at least
+        ``spill_min`` bytes of weights in memory. The caller swaps them in and lets the
         originals go before ONNX Runtime reads the copy, so the weights count once, not
         twice. The mapping keeps the data file alive, unlinked, once the folder is gone."""
         models = [models] if isinstance(models, _core.Composed) else list(models)
-        models[0].check_sources()  # data files still referred to (reuse mode) are the ones loaded
+        models[0].check_sources()  # the files still referred to are the ones loaded
         folder = tempfile.mkdtemp(prefix="fastseq-session-")
         try:
             path = os.path.join(folder, "model.onnx")
-            # The digest comes from the one write the session needs anyway; on a cache hit
-            # that write is the price of not reading the weights a second time to hash them.
-            digest, mapped, copies = _core.write_private_copy(models, path, spill_min)
+            written, info, copies = _core.write_private_copy(models, path, spill_min, digest)
             del models  # the caller decides how long the originals live
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(folder, path, digest, (mapped, copies) if copies is not None else None)
+        return cls(folder, path, written, dict(info), copies)
 
-    def take_spilled(self) -> tuple[int, list[_core.Composed]] | None:
+    def take_spilled(self) -> list[_core.Composed] | None:
         """The spilled copies (see :meth:`of`), handed over: the copy keeps no reference."""
         spilled, self.spilled = self.spilled, None
         return spilled
@@ -184,6 +191,7 @@ def open_copy(
     def make(path: str, optimise: bool, save_to: str | None) -> ort.InferenceSession:
         return _session(path, options, usable, optimise, save_to, session_cache.DATA)
 
+    assert copy.digest is not None, "a copy for the session cache is made with its digest"
     parts = session_cache.key_parts(copy.digest, usable, options)
     return session_cache.start(cache, parts, labels, info if info is not None else {}, make, copy.path)
 

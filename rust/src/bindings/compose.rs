@@ -13,6 +13,7 @@ use crate::merge::compose::{compose, Composition};
 use crate::merge::onnx_rules::overlapping_names as overlaps;
 use crate::merge::options::{Adapt, Edge, Keep, Options, Rules};
 use crate::storage::external::Mode;
+use crate::storage::ranges::read_weight;
 use crate::storage::source::{load, load_all, Source};
 
 fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
@@ -110,11 +111,12 @@ pub(crate) fn compose_sources(
         domain: meta.get("domain").cloned(),
         model_version,
         rules,
+        read_weight: Some(read_weight),
     };
     let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
     let composed = py
         .detach(|| {
-            let mode = if link_external { Mode::Link } else { Mode::InPlace };
+            let mode = if link_external { Mode::Link } else { Mode::Range };
             load_all(sources, &labels, mode).and_then(|ms| compose(ms, &labels, &opts))
         })
         .map_err(to_py)?;
@@ -127,7 +129,7 @@ pub(crate) fn compose_sources(
 pub(crate) fn load_model(py: Python<'_>, source: PySource, label: Option<String>) -> PyResult<Composed> {
     let source = source.0;
     let label = label.unwrap_or_else(|| source.default_label());
-    let model = py.detach(|| load(&label, source, Mode::InPlace)).map_err(to_py)?;
+    let model = py.detach(|| load(&label, source, Mode::Range)).map_err(to_py)?;
     Ok(Composed { composition: Composition::single(model, &label), linked: false })
 }
 
@@ -139,7 +141,7 @@ pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<St
         return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
     }
     let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
-    let models = py.detach(|| load_all(sources, &labels, Mode::InPlace)).map_err(to_py)?;
+    let models = py.detach(|| load_all(sources, &labels, Mode::Range)).map_err(to_py)?;
     Ok(models
         .into_iter()
         .zip(labels)

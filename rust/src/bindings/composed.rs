@@ -11,6 +11,7 @@ use crate::bindings::io_infos::io_infos;
 use crate::bindings::plan::plan_dict;
 use crate::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
 use crate::codec::proto::ModelProto;
+use crate::codec::range::inline_len;
 use crate::codec::summary::summary;
 use crate::error::Error;
 use crate::merge::compose::Composition;
@@ -18,11 +19,13 @@ use crate::merge::metadata::with_metadata;
 use crate::merge::onnx_rules::{prefix_names, Prefixed};
 use crate::merge::rename::rename_values;
 use crate::storage::external::check_sources;
+use crate::storage::ranges::inline;
 use crate::storage::writer::save;
 
-/// A model held by the core: decoded once, weights as slices of the sources' bytes (read
-/// into memory the core owns, see `storage::read::read_path`), with its composition's plan,
-/// report and origins (a loaded model is a composition of one).
+/// A model held by the core: decoded once, large weights as ranges of the source files until
+/// a session's private copy holds them (see `storage::spill`), the rest as slices of the
+/// sources' bytes read into memory the core owns (see `storage::read`), with its
+/// composition's plan, report and origins (a loaded model is a composition of one).
 #[pyclass(frozen, module = "fastseq._core")]
 pub(crate) struct Composed {
     pub(crate) composition: Composition,
@@ -59,7 +62,7 @@ impl Drop for Composed {
 impl Composed {
     /// Size of the serialized model in bytes (weights inline).
     fn encoded_len(&self) -> usize {
-        self.composition.model.encoded_len()
+        inline_len(&self.composition.model)
     }
 
     /// The serialized model.
@@ -69,9 +72,9 @@ impl Composed {
                 "this model refers to its sources' data files (external_data='reuse'): save() it instead",
             )));
         }
-        PyBytes::new_with(py, self.composition.model.encoded_len(), |buf| {
-            py.detach(|| encode_into(&self.composition.model, buf)).map_err(to_py)
-        })
+        // Weights still in their source files are read first (checked against them).
+        let model = py.detach(|| inline(&self.composition.model)).map_err(to_py)?;
+        PyBytes::new_with(py, model.encoded_len(), |buf| py.detach(|| encode_into(&model, buf)).map_err(to_py))
     }
 
     /// Writes the model to `path` atomically. `external_data`: True puts tensors of at
@@ -98,7 +101,8 @@ impl Composed {
 
     /// The model's graph alone, serialized (a `GraphProto`).
     fn graph_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let g = self.composition.model.graph.clone().unwrap_or_default();
+        // Weights still in their source files are read first (checked against them).
+        let g = py.detach(|| inline(&self.composition.model).map(|m| m.graph.clone().unwrap_or_default())).map_err(to_py)?;
         Ok(PyBytes::new(py, &py.detach(|| g.encode_to_vec())))
     }
 
@@ -155,10 +159,10 @@ impl Composed {
         Ok(Composed { composition: Composition::single(model, label), linked: self.linked })
     }
 
-    /// Raises LoadError naming the file if a source file this model still refers to
-    /// (external data kept for `external_data="reuse"`) is no longer the file loaded.
-    /// Other sources were read into memory and cannot change. For the runtime to call
-    /// before it creates a session.
+    /// Raises LoadError naming the file if a source file this model still refers to (weights
+    /// left in it, external data kept for `external_data="reuse"`) is no longer the file
+    /// loaded. Other sources were read into memory and cannot change. For the runtime to
+    /// call before it creates a session.
     fn check_sources(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| check_sources(&self.composition.model)).map_err(to_py)
     }

@@ -2,8 +2,8 @@
 //!
 //! The ONNX protobuf types ([`proto`], generated), decoding and checking one model
 //! ([`model`]), reading its graph ([`graph`]), encoding it as a stream ([`stream`]), graph
-//! nodes kept as their bytes ([`node`]), tensors and their sizes ([`tensor`]), and a
-//! model's summary ([`summary`]).
+//! nodes kept as their bytes ([`node`]), tensors and their sizes ([`tensor`]), weights left
+//! in their source file as ranges of it ([`range`]), and a model's summary ([`summary`]).
 //!
 //! The one rule: nothing here knows about files, sources or compositions. It imports nothing
 //! of fastseq above it (only the bottom modules: `error`, `near_miss`, `pool`).
@@ -11,6 +11,7 @@ pub mod graph;
 pub mod model;
 pub mod node;
 pub mod proto;
+pub mod range;
 pub mod stream;
 pub mod summary;
 pub mod tensor;

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use prost::Message;
 
 use crate::codec::proto::{GraphProto, ModelProto, TensorProto};
+use crate::codec::range::FileRange;
 use crate::codec::tensor::{elem_type_name, expected_bytes, is_external};
 use crate::error::{Error, Result};
 
@@ -118,6 +119,21 @@ fn check_tensor_size(t: &TensorProto, weights: bool) -> std::result::Result<(), 
     }
 }
 
+/// What is wrong with a tensor holding `len` bytes of `raw_data`, if its type and dims need
+/// another number (or are invalid).
+pub fn size_error(t: &TensorProto, len: u64) -> Option<String> {
+    match expected_bytes(t) {
+        Err(e) => Some(format!("tensor '{}': {e}", t.name())),
+        Ok(Some(need)) if need != len => Some(format!(
+            "tensor '{}' ({} {:?}) holds {len} bytes of raw_data but its type and dims need {need}",
+            t.name(),
+            elem_type_name(t.data_type.unwrap_or(0)),
+            t.dims,
+        )),
+        Ok(_) => None,
+    }
+}
+
 /// The number of elements a tensor's dims say it has.
 fn element_count(t: &TensorProto) -> std::result::Result<u64, String> {
     t.dims.iter().try_fold(1u64, |n, &d| {
@@ -176,6 +192,19 @@ impl Checker {
     }
 }
 
+/// The check [`decode`] makes that [`decode_without_weights`] skips, on the main graph's
+/// initializers: each holds the data its type and dims say (a weight left in its source file
+/// is external, sized when it was left there).
+pub fn check_weights_present(label: &str, model: &ModelProto) -> Result<()> {
+    let Some(g) = model.graph.as_ref() else { return Ok(()) };
+    for t in &g.initializer {
+        check_tensor_size(t, true).map_err(|e| match e {
+            Invalid::Node(e) | Invalid::Size(e) => Error::load(format!("{label}: {e}")),
+        })?;
+    }
+    Ok(())
+}
+
 fn check_decoded(label: &str, model: &ModelProto) -> Result<()> {
     let ir = model.ir_version.unwrap_or(0);
     if model.graph.is_none() || ir <= 0 {
@@ -201,12 +230,17 @@ pub fn encode_into(model: &ModelProto, mut buf: &mut [u8]) -> Result<()> {
     model.encode(&mut buf).map_err(|e| Error::export(format!("cannot encode the merged model: {e}")))
 }
 
-/// A copy of `model` whose main-graph initializers of at least `threshold` bytes have no
-/// data: what a tool that only reads the structure (the opset converter) needs.
+/// A copy of `model` whose main-graph initializers of at least `threshold` bytes (and those
+/// still in their source files) have no data: what a tool that only reads the structure (the
+/// opset converter) needs.
 pub fn strip_weights(model: &ModelProto, threshold: usize) -> ModelProto {
     let mut m = model.clone();
     if let Some(g) = m.graph.as_mut() {
         for t in &mut g.initializer {
+            if FileRange::of(t).is_some() {
+                t.external_data.clear();
+                t.data_location = None;
+            }
             if t.raw_data.as_ref().is_some_and(|r| r.len() >= threshold) {
                 t.raw_data = None;
             }
@@ -216,16 +250,24 @@ pub fn strip_weights(model: &ModelProto, threshold: usize) -> ModelProto {
 }
 
 /// Puts back the weights that [`strip_weights`] took out, by initializer name, from
-/// `original` (slices of the same buffers: nothing is copied).
+/// `original` (slices of the same buffers, or the same ranges: nothing is copied).
 pub fn restore_weights(mut stripped: ModelProto, original: &ModelProto, label: &str) -> Result<ModelProto> {
     let Some(src) = original.graph.as_ref() else { return Ok(stripped) };
-    let weights: std::collections::HashMap<&str, &Bytes> =
-        src.initializer.iter().filter_map(|t| Some((t.name.as_deref()?, t.raw_data.as_ref()?))).collect();
+    let weights: std::collections::HashMap<&str, &TensorProto> = src
+        .initializer
+        .iter()
+        .filter(|t| t.raw_data.is_some() || FileRange::of(t).is_some())
+        .filter_map(|t| Some((t.name.as_deref()?, t)))
+        .collect();
     if let Some(g) = stripped.graph.as_mut() {
         for t in &mut g.initializer {
             if t.raw_data.is_none() && t.float_data.is_empty() && t.int32_data.is_empty() && t.int64_data.is_empty() {
                 match weights.get(t.name()) {
-                    Some(raw) => t.raw_data = Some((*raw).clone()),
+                    Some(w) => match (&w.raw_data, FileRange::of(w)) {
+                        (_, Some(r)) => r.put(t),
+                        (Some(raw), None) => t.raw_data = Some(raw.clone()),
+                        (None, None) => {}
+                    },
                     None if t.dims.contains(&0) => {}
                     None => {
                         return Err(Error::load(format!(

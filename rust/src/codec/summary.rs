@@ -1,6 +1,5 @@
 //! A short description of one model (inputs, outputs, opsets, counts, sizes), for
 //! `fastseq inspect`, `repr` and the plan that a composition hands back.
-use prost::Message;
 
 use crate::codec::proto::tensor_shape_proto::dimension::Value as Dim;
 use crate::codec::proto::type_proto::Value;
@@ -104,7 +103,7 @@ pub fn summary(model: &ModelProto) -> Summary {
             .map(|o| (o.domain.clone().unwrap_or_default(), o.version.unwrap_or(0)))
             .collect(),
         functions: model.functions.len(),
-        encoded_len: model.encoded_len() as u64,
+        encoded_len: crate::codec::range::inline_len(model) as u64,
         ..Default::default()
     };
     if let Some(g) = &model.graph {

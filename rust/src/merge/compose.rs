@@ -133,7 +133,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     let opts = ordered.as_ref().unwrap_or(opts);
     let labels = &labels[..];
     let mut plan = build_plan(&models, labels, opts)?;
-    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan) } else { Deduped::default() };
+    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan, opts.read_weight) } else { Deduped::default() };
     let declared = PlanView::declared_io(&models);
     leave_out(&mut plan, &mut models);
     let frame = match opts.rules {

@@ -3,6 +3,8 @@
 //! the clean-ups (prune, dedupe, adapters) and metadata of the result.
 use crate::error::{Error, Result};
 
+use crate::codec::range::FileRange;
+
 /// Exposed graph inputs: (name, the (stage, input) pairs it feeds).
 pub type GraphInputs = Vec<(String, Vec<(usize, String)>)>;
 
@@ -65,7 +67,13 @@ pub struct Options {
     pub domain: Option<String>,
     pub model_version: Option<i64>,
     pub rules: Rules,
+    /// Reads the bytes of a weight still in its source file (see [`crate::codec::range`]):
+    /// how deduplication compares such weights. Without it they are left as they are.
+    pub read_weight: Option<ReadWeight>,
 }
+
+/// Reads `buf.len()` bytes at an offset of a weight still in its source file.
+pub type ReadWeight = fn(&FileRange, u64, &mut [u8]) -> crate::error::Result<()>;
 
 impl Options {
     /// Whether the graph form is used (edges, graph inputs or graph outputs given).

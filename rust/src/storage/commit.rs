@@ -372,7 +372,8 @@ pub(crate) fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> 
     let mut made = Vec::new();
     let Some(g) = model.graph.as_mut() else { return Ok(made) };
     let result = for_each_tensor(g, &mut |t| {
-        if !is_external(t) {
+        // Weights left in their source files are copied, not linked (see `data_file`).
+        if !is_external(t) || crate::codec::range::FileRange::of(t).is_some() {
             return Ok(false);
         }
         let recorded = entry(t, IDENTITY_KEY).map(str::to_string);

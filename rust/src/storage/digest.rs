@@ -1,5 +1,5 @@
-//! A digest of a composed model, computed while it is written (never by reading gigabytes of
-//! weights a second time): the session cache's key.
+//! A digest of a composed model as written for a session (the session cache's key), read
+//! back from the files a chunk at a time, never held.
 use std::io::Write;
 use std::path::Path;
 
@@ -7,7 +7,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::codec::proto::ModelProto;
 use crate::error::Result;
-use crate::storage::writer::Saved;
+use crate::storage::data_file::Placed;
+use crate::storage::writer::{write_private, Written};
 
 /// XXH3-128 over a stream of bytes (several GB/s; the key is not a security boundary: cache
 /// entries carry their own checksums).
@@ -30,19 +31,64 @@ impl Digest {
     }
 }
 
-/// Writes the session's private copy of `model` at `path` (see
-/// [`crate::storage::writer::write_private`]) and returns what was written with the digest
-/// of those bytes. `placed` receives where each weight went in the data file (see
-/// `spill::spill_onto`).
+/// Writes `model` for a session: its tensors of at least `threshold` bytes, and its weights
+/// still in their source files, in `<path>.data` beside `path` and, for large copies, more
+/// data files `<path>.data.1`, ... copied side by side, one per thread of the pool (see
+/// [`crate::storage::writer::write_private`]; meant for a private folder, so not synced).
+/// `placed` receives where each weight went in the data file (see `spill::spill_onto`).
+/// With `digest`, also returns the digest of the data file and then the model file, read
+/// back a chunk at a time: the weights copied by the kernel never passed through memory.
 pub fn save_placed(
     model: &ModelProto,
     path: &Path,
     threshold: usize,
-    placed: &mut Vec<(usize, usize, u64)>,
-) -> Result<(Saved, String)> {
-    let mut digest = Digest::default();
-    let saved = crate::storage::writer::write_private(model, path, threshold, &mut digest, placed)?;
-    Ok((saved, digest.hex()))
+    digest: bool,
+    placed: &mut Vec<Placed>,
+) -> Result<(Written, Option<String>)> {
+    let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let parts = crate::pool::install(rayon::current_num_threads);
+    let written = write_private(model, path, threshold, &data_name, parts, placed)?;
+    if !digest {
+        return Ok((written, None));
+    }
+    let mut d = Digest::default();
+    let read = |p: &Path, d: &mut Digest| -> std::io::Result<()> { feed(&std::fs::File::open(p)?, d) };
+    let files = written.data_names.iter().map(|n| path.with_file_name(n)).chain([path.to_path_buf()]);
+    for f in files {
+        read(&f, &mut d).map_err(|e| crate::error::Error::export(format!("cannot digest {}: {e}", f.display())))?;
+    }
+    Ok((written, Some(d.hex())))
+}
+
+/// Feeds a file's bytes to `d`, a chunk at a time; holes as zeros, without reading them.
+fn feed(file: &std::fs::File, d: &mut Digest) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    const CHUNK: usize = 1 << 20;
+    static ZEROS: [u8; CHUNK] = [0; CHUNK];
+    let size = file.metadata()?.len();
+    let mut buf = vec![0u8; CHUNK];
+    let zeros = |d: &mut Digest, mut n: u64| {
+        while n > 0 {
+            let k = n.min(CHUNK as u64);
+            d.0.update(&ZEROS[..k as usize]);
+            n -= k;
+        }
+    };
+    let mut at = 0u64;
+    while at < size {
+        let Some((data, end)) = crate::storage::copy::next_data(file, at, size)? else { break };
+        zeros(d, data - at);
+        let mut pos = data;
+        while pos < end {
+            let k = ((end - pos) as usize).min(CHUNK);
+            file.read_exact_at(&mut buf[..k], pos)?;
+            d.0.update(&buf[..k]);
+            pos += k as u64;
+        }
+        at = end;
+    }
+    zeros(d, size - at);
+    Ok(())
 }
 
 /// The digest of a file's bytes, read in chunks (the session cache checks its entries with

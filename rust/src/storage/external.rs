@@ -3,8 +3,9 @@
 //! Each `location` is untrusted. It must be a relative path inside the model's folder (no
 //! absolute path, no `..`, no symlink leading out), its offset and length must lie inside the
 //! file, and the length must be what the tensor's type and dims need. The bytes are read into
-//! memory fastseq owns (see [`read_path`] for why), or, to link the
-//! files on export, left pointing at them with the identity they had (see [`Mode`]).
+//! memory fastseq owns (see [`read_path`] for why), left in their file as a range of it to be
+//! copied in the kernel, or, to link the files on export, left pointing at them with the
+//! identity they had (see [`Mode`]).
 //! Writing external data is the writer's job ([`crate::storage::writer`]).
 use std::collections::HashMap;
 use std::fs::File;
@@ -12,8 +13,10 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::codec::model::decode;
 use crate::codec::proto::{ModelProto, StringStringEntryProto, TensorProto};
+use crate::codec::range::{set_inline, FileRange, RANGE_KEY};
 use crate::codec::tensor::{elem_type_name, expected_bytes, for_each_tensor, is_external, visit_tensors};
 use crate::error::{Error, Result};
+use crate::storage::ranges::RANGE_MIN;
 use crate::storage::read::{changed, read_path, read_range, Identity};
 
 fn type_and_dims(t: &TensorProto) -> String {
@@ -111,6 +114,10 @@ fn parse_u64(t: &TensorProto, key: &str) -> Result<Option<u64>> {
 pub enum Mode {
     /// Each tensor's bytes are read from its data file into memory fastseq owns.
     InPlace,
+    /// Main-graph initializers of at least [`RANGE_MIN`] bytes stay in their data files, as
+    /// ranges of them (see [`crate::storage::ranges`]): copied in the kernel when the model
+    /// is written, never held. Other tensors are read as in [`Mode::InPlace`].
+    Range,
     /// Each tensor stays external, its location made the checked absolute path of its file,
     /// so that a later save can link that file instead of copying its bytes. The file's
     /// identity at load travels with the tensor (under [`IDENTITY_KEY`]) and is checked
@@ -129,95 +136,120 @@ pub fn resolve(model: &mut ModelProto, base: &Path, root: &Path, label: &str, mo
     // Each data file is opened once; its identity then is what every read must still see.
     let mut files: HashMap<PathBuf, (File, Identity)> = HashMap::new();
     let Some(g) = model.graph.as_mut() else { return Ok(()) };
-    for_each_tensor(g, &mut |t| {
-        if !is_external(t) {
-            return Ok(false);
+    // The main graph's initializers may become ranges; the tensors anywhere else are read.
+    let mut initializers = std::mem::take(&mut g.initializer);
+    let first =
+        initializers.iter_mut().try_for_each(|t| resolve_one(t, &mut files, base, root, label, mode).map(|_| ()));
+    let inner = if mode == Mode::Range { Mode::InPlace } else { mode };
+    let rest = first.and_then(|()| for_each_tensor(g, &mut |t| resolve_one(t, &mut files, base, root, label, inner)));
+    g.initializer = initializers;
+    rest.map(|_| ())
+}
+
+fn resolve_one(
+    t: &mut TensorProto,
+    files: &mut HashMap<PathBuf, (File, Identity)>,
+    base: &Path,
+    root: &Path,
+    label: &str,
+    mode: Mode,
+) -> Result<bool> {
+    if !is_external(t) {
+        return Ok(false);
+    }
+    // What a source says under fastseq's own keys is not trusted: they are fastseq's to set.
+    t.external_data.retain(|e| !e.key.as_deref().is_some_and(|k| k == IDENTITY_KEY || k == RANGE_KEY));
+    let with_label = |e: Error| Error::load(format!("{label}: {}", e.message));
+    let location = entry(t, "location")
+        .ok_or_else(|| Error::load(format!("{label}: tensor '{}' is external but has no location", t.name())))?
+        .to_string();
+    let path = safe_location(base, root, &location).map_err(with_label)?;
+    let shown = format!("{label}: external data file '{location}'");
+    // The file is the tensor's data (as ONNX Runtime reads it): data also held inline
+    // would otherwise be what a save writes (found by fuzzing the linked export).
+    t.raw_data = None;
+    t.float_data.clear();
+    t.int32_data.clear();
+    t.string_data.clear();
+    t.int64_data.clear();
+    t.double_data.clear();
+    t.uint64_data.clear();
+    if !files.contains_key(&path) {
+        let file = File::open(&path).map_err(|e| Error::load(format!("{shown} cannot be opened: {e}")))?;
+        let meta = file.metadata().map_err(|e| Error::load(format!("{shown} cannot be read: {e}")))?;
+        if meta.is_dir() {
+            return Err(Error::load(format!("{shown} is a directory")));
         }
-        let with_label = |e: Error| Error::load(format!("{label}: {}", e.message));
-        let location = entry(t, "location")
-            .ok_or_else(|| Error::load(format!("{label}: tensor '{}' is external but has no location", t.name())))?
-            .to_string();
-        let path = safe_location(base, root, &location).map_err(with_label)?;
-        let shown = format!("{label}: external data file '{location}'");
-        // The file is the tensor's data (as ONNX Runtime reads it): data also held inline
-        // would otherwise be what a save writes (found by fuzzing the linked export).
-        t.raw_data = None;
-        t.float_data.clear();
-        t.int32_data.clear();
-        t.string_data.clear();
-        t.int64_data.clear();
-        t.double_data.clear();
-        t.uint64_data.clear();
-        if !files.contains_key(&path) {
-            let file = File::open(&path).map_err(|e| Error::load(format!("{shown} cannot be opened: {e}")))?;
-            let meta = file.metadata().map_err(|e| Error::load(format!("{shown} cannot be read: {e}")))?;
-            if meta.is_dir() {
-                return Err(Error::load(format!("{shown} is a directory")));
-            }
-            files.insert(path.clone(), (file, Identity::of(&meta)));
-        }
-        let (file, identity) = &files[&path];
-        let size = identity.size;
-        let offset = parse_u64(t, "offset").map_err(with_label)?.unwrap_or(0);
-        let length = parse_u64(t, "length").map_err(with_label)?;
-        if t.data_type == Some(crate::codec::proto::tensor_proto::DataType::String as i32) {
+        files.insert(path.clone(), (file, Identity::of(&meta)));
+    }
+    let (file, identity) = &files[&path];
+    let size = identity.size;
+    let offset = parse_u64(t, "offset").map_err(with_label)?.unwrap_or(0);
+    let length = parse_u64(t, "length").map_err(with_label)?;
+    if t.data_type == Some(crate::codec::proto::tensor_proto::DataType::String as i32) {
+        return Err(Error::load(format!(
+            "{label}: tensor '{}' is a string tensor in external data '{location}': strings cannot be stored there",
+            t.name()
+        )));
+    }
+    let need = expected_bytes(t).map_err(|e| Error::load(format!("{label}: tensor '{}': {e}", t.name())))?;
+    // Without a length the tensor takes what its type and dims need (as ONNX Runtime
+    // reads it), or the rest of the file for a type without a fixed size.
+    let len = length.or(need).unwrap_or(size.saturating_sub(offset));
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(Error::load(format!(
+            "{label}: tensor '{}' ({}): external data of {len} bytes at offset {offset} lies past the end of \
+             '{location}', which has {} bytes there ({size} bytes in all)",
+            t.name(),
+            type_and_dims(t),
+            size.saturating_sub(offset)
+        )));
+    }
+    if let (Some(len), Some(need)) = (length, need) {
+        if len != need {
             return Err(Error::load(format!(
-                "{label}: tensor '{}' is a string tensor in external data '{location}': strings cannot be stored there",
-                t.name()
-            )));
-        }
-        let need = expected_bytes(t).map_err(|e| Error::load(format!("{label}: tensor '{}': {e}", t.name())))?;
-        // Without a length the tensor takes what its type and dims need (as ONNX Runtime
-        // reads it), or the rest of the file for a type without a fixed size.
-        let len = length.or(need).unwrap_or(size.saturating_sub(offset));
-        if offset.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::load(format!(
-                "{label}: tensor '{}' ({}): external data of {len} bytes at offset {offset} lies past the end of \
-                 '{location}', which has {} bytes there ({size} bytes in all)",
+                "{label}: tensor '{}' ({}) needs {need} bytes but its external data in '{location}' has length {len}",
                 t.name(),
-                type_and_dims(t),
-                size.saturating_sub(offset)
+                type_and_dims(t)
             )));
         }
-        if let (Some(len), Some(need)) = (length, need) {
-            if len != need {
-                return Err(Error::load(format!(
-                    "{label}: tensor '{}' ({}) needs {need} bytes but its external data in '{location}' has length {len}",
-                    t.name(),
-                    type_and_dims(t)
-                )));
-            }
-        }
-        if mode == Mode::Link {
+    }
+    match mode {
+        Mode::Link => {
             for e in &mut t.external_data {
                 if e.key.as_deref() == Some("location") {
                     e.value = Some(path.to_string_lossy().into_owned());
                 }
             }
-            t.external_data.retain(|e| e.key.as_deref() != Some(IDENTITY_KEY));
             t.external_data.push(kv(IDENTITY_KEY, identity.encode()));
-            return Ok(true);
         }
-        let (data, seen) = read_range(file, &shown, offset, Some(len))?;
-        if seen != *identity {
-            return Err(changed(&shown, "while the model was read"));
+        Mode::Range if len >= RANGE_MIN => {
+            let path = path.to_string_lossy().into_owned();
+            FileRange { path, offset, len, identity: identity.encode() }.put(t);
         }
-        t.raw_data = Some(data);
-        t.external_data.clear();
-        t.data_location = None;
-        Ok(true)
-    })?;
-    Ok(())
+        Mode::Range | Mode::InPlace => {
+            let (data, seen) = read_range(file, &shown, offset, Some(len))?;
+            if seen != *identity {
+                return Err(changed(&shown, "while the model was read"));
+            }
+            set_inline(t, data);
+        }
+    }
+    Ok(true)
 }
 
-/// Checks that every source file `model` still refers to (the data files of a model loaded
-/// with [`Mode::Link`]) is the file that was there at load. Sources read into memory
-/// cannot change, so a model without such references always passes.
+/// Checks that every source file `model` still refers to (weights left in their files, the
+/// data files of a model loaded with [`Mode::Link`]) is the file that was there at load.
+/// Sources read into memory cannot change, so a model without such references always passes.
 pub fn check_sources(model: &ModelProto) -> Result<()> {
     let Some(g) = model.graph.as_ref() else { return Ok(()) };
+    let mut checked: std::collections::HashSet<String> = std::collections::HashSet::new();
     visit_tensors(g, &mut |t| {
-        if let (Some(location), Some(recorded)) = (entry(t, "location"), entry(t, IDENTITY_KEY)) {
-            check_identity(Path::new(location), recorded)?;
+        let recorded = entry(t, IDENTITY_KEY).or_else(|| FileRange::of(t).and(entry(t, RANGE_KEY)));
+        if let (Some(location), Some(recorded)) = (entry(t, "location"), recorded) {
+            if checked.insert(location.to_string()) {
+                check_identity(Path::new(location), recorded)?;
+            }
         }
         Ok(())
     })

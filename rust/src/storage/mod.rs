@@ -1,18 +1,24 @@
 //! The storage layer: models in and out of files and memory.
 //!
-//! Reading sources into memory fastseq owns ([`read`], [`source`]), external data
-//! ([`external`]), the one writer ([`writer`]) with its commit ([`commit`]), export lock
-//! ([`export_lock`]), temporary files and staging folders ([`temp`]) and the marks that tell
-//! its data files from a user's ([`ownership`]), the spill onto the session's private copy ([`spill`]),
-//! and digests ([`digest`]).
+//! Reading sources into memory fastseq owns ([`read`], [`source`]), their large weights
+//! left in their files as ranges ([`ranges`]) that are copied in the kernel ([`copy`]) when a
+//! model is written; external data ([`external`]); the one writer ([`writer`]) with its
+//! commit ([`commit`]), data files ([`data_file`]), export lock ([`export_lock`]), temporary
+//! files and staging folders ([`temp`]) and the marks that tell its data files from a
+//! user's ([`ownership`]); the session's private copy and the spill onto it ([`spill`],
+//! [`mapped`]); and digests ([`digest`]).
 //!
 //! The one rule: it imports the codec layer only (and the bottom modules), never merge or
 //! the bindings. Every file fastseq writes is written here.
 pub mod commit;
+pub mod copy;
+pub mod data_file;
 pub mod digest;
 pub mod export_lock;
 pub mod external;
+pub mod mapped;
 pub mod ownership;
+pub mod ranges;
 pub mod read;
 pub mod source;
 pub mod spill;

@@ -151,6 +151,262 @@ pub fn read_range(
     Ok((Bytes::from_owner(owned), before))
 }
 
+/// A main-graph initializer whose `raw_data` [`read_model_file`] left in the file: the
+/// `initializer`-th one, its `len` bytes at `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeftInFile {
+    pub initializer: usize,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Reads the model file at `path` into memory fastseq owns, but for the `raw_data` of
+/// main-graph initializers of at least `min` bytes: those stay in the file (see
+/// [`crate::codec::range`]), and the lengths around them are adjusted so that the bytes
+/// read decode as the model without them. Returns the bytes, what was left in the file and
+/// the file's identity, which must be the same before and after (the weights are copied from
+/// the file later, checked against it). A file laid out otherwise than this walk expects (a
+/// second graph field, groups, lengths past their message) is read whole, for decoding to
+/// judge.
+pub fn read_model_file(path: &Path, min: u64) -> Result<(Bytes, Vec<LeftInFile>, Identity)> {
+    let shown = path.display();
+    let meta = fs::metadata(path).map_err(|e| Error::load(format!("{shown}: cannot read: {e}")))?;
+    if meta.is_dir() {
+        return Err(Error::load(format!("{shown}: is a directory, not an ONNX file")));
+    }
+    if meta.len() == 0 {
+        return Err(Error::load(format!("{shown}: empty file (0 bytes), not an ONNX model")));
+    }
+    let file = File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?;
+    let io = |e: std::io::Error| Error::load(format!("{shown}: cannot read: {e}"));
+    let before = Identity::of(&file.metadata().map_err(io)?);
+    let mut walk = Walk { reader: std::io::BufReader::with_capacity(256 << 10, &file), pos: 0, min, left: Vec::new() };
+    let mut out = Vec::new();
+    match walk.model(before.size, &mut out) {
+        Ok(()) => {
+            if Identity::of(&file.metadata().map_err(io)?) != before {
+                return Err(changed(&shown, "while it was read"));
+            }
+            Ok((Bytes::from(out), walk.left, before))
+        }
+        Err(Stop::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof && walk.pos < before.size => {
+            Err(changed(&shown, "while it was read (it got shorter)"))
+        }
+        Err(Stop::Io(e)) => Err(io(e)),
+        Err(Stop::Unexpected) => {
+            let (data, identity) = read_range(&file, &shown, 0, None)?;
+            if identity != before {
+                return Err(changed(&shown, "while it was read"));
+            }
+            Ok((data, Vec::new(), identity))
+        }
+    }
+}
+
+/// Why [`Walk`] stopped early.
+enum Stop {
+    Io(std::io::Error),
+    /// Not the layout the walk follows (or not a model): read the file whole instead.
+    Unexpected,
+}
+
+impl From<std::io::Error> for Stop {
+    fn from(e: std::io::Error) -> Stop {
+        Stop::Io(e)
+    }
+}
+
+/// A walk over a model file's protobuf fields, copying them to `out` but for large
+/// initializer `raw_data`, which is skipped (and recorded in `left`).
+struct Walk<'f> {
+    reader: std::io::BufReader<&'f File>,
+    pos: u64,
+    min: u64,
+    left: Vec<LeftInFile>,
+}
+
+const GRAPH: u64 = 7; // ModelProto.graph
+const INITIALIZER: u64 = 5; // GraphProto.initializer
+const RAW_DATA: u64 = 9; // TensorProto.raw_data
+const LEN: u64 = 2; // the length-delimited wire type
+/// Bytes kept for a length written after its content: a varint of up to 2^35 - 1.
+const LENGTH_ROOM: usize = 5;
+
+impl Walk<'_> {
+    fn byte(&mut self) -> std::result::Result<u8, Stop> {
+        use std::io::BufRead;
+        let b = match self.reader.buffer().first() {
+            Some(&b) => {
+                self.reader.consume(1);
+                b
+            }
+            None => {
+                let mut b = [0u8];
+                self.reader.read_exact(&mut b)?;
+                b[0]
+            }
+        };
+        self.pos += 1;
+        Ok(b)
+    }
+
+    /// A varint that must end before `end`.
+    fn varint(&mut self, end: u64) -> std::result::Result<u64, Stop> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            if self.pos >= end {
+                return Err(Stop::Unexpected);
+            }
+            let b = self.byte()?;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(Stop::Unexpected)
+    }
+
+    /// A length that must fit before `end`.
+    fn len(&mut self, end: u64) -> std::result::Result<u64, Stop> {
+        let n = self.varint(end)?;
+        if n > end - self.pos {
+            return Err(Stop::Unexpected);
+        }
+        Ok(n)
+    }
+
+    fn copy(&mut self, n: u64, out: &mut Vec<u8>) -> std::result::Result<(), Stop> {
+        let n = usize::try_from(n).map_err(|_| Stop::Unexpected)?;
+        out.try_reserve(n).map_err(|_| Stop::Unexpected)?;
+        let start = out.len();
+        out.resize(start + n, 0);
+        self.reader.read_exact(&mut out[start..])?;
+        self.pos += n as u64;
+        Ok(())
+    }
+
+    /// Copies one field whose key was just read.
+    fn field(&mut self, key: u64, end: u64, out: &mut Vec<u8>) -> std::result::Result<(), Stop> {
+        prost::encoding::encode_varint(key, out);
+        match key & 7 {
+            0 => {
+                let v = self.varint(end)?;
+                prost::encoding::encode_varint(v, out);
+                Ok(())
+            }
+            1 | 5 => {
+                let n = if key & 7 == 1 { 8 } else { 4 };
+                if end - self.pos < n {
+                    return Err(Stop::Unexpected);
+                }
+                self.copy(n, out)
+            }
+            LEN => {
+                let n = self.len(end)?;
+                prost::encoding::encode_varint(n, out);
+                self.copy(n, out)
+            }
+            _ => Err(Stop::Unexpected), // groups (deprecated) and invalid wire types
+        }
+    }
+
+    /// Starts a length-delimited field whose length is not known yet: its key, then room
+    /// for the length, which [`Walk::close`] fills in.
+    fn open(key: u64, out: &mut Vec<u8>) -> usize {
+        prost::encoding::encode_varint(key, out);
+        out.extend_from_slice(&[0; LENGTH_ROOM]);
+        out.len()
+    }
+
+    /// Writes the length of the field [`Walk::open`] started at `start`, as a varint padded
+    /// to its room (a longer encoding than needed, which decoders accept): the content
+    /// written after it need not move.
+    fn close(start: usize, out: &mut [u8]) -> std::result::Result<(), Stop> {
+        let mut n = (out.len() - start) as u64;
+        if n >> (7 * LENGTH_ROOM) != 0 {
+            return Err(Stop::Unexpected);
+        }
+        for (i, b) in out[start - LENGTH_ROOM..start].iter_mut().enumerate() {
+            *b = (n & 0x7f) as u8 | if i + 1 < LENGTH_ROOM { 0x80 } else { 0 };
+            n >>= 7;
+        }
+        Ok(())
+    }
+
+    fn model(&mut self, end: u64, out: &mut Vec<u8>) -> std::result::Result<(), Stop> {
+        let mut graphs = 0;
+        while self.pos < end {
+            let key = self.varint(end)?;
+            if key >> 3 == GRAPH && key & 7 == LEN {
+                // A second graph field would be merged into the first by a decoder: the
+                // initializer indices recorded here would not survive that.
+                graphs += 1;
+                if graphs > 1 {
+                    return Err(Stop::Unexpected);
+                }
+                let n = self.len(end)?;
+                out.try_reserve(n as usize).map_err(|_| Stop::Unexpected)?;
+                let start = Self::open(key, out);
+                self.graph(self.pos + n, out)?;
+                Self::close(start, out)?;
+            } else {
+                self.field(key, end, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn graph(&mut self, end: u64, out: &mut Vec<u8>) -> std::result::Result<(), Stop> {
+        let mut initializer = 0;
+        while self.pos < end {
+            let key = self.varint(end)?;
+            if key >> 3 == INITIALIZER && key & 7 == LEN {
+                let n = self.len(end)?;
+                let start = Self::open(key, out);
+                self.tensor(self.pos + n, initializer, out)?;
+                Self::close(start, out)?;
+                initializer += 1;
+            } else {
+                self.field(key, end, out)?;
+            }
+        }
+        if self.pos != end {
+            return Err(Stop::Unexpected);
+        }
+        Ok(())
+    }
+
+    fn tensor(&mut self, end: u64, initializer: usize, out: &mut Vec<u8>) -> std::result::Result<(), Stop> {
+        let mut raw_fields = 0;
+        while self.pos < end {
+            let key = self.varint(end)?;
+            if key >> 3 == RAW_DATA && key & 7 == LEN {
+                // A repeated raw_data field: the last one wins when decoded; not followed.
+                raw_fields += 1;
+                if raw_fields > 1 {
+                    return Err(Stop::Unexpected);
+                }
+                let n = self.len(end)?;
+                if n >= self.min {
+                    self.left.push(LeftInFile { initializer, offset: self.pos, len: n });
+                    self.reader.seek_relative(n as i64)?;
+                    self.pos += n;
+                    continue;
+                }
+                prost::encoding::encode_varint(key, out);
+                prost::encoding::encode_varint(n, out);
+                self.copy(n, out)?;
+            } else {
+                self.field(key, end, out)?;
+            }
+        }
+        if self.pos != end {
+            return Err(Stop::Unexpected);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +417,117 @@ mod tests {
         assert_eq!(Identity::decode(&id.encode()), Some(id));
         assert_eq!(Identity::decode("1:2:3"), None);
         assert_eq!(Identity::decode("1:2:3:4:5:6"), None);
+    }
+
+    fn model_with(weights: &[usize]) -> crate::codec::proto::ModelProto {
+        use crate::codec::proto::{GraphProto, ModelProto, TensorProto};
+        let init = weights
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| TensorProto {
+                name: Some(format!("w{k}")),
+                data_type: Some(2),
+                dims: vec![n as i64],
+                raw_data: Some(Bytes::from((0..n).map(|i| (i * 7 + k) as u8).collect::<Vec<_>>())),
+                ..Default::default()
+            })
+            .collect();
+        let node = crate::codec::proto::NodeProto { op_type: Some("Identity".into()), ..Default::default() };
+        ModelProto {
+            ir_version: Some(8),
+            producer_name: Some("test".into()),
+            graph: Some(GraphProto {
+                name: Some("g".into()),
+                node: vec![Bytes::from(prost::Message::encode_to_vec(&node))],
+                initializer: init,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn large_weights_are_left_in_the_file_and_the_rest_decodes() {
+        use prost::Message;
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = dir.path().join("m.onnx");
+        let model = model_with(&[100, 200_000, 10, 70_000]);
+        let bytes = model.encode_to_vec();
+        fs::write(&path, &bytes).unwrap();
+        let (data, left, identity) = read_model_file(&path, 65_536).unwrap();
+        assert_eq!(identity.size, bytes.len() as u64);
+        assert_eq!(left.iter().map(|l| (l.initializer, l.len)).collect::<Vec<_>>(), [(1, 200_000), (3, 70_000)]);
+        assert!(data.len() < 1000, "only the small part was read: {} bytes", data.len());
+        for l in &left {
+            let want = model.graph.as_ref().unwrap().initializer[l.initializer].raw_data.as_ref().unwrap();
+            assert_eq!(&bytes[l.offset as usize..(l.offset + l.len) as usize], &want[..]);
+        }
+        let mut back = crate::codec::proto::ModelProto::decode(data).unwrap();
+        let g = back.graph.as_mut().unwrap();
+        assert_eq!(g.initializer[0].raw_data, model.graph.as_ref().unwrap().initializer[0].raw_data);
+        assert!(g.initializer[1].raw_data.is_none() && g.initializer[3].raw_data.is_none());
+        for l in &left {
+            g.initializer[l.initializer].raw_data =
+                Some(Bytes::copy_from_slice(&bytes[l.offset as usize..(l.offset + l.len) as usize]));
+        }
+        assert_eq!(back.encode_to_vec(), bytes, "the same model once the weights are put back");
+    }
+
+    #[test]
+    fn files_the_walk_does_not_follow_are_read_whole() {
+        use prost::Message;
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = dir.path().join("m.onnx");
+        let once = model_with(&[100_000]).encode_to_vec();
+        // Two graph fields (merged by decoders), a truncated file, and not a model at all.
+        let twice = [once.clone(), model_with(&[100_000]).encode_to_vec()].concat();
+        for bytes in [twice, once[..once.len() - 10].to_vec(), b"hello".to_vec()] {
+            fs::write(&path, &bytes).unwrap();
+            let (data, left, _) = read_model_file(&path, 65_536).unwrap();
+            assert!(data[..] == bytes[..] && left.is_empty());
+        }
+    }
+
+    #[test]
+    fn damaged_files_read_as_a_whole_read_would_decode_them() {
+        use crate::codec::proto::ModelProto;
+        use prost::Message;
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let path = dir.path().join("m.onnx");
+        let good = model_with(&[300, 70_000, 20]).encode_to_vec();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for k in 0..400 {
+            let mut bytes = good.clone();
+            if k % 2 == 0 {
+                bytes.truncate((next() as usize) % bytes.len());
+            } else {
+                for _ in 0..1 + k % 3 {
+                    // Flips land in the structure (the first bytes) as often as in the weights.
+                    let at = if next() % 2 == 0 { next() as usize % 600 } else { next() as usize } % bytes.len();
+                    bytes[at] ^= 1 << (next() % 8);
+                }
+            }
+            fs::write(&path, &bytes).unwrap();
+            let whole = ModelProto::decode(&bytes[..]);
+            let Ok((data, left, _)) = read_model_file(&path, 65_536) else { continue };
+            let mut ours = ModelProto::decode(data);
+            if let Ok(m) = ours.as_mut() {
+                for l in &left {
+                    let raw = Bytes::copy_from_slice(&bytes[l.offset as usize..(l.offset + l.len) as usize]);
+                    m.graph.as_mut().unwrap().initializer[l.initializer].raw_data = Some(raw);
+                }
+            }
+            match (whole, ours) {
+                (Ok(w), Ok(o)) => assert_eq!(w, o, "case {k}"),
+                (Err(_), Err(_)) => {}
+                (w, o) => panic!("case {k}: whole {:?}, walked {:?}", w.is_ok(), o.is_ok()),
+            }
+        }
     }
 }

@@ -10,7 +10,8 @@ use crate::codec::model;
 use crate::codec::proto::ModelProto;
 use crate::error::{Error, Result};
 use crate::storage::external::{self, Mode};
-use crate::storage::read::{changed, Identity};
+use crate::storage::ranges::{self, RANGE_MIN};
+use crate::storage::read::{changed, read_model_file, read_path, Identity};
 
 /// A model source.
 #[derive(Debug, Clone)]
@@ -34,8 +35,9 @@ impl Source {
     }
 }
 
-/// Decodes one source. A file is read into memory the core owns and its external data resolved (`mode`):
-/// weights stay slices of the maps. `label` names the source in every error.
+/// Decodes one source. A file is read into memory the core owns, but for its large inline
+/// weights, which stay in it as ranges unless `mode` is [`Mode::InPlace`]; its external data
+/// is resolved as `mode` says. `label` names the source in every error.
 pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
     match src {
         Source::Model(m) => Ok(*m),
@@ -51,14 +53,28 @@ pub fn load(label: &str, src: Source, mode: Mode) -> Result<ModelProto> {
         }
         Source::Path(p, root) => {
             let before = Identity::at(&p).ok();
-            let data = crate::storage::read::read_path(&p)?;
-            let mut m = model::decode(label, data)?;
+            // Large inline weights stay in the file unless every byte is to be read.
+            let (data, left, identity) = match mode {
+                Mode::InPlace => (read_path(&p)?, Vec::new(), None),
+                _ => read_model_file(&p, RANGE_MIN).map(|(d, l, i)| (d, l, Some(i)))?,
+            };
+            // The weights left in the file have no data until they are attached below.
+            let mut m = match left.is_empty() {
+                true => model::decode(label, data)?,
+                false => model::decode_without_weights(label, data)?,
+            };
             let base = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
             external::resolve(&mut m, base, root.as_deref().unwrap_or(base), label, mode)?;
             // A model replaced while its data files were read (an export to the same path)
             // may have been paired with the new model's data: refused, never mixed.
             if Identity::at(&p).ok() != before {
                 return Err(changed(&label, "while its external data was read"));
+            }
+            if let (false, Some(identity)) = (left.is_empty(), identity) {
+                let real =
+                    p.canonicalize().map_err(|e| Error::load(format!("{label}: cannot resolve its path: {e}")))?;
+                ranges::attach(&mut m, &real, &identity, &left, label)?;
+                model::check_weights_present(label, &m)?;
             }
             Ok(m)
         }

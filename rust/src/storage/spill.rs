@@ -1,14 +1,16 @@
-//! Spilling: pointing what a pipeline holds in owned memory (the sources' bytes: weights
-//! and nodes) at the private copy written for its session instead.
+//! The session's private copy, and spilling: pointing what a pipeline holds at that copy.
 //!
-//! Sources are read into owned memory (see `model::read_path`), which a live pipeline keeps
-//! for exports, new sessions and `combine`. While ONNX Runtime builds a session from the
-//! private copy, that memory counts a second time. The copy's data file holds the same
-//! weights, so once it is written the pipeline maps it (it stays alive, unlinked, after its
-//! folder is removed) and lets go of the sources' memory: the weights are then pages of a
-//! file, not counted until touched, written back and reclaimed under pressure, and no other
-//! program can open the file by name to change them once the folder is gone. Nothing is
-//! written twice.
+//! A pipeline keeps its models (the composed one and, for `ONNXSequential`, the ones it was
+//! built from) for exports, new sessions and `combine`. Their large weights are ranges of
+//! the source files (see [`crate::codec::range`]), which a live pipeline must not depend on,
+//! and their other bytes are in memory read from the sources. The session's private copy is
+//! written first: the ranges copied by the kernel, the weights in memory written once. Then
+//! the pipeline maps the copy's data file (it stays alive, unlinked, after its folder is
+//! removed) and points its models at it: every range, always, and the weights in memory
+//! when there are enough of them to be worth it, letting go of the sources' memory. The
+//! weights are then pages of one file, shared with ONNX Runtime's own mapping of it, not
+//! counted until touched, and no other program can open the file by name once the folder is
+//! gone. Nothing is copied twice.
 //!
 //! Every `Bytes` of the given models is visited; slices that several models share (a stage
 //! and the composed model) stay shared. What is not in the data file (nodes, small tensors,
@@ -16,39 +18,17 @@
 //! source buffer alive.
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
 use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
+use crate::codec::range::{set_inline, FileRange};
 use crate::error::{Error, Result};
-
-/// Address ranges of the live spill mappings: bytes already in one are not spilled again.
-static MAPPED: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
-
-/// A spill file's mapping; its range leaves [`MAPPED`] when the last slice of it is dropped.
-struct Mapping(memmap2::Mmap);
-
-impl AsRef<[u8]> for Mapping {
-    fn as_ref(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        let start = self.0.as_ptr() as usize;
-        if let Ok(mut m) = MAPPED.lock() {
-            m.retain(|&(s, _)| s != start);
-        }
-    }
-}
-
-fn is_mapped(b: &Bytes) -> bool {
-    let p = b.as_ptr() as usize;
-    MAPPED.lock().map(|m| m.iter().any(|&(s, e)| p >= s && p < e)).unwrap_or(false)
-}
+use crate::storage::copy::Copied;
+use crate::storage::data_file::{Held, Placed};
+use crate::storage::mapped::{is_mapped, Mapping};
+use crate::storage::ranges::{by_file, Source};
 
 /// Calls `f` on every `Bytes` of `model`: the nodes kept as bytes (with whatever they hold)
 /// and the `raw_data` of every tensor outside them, in functions and training graphs too.
@@ -87,38 +67,31 @@ pub fn for_each_bytes(model: &mut ModelProto, f: &mut impl FnMut(&mut Bytes)) {
     }
 }
 
-/// Whether files in `dir` live in memory (tmpfs, ramfs): spilling there would only move
-/// the bytes from this process's memory to the file system's.
-fn in_memory(dir: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    const RAMFS_MAGIC: i64 = 0x8584_58f6;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return true };
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string and a statfs struct to fill.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return true;
-    }
-    let kind = st.f_type as i64;
-    kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+/// The ranges the main-graph initializers of `models` hold.
+fn ranges_of(models: &[&mut ModelProto]) -> Vec<FileRange> {
+    models.iter().flat_map(|m| crate::codec::range::ranges(m).map(|(_, r)| r)).collect()
 }
 
-/// Points the bytes of `models` at `data`, the data file of a private copy of `models[0]`
-/// that [`crate::storage::digest::save_placed`] wrote, where `placed` says each weight went; copies
-/// the rest into one fresh buffer. Done when there are at least `min_bytes` of bytes not
-/// spilled yet and `data` is on a disk (on a tmpfs it would only move memory). Returns the
-/// number of bytes now mapped (0: nothing done). The models encode exactly as before.
-pub fn spill_onto(
-    models: &mut [&mut ModelProto],
-    data: &Path,
-    placed: &[(usize, usize, u64)],
-    min_bytes: u64,
-) -> Result<u64> {
-    let placed: HashMap<(usize, usize), u64> = placed.iter().map(|&(p, n, off)| ((p, n), off)).collect();
-    // The distinct slices not spilled yet; those the data file does not hold, in order, with
-    // their offset in the buffer that will hold them.
+/// Points the bytes of `models` at `data`, the data files of a private copy that hold each
+/// weight `placed` lists where it says: every range of a source file, always (a pipeline
+/// must not depend on its sources), and the weights in memory when at least `min_bytes` of
+/// them are not spilled yet; the rest of the memory is then copied into one fresh buffer.
+/// Returns the number of bytes now mapped (0: nothing done). The models encode exactly as
+/// before.
+pub fn spill_onto(models: &mut [&mut ModelProto], data: &[PathBuf], placed: &[Placed], min_bytes: u64) -> Result<u64> {
+    let placed: HashMap<&Held, (usize, u64)> = placed.iter().map(|p| (&p.held, (p.part, p.offset))).collect();
+    let mut ranges: HashMap<FileRange, (usize, u64)> = HashMap::new();
+    for r in ranges_of(models) {
+        let off = placed
+            .get(&Held::File(r.clone()))
+            .copied()
+            .ok_or_else(|| Error::export(format!("{}: a weight of this file is not in the session's copy", r.path)))?;
+        ranges.insert(r, off);
+    }
+    // The distinct slices in memory not spilled yet; those the data file does not hold, in
+    // order, with their offset in the buffer that will hold them.
     let mut seen: HashMap<(usize, usize), Option<usize>> = HashMap::new();
-    let (mut total, mut mapped, mut rest) = (0u64, 0u64, Vec::<Bytes>::new());
+    let (mut total, mut in_file, mut rest) = (0u64, 0u64, Vec::<Bytes>::new());
     let mut rest_len = 0usize;
     for m in models.iter_mut() {
         for_each_bytes(m, &mut |b| {
@@ -128,8 +101,8 @@ pub fn spill_onto(
             let key = (b.as_ptr() as usize, b.len());
             seen.entry(key).or_insert_with(|| {
                 total += b.len() as u64;
-                if placed.contains_key(&key) {
-                    mapped += b.len() as u64;
+                if placed.contains_key(&Held::Memory(key.0, key.1)) {
+                    in_file += b.len() as u64;
                     None
                 } else {
                     rest.push(b.clone());
@@ -139,24 +112,37 @@ pub fn spill_onto(
             });
         });
     }
-    if total < min_bytes || mapped == 0 || data.parent().is_none_or(in_memory) {
+    let memory = total >= min_bytes && in_file > 0;
+    if ranges.is_empty() && !memory {
         return Ok(0);
     }
-    let io = |e: std::io::Error| Error::export(format!("cannot map {}: {e}", data.display()));
-    let file = File::open(data).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    if placed.iter().any(|(&(_, n), &off)| off + n as u64 > len) {
-        return Err(Error::export(format!("{}: shorter than what was written to it", data.display())));
+    let mut wholes = Vec::new();
+    for (j, path) in data.iter().enumerate() {
+        let io = |e: std::io::Error| Error::export(format!("cannot map {}: {e}", path.display()));
+        let file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let ends = placed.iter().filter(|(_, (part, _))| *part == j).map(|(h, (_, off))| match h {
+            Held::Memory(_, n) => off + *n as u64,
+            Held::File(r) => off + r.len,
+        });
+        if ends.max().is_some_and(|end| end > len) {
+            return Err(Error::export(format!("{}: shorter than what was written to it", path.display())));
+        }
+        wholes.push(Bytes::from_owner(Mapping::of(file).map_err(io)?));
     }
-    // SAFETY: the file is in a folder only this process uses, removed once the session
-    // exists; nothing else writes to it.
-    let mapping = Mapping(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?);
-    let start = mapping.0.as_ptr() as usize;
-    MAPPED
-        .lock()
-        .map_err(|_| Error::export("spill registry poisoned".to_string()))?
-        .push((start, start + mapping.0.len()));
-    let whole = Bytes::from_owner(mapping);
+    let slice = |(part, off): (usize, u64), n: u64| wholes[part].slice(off as usize..(off + n) as usize);
+    let mut mapped: u64 = ranges.keys().map(|r| r.len).sum();
+    for m in models.iter_mut() {
+        for t in m.graph.iter_mut().flat_map(|g| g.initializer.iter_mut()) {
+            if let Some(r) = FileRange::of(t) {
+                set_inline(t, slice(ranges[&r], r.len));
+            }
+        }
+    }
+    if !memory {
+        return Ok(mapped);
+    }
+    mapped += in_file;
     let mut buffer = Vec::new();
     buffer.try_reserve_exact(rest_len).map_err(|_| Error::export("out of memory".to_string()))?;
     rest.iter().for_each(|b| buffer.extend_from_slice(b));
@@ -166,8 +152,8 @@ pub fn spill_onto(
         for_each_bytes(m, &mut |b| {
             let key = (b.as_ptr() as usize, b.len());
             let n = b.len();
-            if let Some(&off) = placed.get(&key) {
-                *b = whole.slice(off as usize..off as usize + n);
+            if let Some(&at) = placed.get(&Held::Memory(key.0, key.1)) {
+                *b = slice(at, n as u64);
             } else if let Some(Some(off)) = seen.get(&key) {
                 *b = copied.slice(*off..*off + n);
             }
@@ -176,30 +162,86 @@ pub fn spill_onto(
     Ok(mapped)
 }
 
+/// What [`private_copy`] did.
+#[derive(Debug, Default)]
+pub struct PrivateCopy {
+    /// The digest of the files written (when asked for).
+    pub digest: Option<String>,
+    /// Bytes the kernel copied from the sources (and from earlier private copies).
+    pub copied: u64,
+    /// Of those, bytes copied with `sendfile` (across file systems).
+    pub by_sendfile: u64,
+    /// Bytes written from memory.
+    pub written: u64,
+    /// Bytes the spilled models map (see [`spill_onto`]).
+    pub mapped: u64,
+    /// Copies of the models given, spilled onto the copy's data file.
+    pub spilled: Option<Vec<ModelProto>>,
+}
+
 /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
-/// [`crate::storage::digest::save_placed`]) and returns the digest of what was written. With
-/// `spill_min`, also returns copies of all `models` spilled onto that data file (see
-/// [`spill_onto`]), or None when there is less than that in it or the spill cannot be done
-/// (the memory is then kept). The originals are left as they are.
-pub fn private_copy(
-    models: &[&ModelProto],
-    path: &Path,
-    spill_min: Option<u64>,
-) -> Result<(String, u64, Option<Vec<ModelProto>>)> {
+/// [`crate::storage::digest::save_placed`]), with the digest of what was written when
+/// `digest` is set. With `spill_min`, the weights that only `models[1..]` hold as ranges of
+/// their sources are copied into the data file too, and copies of all `models` spilled onto
+/// it are returned (see [`spill_onto`]): always when they hold ranges, else when there are at
+/// least `spill_min` bytes to spill. The originals are left as they are.
+pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>, digest: bool) -> Result<PrivateCopy> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
     let mut placed = Vec::new();
-    let (saved, digest) = crate::storage::digest::save_placed(first, path, 1024, &mut placed)?;
-    let (Some(min), Some(data)) = (spill_min, saved.data_files.first()) else { return Ok((digest, 0, None)) };
-    // Below the minimum in the data file alone, no model is copied to find out more.
-    if placed.iter().map(|&(_, n, _)| n as u64).sum::<u64>() < min {
-        return Ok((digest, 0, None));
+    let (written, digest) = crate::storage::digest::save_placed(first, path, 1024, digest, &mut placed)?;
+    let mut done = PrivateCopy {
+        digest,
+        copied: written.copied.bytes,
+        by_sendfile: written.copied.by_sendfile,
+        written: written.from_memory,
+        ..Default::default()
+    };
+    let Some(min) = spill_min else { return Ok(done) };
+    let data: Vec<PathBuf> = written.data_names.iter().map(|n| path.with_file_name(n)).collect();
+    let extra: Vec<FileRange> = models[1..]
+        .iter()
+        .flat_map(|m| crate::codec::range::ranges(m).map(|(_, r)| r))
+        .filter(|r| !placed.iter().any(|p| matches!(&p.held, Held::File(q) if q == r)))
+        .collect();
+    let appended = append_ranges(&data[0], &extra, &mut placed)?;
+    done.copied += appended.bytes;
+    done.by_sendfile += appended.by_sendfile;
+    // Below the minimum in the data file alone, and nothing to move off the sources, no
+    // model is copied to find out more.
+    let in_memory: u64 = placed.iter().map(|p| if let Held::Memory(_, n) = p.held { n as u64 } else { 0 }).sum();
+    if in_memory < min && !placed.iter().any(|p| matches!(p.held, Held::File(_))) {
+        return Ok(done);
     }
     let mut copies: Vec<ModelProto> = models.iter().map(|m| (*m).clone()).collect();
     let mut refs: Vec<&mut ModelProto> = copies.iter_mut().collect();
-    match spill_onto(&mut refs, &path.with_file_name(data), &placed, min) {
-        Ok(mapped) if mapped > 0 => Ok((digest, mapped, Some(copies))),
-        _ => Ok((digest, 0, None)),
+    done.mapped = spill_onto(&mut refs, &data, &placed, min)?;
+    if done.mapped > 0 {
+        done.spilled = Some(copies);
     }
+    Ok(done)
+}
+
+/// Copies `ranges` to the end of the data file at `data` (aligned), recording where.
+fn append_ranges(data: &Path, ranges: &[FileRange], placed: &mut Vec<Placed>) -> Result<Copied> {
+    if ranges.is_empty() {
+        return Ok(Copied::default());
+    }
+    let io = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", data.display()));
+    let file = File::options().read(true).write(true).open(data).map_err(io)?;
+    let mut end = file.metadata().map_err(io)?.len();
+    let mut at = Vec::new();
+    for r in ranges {
+        end += (4096 - end % 4096) % 4096;
+        at.push((r, end));
+        placed.push(Placed { held: Held::File(r.clone()), part: 0, offset: end });
+        end += r.len;
+    }
+    file.set_len(end).map_err(io)?;
+    let mut copied = Copied::default();
+    for (first, items) in by_file(at) {
+        copied += Source::open(first)?.copy_into(&items, &file, data)?;
+    }
+    Ok(copied)
 }
 
 #[cfg(test)]
@@ -267,8 +309,8 @@ mod tests {
     fn copy_and_spill(models: &mut [&mut ModelProto], dir: &Path, min: u64) -> u64 {
         let path = dir.join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(models[0], &path, 1024, &mut placed).unwrap();
-        spill_onto(models, &dir.join("model.onnx.data"), &placed, min).unwrap()
+        crate::storage::digest::save_placed(models[0], &path, 1024, false, &mut placed).unwrap();
+        spill_onto(models, &[dir.join("model.onnx.data")], &placed, min).unwrap()
     }
 
     #[test]
@@ -291,8 +333,8 @@ mod tests {
         let again = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let path = again.path().join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(&a, &path, 1024, &mut placed).unwrap();
-        assert_eq!(spill_onto(&mut [&mut a], &again.path().join("model.onnx.data"), &placed, 0).unwrap(), 0);
+        crate::storage::digest::save_placed(&a, &path, 1024, false, &mut placed).unwrap();
+        assert_eq!(spill_onto(&mut [&mut a], &[again.path().join("model.onnx.data")], &placed, 0).unwrap(), 0);
     }
 
     #[test]
@@ -304,5 +346,50 @@ mod tests {
         let w = &a.graph.as_ref().unwrap().initializer[0];
         let raw = w.raw_data.as_ref().unwrap();
         assert!(source.as_ptr_range().contains(&raw.as_ptr()), "still a slice of the source");
+    }
+
+    #[test]
+    fn ranges_are_copied_into_the_copy_and_the_spilled_models_no_longer_need_their_sources() {
+        use crate::storage::external::Mode;
+        use crate::storage::source::{load, Source};
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let model = |seed: u8| {
+            let raw: Vec<u8> = (0..200_000usize).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect();
+            let mut m = ModelProto::decode(Bytes::from(model_bytes())).unwrap();
+            m.graph.as_mut().unwrap().initializer[0] = TensorProto {
+                name: Some("w".into()),
+                data_type: Some(1),
+                dims: vec![50_000],
+                raw_data: Some(Bytes::from(raw)),
+                ..Default::default()
+            };
+            m
+        };
+        let (pa, pb) = (dir.path().join("a.onnx"), dir.path().join("b.onnx"));
+        std::fs::write(&pa, model(1).encode_to_vec()).unwrap();
+        std::fs::write(&pb, model(2).encode_to_vec()).unwrap();
+        let a = load("a", Source::Path(pa.clone(), None), Mode::Range).unwrap();
+        let b = load("b", Source::Path(pb.clone(), None), Mode::Range).unwrap();
+        assert!(crate::codec::range::has_ranges(&a) && crate::codec::range::has_ranges(&b));
+        let expected = [model(1).encode_to_vec(), model(2).encode_to_vec()];
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        // b's weight is in no model written: it is appended to the data file all the same.
+        let done = private_copy(&[&a, &b], &private.join("model.onnx"), Some(u64::MAX), true).unwrap();
+        assert_eq!((done.copied, done.written, done.mapped), (400_000, 0, 400_000));
+        assert!(done.digest.is_some());
+        let spilled = done.spilled.expect("ranges are always moved off the sources");
+        std::fs::remove_dir_all(&private).unwrap();
+        std::fs::write(&pa, b"").unwrap();
+        std::fs::remove_file(&pb).unwrap();
+        for (m, want) in spilled.iter().zip(&expected) {
+            assert!(!crate::codec::range::has_ranges(m));
+            assert_eq!(&m.encode_to_vec(), want);
+        }
+        // A copy of the spilled models comes from the first copy's file, in the kernel.
+        let again = dir.path().join("again");
+        std::fs::create_dir(&again).unwrap();
+        let done = private_copy(&[&spilled[0]], &again.join("model.onnx"), Some(u64::MAX), false).unwrap();
+        assert_eq!((done.copied, done.written, done.mapped), (200_000, 0, 0));
     }
 }

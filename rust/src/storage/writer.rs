@@ -10,22 +10,23 @@
 //! export lock, and removes what earlier and killed writes left (see
 //! [`crate::storage::commit`]). A user's file is never overwritten or removed; every failure
 //! is an export error naming the target.
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::{BufWriter, Write};
-use std::path::Path;
-
-use prost::Message;
+use std::path::{Path, PathBuf};
 
 use crate::codec::model::{decode, PROTOBUF_LIMIT};
-use crate::codec::proto::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
+use crate::codec::proto::{GraphProto, ModelProto, StringStringEntryProto};
+use crate::codec::range::inline_len;
 use crate::codec::stream::write_streaming;
-use crate::codec::tensor::for_each_tensor;
 use crate::error::{Error, Result};
 use crate::storage::commit::{commit, link_sources, DataFile, Model, Target};
 pub use crate::storage::commit::{Encoder, Saved};
+use crate::storage::copy::Copied;
+use crate::storage::data_file::{Layout, Placed};
 use crate::storage::export_lock::new_token;
-use crate::storage::external::{check_relative, kv, locations, safe_location};
+use crate::storage::external::{check_relative, locations, safe_location};
 use crate::storage::ownership::mark;
+use crate::storage::ranges::inline;
 use crate::storage::read::read_path;
 pub use crate::storage::temp::Staging;
 
@@ -37,20 +38,22 @@ pub use crate::storage::temp::Staging;
 pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: bool, threshold: usize) -> Result<Saved> {
     let target = Target::new(path)?;
     let token = new_token();
-    let size = model.encoded_len() as u64;
+    // Weights still in their source files count as they will be written (inline).
+    let size = inline_len(model) as u64;
     if linked || external.unwrap_or(size >= PROTOBUF_LIMIT) {
         let temp = target.temp(&token, "data")?;
         let fallback = format!("{}.{token}.data", target.name);
         let mut header = model.clone();
-        let mut out = BufWriter::with_capacity(1 << 20, &temp.file);
-        let (len, moved) =
-            move_weights(&mut header, &fallback, threshold, &mut out, &mut std::io::sink(), &mut Vec::new())
-                .and_then(|r| out.flush().map(|_| r))
-                .map_err(|e| target.err(e))?;
-        drop(out);
+        let mut no_graph = GraphProto::default();
+        // One data file: weights in memory written once, those in a source copied by the kernel.
+        let mut placed = Vec::new();
+        let layout = Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, &fallback, 1, &mut placed)?;
+        // Errors name the target (the temporary file's name would mislead).
+        layout.write(std::slice::from_ref(&temp.file), &[path.to_path_buf()])?;
         temp.file.sync_all().map_err(|e| target.err(e))?;
         let mut data = Vec::new();
-        if moved > 0 {
+        let len = layout.lens.first().copied().unwrap_or(0);
+        if !placed.is_empty() {
             let preferred = format!("{}.data", target.name);
             let marked = mark(&temp.file, &target.name, &[&preferred, &fallback]);
             let path = temp.path.clone();
@@ -67,7 +70,7 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
     }
     let temp = target.temp(&token, "model")?;
     let mut out = BufWriter::with_capacity(256 << 10, &temp.file);
-    let len = write_streaming(model, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| target.err(e))?;
+    let len = write_streaming(&*inline(model)?, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| target.err(e))?;
     drop(out);
     temp.file.sync_all().map_err(|e| target.err(e))?;
     commit(&target, &token, Model::Written { path: temp.path.clone(), temp: Some(temp), len }, Vec::new())
@@ -149,77 +152,69 @@ pub fn commit_staged(
     commit(&target, &token, Model::Header { model: Box::new(model), encode, link: false }, data)
 }
 
+/// What [`write_private`] wrote.
+#[derive(Debug, Clone, Default)]
+pub struct Written {
+    pub model_bytes: u64,
+    /// The data files' lengths (their weights, aligned), together.
+    pub data_bytes: u64,
+    /// The data files' names, the first one first.
+    pub data_names: Vec<String>,
+    /// The weights copied by the kernel (from their source files, or from an earlier copy).
+    pub copied: Copied,
+    /// The weights written from memory.
+    pub from_memory: u64,
+}
+
 /// Writes the session's private copy of `model` into `path`'s folder, which only this
-/// process uses: tensors of at least `threshold` bytes in `<name>.data` beside it, neither
-/// file synced (the page cache is enough for a file that need not outlive a crash). Every
-/// byte of the data file and then the model's protobuf encoding also go to `tee` (a digest
-/// computed while writing); `placed` receives, for each weight moved to the data file, its
-/// address and length in `model` and its offset in the file (see `spill::spill_onto`).
+/// process uses: tensors of at least `threshold` bytes, and every weight still in its source
+/// file (copied there by the kernel), in `data_name` beside it and, for large copies, up to
+/// `max_parts` files copied side by side (see [`crate::storage::data_file`]); no file is
+/// synced (the page cache is enough for a file that need not outlive a crash). Tensors still
+/// external (`external_data="reuse"`) get their source file linked beside it. `placed`
+/// receives, for each weight put in the data files, where it was held and where it went
+/// (see `spill::spill_onto`). On failure, the files it made are removed.
 pub fn write_private(
     model: &ModelProto,
     path: &Path,
     threshold: usize,
-    tee: &mut dyn Write,
-    placed: &mut Vec<(usize, usize, u64)>,
-) -> Result<Saved> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model.onnx".into());
-    let err = |e: std::io::Error| Error::export(format!("cannot write {}: {e}", path.display()));
+    data_name: &str,
+    max_parts: usize,
+    placed: &mut Vec<Placed>,
+) -> Result<Written> {
+    let err = |p: &Path, e: std::io::Error| Error::export(format!("cannot write {}: {e}", p.display()));
     let mut header = model.clone();
-    // Sources still referred to (external_data="reuse") are linked beside the copy.
-    link_sources(&mut header, path, &new_token())?;
-    let data_name = format!("{name}.data");
-    let mut out = BufWriter::with_capacity(1 << 20, File::create(path.with_file_name(&data_name)).map_err(err)?);
-    let (data_bytes, _) = move_weights(&mut header, &data_name, threshold, &mut out, tee, placed).map_err(err)?;
-    out.flush().map_err(err)?;
-    tee.write_all(&header.encode_to_vec()).map_err(err)?;
-    let mut out = BufWriter::with_capacity(256 << 10, File::create(path).map_err(err)?);
-    let model_bytes = write_streaming(&header, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(err)?;
-    Ok(Saved { model_bytes, data_bytes, data_files: vec![data_name] })
-}
-
-const ALIGN: u64 = 4096;
-
-/// Moves the weights of `header` of at least `threshold` bytes to `out` (each at an offset
-/// aligned for mapping), pointing their tensors at `location`; sends the same bytes to
-/// `tee` and records each weight's place (see [`write_private`]). Returns the bytes written
-/// and the number of tensors moved.
-fn move_weights(
-    header: &mut ModelProto,
-    location: &str,
-    threshold: usize,
-    out: &mut dyn Write,
-    tee: &mut dyn Write,
-    placed: &mut Vec<(usize, usize, u64)>,
-) -> std::io::Result<(u64, usize)> {
-    let (mut offset, mut moved) = (0u64, 0usize);
-    let Some(g) = header.graph.as_mut() else { return Ok((0, 0)) };
-    let mut failed = None;
-    let _ = for_each_tensor(g, &mut |t| {
-        let Some(raw) = t.raw_data.take_if(|r| r.len() >= threshold) else { return Ok(false) };
-        let pad = (ALIGN - offset % ALIGN) % ALIGN;
-        let zeros = vec![0u8; pad as usize];
-        let written = out.write_all(&zeros).and_then(|_| out.write_all(&raw));
-        let teed = written.and_then(|_| tee.write_all(&zeros)).and_then(|_| tee.write_all(&raw));
-        if let Err(e) = teed {
-            failed = Some(e);
-            return Err(Error::export(String::new()));
+    let linked = link_sources(&mut header, path, &new_token())?;
+    let mut made: Vec<PathBuf> = linked;
+    let result = (|| -> Result<Written> {
+        let mut no_graph = GraphProto::default();
+        let layout = Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, data_name, max_parts, placed)?;
+        let paths = layout.paths(path);
+        let mut files = Vec::new();
+        for p in &paths {
+            let file = File::options().read(true).write(true).create_new(true).open(p).map_err(|e| err(p, e))?;
+            made.push(p.clone());
+            files.push(file);
         }
-        offset += pad;
-        placed.push((raw.as_ptr() as usize, raw.len(), offset));
-        t.external_data = vec![
-            kv("location", location.to_string()),
-            kv("offset", offset.to_string()),
-            kv("length", raw.len().to_string()),
-        ];
-        offset += raw.len() as u64;
-        moved += 1;
-        t.data_location = Some(DataLocation::External as i32);
-        Ok(true)
-    });
-    match failed {
-        Some(e) => Err(e),
-        None => Ok((offset, moved)),
+        let copied = layout.write(&files, &paths)?;
+        let file = File::options().write(true).create_new(true).open(path).map_err(|e| err(path, e))?;
+        made.push(path.to_path_buf());
+        let mut out = BufWriter::with_capacity(256 << 10, file);
+        let model_bytes = write_streaming(&header, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| err(path, e))?;
+        Ok(Written {
+            model_bytes,
+            data_bytes: layout.lens.iter().sum(),
+            from_memory: layout.from_memory(),
+            data_names: layout.names,
+            copied,
+        })
+    })();
+    if result.is_err() {
+        for f in &made {
+            let _ = fs::remove_file(f);
+        }
     }
+    result
 }
 
 #[cfg(test)]
@@ -227,6 +222,7 @@ mod tests {
     use std::fs;
 
     use bytes::Bytes;
+    use prost::Message;
 
     use super::*;
     use crate::codec::proto::{GraphProto, TensorProto};
@@ -292,8 +288,8 @@ mod tests {
         let target = dir.path().join("m.onnx");
         let staging = stage(&target).unwrap();
         let mut m = model(7);
-        let mut out = File::create(staging.path().join("w.bin")).unwrap();
-        move_weights(&mut m, "w.bin", 0, &mut out, &mut std::io::sink(), &mut Vec::new()).unwrap();
+        let layout = Layout::place(m.graph.as_mut().unwrap(), 0, "w.bin", 1, &mut Vec::new()).unwrap();
+        layout.write(&[File::create(staging.path().join("w.bin")).unwrap()], &layout.paths(&staging.path().join("m"))).unwrap();
         fs::write(staging.path().join("m.onnx"), m.encode_to_vec()).unwrap();
         let meta = [("k".to_string(), "v".to_string())];
         let saved = commit_staged(&staging, "m.onnx", &meta, None).unwrap();
