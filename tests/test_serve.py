@@ -136,6 +136,20 @@ def test_profile_of_a_chain_names_its_models_and_counts_adapters_between_stages(
     assert [n.op_type for n in p.unassigned_nodes] == ["Cast"]
 
 
+def test_a_stage_node_named_like_an_adapter_is_still_the_stages_work():
+    # The core says which nodes it inserted; a name is not the test.
+    lookalike = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="fastseq/adapt0/Cast")], "d",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pipe = fastseq.Pipeline({"a": matmuls(1), "b": lookalike}, edges=["a.y -> b.x"])
+    p = pipe.profile(rows(2), runs=2, warmup=1)
+    assert [s.nodes for s in p.stages] == [1, 1]
+    assert p.unassigned_nodes == ()
+    assert [n.name for n in p.stages[1].slowest] == ["fastseq/adapt0/Cast"]
+
+
 def test_profile_refuses_bad_arguments_and_inputs():
     pipe = light_heavy()
     with pytest.raises(ValueError, match="runs >= 1"):

@@ -65,6 +65,10 @@ class Composed:
         """Per stage (label, first node, end node) in the merged graph, and every renamed
         value or node name of the merged graph -> (stage index, original name)."""
 
+    def inserted_nodes(self) -> list[int]:
+        """Per stage, how many nodes at the start of its range in :meth:`origins` the merge
+        inserted (adapters on its incoming edges; 0 for a loaded model)."""
+
 def compose(
     sources: Sequence[Source],
     labels: Sequence[str],

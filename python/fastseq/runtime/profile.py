@@ -29,8 +29,6 @@ from fastseq.runtime.session import default_options
 MAX_EVENTS = 1_000_000
 #: Slowest nodes listed per stage.
 SLOWEST = 5
-#: How the core names the adapter nodes it inserts between stages (``fastseq/adapt<edge>/Cast``).
-ADAPTER_PREFIX = "fastseq/adapt"
 
 
 @dataclass(frozen=True)
@@ -173,6 +171,7 @@ class _Graph:
         import onnx
 
         stages, renamed = composed.origins()
+        inserted = composed.inserted_nodes()
         nodes = onnx.ModelProto.FromString(composed.stripped_bytes()).graph.node
         self.labels = [label for label, _, _ in stages]
         self.names = [n.name for n in nodes]
@@ -181,11 +180,9 @@ class _Graph:
         self.stage = [-1] * self.size  # -1: inserted between stages (an adapter)
         self.counts = [0] * len(stages)
         for k, (_, first, end) in enumerate(stages):
-            # The core puts the adapters it inserts on an edge (a Cast, an (Un)squeeze) first in
-            # the range of the stage they feed, under its own fresh names: they are glue
-            # between stages, not the stage's work.
-            while first < end and nodes[first].name.startswith(ADAPTER_PREFIX):
-                first += 1
+            # The adapters the core inserts on an edge (a Cast, an (Un)squeeze) come first in
+            # the range of the stage they feed: glue between stages, not the stage's work.
+            first = min(first + inserted[k], end)
             self.stage[first:end] = [k] * (end - first)
             self.counts[k] = end - first
         self.renamed = renamed

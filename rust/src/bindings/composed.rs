@@ -242,4 +242,11 @@ impl Composed {
         }
         Ok((stages, names))
     }
+
+    /// Per stage, how many nodes at the start of its range in :meth:`origins` the merge
+    /// inserted (adapters on its incoming edges; 0 for a loaded model).
+    fn inserted_nodes(&self) -> Vec<usize> {
+        let o = &self.composition.origins;
+        (0..o.nodes.len()).map(|k| o.inserted.get(k).copied().unwrap_or(0)).collect()
+    }
 }

@@ -105,7 +105,8 @@ fn keep_by<'m, T: 'm>(list: Vec<T>, mask: &'m [bool]) -> impl Iterator<Item = T>
 }
 
 /// Lays the renamed stages out as one model. Returns it and, per stage, the range of its
-/// nodes in the merged graph (adapters into a stage count as its own).
+/// nodes in the merged graph (adapters into a stage first in it) and the number of
+/// adapter nodes at the start of that range.
 #[allow(clippy::too_many_arguments)]
 pub fn assemble(
     mut models: Vec<ModelProto>,
@@ -115,7 +116,7 @@ pub fn assemble(
     opset_import: Vec<OperatorSetIdProto>,
     ir_version: i64,
     opts: &Options,
-) -> (ModelProto, Vec<(usize, usize)>) {
+) -> (ModelProto, Vec<(usize, usize)>, Vec<usize>) {
     let graph_names: Vec<String> =
         models.iter().filter_map(|m| graph(m).name.clone()).filter(|s| !s.is_empty()).collect();
     let default_opset = opset_import
@@ -182,6 +183,7 @@ pub fn assemble(
         into_stage[plan.edges[a.edge].to].push(x);
     }
     let mut ranges = Vec::with_capacity(models.len());
+    let mut inserted = Vec::with_capacity(models.len());
     let mut meta_seen: HashSet<(String, String)> = HashSet::new();
     for (k, m) in models.into_iter().enumerate() {
         let mg = m.graph.expect("checked on entry");
@@ -191,6 +193,7 @@ pub fn assemble(
             g.node.extend(nodes);
             g.initializer.extend(axes);
         }
+        inserted.push(g.node.len() - start);
         match &plan.kept {
             None => {
                 let mut mg = mg;
@@ -231,5 +234,5 @@ pub fn assemble(
         }
     }
     out.graph = Some(g);
-    (out, ranges)
+    (out, ranges, inserted)
 }

@@ -38,8 +38,12 @@ pub struct Report {
 /// Where the merged graph's parts come from, to translate runtime errors back.
 #[derive(Debug, Clone, Default)]
 pub struct Origins {
-    /// Per stage: (first node, end node) in the merged graph.
+    /// Per stage: (first node, end node) in the merged graph. The adapters on a stage's
+    /// incoming edges come first in its range: an error in one is the stage's input.
     pub nodes: Vec<(usize, usize)>,
+    /// Per stage: how many nodes at the start of its range the merge inserted (adapters),
+    /// which are glue between stages rather than the stage's own work (see `profile`).
+    pub inserted: Vec<usize>,
     /// Per stage: its values' renames, then its nodes'.
     pub values: Vec<Renamed>,
     pub node_names: Vec<Renamed>,
@@ -172,7 +176,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     // Freeing the arenas is off the caller's path.
     crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas, extra)));
 
-    let (mut model, ranges) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    let (mut model, ranges, inserted) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
     if let Some(frame) = frame {
         frame.apply(&mut model);
     }
@@ -182,7 +186,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         adapters: plan.adapters.iter().map(|a| (a.edge, a.describe())).collect(),
         unused_outputs: plan.unused.clone(),
     };
-    let origins = Origins { nodes: ranges, values: value_renamed, node_names: node_renamed };
+    let origins = Origins { nodes: ranges, inserted, values: value_renamed, node_names: node_renamed };
     Ok(Composition { model, labels: labels.to_vec(), plan: view, report, origins })
 }
 
