@@ -88,6 +88,7 @@ def compose(
     dedupe: bool | None = None,
     adapt: bool | Sequence[int] | None = None,
     rules: str = "fastseq",
+    adapt_remedy: str | None = None,
 ) -> Composed:
     """Loads and composes ``sources`` (``labels`` name them in errors). The linear form:
     ``io_maps[i]`` joins model i to i + 1 (by position without it). The graph form:
@@ -99,7 +100,9 @@ def compose(
     them, else ``stage.output``). Errors name the caller's keys (``edges[2]: ...``).
     ``prune`` and ``dedupe`` default to on in the graph form, off in the linear one;
     ``adapt``: True or a list of edge indices; ``rules="onnx.compose"``: two models as
-    ``onnx.compose.merge_models`` merges them. :meth:`Composed.plan` says what was decided."""
+    ``onnx.compose.merge_models`` merges them; ``adapt_remedy``: what an edge an adapter
+    would fix says to do where adapters are off (the entry point's own remedy, ``{}``
+    standing for the adapter). :meth:`Composed.plan` says what was decided."""
 def load_model(source: Source, label: str | None = None) -> Composed: ...
 def load_models(sources: Sequence[Source], labels: Sequence[str]) -> list[Composed]: ...
 def decode(data: bytes, label: str = "model", graph: bool = False) -> Composed:

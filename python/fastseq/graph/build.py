@@ -45,20 +45,14 @@ def build(spec: PipelineSpec) -> Built:
             from fastseq.graph import convert  # imports onnx: only on this error path
 
             raise convert.with_hint(e, spec.entry) from None
-        except CompositionError as e:
-            hinted = _adapter_hint(e, spec)
-            if hinted is not e:
-                raise hinted from None
-            raise
     except FastseqError as e:
         if spec.origin and not str(e).startswith(spec.origin):
             raise type(e)(f"{spec.origin}: {e}") from e
         raise
 
 
-#: The core's remedy for an edge an adapter would fix, and what to say instead where the
-#: entry point has no ``adapt`` option (a chain built by compose*, merge_models or the CLI).
-_ADAPT_REMEDY = "; pass adapt=True (or this edge's index in adapt) to insert a "
+#: What an edge an adapter would fix says to do where the entry point has no ``adapt``
+#: option (a chain built by compose*, merge_models or the CLI); the core fills in the adapter.
 _NO_ADAPT = {
     "compose": "compose() inserts no adapters: fastseq.ONNXSequential(..., adapt=True) or "
     "fastseq.Pipeline(..., adapt=True) inserts a {}",
@@ -67,16 +61,6 @@ _NO_ADAPT = {
     "cli": "fastseq merge inserts no adapters for a list of models: a pipeline file with "
     "adapt = true inserts a {}",
 }
-
-
-def _adapter_hint(error: CompositionError, spec: PipelineSpec) -> CompositionError:
-    """``error`` with a remedy the entry point has: the core advises ``adapt=True``, which a
-    chain takes only through ONNXSequential."""
-    text = str(error)
-    if spec.is_graph or spec.entry not in _NO_ADAPT or _ADAPT_REMEDY not in text:
-        return error
-    head, adapter = text.split(_ADAPT_REMEDY, 1)
-    return CompositionError(f"{head}; {_NO_ADAPT[spec.entry].format(adapter)}")
 
 
 def _build(spec: PipelineSpec, link: bool) -> Built:
@@ -130,6 +114,7 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
             inputs=spec.only_inputs,
             outputs=spec.only_outputs,
             rules=spec.rules,
+            adapt_remedy=_NO_ADAPT.get(spec.entry),
             **_extra(spec),
             **common,
         )

@@ -49,12 +49,14 @@ fn adapt(a: Option<Bound<'_, PyAny>>) -> PyResult<Adapt> {
 /// one (instead of `io_maps`); `graph_inputs`: (exposed name, [(stage, input), ...]);
 /// `graph_outputs`: (exposed name, stage, output). `prune` and `dedupe` default to on in
 /// that graph form and off in the linear one; `adapt`: True, or a list of edge indices;
-/// `rules`: "fastseq" or "onnx.compose" (two models as `onnx.compose.merge_models` merges them).
+/// `rules`: "fastseq" or "onnx.compose" (two models as `onnx.compose.merge_models` merges them);
+/// `adapt_remedy`: what an edge an adapter would fix says to do where adapters are off, `{}`
+/// standing for the adapter (the entry point's own remedy).
 #[pyfunction(name = "compose")]
 #[pyo3(signature = (sources, labels, io_maps=None, edges=None, graph_inputs=None, graph_outputs=None,
                     keep_outputs=None, prefixes=None, inputs=None, outputs=None, ir_version=None, meta=None,
                     model_version=None, link_external=false, prune=None, dedupe=None, adapt=None,
-                    rules="fastseq"))]
+                    rules="fastseq", adapt_remedy=None))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub(crate) fn compose_sources(
     py: Python<'_>,
@@ -76,6 +78,7 @@ pub(crate) fn compose_sources(
     dedupe: Option<bool>,
     adapt: Option<Bound<'_, PyAny>>,
     rules: &str,
+    adapt_remedy: Option<String>,
 ) -> PyResult<Composed> {
     if sources.len() != labels.len() {
         return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
@@ -111,6 +114,7 @@ pub(crate) fn compose_sources(
         domain: meta.get("domain").cloned(),
         model_version,
         rules,
+        adapt_remedy,
         read_weight: Some(read_weight),
     };
     let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();

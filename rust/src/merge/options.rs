@@ -67,6 +67,10 @@ pub struct Options {
     pub domain: Option<String>,
     pub model_version: Option<i64>,
     pub rules: Rules,
+    /// What an edge that an adapter would fix says to do, where adapters are off: the
+    /// entry point's own remedy, `{}` standing for the adapter ("a Cast to float"). None:
+    /// "pass adapt=True (or this edge's index in adapt) to insert a {}".
+    pub adapt_remedy: Option<String>,
     /// Reads the bytes of a weight still in its source file (see [`crate::codec::range`]):
     /// how deduplication compares such weights. Without it they are left as they are.
     pub read_weight: Option<ReadWeight>,

@@ -201,6 +201,7 @@ pub(crate) fn check_edge(
     i: &str,
     inp: &ValueInfoProto,
     adapt: bool,
+    remedy: Option<&str>,
 ) -> Result<Option<Adapter>> {
     let (Some(a), Some(b)) = (tensor_type(out), tensor_type(inp)) else { return Ok(None) };
     let mut adapter = Adapter { edge, cast_to: None, axis: None };
@@ -243,10 +244,11 @@ pub(crate) fn check_edge(
         return Ok(None);
     }
     if !adapt {
+        let remedy = remedy.unwrap_or("pass adapt=True (or this edge's index in adapt) to insert a {}");
         return Err(Error::composition(format!(
-            "{where_}: {}; pass adapt=True (or this edge's index in adapt) to insert a {}",
+            "{where_}: {}; {}",
             problems.join("; "),
-            adapter.describe()
+            remedy.replacen("{}", &adapter.describe(), 1)
         )));
     }
     Ok(Some(adapter))
