@@ -23,6 +23,12 @@ class PipelineFileError(LoadError):
     file and the key."""
 
 
+class OperatorError(LoadError, ValueError):
+    """A built-in operator was asked for by a name that does not exist, or with bad
+    parameters. It is a :class:`fastseq.LoadError` (building a stage is loading it) and a
+    ``ValueError`` (the arguments are wrong)."""
+
+
 class InputError(FastseqError, ValueError):
     """The arrays passed to a pipeline do not match its inputs."""
 

@@ -26,37 +26,56 @@ it, and an operator reads like one (``op.graph.node``, ``op.SerializeToString()`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastseq.ops._graph import DEFAULT_OPSET, OperatorError
-from fastseq.ops.head import argmax, flatten, nms, softmax, topk
-from fastseq.ops.image import center_crop, grayscale, layout, letterbox, normalize, resize, rgb_to_bgr, to_float
+from fastseq.errors import OperatorError
 from fastseq.ops.operator import Operator, Tensor
 
-#: Every operator by the name it has in ``builtin:NAME?...`` strings.
-OPERATORS: dict[str, Callable[..., Any]] = {
-    f.__name__: f
-    for f in (
-        to_float,
-        layout,
-        rgb_to_bgr,
-        grayscale,
-        resize,
-        center_crop,
-        letterbox,
-        normalize,
-        flatten,
-        softmax,
-        argmax,
-        topk,
-        nms,
-    )
+if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
+    from fastseq.ops.head import argmax, flatten, nms, softmax, topk
+    from fastseq.ops.image import center_crop, grayscale, layout, letterbox, normalize, resize, rgb_to_bgr, to_float
+
+    from fastseq.ops._graph import DEFAULT_OPSET
+
+    OPERATORS: dict[str, Callable[..., Any]]
+
+# The operators' modules are imported on first use (module __getattr__ below): a pipeline of
+# model files reads Operator from this package and should not pay for building code it
+# never runs.
+_HOMES = {
+    "fastseq.ops.image": ("to_float", "layout", "rgb_to_bgr", "grayscale", "resize", "center_crop", "letterbox",
+                          "normalize"),
+    "fastseq.ops.head": ("flatten", "softmax", "argmax", "topk", "nms"),
 }
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+_operators: dict[str, Callable[..., Any]] | None = None
+
+
+def _all() -> dict[str, Callable[..., Any]]:
+    """Every operator by the name it has in ``builtin:NAME?...`` strings (see ``OPERATORS``)."""
+    global _operators
+    if _operators is None:
+        import importlib
+
+        _operators = {name: getattr(importlib.import_module(_HOME_OF[name]), name) for name in _HOME_OF}
+    return _operators
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OPERATORS":
+        return _all()
+    if name == "DEFAULT_OPSET":
+        from fastseq.ops._graph import DEFAULT_OPSET
+
+        return DEFAULT_OPSET
+    if name in _HOME_OF:
+        return _all()[name]
+    raise AttributeError(f"module 'fastseq.ops' has no attribute '{name}'")
 
 
 def names() -> list[str]:
     """The operators' names, sorted."""
-    return sorted(OPERATORS)
+    return sorted(_all())
 
 
 def _value(text: str) -> Any:
@@ -118,12 +137,13 @@ def from_string(spec: str, others: Sequence[str] = ()) -> Operator:
 
 
 def _lookup(name: str, others: Sequence[str]) -> Callable[..., Any]:
-    if name not in OPERATORS:
-        known = sorted(set(OPERATORS) | set(others))
+    operators = _all()
+    if name not in operators:
+        known = sorted(set(operators) | set(others))
         from fastseq.ops._graph import near
 
         raise OperatorError(f"no built-in operator '{name}'{near(name, known)}; built-ins: {', '.join(known)}")
-    return OPERATORS[name]
+    return operators[name]
 
 
 def _parameters(f: Callable[..., Any]) -> tuple[list[str], int, set[str]]:
@@ -145,7 +165,7 @@ def _checked(name: str, params: dict[str, Any], args: tuple[Any, ...], spec: str
     from fastseq.ops._graph import near
 
     where = f"builtin:{spec}" if spec is not None else name
-    known, positional, required = _parameters(OPERATORS[name])
+    known, positional, required = _parameters(_all()[name])
     for key in params:
         if key not in known:
             raise OperatorError(

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fastseq.errors import LoadError
+from fastseq.errors import OperatorError
 from fastseq.ops import _proto
 from fastseq.ops.operator import Operator, Tensor
 
@@ -37,12 +37,6 @@ INTEGERS = ("uint8", "int8", "uint16", "int16", "int32", "int64")
 #: The range of each integer type (numpy.iinfo's min and max).
 INT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
              "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
-
-
-class OperatorError(LoadError, ValueError):
-    """A built-in operator was asked for by a name that does not exist, or with bad
-    parameters. It is a :class:`fastseq.LoadError` (building a stage is loading it) and a
-    ``ValueError`` (the arguments are wrong)."""
 
 
 def fail(op: str, message: str) -> OperatorError:
