@@ -121,6 +121,8 @@ class Batcher:
                     _run(self._pipe._runner, batch.requests)
                 finally:
                     for r in batch.requests[1:]:
+                        if r.answer is None:  # the run itself was interrupted (KeyboardInterrupt)
+                            r.answer = RunError("the batched run was interrupted in the thread running it")
                         r.done.release()
                     with self._cond:
                         self._leading -= 1
