@@ -95,7 +95,10 @@ class Batcher:
         self.max_delay_ms = max_delay_ms
         self._delay = max_delay_ms / 1000
         self._pipe = pipe
-        self._cond = threading.Condition(threading.Lock())  # the state below; close() waits on it
+        # The state below; taken as the plain lock (a C call) on the hot paths, and as the
+        # condition it is the lock of where close() waits.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._open: dict[tuple, _Batch] = {}  # (loop or None, non-batch axes) -> the batch taking requests
         self._leading = 0  # the threads' batches not yet run by their leaders
         self._looping: dict[asyncio.AbstractEventLoop, int] = {}  # per loop: its batches not yet answered
@@ -109,14 +112,14 @@ class Batcher:
         request, key = self._request(inputs, named)
         request.done = threading.Lock()
         request.done.acquire()
-        with self._cond:
+        with self._lock:
             batch, leader = self._join(request, (None, key), None)
         if leader:
             try:
                 batch.full.acquire(timeout=self._delay)  # until sealed (full, or close()), at most the delay
             finally:  # interrupted or not, the others get their answers
                 try:
-                    with self._cond:
+                    with self._lock:
                         self._seal(batch, (None, key))
                     _run(self._pipe._runner, batch.requests)
                 finally:
@@ -124,7 +127,7 @@ class Batcher:
                         if r.answer is None:  # the run itself was interrupted (KeyboardInterrupt)
                             r.answer = RunError("the batched run was interrupted in the thread running it")
                         r.done.release()
-                    with self._cond:
+                    with self._lock:
                         self._leading -= 1
                         self._cond.notify_all()
         else:
@@ -139,7 +142,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         request, key = self._request(inputs, named)
         request.future = loop.create_future()
-        with self._cond:
+        with self._lock:
             batch, new = self._join(request, (loop, key), loop)
         if new and not batch.sealed:
             loop.call_later(self._delay, self._expire, batch, (loop, key))
@@ -166,7 +169,7 @@ class Batcher:
         state = "closed" if self._closed else "open"
         return f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}; {state})"
 
-    # --- batches (under self._cond) -----------------------------------------------------------
+    # --- batches (under self._lock) -----------------------------------------------------------
     def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[_Request, tuple]:
         """The request, checked in its caller, and the key of the batches it may join."""
         runner = self._pipe._runner
@@ -225,7 +228,7 @@ class Batcher:
 
     def _expire(self, batch: _Batch, where: tuple) -> None:
         """A loop's batch at its deadline (on the loop)."""
-        with self._cond:
+        with self._lock:
             self._seal(batch, where)
 
     # --- a loop's batch: sealed on the loop, run on the worker, answered on the loop ----------
@@ -235,7 +238,7 @@ class Batcher:
         if requests:
             self._worker.submit(self._work, batch.loop, requests)
         else:
-            with self._cond:
+            with self._lock:
                 self._ran(batch.loop)
 
     def _work(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
@@ -244,7 +247,7 @@ class Batcher:
         try:
             loop.call_soon_threadsafe(self._answer, loop, requests)
         except RuntimeError:  # the loop is closed: nobody awaits these requests
-            with self._cond:
+            with self._lock:
                 self._ran(loop)
 
     def _answer(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
@@ -256,7 +259,7 @@ class Batcher:
                 r.future.set_exception(r.answer)
             else:
                 r.future.set_result(r.answer)
-        with self._cond:
+        with self._lock:
             self._ran(loop)
 
     def _ran(self, loop: asyncio.AbstractEventLoop) -> None:
