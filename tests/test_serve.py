@@ -434,6 +434,108 @@ def test_a_cancelled_coroutine_is_left_out_of_its_batch():
     assert drop.cancelled()
 
 
+def test_coroutines_get_only_their_own_error_for_a_bad_request_and_all_the_joint_runs_error():
+    pipe = fastseq.Pipeline({"lookup": gather_model()})
+    good = [np.array([k % 4], np.int64) for k in range(3)]
+
+    async def call(batcher, *args):
+        try:
+            return await batcher.run_async(*args)
+        except Exception as e:  # noqa: BLE001
+            return e
+
+    async def main(batcher):
+        # One batch of four: three good requests and one whose index fails the joint run;
+        # a request of the wrong dtype fails in its caller, before it joins.
+        wrong = call(batcher, np.array([0.5], np.float32))
+        return await asyncio.gather(wrong, *(call(batcher, i) for i in good), call(batcher, np.array([99], np.int64)))
+
+    with pipe.batcher(max_batch_size=4, max_delay_ms=10_000) as batcher:
+        wrong, *joint = asyncio.run(main(batcher))
+
+        async def again():  # the batcher goes on: a later batch of good requests, row for row
+            return await asyncio.gather(*(batcher.run_async(i) for i in good + [good[0]]))
+        for g, i in zip(asyncio.run(again()), good + [good[0]]):
+            same(g, pipe(i))
+    assert isinstance(wrong, fastseq.InputError) and "expects int64" in str(wrong)
+    assert all(isinstance(r, fastseq.RunError) and "out of data bounds" in str(r) for r in joint)
+    assert len({id(r) for r in joint}) == 4  # each caller raises its own copy
+
+
+def test_coroutines_of_two_loops_in_two_threads_share_the_worker_and_get_their_own_rows():
+    pipe = light_heavy()
+    inputs = [rows(1 + k % 3, seed=k) for k in range(N)]
+    expected = [pipe(x) for x in inputs]
+    got: dict = {}
+
+    def loop_thread(half: int) -> None:
+        async def main():
+            return await asyncio.gather(*(batcher.run_async(x) for x in inputs[half::2]))
+
+        got[half] = asyncio.run(main())
+
+    with pipe.batcher(max_batch_size=8, max_delay_ms=5) as batcher:
+        threads = [threading.Thread(target=loop_thread, args=(h,)) for h in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for half in (0, 1):
+        for g, e in zip(got[half], expected[half::2]):
+            same(g, e)
+
+
+def test_a_coroutine_cancelled_while_its_batch_runs_leaves_the_others_their_answers():
+    pipe = slow_model(intra_op_threads=1)  # the worker is still running when the task is cancelled
+    inputs = [rows(1, seed=k) for k in range(3)]
+
+    async def main(batcher):
+        tasks = [asyncio.ensure_future(batcher.run_async(x)) for x in inputs]  # fills the batch: it runs
+        await asyncio.sleep(0.001)
+        tasks[1].cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    with pipe.batcher(max_batch_size=3, max_delay_ms=60_000) as batcher:
+        got = asyncio.run(main(batcher))
+    assert isinstance(got[1], asyncio.CancelledError)
+    for k in (0, 2):
+        same(got[k], pipe(inputs[k]))
+
+
+def test_a_loop_closed_before_its_batch_is_answered_does_not_hold_up_close():
+    pipe = slow_model(intra_op_threads=1)
+
+    async def main(batcher):
+        asyncio.ensure_future(batcher.run_async(rows(1)))  # a full batch: given to the worker at once
+        await asyncio.sleep(0)  # then the loop ends (its task cancelled) while the worker runs
+
+    batcher = pipe.batcher(max_batch_size=1, max_delay_ms=60_000)
+    asyncio.run(main(batcher))
+    closer = threading.Thread(target=batcher.close)
+    closer.start()
+    closer.join(timeout=60)
+    assert not closer.is_alive()
+
+
+def test_close_ends_the_worker_thread_after_the_batches_given_to_it():
+    pipe = light_heavy()
+    inputs = [rows(1, seed=k) for k in range(4)]
+
+    async def main(batcher):
+        return await asyncio.gather(*(batcher.run_async(x) for x in inputs))
+
+    before = {t.ident for t in threading.enumerate()}
+    batcher = pipe.batcher(max_batch_size=2, max_delay_ms=5)
+    got = asyncio.run(main(batcher))
+    worker = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("fastseq-batcher")]
+    assert len(worker) == 1  # one thread for all of the loop's batches
+    batcher.close()
+    worker[0].join(timeout=30)
+    assert not worker[0].is_alive()
+    for g, x in zip(got, inputs):
+        same(g, pipe(x))
+
+
 def test_requests_with_other_axes_or_too_many_rows_run_apart():
     wide = helper.make_model(
         helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "relu",

@@ -5,45 +5,55 @@ time on per-call overhead and small matrix products. The batcher joins the reque
 arrive within ``max_delay_ms`` of the first waiting one (up to ``max_batch_size`` rows),
 runs the pipeline once and hands each caller its own rows.
 
-Batches are formed where the callers are, so that a request costs no hand-over between
-threads (under CPython each is a wait for the interpreter lock, and on a busy machine a wait
-for the scheduler): threads join a batch under a lock and the first of them (the leader)
-runs it in its own thread; coroutines join a batch of their own loop, which runs it with
-ONNX Runtime's ``run_async`` (see :meth:`fastseq.runtime.session.Runner.run_async`) and
-resolves their futures when its one callback comes back. The batcher has no thread of its
-own."""
+Threads join a batch under a lock and the first of them (the leader) runs it in its own
+thread: a request costs no hand-over to another thread. Each waiting thread sleeps on a
+lock of its own, which the leader releases once its answer is set (no shared condition
+for the woken threads to queue on again). Coroutines join a batch of their own loop, which
+hands it to the batcher's one worker thread (started with the first such batch, ended by
+``close()``): the loop stays free while ONNX Runtime runs, and one call back to the loop
+resolves the batch's futures. That worker was measured faster than ONNX Runtime's own
+``run_async`` (whose callback, on a pool thread that Python does not know, pays for a new
+thread state and runs the model without that pool's other threads) and than running the
+batch on the loop itself, which would also stall everything else on the loop
+(benches/bench_serve.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
 
+
 class _Request:
-    """One caller's checked arrays (in input order), its rows, and its answer once run."""
+    """One caller's checked arrays (in input order), its rows, and its answer once run; a
+    thread waits on ``done`` (held until answered), a coroutine on ``future``."""
 
-    __slots__ = ("arrays", "rows", "future", "answer")
+    __slots__ = ("arrays", "rows", "done", "future", "answer")
 
-    def __init__(self, arrays: list[np.ndarray], rows: int, future: Any = None) -> None:
-        self.arrays, self.rows, self.future, self.answer = arrays, rows, future, None
+    def __init__(self, arrays: list[np.ndarray], rows: int) -> None:
+        self.arrays, self.rows, self.answer = arrays, rows, None
+        self.done: Any = None
+        self.future: Any = None
 
 
 class _Batch:
     """Requests with the same non-batch axes, from one group (the threads, or one loop)."""
 
-    __slots__ = ("requests", "rows", "loop", "sealed", "done")
+    __slots__ = ("requests", "rows", "loop", "sealed", "full")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.requests: list[_Request] = []
         self.rows = 0
         self.loop = loop
         self.sealed = False  # no request joins any more
-        self.done = threading.Event() if loop is None else None  # the threads' batches: answered
+        if loop is None:  # the threads' batches: released when sealed, which wakes the leader
+            self.full = threading.Lock()
+            self.full.acquire()
 
 
 class Batcher:
@@ -53,7 +63,10 @@ class Batcher:
     ``batcher(x)`` from any thread, ``await batcher.run_async(x)`` from coroutines (any
     loop); both return what ``pipe(x)`` returns for that request's rows (views of its own
     rows of the joint run's outputs: no copy, and no other caller's rows). Threads are
-    batched with threads, and coroutines with the coroutines of their own loop.
+    batched with threads, and coroutines with the coroutines of their own loop; a thread's
+    batch runs in the thread of its first request, a loop's batch on the batcher's worker
+    thread (one, so a loop's batches run one after the other, each with the session's
+    intra-op threads).
 
     Every input's and output's first axis is the batch axis: a pipeline with one whose first
     axis is fixed, or whose first axes carry different names, is refused with
@@ -82,36 +95,43 @@ class Batcher:
         self.max_delay_ms = max_delay_ms
         self._delay = max_delay_ms / 1000
         self._pipe = pipe
-        self._cond = threading.Condition(threading.Lock())
+        # The state below; taken as the plain lock (a C call) on the hot paths, and as the
+        # condition it is the lock of where close() waits.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._open: dict[tuple, _Batch] = {}  # (loop or None, non-batch axes) -> the batch taking requests
         self._leading = 0  # the threads' batches not yet run by their leaders
-        self._looping: dict[asyncio.AbstractEventLoop, int] = {}  # per loop: its batches not yet run
+        self._looping: dict[asyncio.AbstractEventLoop, int] = {}  # per loop: its batches not yet answered
         self._closed = False
+        # Runs the loops' batches; its thread starts with the first one.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastseq-batcher")
 
     # --- callers ---------------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
         """``pipe(x)`` for this request's rows, run in a batch with other threads' rows."""
         request, key = self._request(inputs, named)
-        with self._cond:
+        request.done = threading.Lock()
+        request.done.acquire()
+        with self._lock:
             batch, leader = self._join(request, (None, key), None)
-        if leader:  # waits for the others, at most the delay, then runs the batch
+        if leader:
             try:
-                deadline = time.monotonic() + self._delay
-                with self._cond:
-                    while not batch.sealed and (left := deadline - time.monotonic()) > 0:
-                        self._cond.wait(left)
+                batch.full.acquire(timeout=self._delay)  # until sealed (full, or close()), at most the delay
             finally:  # interrupted or not, the others get their answers
                 try:
-                    with self._cond:
+                    with self._lock:
                         self._seal(batch, (None, key))
                     _run(self._pipe._runner, batch.requests)
                 finally:
-                    batch.done.set()
-                    with self._cond:
+                    for r in batch.requests[1:]:
+                        if r.answer is None:  # the run itself was interrupted (KeyboardInterrupt)
+                            r.answer = RunError("the batched run was interrupted in the thread running it")
+                        r.done.release()
+                    with self._lock:
                         self._leading -= 1
                         self._cond.notify_all()
         else:
-            batch.done.wait()
+            request.done.acquire()
         if isinstance(request.answer, BaseException):
             raise request.answer
         return request.answer
@@ -122,7 +142,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         request, key = self._request(inputs, named)
         request.future = loop.create_future()
-        with self._cond:
+        with self._lock:
             batch, new = self._join(request, (loop, key), loop)
         if new and not batch.sealed:
             loop.call_later(self._delay, self._expire, batch, (loop, key))
@@ -137,6 +157,7 @@ class Batcher:
                 self._seal(batch, where)
             while self._leading or any(n and loop is not here for loop, n in self._looping.items()):
                 self._cond.wait()
+        self._worker.shutdown(wait=False)  # after the batches already given to it
 
     def __enter__(self) -> Batcher:
         return self
@@ -148,7 +169,7 @@ class Batcher:
         state = "closed" if self._closed else "open"
         return f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}; {state})"
 
-    # --- batches (under self._cond) -----------------------------------------------------------
+    # --- batches (under self._lock) -----------------------------------------------------------
     def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[_Request, tuple]:
         """The request, checked in its caller, and the key of the batches it may join."""
         runner = self._pipe._runner
@@ -196,41 +217,50 @@ class Batcher:
             del self._open[where]
         loop = batch.loop
         if loop is None:
-            self._cond.notify_all()  # its leader runs it
+            batch.full.release()  # its leader runs it
         elif asyncio._get_running_loop() is loop:
-            loop.create_task(self._run_on_loop(batch))
+            self._start(batch)
         else:  # close() from another thread
             try:
-                loop.call_soon_threadsafe(lambda: loop.create_task(self._run_on_loop(batch)))
+                loop.call_soon_threadsafe(self._start, batch)
             except RuntimeError:  # the loop is closed: nobody awaits these requests
                 self._ran(loop)
 
     def _expire(self, batch: _Batch, where: tuple) -> None:
         """A loop's batch at its deadline (on the loop)."""
-        with self._cond:
+        with self._lock:
             self._seal(batch, where)
 
-    async def _run_on_loop(self, batch: _Batch) -> None:
-        """Runs a loop's batch with ``run_async`` and resolves its callers' futures."""
-        try:
-            requests = [r for r in batch.requests if not r.future.done()]  # done: cancelled
-            if requests:
-                runner = self._pipe._runner
-                try:
-                    outputs = await runner.run_async(_joined(runner, requests), runner._output_list)
-                    _hand_out(runner, requests, outputs)
-                except Exception as e:
-                    _fail(requests, e)
-                for r in requests:
-                    if r.future.done():
-                        continue
-                    if isinstance(r.answer, BaseException):
-                        r.future.set_exception(r.answer)
-                    else:
-                        r.future.set_result(r.answer)
-        finally:
-            with self._cond:
+    # --- a loop's batch: sealed on the loop, run on the worker, answered on the loop ----------
+    def _start(self, batch: _Batch) -> None:
+        """Gives a sealed batch's requests, less the cancelled ones, to the worker."""
+        requests = [r for r in batch.requests if not r.future.done()]  # done: cancelled
+        if requests:
+            self._worker.submit(self._work, batch.loop, requests)
+        else:
+            with self._lock:
                 self._ran(batch.loop)
+
+    def _work(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
+        """On the worker: runs the batch and calls its loop back with the answers."""
+        _run(self._pipe._runner, requests)
+        try:
+            loop.call_soon_threadsafe(self._answer, loop, requests)
+        except RuntimeError:  # the loop is closed: nobody awaits these requests
+            with self._lock:
+                self._ran(loop)
+
+    def _answer(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
+        """On the loop: resolves the callers' futures (but those cancelled meanwhile)."""
+        for r in requests:
+            if r.future.done():
+                continue
+            if isinstance(r.answer, BaseException):
+                r.future.set_exception(r.answer)
+            else:
+                r.future.set_result(r.answer)
+        with self._lock:
+            self._ran(loop)
 
     def _ran(self, loop: asyncio.AbstractEventLoop) -> None:
         self._looping[loop] -= 1
