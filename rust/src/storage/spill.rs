@@ -165,7 +165,7 @@ pub fn spill_onto(models: &mut [&mut ModelProto], data: &[PathBuf], placed: &[Pl
 /// What [`private_copy`] did.
 #[derive(Debug, Default)]
 pub struct PrivateCopy {
-    /// The digest of the files written (when asked for).
+    /// The model's digest (when asked for; see `digest::model_digest`).
     pub digest: Option<String>,
     /// Bytes the kernel copied from the sources (and from earlier private copies).
     pub copied: u64,
@@ -180,15 +180,18 @@ pub struct PrivateCopy {
 }
 
 /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
-/// [`crate::storage::digest::save_placed`]), with the digest of what was written when
-/// `digest` is set. With `spill_min`, the weights that only `models[1..]` hold as ranges of
+/// [`crate::storage::digest::save_placed`]), with its digest (see
+/// [`crate::storage::digest::model_digest`]) when `digest` is set. With `spill_min`, the weights that only `models[1..]` hold as ranges of
 /// their sources are copied into the data file too, and copies of all `models` spilled onto
 /// it are returned (see [`spill_onto`]): always when they hold ranges, else when there are at
 /// least `spill_min` bytes to spill. The originals are left as they are.
 pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>, digest: bool) -> Result<PrivateCopy> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
+    // The digest is of the model, read where its weights are, not of the files written: the
+    // session cache looks an entry up by it before anything is written (see `model_digest`).
+    let digest = if digest { Some(crate::storage::digest::model_digest(first, 1024)?) } else { None };
     let mut placed = Vec::new();
-    let (written, digest) = crate::storage::digest::save_placed(first, path, 1024, digest, &mut placed)?;
+    let written = crate::storage::digest::save_placed(first, path, 1024, &mut placed)?;
     let mut done = PrivateCopy {
         digest,
         copied: written.copied.bytes,
@@ -309,7 +312,7 @@ mod tests {
     fn copy_and_spill(models: &mut [&mut ModelProto], dir: &Path, min: u64) -> u64 {
         let path = dir.join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(models[0], &path, 1024, false, &mut placed).unwrap();
+        crate::storage::digest::save_placed(models[0], &path, 1024, &mut placed).unwrap();
         spill_onto(models, &[dir.join("model.onnx.data")], &placed, min).unwrap()
     }
 
@@ -333,7 +336,7 @@ mod tests {
         let again = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let path = again.path().join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(&a, &path, 1024, false, &mut placed).unwrap();
+        crate::storage::digest::save_placed(&a, &path, 1024, &mut placed).unwrap();
         assert_eq!(spill_onto(&mut [&mut a], &[again.path().join("model.onnx.data")], &placed, 0).unwrap(), 0);
     }
 
