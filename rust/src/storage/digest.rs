@@ -134,6 +134,38 @@ pub fn file_digest(path: &Path) -> std::io::Result<String> {
 mod tests {
     use super::*;
 
+    /// A model with one large weight holding `bytes` and one small tensor beside it.
+    fn model_of(bytes: Vec<u8>) -> ModelProto {
+        use crate::codec::proto::TensorProto;
+        let t = |name: &str, raw: Vec<u8>| TensorProto {
+            name: Some(name.into()),
+            data_type: Some(2),
+            dims: vec![raw.len() as i64],
+            raw_data: Some(bytes::Bytes::from(raw)),
+            ..Default::default()
+        };
+        let g = GraphProto { initializer: vec![t("w", bytes), t("small", vec![1, 2, 3])], ..Default::default() };
+        ModelProto { ir_version: Some(8), graph: Some(g), ..Default::default() }
+    }
+
+    #[test]
+    fn a_models_digest_covers_every_byte_of_large_weights_and_the_rest_of_the_model() {
+        let big: Vec<u8> = (0..TASK as usize * 2 + 12345).map(|i| (i % 251) as u8).collect();
+        let base = model_digest(&model_of(big.clone()), 1024).unwrap();
+        assert_eq!(base, model_digest(&model_of(big.clone()), 1024).unwrap());
+        for at in [0, TASK as usize - 1, TASK as usize, big.len() - 1] {
+            let mut changed = big.clone();
+            changed[at] ^= 1;
+            assert_ne!(model_digest(&model_of(changed), 1024).unwrap(), base, "byte {at}");
+        }
+        let mut renamed = model_of(big.clone());
+        renamed.graph.as_mut().unwrap().initializer[1].name = Some("other".into());
+        assert_ne!(model_digest(&renamed, 1024).unwrap(), base);
+        let mut small = model_of(big);
+        small.graph.as_mut().unwrap().initializer[1].raw_data = Some(bytes::Bytes::from(vec![1u8, 2, 4]));
+        assert_ne!(model_digest(&small, 1024).unwrap(), base);
+    }
+
     #[test]
     fn digest_is_stable_and_sensitive() {
         let mut a = Digest::default();

@@ -380,7 +380,11 @@ mod tests {
         // b's weight is in no model written: it is appended to the data file all the same.
         let done = private_copy(&[&a, &b], &private.join("model.onnx"), Some(u64::MAX), true).unwrap();
         assert_eq!((done.copied, done.written, done.mapped), (400_000, 0, 400_000));
-        assert!(done.digest.is_some());
+        // The key is the model's, wherever its weights are: the sources, memory, the copy.
+        let digest = |m: &ModelProto| crate::storage::digest::model_digest(m, 1024).unwrap();
+        assert_eq!(done.digest.as_deref(), Some(digest(&a).as_str()));
+        assert_eq!(digest(&a), digest(&model(1)));
+        assert_ne!(digest(&a), digest(&b));
         let spilled = done.spilled.expect("ranges are always moved off the sources");
         std::fs::remove_dir_all(&private).unwrap();
         std::fs::write(&pa, b"").unwrap();
@@ -389,6 +393,9 @@ mod tests {
             assert!(!crate::codec::range::has_ranges(m));
             assert_eq!(&m.encode_to_vec(), want);
         }
+        assert_eq!(digest(&spilled[0]), digest(&model(1)));
+        let gone = crate::storage::digest::model_digest(&a, 1024).unwrap_err();
+        assert!(gone.message.contains("a.onnx"), "{}", gone.message);
         // A copy of the spilled models comes from the first copy's file, in the kernel.
         let again = dir.path().join("again");
         std::fs::create_dir(&again).unwrap();
