@@ -349,14 +349,15 @@ def test_a_hit_takes_its_own_copy_and_changed_sources_are_a_new_key(tmp_path):
     np.testing.assert_allclose(again(x)[0], np.maximum(3 * x, 0))
 
 
-def test_a_copy_that_fails_during_a_hit_fails_the_start(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hit", [True, False], ids=["hit", "miss"])
+def test_a_copy_that_fails_fails_the_start(tmp_path, monkeypatch, hit):
     """The copy written beside a hit is the pipeline's: when it cannot be written the start
-    fails with its error (no session over weights the pipeline does not hold), and nothing
-    is left in the temporary folder."""
+    fails with its error (no session over weights the pipeline does not hold; on a miss, no
+    store's warning), and nothing is left in the temporary folder or the cache."""
     from fastseq.runtime import session
 
     cache = tmp_path / "cache"
-    source, _ = stored(tmp_path, cache)
+    source, _ = stored(tmp_path, cache) if hit else (model_file(tmp_path, 2.0), None)
     private = tmp_path / "tmp"
     private.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(private))
@@ -368,11 +369,13 @@ def test_a_copy_that_fails_during_a_hit_fails_the_start(tmp_path, monkeypatch):
         raise fastseq.LoadError("scale2.onnx: changed while it was copied")
 
     monkeypatch.setattr(session.PrivateCopy, "of", failing)
-    with pytest.raises(fastseq.LoadError, match="scale2.onnx"):
-        start(source, cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(fastseq.LoadError, match="scale2.onnx"):
+            start(source, cache)
     assert os.listdir(private) == [] and not [p for p in cache.iterdir() if p.name.startswith(".")]
     monkeypatch.undo()
-    assert start(source, cache).session_info["cache"] == "hit"
+    assert start(source, cache).session_info["cache"] == ("hit" if hit else "stored")
 
 
 def test_files_swapped_during_loads_never_change_what_runs(tmp_path):

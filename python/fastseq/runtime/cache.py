@@ -283,19 +283,20 @@ def start(
 
 def _store(root: Root, cache: SessionCache, key: str, parts: dict[str, Any], labels: Sequence[str],
            info: dict[str, Any], make: Callable[[str, bool, str | None], S], source: Callable[[], str]) -> S:
+    path = source()  # a copy that cannot be written fails the start here, not as a store's failure
     try:
         root.sweep()  # what killed writers left
         temp = root.temp()
     except OSError as e:
         _warn(f"session cache {root.path} is not writable ({e.strerror or e}); not caching")
-        return make(source(), True, None)
+        return make(path, True, None)
     with temp:
         try:
-            made = make(source(), True, temp.name(MODEL))
+            made = make(path, True, temp.name(MODEL))
         except Exception as e:
             # ONNX Runtime fails the whole session when it cannot write the optimised model
             # (a full disk): start without storing. A fault of the model fails again there.
-            made = make(source(), True, None)
+            made = make(path, True, None)
             _warn(f"session cache {root.path}: could not store an entry ({_first_line(e)}); not caching")
             return made
         try:
