@@ -149,6 +149,10 @@ class Staging:
     def __enter__(self) -> Staging: ...
     def __exit__(self, _exc_type: object, _exc: object, _tb: object) -> None: ...
 
+def memory_bytes(models: Sequence[Composed]) -> int:
+    """The bytes ``models`` hold in memory of their own (not mapped from a private copy), each
+    slice counted once: what :func:`write_private_copy` spills from ``spill_min`` on."""
+
 def write_private_copy(
     models: Sequence[Composed], path: str | PathLike[str], spill_min: int | None = None, digest: bool = True
 ) -> tuple[str | None, dict[str, int], list[Composed] | None]: ...

@@ -234,7 +234,8 @@ def open_cached(
     The private copy is still written (the pipeline must not depend on its sources), on a
     thread beside the rest: the key is the model's digest, read by the core from where the
     weights are while the kernel copies them; on a hit ONNX Runtime loads the entry
-    meanwhile, and on a miss it loads the copy once written. ``adopt`` receives the copy
+    meanwhile (unless the models hold ``spill_min`` bytes in memory, which the copy lets
+    go of first), and on a miss it loads the copy once written. ``adopt`` receives the copy
     when it is written, before ONNX Runtime reads it (to swap in its spilled models); on a
     hit, before this returns."""
     from fastseq.runtime import cache as session_cache
@@ -258,6 +259,10 @@ def open_cached(
 
     try:
         digest = _core.model_digest(models[0])
+        if spill_min is not None and _core.memory_bytes(models) >= spill_min:
+            # The copy lets go of the weights the models hold in memory: ONNX Runtime loads
+            # the entry after it, so that they do not count twice.
+            written()
         del models
         parts = session_cache.key_parts(digest, usable, options)
         made = session_cache.start(cache, parts, labels, info, make, written)

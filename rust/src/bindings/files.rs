@@ -39,6 +39,13 @@ pub(crate) fn model_digest(py: Python<'_>, model: PyRef<'_, Composed>) -> PyResu
     py.detach(|| digest::model_digest(m, 1024)).map_err(to_py)
 }
 
+/// The bytes `models` hold in memory of their own (see `spill::memory_bytes`).
+#[pyfunction]
+pub(crate) fn memory_bytes(models: Vec<PyRef<'_, Composed>>) -> u64 {
+    let refs: Vec<&ModelProto> = models.iter().map(|c| &c.composition.model).collect();
+    crate::storage::spill::memory_bytes(&refs)
+}
+
 /// `(digest or None, {"copied", "sendfile", "written", "mapped"}, spilled copies or None)`:
 /// see `spill::private_copy`. `copied`: bytes the kernel copied from the sources
 /// (`sendfile`: of those, across file systems); `written`: bytes written from memory;

@@ -67,6 +67,24 @@ pub fn for_each_bytes(model: &mut ModelProto, f: &mut impl FnMut(&mut Bytes)) {
     }
 }
 
+/// The bytes `models` hold in memory of their own (not mapped from a private copy), each
+/// slice counted once however many models share it: what [`spill_onto`] compares with its
+/// minimum.
+pub fn memory_bytes(models: &[&ModelProto]) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for m in models {
+        // for_each_bytes takes a model to change: a clone shares every slice, copying none.
+        let mut m = (*m).clone();
+        for_each_bytes(&mut m, &mut |b| {
+            if !b.is_empty() && !is_mapped(b) && seen.insert((b.as_ptr() as usize, b.len())) {
+                total += b.len() as u64;
+            }
+        });
+    }
+    total
+}
+
 /// The ranges the main-graph initializers of `models` hold.
 fn ranges_of(models: &[&mut ModelProto]) -> Vec<FileRange> {
     models.iter().flat_map(|m| crate::codec::range::ranges(m).map(|(_, r)| r)).collect()
@@ -325,7 +343,10 @@ mod tests {
         b.graph.as_mut().unwrap().initializer[0].name = Some("only in b".into()); // same bytes
         let before = (a.encode_to_vec(), b.encode_to_vec());
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let held = memory_bytes(&[&a, &b]);
+        assert!(held >= 4096 && held < 2 * 4096, "shared slices count once: {held}");
         assert_eq!(copy_and_spill(&mut [&mut a, &mut b], dir.path(), 0), 4096, "the weight is mapped, once");
+        assert_eq!(memory_bytes(&[&a, &b]), held - 4096, "the mapped weight is not memory of their own");
         assert_eq!((a.encode_to_vec(), b.encode_to_vec()), before);
         assert!(freed.load(Ordering::SeqCst), "a slice of the source is still held");
         let (wa, wb) = (&a.graph.as_ref().unwrap().initializer[0], &b.graph.as_ref().unwrap().initializer[0]);
