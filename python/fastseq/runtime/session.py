@@ -110,10 +110,10 @@ def usable_providers(providers: Sequence[Provider] | None) -> list[Provider]:
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
     the temporary folder, removed on exit): ``path``, and the model's ``digest`` when it was
-    asked for (the session cache's key, as ``_core.model_digest`` gives it: the session cache
-    computes it beside the copy, see :func:`open_cached`). It holds no reference to the model, so
-    that a caller can let go of the model's memory while ONNX Runtime builds a session from
-    the copy (:func:`open_copy`).
+    asked for (the session cache's key, as ``_core.model_digest`` gives it; the session cache
+    computes it beside the copy, see :func:`open_cached`). It holds no reference to the
+    model, so that a caller can let go of the model's memory while ONNX Runtime builds a
+    session from the copy (:func:`open_copy`).
 
     ONNX Runtime gets the model as a file with its weights in a data file beside it, written
     by the core into a private folder (not synced: the page cache) and removed once the
