@@ -104,6 +104,41 @@ def test_weights_only_in_memory_are_written_once(tmp_path, monkeypatch):
     np.testing.assert_allclose(pipe(X)[0], reference(models, X), rtol=1e-5, atol=1e-6)
 
 
+def test_a_hit_loads_the_entry_beside_the_copy_unless_weights_in_memory_are_let_go_first(tmp_path, monkeypatch):
+    """A start from the session cache writes the pipeline's copy beside ONNX Runtime's load of
+    the entry, except when the models hold weights in memory that the copy lets go of: then
+    the copy comes first, so that they do not count twice while ONNX Runtime loads. (The
+    copy is slowed down, so that which came first shows.)"""
+    import threading
+    import time
+
+    monkeypatch.setattr("fastseq.runtime.runnable.SPILL_MIN", 1 << 20)
+    real_session, real_of, seen = session._session, session.PrivateCopy.of, []
+
+    def recorded(path, options, providers, optimise=True, *args):
+        if not optimise:  # the entry
+            seen.append(any(t.name == "fastseq-copy" and t.is_alive() for t in threading.enumerate()))
+        return real_session(path, options, providers, optimise, *args)
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return real_of(*args, **kwargs)
+
+    monkeypatch.setattr(session, "_session", recorded)
+    monkeypatch.setattr(session.PrivateCopy, "of", slow)
+    models = [matmul_model(k) for k in range(2)]
+    files = [save(m, tmp_path / f"m{k}.onnx") for k, m in enumerate(models)]  # weights left in the files
+    for sources, beside in ((files, True), (models, False)):
+        cache = tmp_path / f"cache-{beside}"
+        assert fastseq.ONNXSequential(*sources, session_cache=cache).session_info["cache"] == "stored"
+        seen.clear()
+        pipe = fastseq.ONNXSequential(*sources, session_cache=cache)
+        assert pipe.session_info["cache"] == "hit" and pipe.session_info["spilled"] == 2 * DIM * DIM * 4
+        assert seen == [beside]
+        assert _core.memory_bytes([pipe._composed]) < 1 << 16  # the weights are the copy's, mapped
+        np.testing.assert_allclose(pipe(X)[0], reference(models, X), rtol=1e-5, atol=1e-6)
+
+
 # --- sources that change ---------------------------------------------------------------------
 @pytest.mark.parametrize("change", list(CHANGES))
 @pytest.mark.parametrize("external", [False, True], ids=["inline", "external data"])
@@ -142,6 +177,8 @@ def test_a_source_changed_between_load_and_copy_is_refused_by_name(tmp_path, cha
         composed.check_sources()
     with pytest.raises(fastseq.LoadError, match=name):
         _core.write_private_copy([composed], str(private / "model.onnx"), None, False)
+    with pytest.raises(fastseq.LoadError, match=name):
+        _core.model_digest(composed)  # the session cache's key
     assert not [f for f in os.listdir(private) if not f.startswith(".")], os.listdir(private)
     with pytest.raises(fastseq.LoadError, match=name):
         composed.to_bytes()

@@ -327,6 +327,57 @@ def test_weights_changed_in_an_entry_are_never_used(tmp_path):
     assert start(source, cache).session_info["cache"] == "hit"
 
 
+def test_a_hit_takes_its_own_copy_and_changed_sources_are_a_new_key(tmp_path):
+    """A hit loads the entry while the pipeline's own copy of its weights is written beside
+    it: once started, it no longer depends on its source file; a source rewritten with other
+    weights of the same size is another key (a new entry), never the old entry's result."""
+    cache, source, n = tmp_path / "cache", str(tmp_path / "wide.onnx"), 1 << 15  # 128 KB: left in the file
+    x = np.linspace(-1, 1, 2 * n, dtype=np.float32).reshape(2, n)
+    onnx.save(scale_model(2.0, shape=("N", n)), source)
+    assert start(source, cache).session_info["cache"] == "stored"
+    pipe = start(source, cache)
+    assert pipe.session_info["cache"] == "hit" and pipe.session_info["copied"] == 4 * n
+    before = pipe.model_bytes
+    onnx.save(scale_model(3.0, shape=("N", n)), source)  # the same size, other weights
+    np.testing.assert_allclose(pipe(x)[0], np.maximum(2 * x, 0))
+    assert pipe.model_bytes == before
+    np.testing.assert_allclose(pipe.as_cpu()(x)[0], np.maximum(2 * x, 0))  # a new session, from its copy
+    assert pipe.session_info["cache"] == "hit"
+    pipe._composed.check_sources()  # it refers to no source file any more
+    again = start(source, cache)
+    assert again.session_info["cache"] == "stored"
+    np.testing.assert_allclose(again(x)[0], np.maximum(3 * x, 0))
+
+
+@pytest.mark.parametrize("hit", [True, False], ids=["hit", "miss"])
+def test_a_copy_that_fails_fails_the_start(tmp_path, monkeypatch, hit):
+    """The copy written beside a hit is the pipeline's: when it cannot be written the start
+    fails with its error (no session over weights the pipeline does not hold; on a miss, no
+    store's warning), and nothing is left in the temporary folder or the cache."""
+    from fastseq.runtime import session
+
+    cache = tmp_path / "cache"
+    source, _ = stored(tmp_path, cache) if hit else (model_file(tmp_path, 2.0), None)
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(private))
+    real = session.PrivateCopy.of
+
+    def failing(models, *args, **kwargs):
+        copy = real(models, *args, **kwargs)
+        copy.__exit__()
+        raise fastseq.LoadError("scale2.onnx: changed while it was copied")
+
+    monkeypatch.setattr(session.PrivateCopy, "of", failing)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(fastseq.LoadError, match="scale2.onnx"):
+            start(source, cache)
+    assert os.listdir(private) == [] and not [p for p in cache.iterdir() if p.name.startswith(".")]
+    monkeypatch.undo()
+    assert start(source, cache).session_info["cache"] == ("hit" if hit else "stored")
+
+
 def test_files_swapped_during_loads_never_change_what_runs(tmp_path):
     """A second process swaps the entry's data file for another model's (same size, renamed
     into place) and back, as fast as it can, while this one starts the pipeline again and

@@ -5,8 +5,9 @@ An entry is a folder ``<root>/<key>/`` with ``model.onnx``, its weights in ``mod
 ``manifest.json`` (the key's parts, each file's size and XXH3 digest, the pipeline's stage
 labels, when it was made) and ``usage`` (hits; its time is the last use). The key covers
 everything that changes the optimised graph: the composed model's digest (computed by the
-core while it writes the model for the session), the onnxruntime version, the machine, the
-providers with their options and the session options that steer optimisation.
+core from where its weights are, while the kernel writes the session's copy of them), the
+onnxruntime version, the machine, the providers with their options and the session options
+that steer optimisation.
 
 Trust (SECURITY.md has the threat model): the root and its entries are used only when they
 are the user's own and nobody else can write to them (:mod:`.cachedir`); entries are made
@@ -241,24 +242,25 @@ def start(
     labels: Sequence[str],
     info: dict[str, Any],
     make: Callable[[str, bool, str | None], S],
-    source: str,
+    source: Callable[[], str],
 ) -> S:
     """A session through the cache. ``make(path, optimise, save_to)`` makes one from a model
-    file (optimised or not, saving the optimised model at ``save_to``); ``source`` is the
-    pipeline's private copy. ``info`` receives ``cache`` ("hit", "stored" or None), ``key``
+    file (optimised or not, saving the optimised model at ``save_to``); ``source()`` gives
+    the pipeline's private copy, waiting until it is written: only a start that does not
+    use an entry asks for it. ``info`` receives ``cache`` ("hit", "stored" or None), ``key``
     and ``entry``."""
     key = key_of(parts)
     info.update(cache=None, key=key, entry=None)
     root = _open_root(cache.path)
     if root is None:
-        return make(source, True, None)
+        return make(source(), True, None)
     with root:
         try:
             found = _lookup(root, key, parts)
         except (Refused, OSError) as e:
             _warn(f"{e}; not using the session cache (remove the entry by hand if it is not yours)"
                   if isinstance(e, Refused) else f"session cache {root.path}: could not read an entry ({e}); not caching")
-            return make(source, True, None)
+            return make(source(), True, None)
         if found is not None:
             made = None
             with found:
@@ -280,20 +282,21 @@ def start(
 
 
 def _store(root: Root, cache: SessionCache, key: str, parts: dict[str, Any], labels: Sequence[str],
-           info: dict[str, Any], make: Callable[[str, bool, str | None], S], source: str) -> S:
+           info: dict[str, Any], make: Callable[[str, bool, str | None], S], source: Callable[[], str]) -> S:
+    path = source()  # a copy that cannot be written fails the start here, not as a store's failure
     try:
         root.sweep()  # what killed writers left
         temp = root.temp()
     except OSError as e:
         _warn(f"session cache {root.path} is not writable ({e.strerror or e}); not caching")
-        return make(source, True, None)
+        return make(path, True, None)
     with temp:
         try:
-            made = make(source, True, temp.name(MODEL))
+            made = make(path, True, temp.name(MODEL))
         except Exception as e:
             # ONNX Runtime fails the whole session when it cannot write the optimised model
             # (a full disk): start without storing. A fault of the model fails again there.
-            made = make(source, True, None)
+            made = make(path, True, None)
             _warn(f"session cache {root.path}: could not store an entry ({_first_line(e)}); not caching")
             return made
         try:

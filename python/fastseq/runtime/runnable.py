@@ -88,17 +88,23 @@ class Runnable:
         return self._new_session(providers, session_options, None)
 
     def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
+        def adopt(copy: session.PrivateCopy) -> None:
+            spilled = self._take_spilled(copy)
+            if info is not None:
+                info["copied"] = copy.info["copied"]
+                if spilled:
+                    info["spilled"] = copy.info["mapped"]
+
         try:
             # The list is built in the call: no name here keeps the models it replaces alive.
-            with session.PrivateCopy.of(
-                [self._composed, *self._sharing()], SPILL_MIN, digest=self._cache is not None
-            ) as copy:
-                spilled = self._take_spilled(copy)
-                if info is not None:
-                    info["copied"] = copy.info["copied"]
-                    if spilled:
-                        info["spilled"] = copy.info["mapped"]
-                return session.open_copy(copy, providers, session_options, self._cache, info, self._labels)
+            if self._cache is not None:
+                return session.open_cached(
+                    [self._composed, *self._sharing()], SPILL_MIN, providers, session_options, self._cache,
+                    info if info is not None else {}, self._labels, adopt,
+                )
+            with session.PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
+                adopt(copy)
+                return session.open_copy(copy, providers, session_options)
         except Exception as e:
             if type(e).__module__.startswith("onnxruntime"):
                 raise self._explain(e) from e

@@ -109,10 +109,11 @@ def usable_providers(providers: Sequence[Provider] | None) -> list[Provider]:
 @dataclass
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
-    the temporary folder, removed on exit): ``path``, and the ``digest`` of what was written
-    when it was asked for (the session cache's key). It holds no reference to the model, so
-    that a caller can let go of the model's memory while ONNX Runtime builds a session from
-    the copy (:func:`open_copy`).
+    the temporary folder, removed on exit): ``path``, and the model's ``digest`` when it was
+    asked for (the session cache's key, as ``_core.model_digest`` gives it; the session cache
+    computes it beside the copy, see :func:`open_cached`). It holds no reference to the
+    model, so that a caller can let go of the model's memory while ONNX Runtime builds a
+    session from the copy (:func:`open_copy`).
 
     ONNX Runtime gets the model as a file with its weights in a data file beside it, written
     by the core into a private folder (not synced: the page cache) and removed once the
@@ -173,27 +174,103 @@ def open_copy(
     copy: PrivateCopy,
     providers: Sequence[Provider] | None = None,
     session_options: ort.SessionOptions | None = None,
-    cache: SessionCache | None = None,
-    info: dict[str, Any] | None = None,
-    labels: Sequence[str] = (),
 ) -> ort.InferenceSession:
-    """A session over a private copy (see :class:`PrivateCopy`). With a ``cache``, the
-    optimised model is stored there on the first start and loaded with optimisation off on
-    later ones (see :mod:`fastseq.runtime.cache`; ``labels``, the stages, are recorded with
-    the entry). ``info``, when given, is filled with how the session was made: ``cache``
-    ("hit", "stored" or None) and the entry's folder."""
+    """A session over a private copy (see :class:`PrivateCopy`)."""
+    options = session_options if session_options is not None else default_options()
+    return _session(copy.path, options, usable_providers(providers))
+
+
+class PendingCopy:
+    """A private copy (:meth:`PrivateCopy.of`) written on a thread of its own while the
+    caller does something else: the core releases the GIL, and the kernel does the copying.
+    :meth:`result` waits for it (and raises what writing it raised); :meth:`close` waits and
+    removes it."""
+
+    def __init__(self, models: Sequence[_core.Composed], spill_min: int | None) -> None:
+        import threading
+
+        self._args: tuple | None = (list(models), spill_min)
+        self._copy: PrivateCopy | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name="fastseq-copy", daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        try:
+            models, spill_min = self._args
+            self._args = None  # the caller decides how long the models live
+            self._copy = PrivateCopy.of(models, spill_min)
+        except BaseException as e:
+            self._error = e
+
+    def result(self) -> PrivateCopy:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._copy is not None
+        return self._copy
+
+    def close(self) -> None:
+        self._thread.join()
+        if self._copy is not None:
+            self._copy.__exit__()
+
+
+def open_cached(
+    models: Sequence[_core.Composed],
+    spill_min: int | None,
+    providers: Sequence[Provider] | None,
+    session_options: ort.SessionOptions | None,
+    cache: SessionCache,
+    info: dict[str, Any],
+    labels: Sequence[str],
+    adopt: Callable[[PrivateCopy], None],
+) -> ort.InferenceSession:
+    """A session over ``models[0]`` (the models sharing its memory after it) through the
+    session cache: the optimised model is stored there on the first start and loaded with
+    optimisation off on later ones (see :mod:`fastseq.runtime.cache`; ``labels``, the stages,
+    are recorded with the entry). ``info`` is filled with how the session was made:
+    ``cache`` ("hit", "stored" or None) and the entry's folder.
+
+    The private copy is still written (the pipeline must not depend on its sources), on a
+    thread beside the rest: the key is the model's digest, read by the core from where the
+    weights are while the kernel copies them; on a hit ONNX Runtime loads the entry
+    meanwhile (unless the models hold ``spill_min`` bytes in memory, which the copy lets
+    go of first), and on a miss it loads the copy once written. ``adopt`` receives the copy
+    when it is written, before ONNX Runtime reads it (to swap in its spilled models); on a
+    hit, before this returns."""
+    from fastseq.runtime import cache as session_cache
+
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
-    if cache is None:
-        return _session(copy.path, options, usable)
-    from fastseq.runtime import cache as session_cache
+    models = list(models)
+    models[0].check_sources()  # a source changed since it was loaded fails here, by name
+    pending = PendingCopy(models, spill_min)
+    adopted: list[PrivateCopy] = []
+
+    def written() -> str:
+        copy = pending.result()
+        if not adopted:
+            adopted.append(copy)
+            adopt(copy)
+        return copy.path
 
     def make(path: str, optimise: bool, save_to: str | None) -> ort.InferenceSession:
         return _session(path, options, usable, optimise, save_to, session_cache.DATA)
 
-    assert copy.digest is not None, "a copy for the session cache is made with its digest"
-    parts = session_cache.key_parts(copy.digest, usable, options)
-    return session_cache.start(cache, parts, labels, info if info is not None else {}, make, copy.path)
+    try:
+        digest = _core.model_digest(models[0])
+        if spill_min is not None and _core.memory_bytes(models) >= spill_min:
+            # The copy lets go of the weights the models hold in memory: ONNX Runtime loads
+            # the entry after it, so that they do not count twice.
+            written()
+        del models
+        parts = session_cache.key_parts(digest, usable, options)
+        made = session_cache.start(cache, parts, labels, info, make, written)
+        written()  # a hit: the pipeline still takes the copy, or fails as the copy failed
+        return made
+    finally:
+        pending.close()
 
 
 def _session(

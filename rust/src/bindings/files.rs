@@ -30,6 +30,22 @@ pub(crate) fn file_digest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("{}: {e}", path.display())))
 }
 
+/// The digest of the composed model as it is written for a session (the session cache's
+/// key), read where its weights are without writing or keeping them: see
+/// `digest::model_digest`. A source file that is no longer the one loaded is a LoadError.
+#[pyfunction]
+pub(crate) fn model_digest(py: Python<'_>, model: PyRef<'_, Composed>) -> PyResult<String> {
+    let m = &model.composition.model;
+    py.detach(|| digest::model_digest(m, 1024)).map_err(to_py)
+}
+
+/// The bytes `models` hold in memory of their own (see `spill::memory_bytes`).
+#[pyfunction]
+pub(crate) fn memory_bytes(models: Vec<PyRef<'_, Composed>>) -> u64 {
+    let refs: Vec<&ModelProto> = models.iter().map(|c| &c.composition.model).collect();
+    crate::storage::spill::memory_bytes(&refs)
+}
+
 /// `(digest or None, {"copied", "sendfile", "written", "mapped"}, spilled copies or None)`:
 /// see `spill::private_copy`. `copied`: bytes the kernel copied from the sources
 /// (`sendfile`: of those, across file systems); `written`: bytes written from memory;

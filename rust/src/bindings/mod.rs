@@ -16,7 +16,9 @@ use crate::allocator::tune_allocator;
 use crate::bindings::compose::{compose_sources, decode, load_model, load_models, overlapping_names};
 use crate::bindings::composed::Composed;
 use crate::bindings::errors::{composition_error, opset_mismatch_error, ExportError, FastseqError, LoadError};
-use crate::bindings::files::{check_external_location, external_data_locations, file_digest, write_private_copy};
+use crate::bindings::files::{
+    check_external_location, external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy,
+};
 use crate::bindings::writer::{commit_bytes, stage, Staging};
 use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
@@ -49,6 +51,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
     m.add_function(wrap_pyfunction!(file_digest, m)?)?;
     m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(model_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(memory_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
     m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stage, m)?)?;

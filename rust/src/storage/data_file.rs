@@ -45,6 +45,27 @@ pub struct Placed {
     pub offset: u64,
 }
 
+/// One weight of the data files (see [`Layout::pieces`]).
+pub enum Piece<'a> {
+    /// Bytes in memory, written from there.
+    Memory(&'a Bytes),
+    /// A range of a source file.
+    Range(&'a FileRange),
+    /// `len` bytes at an offset of a file a pipeline maps (an earlier private copy).
+    Private(&'a File, u64, u64),
+}
+
+impl Piece<'_> {
+    /// Its length in bytes.
+    pub fn size(&self) -> u64 {
+        match self {
+            Piece::Memory(b) => b.len() as u64,
+            Piece::Range(r) => r.len,
+            Piece::Private(_, _, len) => *len,
+        }
+    }
+}
+
 /// Bytes the kernel copies: a range of a source file, or of a file a pipeline maps.
 enum Copy {
     Range(FileRange),
@@ -171,6 +192,22 @@ impl Layout {
             done += p?;
         }
         Ok(done)
+    }
+
+    /// What the data files will hold, by (file, offset): each weight's bytes in memory, or
+    /// where the kernel would copy them from. What the session cache's key reads (see
+    /// `digest::model_digest`) without writing anything.
+    pub fn pieces(&self) -> Vec<(usize, u64, Piece<'_>)> {
+        let mut out: Vec<(usize, u64, Piece<'_>)> =
+            self.memory.iter().map(|(b, at)| (0, *at, Piece::Memory(b))).collect();
+        for (j, copies) in self.copies.iter().enumerate() {
+            out.extend(copies.iter().map(|(c, at, len)| match c {
+                Copy::Range(r) => (j, *at, Piece::Range(r)),
+                Copy::Private(f, from) => (j, *at, Piece::Private(f, *from, *len)),
+            }));
+        }
+        out.sort_by_key(|(j, at, _)| (*j, *at));
+        out
     }
 
     /// The files' paths beside `model`.

@@ -1,13 +1,19 @@
-//! A digest of a composed model as written for a session (the session cache's key), read
-//! back from the files a chunk at a time, never held.
+//! Digests: of a composed model (the session cache's key), read from where its weights are
+//! (memory, the source files, an earlier copy) a chunk at a time, never held and never
+//! written; and of a file (the cache's entries).
+use std::collections::HashMap;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use xxhash_rust::xxh3::Xxh3;
+use prost::Message;
+use rayon::prelude::*;
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
-use crate::codec::proto::ModelProto;
-use crate::error::Result;
-use crate::storage::data_file::Placed;
+use crate::codec::proto::{GraphProto, ModelProto};
+use crate::error::{Error, Result};
+use crate::storage::data_file::{Layout, Piece, Placed};
+use crate::storage::ranges::Source;
 use crate::storage::writer::{write_private, Written};
 
 /// XXH3-128 over a stream of bytes (several GB/s; the key is not a security boundary: cache
@@ -36,59 +42,75 @@ impl Digest {
 /// data files `<path>.data.1`, ... copied side by side, one per thread of the pool (see
 /// [`crate::storage::writer::write_private`]; meant for a private folder, so not synced).
 /// `placed` receives where each weight went in the data file (see `spill::spill_onto`).
-/// With `digest`, also returns the digest of the data file and then the model file, read
-/// back a chunk at a time: the weights copied by the kernel never passed through memory.
-pub fn save_placed(
-    model: &ModelProto,
-    path: &Path,
-    threshold: usize,
-    digest: bool,
-    placed: &mut Vec<Placed>,
-) -> Result<(Written, Option<String>)> {
+pub fn save_placed(model: &ModelProto, path: &Path, threshold: usize, placed: &mut Vec<Placed>) -> Result<Written> {
     let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
     let parts = crate::pool::install(rayon::current_num_threads);
-    let written = write_private(model, path, threshold, &data_name, parts, placed)?;
-    if !digest {
-        return Ok((written, None));
-    }
-    let mut d = Digest::default();
-    let read = |p: &Path, d: &mut Digest| -> std::io::Result<()> { feed(&std::fs::File::open(p)?, d) };
-    let files = written.data_names.iter().map(|n| path.with_file_name(n)).chain([path.to_path_buf()]);
-    for f in files {
-        read(&f, &mut d).map_err(|e| crate::error::Error::export(format!("cannot digest {}: {e}", f.display())))?;
-    }
-    Ok((written, Some(d.hex())))
+    write_private(model, path, threshold, &data_name, parts, placed)
 }
 
-/// Feeds a file's bytes to `d`, a chunk at a time; holes as zeros, without reading them.
-fn feed(file: &std::fs::File, d: &mut Digest) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    const CHUNK: usize = 1 << 20;
-    static ZEROS: [u8; CHUNK] = [0; CHUNK];
-    let size = file.metadata()?.len();
-    let mut buf = vec![0u8; CHUNK];
-    let zeros = |d: &mut Digest, mut n: u64| {
-        while n > 0 {
-            let k = n.min(CHUNK as u64);
-            d.0.update(&ZEROS[..k as usize]);
-            n -= k;
+/// The bytes each task of [`model_digest`] reads: enough to spread a few large weights over
+/// the pool's threads, few enough that the task's own cost does not show.
+const TASK: u64 = 8 << 20;
+
+/// The digest of `model` as it would be written for a session with weights of at least
+/// `threshold` bytes in a data file (see [`save_placed`]), without writing it: the model
+/// with its weights replaced by their places in that file, then each weight's bytes, in
+/// chunks digested side by side on the pool and combined in file order. Weights are read
+/// where they are (memory, a source file checked before and after as every copy is, an
+/// earlier private copy) a chunk at a time; nothing is kept. Models equal as a writer would
+/// write them have equal digests, whatever threads or files their weights are in.
+pub fn model_digest(model: &ModelProto, threshold: usize) -> Result<String> {
+    let mut header = model.clone();
+    let mut no_graph = GraphProto::default();
+    let graph = header.graph.as_mut().unwrap_or(&mut no_graph);
+    let layout = Layout::place(graph, threshold, "model.onnx.data", 1, &mut Vec::new())?;
+    let pieces = layout.pieces();
+    let mut sources: HashMap<&str, Source> = HashMap::new();
+    for (_, _, p) in &pieces {
+        if let Piece::Range(r) = p {
+            if !sources.contains_key(r.path.as_str()) {
+                sources.insert(r.path.as_str(), Source::open(r)?);
+            }
         }
-    };
-    let mut at = 0u64;
-    while at < size {
-        let Some((data, end)) = crate::storage::copy::next_data(file, at, size)? else { break };
-        zeros(d, data - at);
-        let mut pos = data;
-        while pos < end {
-            let k = ((end - pos) as usize).min(CHUNK);
-            file.read_exact_at(&mut buf[..k], pos)?;
-            d.0.update(&buf[..k]);
-            pos += k as u64;
-        }
-        at = end;
     }
-    zeros(d, size - at);
-    Ok(())
+    let tasks: Vec<(usize, u64, u64)> = pieces
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, _, p))| {
+            let size = p.size();
+            (0..size.div_ceil(TASK).max(1)).map(move |k| (i, k * TASK, (size - k * TASK).min(TASK)))
+        })
+        .collect();
+    let chunk = |&(i, from, len): &(usize, u64, u64)| -> Result<u128> {
+        let piece = &pieces[i].2;
+        if let Piece::Memory(b) = piece {
+            return Ok(xxh3_128(&b[from as usize..(from + len) as usize]));
+        }
+        let mut d = Xxh3::new();
+        let mut buf = vec![0u8; (len as usize).min(1 << 20)];
+        let mut at = 0u64;
+        while at < len {
+            let k = ((len - at) as usize).min(buf.len());
+            match piece {
+                Piece::Range(r) => sources[r.path.as_str()].read_at(r, from + at, &mut buf[..k])?,
+                Piece::Private(f, start, _) => f
+                    .read_exact_at(&mut buf[..k], start + from + at)
+                    .map_err(|e| Error::export(format!("cannot read the session's copy: {e}")))?,
+                Piece::Memory(_) => unreachable!(),
+            }
+            d.update(&buf[..k]);
+            at += k as u64;
+        }
+        Ok(d.digest128())
+    };
+    let digests: Vec<Result<u128>> = crate::pool::install(|| tasks.par_iter().map(chunk).collect());
+    let mut d = Xxh3::new();
+    d.update(b"fastseq model digest 1\0");
+    d.update(&header.encode_to_vec());
+    for x in digests {
+        d.update(&x?.to_le_bytes());
+    }
+    Ok(format!("{:032x}", d.digest128()))
 }
 
 /// The digest of a file's bytes, read in chunks (the session cache checks its entries with
@@ -111,6 +133,38 @@ pub fn file_digest(path: &Path) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A model with one large weight holding `bytes` and one small tensor beside it.
+    fn model_of(bytes: Vec<u8>) -> ModelProto {
+        use crate::codec::proto::TensorProto;
+        let t = |name: &str, raw: Vec<u8>| TensorProto {
+            name: Some(name.into()),
+            data_type: Some(2),
+            dims: vec![raw.len() as i64],
+            raw_data: Some(bytes::Bytes::from(raw)),
+            ..Default::default()
+        };
+        let g = GraphProto { initializer: vec![t("w", bytes), t("small", vec![1, 2, 3])], ..Default::default() };
+        ModelProto { ir_version: Some(8), graph: Some(g), ..Default::default() }
+    }
+
+    #[test]
+    fn a_models_digest_covers_every_byte_of_large_weights_and_the_rest_of_the_model() {
+        let big: Vec<u8> = (0..TASK as usize * 2 + 12345).map(|i| (i % 251) as u8).collect();
+        let base = model_digest(&model_of(big.clone()), 1024).unwrap();
+        assert_eq!(base, model_digest(&model_of(big.clone()), 1024).unwrap());
+        for at in [0, TASK as usize - 1, TASK as usize, big.len() - 1] {
+            let mut changed = big.clone();
+            changed[at] ^= 1;
+            assert_ne!(model_digest(&model_of(changed), 1024).unwrap(), base, "byte {at}");
+        }
+        let mut renamed = model_of(big.clone());
+        renamed.graph.as_mut().unwrap().initializer[1].name = Some("other".into());
+        assert_ne!(model_digest(&renamed, 1024).unwrap(), base);
+        let mut small = model_of(big);
+        small.graph.as_mut().unwrap().initializer[1].raw_data = Some(bytes::Bytes::from(vec![1u8, 2, 4]));
+        assert_ne!(model_digest(&small, 1024).unwrap(), base);
+    }
 
     #[test]
     fn digest_is_stable_and_sensitive() {

@@ -67,6 +67,24 @@ pub fn for_each_bytes(model: &mut ModelProto, f: &mut impl FnMut(&mut Bytes)) {
     }
 }
 
+/// The bytes `models` hold in memory of their own (not mapped from a private copy), each
+/// slice counted once however many models share it: what [`spill_onto`] compares with its
+/// minimum.
+pub fn memory_bytes(models: &[&ModelProto]) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for m in models {
+        // for_each_bytes takes a model to change: a clone shares every slice, copying none.
+        let mut m = (*m).clone();
+        for_each_bytes(&mut m, &mut |b| {
+            if !b.is_empty() && !is_mapped(b) && seen.insert((b.as_ptr() as usize, b.len())) {
+                total += b.len() as u64;
+            }
+        });
+    }
+    total
+}
+
 /// The ranges the main-graph initializers of `models` hold.
 fn ranges_of(models: &[&mut ModelProto]) -> Vec<FileRange> {
     models.iter().flat_map(|m| crate::codec::range::ranges(m).map(|(_, r)| r)).collect()
@@ -165,7 +183,7 @@ pub fn spill_onto(models: &mut [&mut ModelProto], data: &[PathBuf], placed: &[Pl
 /// What [`private_copy`] did.
 #[derive(Debug, Default)]
 pub struct PrivateCopy {
-    /// The digest of the files written (when asked for).
+    /// The model's digest (when asked for; see `digest::model_digest`).
     pub digest: Option<String>,
     /// Bytes the kernel copied from the sources (and from earlier private copies).
     pub copied: u64,
@@ -180,15 +198,18 @@ pub struct PrivateCopy {
 }
 
 /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
-/// [`crate::storage::digest::save_placed`]), with the digest of what was written when
-/// `digest` is set. With `spill_min`, the weights that only `models[1..]` hold as ranges of
+/// [`crate::storage::digest::save_placed`]), with its digest (see
+/// [`crate::storage::digest::model_digest`]) when `digest` is set. With `spill_min`, the weights that only `models[1..]` hold as ranges of
 /// their sources are copied into the data file too, and copies of all `models` spilled onto
 /// it are returned (see [`spill_onto`]): always when they hold ranges, else when there are at
 /// least `spill_min` bytes to spill. The originals are left as they are.
 pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>, digest: bool) -> Result<PrivateCopy> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
+    // The digest is of the model, read where its weights are, not of the files written: the
+    // session cache looks an entry up by it before anything is written (see `model_digest`).
+    let digest = if digest { Some(crate::storage::digest::model_digest(first, 1024)?) } else { None };
     let mut placed = Vec::new();
-    let (written, digest) = crate::storage::digest::save_placed(first, path, 1024, digest, &mut placed)?;
+    let written = crate::storage::digest::save_placed(first, path, 1024, &mut placed)?;
     let mut done = PrivateCopy {
         digest,
         copied: written.copied.bytes,
@@ -309,7 +330,7 @@ mod tests {
     fn copy_and_spill(models: &mut [&mut ModelProto], dir: &Path, min: u64) -> u64 {
         let path = dir.join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(models[0], &path, 1024, false, &mut placed).unwrap();
+        crate::storage::digest::save_placed(models[0], &path, 1024, &mut placed).unwrap();
         spill_onto(models, &[dir.join("model.onnx.data")], &placed, min).unwrap()
     }
 
@@ -322,7 +343,10 @@ mod tests {
         b.graph.as_mut().unwrap().initializer[0].name = Some("only in b".into()); // same bytes
         let before = (a.encode_to_vec(), b.encode_to_vec());
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let held = memory_bytes(&[&a, &b]);
+        assert!(held >= 4096 && held < 2 * 4096, "shared slices count once: {held}");
         assert_eq!(copy_and_spill(&mut [&mut a, &mut b], dir.path(), 0), 4096, "the weight is mapped, once");
+        assert_eq!(memory_bytes(&[&a, &b]), held - 4096, "the mapped weight is not memory of their own");
         assert_eq!((a.encode_to_vec(), b.encode_to_vec()), before);
         assert!(freed.load(Ordering::SeqCst), "a slice of the source is still held");
         let (wa, wb) = (&a.graph.as_ref().unwrap().initializer[0], &b.graph.as_ref().unwrap().initializer[0]);
@@ -333,7 +357,7 @@ mod tests {
         let again = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let path = again.path().join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(&a, &path, 1024, false, &mut placed).unwrap();
+        crate::storage::digest::save_placed(&a, &path, 1024, &mut placed).unwrap();
         assert_eq!(spill_onto(&mut [&mut a], &[again.path().join("model.onnx.data")], &placed, 0).unwrap(), 0);
     }
 
@@ -377,7 +401,11 @@ mod tests {
         // b's weight is in no model written: it is appended to the data file all the same.
         let done = private_copy(&[&a, &b], &private.join("model.onnx"), Some(u64::MAX), true).unwrap();
         assert_eq!((done.copied, done.written, done.mapped), (400_000, 0, 400_000));
-        assert!(done.digest.is_some());
+        // The key is the model's, wherever its weights are: the sources, memory, the copy.
+        let digest = |m: &ModelProto| crate::storage::digest::model_digest(m, 1024).unwrap();
+        assert_eq!(done.digest.as_deref(), Some(digest(&a).as_str()));
+        assert_eq!(digest(&a), digest(&model(1)));
+        assert_ne!(digest(&a), digest(&b));
         let spilled = done.spilled.expect("ranges are always moved off the sources");
         std::fs::remove_dir_all(&private).unwrap();
         std::fs::write(&pa, b"").unwrap();
@@ -386,6 +414,9 @@ mod tests {
             assert!(!crate::codec::range::has_ranges(m));
             assert_eq!(&m.encode_to_vec(), want);
         }
+        assert_eq!(digest(&spilled[0]), digest(&model(1)));
+        let gone = crate::storage::digest::model_digest(&a, 1024).unwrap_err();
+        assert!(gone.message.contains("a.onnx"), "{}", gone.message);
         // A copy of the spilled models comes from the first copy's file, in the kernel.
         let again = dir.path().join("again");
         std::fs::create_dir(&again).unwrap();
