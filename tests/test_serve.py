@@ -4,6 +4,7 @@ pipeline, on real sessions, real threads and real asyncio loops."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -73,6 +74,25 @@ def same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 
 
 # --- profiles -----------------------------------------------------------------------------------
+
+def run_in_thread(call, timeout: float = 60):
+    """``call()`` in a thread of its own, failing the test (not hanging it) past ``timeout``."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"still running after {timeout} s"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
 def test_profile_maps_the_time_back_to_the_stages_and_their_own_node_names():
     pipe = light_heavy()
     session = pipe.get_session()
@@ -432,6 +452,59 @@ def test_a_cancelled_coroutine_is_left_out_of_its_batch():
         got, drop = asyncio.run(main(batcher))
     same(got, pipe(rows(1, seed=1)))
     assert drop.cancelled()
+
+
+@pytest.mark.parametrize("then", ["deadline", "close"])
+def test_a_batch_whose_only_request_was_cancelled_does_not_stall_its_loop(then):
+    # A service's request timeout (wait_for) cancels the only request of a batch; its
+    # deadline, or close() on the loop, then finds nothing to run (this once deadlocked the
+    # loop on the batcher's own lock).
+    pipe = light_heavy()
+
+    async def main(batcher):
+        task = asyncio.ensure_future(batcher.run_async(rows(1)))
+        await asyncio.sleep(0)
+        task.cancel()
+        if then == "deadline":
+            await asyncio.sleep(0.1)
+        else:
+            batcher.close()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return task.cancelled()
+        return await batcher.run_async(rows(1, seed=3))
+
+    batcher = pipe.batcher(max_batch_size=100, max_delay_ms=20)
+    result = run_in_thread(lambda: asyncio.run(main(batcher)))
+    if then == "deadline":
+        same(result, pipe(rows(1, seed=3)))
+    else:
+        assert result is True
+    batcher.close()
+
+
+def test_close_from_a_thread_then_on_the_loop_answers_the_waiting_request():
+    # The first close() hands the loop's batch to the worker; the second, on the loop
+    # (a `with` block's exit), must not end the worker before it ran (the request was once
+    # lost and the first close() waited for ever).
+    pipe = light_heavy()
+    batcher = pipe.batcher(max_batch_size=100, max_delay_ms=60_000)
+    closers = []
+
+    async def main():
+        task = asyncio.ensure_future(batcher.run_async(rows(1, seed=4)))
+        await asyncio.sleep(0)
+        closer = threading.Thread(target=batcher.close)
+        closers.append(closer)
+        closer.start()
+        time.sleep(0.3)  # the loop is busy while the closer seals its batch
+        batcher.close()
+        return await asyncio.wait_for(task, 30)
+
+    got = run_in_thread(lambda: asyncio.run(main()))
+    closers[0].join(timeout=30)
+    assert not closers[0].is_alive()
+    same(got, pipe(rows(1, seed=4)))
 
 
 def test_coroutines_get_only_their_own_error_for_a_bad_request_and_all_the_joint_runs_error():

@@ -157,7 +157,8 @@ class Batcher:
                 self._seal(batch, where)
             while self._leading or any(n and loop is not here for loop, n in self._looping.items()):
                 self._cond.wait()
-        self._worker.shutdown(wait=False)  # after the batches already given to it
+            if not self._looping:  # else the last of this loop's batches ends the worker (_ran)
+                self._worker.shutdown(wait=False)
 
     def __enter__(self) -> Batcher:
         return self
@@ -218,13 +219,8 @@ class Batcher:
         loop = batch.loop
         if loop is None:
             batch.full.release()  # its leader runs it
-        elif asyncio._get_running_loop() is loop:
-            self._start(batch)
-        else:  # close() from another thread
-            try:
-                loop.call_soon_threadsafe(self._start, batch)
-            except RuntimeError:  # the loop is closed: nobody awaits these requests
-                self._ran(loop)
+        else:  # straight to the worker, from the loop or from close() in another thread
+            self._submit(batch)
 
     def _expire(self, batch: _Batch, where: tuple) -> None:
         """A loop's batch at its deadline (on the loop)."""
@@ -232,25 +228,40 @@ class Batcher:
             self._seal(batch, where)
 
     # --- a loop's batch: sealed on the loop, run on the worker, answered on the loop ----------
-    def _start(self, batch: _Batch) -> None:
-        """Gives a sealed batch's requests, less the cancelled ones, to the worker."""
+    # A batch is counted in _looping from its first request until the worker has run it and
+    # handed its answers to the loop (or found the loop closed): the count never waits on a
+    # callback that a stopped loop may drop.
+    def _submit(self, batch: _Batch) -> None:
+        """Gives a sealed batch's requests, less the cancelled ones, to the worker (under the
+        lock)."""
+        loop = batch.loop
         requests = [r for r in batch.requests if not r.future.done()]  # done: cancelled
         if requests:
-            self._worker.submit(self._work, batch.loop, requests)
-        else:
-            with self._lock:
-                self._ran(batch.loop)
+            try:
+                self._worker.submit(self._work, loop, requests)
+                return
+            except RuntimeError as e:  # the interpreter is shutting down: fail them, never drop them
+                _fail(requests, RunError(f"the batcher could not run this batch: {e}"))
+                self._deliver(loop, requests)
+        self._ran(loop)
 
     def _work(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
         """On the worker: runs the batch and calls its loop back with the answers."""
-        _run(self._pipe._runner, requests)
         try:
-            loop.call_soon_threadsafe(self._answer, loop, requests)
-        except RuntimeError:  # the loop is closed: nobody awaits these requests
+            _run(self._pipe._runner, requests)
+            self._deliver(loop, requests)
+        finally:
             with self._lock:
                 self._ran(loop)
 
-    def _answer(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
+    def _deliver(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
+        """Hands a batch's answers to its loop; a closed loop has nobody awaiting them."""
+        try:
+            loop.call_soon_threadsafe(self._answer, requests)
+        except RuntimeError:
+            pass
+
+    def _answer(self, requests: list[_Request]) -> None:
         """On the loop: resolves the callers' futures (but those cancelled meanwhile)."""
         for r in requests:
             if r.future.done():
@@ -259,13 +270,15 @@ class Batcher:
                 r.future.set_exception(r.answer)
             else:
                 r.future.set_result(r.answer)
-        with self._lock:
-            self._ran(loop)
 
     def _ran(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A loop's batch is done with (under the lock); the last one after close() ends the
+        worker."""
         self._looping[loop] -= 1
         if not self._looping[loop]:
             del self._looping[loop]
+        if self._closed and not self._looping:
+            self._worker.shutdown(wait=False)
         self._cond.notify_all()
 
 
