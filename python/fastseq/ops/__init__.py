@@ -61,16 +61,18 @@ def _all() -> dict[str, Callable[..., Any]]:
     return _operators
 
 
-def __getattr__(name: str) -> Any:
-    if name == "OPERATORS":
-        return _all()
-    if name == "DEFAULT_OPSET":
-        from fastseq.ops._graph import DEFAULT_OPSET
+if not TYPE_CHECKING:  # type checkers see the imports above, and flag a misspelt name
 
-        return DEFAULT_OPSET
-    if name in _HOME_OF:
-        return _all()[name]
-    raise AttributeError(f"module 'fastseq.ops' has no attribute '{name}'")
+    def __getattr__(name: str) -> Any:
+        if name == "OPERATORS":
+            return _all()
+        if name == "DEFAULT_OPSET":
+            from fastseq.ops._graph import DEFAULT_OPSET
+
+            return DEFAULT_OPSET
+        if name in _HOME_OF:
+            return _all()[name]
+        raise AttributeError(f"module 'fastseq.ops' has no attribute '{name}'")
 
 
 def names() -> list[str]:

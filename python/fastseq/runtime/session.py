@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
-from fastseq.errors import InputError, ProviderError
+from fastseq.errors import InputError, LoadError, ProviderError
 
 if TYPE_CHECKING:
     from fastseq.runtime.cache import SessionCache
@@ -247,13 +247,29 @@ def open_cached(
     models[0].check_sources()  # a source changed since it was loaded fails here, by name
     pending = PendingCopy(models, spill_min)
     adopted: list[PrivateCopy] = []
+    mapped: list[_core.Composed | None] = []  # the model over the copy's weights, if it maps them
 
     def written() -> str:
         copy = pending.result()
         if not adopted:
             adopted.append(copy)
+            mapped.append(copy.spilled[0] if copy.spilled else None)  # before adopt takes them
             adopt(copy)
         return copy.path
+
+    def checked() -> str:
+        """The copy, for a start that may store an entry under the key: the key and the copy
+        read the sources apart (each checking the files are the ones loaded), so before an
+        entry outlives this start the copy is read back against the key. Weights held in
+        memory (nothing mapped) cannot have changed between the two."""
+        path = written()
+        model, mapped[0] = mapped[0], None
+        if model is not None and _core.model_digest(model) != digest:
+            raise LoadError(
+                "a source file changed while the pipeline was built (the weights copied differ from those the "
+                "session cache's key read); nothing was cached: build the pipeline again"
+            )
+        return path
 
     def make(path: str, optimise: bool, save_to: str | None) -> ort.InferenceSession:
         return _session(path, options, usable, optimise, save_to, session_cache.DATA)
@@ -266,7 +282,7 @@ def open_cached(
             written()
         del models
         parts = session_cache.key_parts(digest, usable, options)
-        made = session_cache.start(cache, parts, labels, info, make, written)
+        made = session_cache.start(cache, parts, labels, info, make, checked)
         written()  # a hit: the pipeline still takes the copy, or fails as the copy failed
         return made
     finally:
