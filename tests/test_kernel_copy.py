@@ -176,7 +176,7 @@ def test_a_source_changed_between_load_and_copy_is_refused_by_name(tmp_path, cha
     with pytest.raises(fastseq.LoadError, match=name):
         composed.check_sources()
     with pytest.raises(fastseq.LoadError, match=name):
-        _core.write_private_copy([composed], str(private / "model.onnx"), None, False)
+        _core.write_private_copy([composed], str(private / "model.onnx"), None)
     with pytest.raises(fastseq.LoadError, match=name):
         _core.model_digest(composed)  # the session cache's key
     assert not [f for f in os.listdir(private) if not f.startswith(".")], os.listdir(private)

@@ -114,9 +114,9 @@ def did_you_mean(name: str, candidates: Sequence[str]) -> str: ...
 def check_external_location(location: str) -> None: ...
 def file_digest(path: str | PathLike[str]) -> str: ...
 def model_digest(model: Composed) -> str:
-    """The digest of ``model`` as it is written for a session (the session cache's key, as
-    :func:`write_private_copy` gives it), read where its weights are (memory, the sources)
-    without writing or keeping them."""
+    """The digest of ``model`` as :func:`write_private_copy` would write it for a session
+    (the session cache's key), read where its weights are (memory, the sources, a private
+    copy) without writing or keeping them."""
 def commit_bytes(data: bytes, path: str | PathLike[str]) -> dict[str, Any]:
     """Writes ``data`` (a model without external data, in any format) to ``path`` with the
     core's writer: atomically, under the export lock. Returns ``model_bytes``,
@@ -154,5 +154,5 @@ def memory_bytes(models: Sequence[Composed]) -> int:
     slice counted once: what :func:`write_private_copy` spills from ``spill_min`` on."""
 
 def write_private_copy(
-    models: Sequence[Composed], path: str | PathLike[str], spill_min: int | None = None, digest: bool = True
-) -> tuple[str | None, dict[str, int], list[Composed] | None]: ...
+    models: Sequence[Composed], path: str | PathLike[str], spill_min: int | None = None
+) -> tuple[dict[str, int], list[Composed] | None]: ...

@@ -42,12 +42,9 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr_
 # The operators' modules are imported on first use (module __getattr__ below): a pipeline of
 # model files reads Operator from this package and should not pay for building code it
 # never runs.
-_HOMES = {
-    "fastseq.ops.image": ("to_float", "layout", "rgb_to_bgr", "grayscale", "resize", "center_crop", "letterbox",
-                          "normalize"),
-    "fastseq.ops.head": ("flatten", "softmax", "argmax", "topk", "nms"),
-}
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+_IMAGE = ("to_float", "layout", "rgb_to_bgr", "grayscale", "resize", "center_crop", "letterbox", "normalize")
+_HEAD = ("flatten", "softmax", "argmax", "topk", "nms")
+_HOME_OF = {**dict.fromkeys(_IMAGE, "fastseq.ops.image"), **dict.fromkeys(_HEAD, "fastseq.ops.head")}
 _operators: dict[str, Callable[..., Any]] | None = None
 
 

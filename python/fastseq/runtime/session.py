@@ -109,10 +109,7 @@ def usable_providers(providers: Sequence[Provider] | None) -> list[Provider]:
 @dataclass
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
-    the temporary folder, removed on exit): ``path``, and the model's ``digest`` when it was
-    asked for (the session cache's key, as ``_core.model_digest`` gives it; the session cache
-    computes it beside the copy, see :func:`open_cached`). It holds no reference to the
-    model, so that a caller can let go of the model's memory while ONNX Runtime builds a
+    the temporary folder, removed on exit): ``path``. It holds no reference to the model, so that a caller can let go of the model's memory while ONNX Runtime builds a
     session from the copy (:func:`open_copy`).
 
     ONNX Runtime gets the model as a file with its weights in a data file beside it, written
@@ -127,17 +124,16 @@ class PrivateCopy:
 
     folder: str
     path: str
-    digest: str | None
     info: dict[str, int]
     #: with ``spill_min``: copies of the models given that map the copy's data file, or None
     spilled: list[_core.Composed] | None = None
 
     @classmethod
     def of(
-        cls, models: _core.Composed | Sequence[_core.Composed], spill_min: int | None = None, digest: bool = False
+        cls, models: _core.Composed | Sequence[_core.Composed], spill_min: int | None = None
     ) -> PrivateCopy:
         """Writes the copy of ``models`` (one composed model, or it followed by the models
-        that share its memory), with its ``digest`` if asked. Its files are not synced: they
+        that share its memory). Its files are not synced: they
         live in the page cache, which the system can reclaim.
 
         With ``spill_min``, ``spilled`` holds copies of ``models`` that map the copy's data
@@ -151,12 +147,12 @@ class PrivateCopy:
         folder = tempfile.mkdtemp(prefix="fastseq-session-")
         try:
             path = os.path.join(folder, "model.onnx")
-            written, info, copies = _core.write_private_copy(models, path, spill_min, digest)
+            info, copies = _core.write_private_copy(models, path, spill_min)
             del models  # the caller decides how long the originals live
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(folder, path, written, dict(info), copies)
+        return cls(folder, path, dict(info), copies)
 
     def take_spilled(self) -> list[_core.Composed] | None:
         """The spilled copies (see :meth:`of`), handed over: the copy keeps no reference."""
@@ -183,15 +179,22 @@ def open_copy(
 class PendingCopy:
     """A private copy (:meth:`PrivateCopy.of`) written on a thread of its own while the
     caller does something else: the core releases the GIL, and the kernel does the copying.
-    :meth:`result` waits for it (and raises what writing it raised); :meth:`close` waits and
-    removes it."""
+    :meth:`result` waits for it (and raises what writing it raised) and, the first time,
+    hands it to ``adopt`` (to swap in its spilled models); :meth:`close` waits and removes
+    it."""
 
-    def __init__(self, models: Sequence[_core.Composed], spill_min: int | None) -> None:
+    def __init__(
+        self, models: Sequence[_core.Composed], spill_min: int | None, adopt: Callable[[PrivateCopy], None]
+    ) -> None:
         import threading
 
         self._args: tuple | None = (list(models), spill_min)
+        self._adopt: Callable[[PrivateCopy], None] | None = adopt
         self._copy: PrivateCopy | None = None
         self._error: BaseException | None = None
+        #: once adopted: the first model spilled onto the copy (it reads the copy's weights), or
+        #: None when nothing was spilled (the weights stayed in memory)
+        self.mapped: _core.Composed | None = None
         self._thread = threading.Thread(target=self._write, name="fastseq-copy", daemon=True)
         self._thread.start()
 
@@ -208,10 +211,15 @@ class PendingCopy:
         if self._error is not None:
             raise self._error
         assert self._copy is not None
+        if self._adopt is not None:
+            adopt, self._adopt = self._adopt, None
+            self.mapped = self._copy.spilled[0] if self._copy.spilled else None  # before adopt takes them
+            adopt(self._copy)
         return self._copy
 
     def close(self) -> None:
         self._thread.join()
+        self.mapped = None
         if self._copy is not None:
             self._copy.__exit__()
 
@@ -244,27 +252,15 @@ def open_cached(
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
     models = list(models)
-    models[0].check_sources()  # a source changed since it was loaded fails here, by name
-    pending = PendingCopy(models, spill_min)
-    adopted: list[PrivateCopy] = []
-    mapped: list[_core.Composed | None] = []  # the model over the copy's weights, if it maps them
-
-    def written() -> str:
-        copy = pending.result()
-        if not adopted:
-            adopted.append(copy)
-            mapped.append(copy.spilled[0] if copy.spilled else None)  # before adopt takes them
-            adopt(copy)
-        return copy.path
+    pending = PendingCopy(models, spill_min, adopt)
 
     def checked() -> str:
         """The copy, for a start that may store an entry under the key: the key and the copy
         read the sources apart (each checking the files are the ones loaded), so before an
         entry outlives this start the copy is read back against the key. Weights held in
         memory (nothing mapped) cannot have changed between the two."""
-        path = written()
-        model, mapped[0] = mapped[0], None
-        if model is not None and _core.model_digest(model) != digest:
+        path = pending.result().path
+        if pending.mapped is not None and _core.model_digest(pending.mapped) != digest:
             raise LoadError(
                 "a source file changed while the pipeline was built (the weights copied differ from those the "
                 "session cache's key read); nothing was cached: build the pipeline again"
@@ -275,15 +271,15 @@ def open_cached(
         return _session(path, options, usable, optimise, save_to, session_cache.DATA)
 
     try:
-        digest = _core.model_digest(models[0])
+        digest = _core.model_digest(models[0])  # a source changed since it was loaded fails here, by name
         if spill_min is not None and _core.memory_bytes(models) >= spill_min:
             # The copy lets go of the weights the models hold in memory: ONNX Runtime loads
             # the entry after it, so that they do not count twice.
-            written()
+            pending.result()
         del models
         parts = session_cache.key_parts(digest, usable, options)
         made = session_cache.start(cache, parts, labels, info, make, checked)
-        written()  # a hit: the pipeline still takes the copy, or fails as the copy failed
+        pending.result()  # a hit: the pipeline still takes the copy, or fails as the copy failed
         return made
     finally:
         pending.close()

@@ -46,27 +46,25 @@ pub(crate) fn memory_bytes(models: Vec<PyRef<'_, Composed>>) -> u64 {
     crate::storage::spill::memory_bytes(&refs)
 }
 
-/// `(digest or None, {"copied", "sendfile", "written", "mapped"}, spilled copies or None)`:
+/// `({"copied", "sendfile", "written", "mapped"}, spilled copies or None)`:
 /// see `spill::private_copy`. `copied`: bytes the kernel copied from the sources
 /// (`sendfile`: of those, across file systems); `written`: bytes written from memory;
 /// `mapped`: bytes the spilled copies map.
 #[pyfunction]
-#[pyo3(signature = (models, path, spill_min=None, digest=true))]
-#[allow(clippy::type_complexity)]
+#[pyo3(signature = (models, path, spill_min=None))]
 pub(crate) fn write_private_copy<'py>(
     py: Python<'py>,
     models: Vec<PyRef<'_, Composed>>,
     path: PathBuf,
     spill_min: Option<u64>,
-    digest: bool,
-) -> PyResult<(Option<String>, Bound<'py, PyDict>, Option<Vec<Composed>>)> {
+) -> PyResult<(Bound<'py, PyDict>, Option<Vec<Composed>>)> {
     let refs: Vec<&ModelProto> = models.iter().map(|c| &c.composition.model).collect();
-    let done = py.detach(|| private_copy(&refs, &path, spill_min, digest)).map_err(to_py)?;
+    let done = py.detach(|| private_copy(&refs, &path, spill_min)).map_err(to_py)?;
     let info = PyDict::new(py);
     info.set_item("copied", done.copied)?;
     info.set_item("sendfile", done.by_sendfile)?;
     info.set_item("written", done.written)?;
     info.set_item("mapped", done.mapped)?;
     let spilled = done.spilled.map(|copies| models.iter().zip(copies).map(|(c, m)| c.with_model(m)).collect());
-    Ok((done.digest, info, spilled))
+    Ok((info, spilled))
 }

@@ -183,8 +183,6 @@ pub fn spill_onto(models: &mut [&mut ModelProto], data: &[PathBuf], placed: &[Pl
 /// What [`private_copy`] did.
 #[derive(Debug, Default)]
 pub struct PrivateCopy {
-    /// The model's digest (when asked for; see `digest::model_digest`).
-    pub digest: Option<String>,
     /// Bytes the kernel copied from the sources (and from earlier private copies).
     pub copied: u64,
     /// Of those, bytes copied with `sendfile` (across file systems).
@@ -198,20 +196,15 @@ pub struct PrivateCopy {
 }
 
 /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
-/// [`crate::storage::digest::save_placed`]), with its digest (see
-/// [`crate::storage::digest::model_digest`]) when `digest` is set. With `spill_min`, the weights that only `models[1..]` hold as ranges of
-/// their sources are copied into the data file too, and copies of all `models` spilled onto
+/// [`crate::storage::digest::save_placed`]). With `spill_min`, the weights that only
+/// `models[1..]` hold as ranges of their sources are copied into the data file too, and copies of all `models` spilled onto
 /// it are returned (see [`spill_onto`]): always when they hold ranges, else when there are at
 /// least `spill_min` bytes to spill. The originals are left as they are.
-pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>, digest: bool) -> Result<PrivateCopy> {
+pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>) -> Result<PrivateCopy> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
-    // The digest is of the model, read where its weights are, not of the files written: the
-    // session cache looks an entry up by it before anything is written (see `model_digest`).
-    let digest = if digest { Some(crate::storage::digest::model_digest(first, 1024)?) } else { None };
     let mut placed = Vec::new();
     let written = crate::storage::digest::save_placed(first, path, 1024, &mut placed)?;
     let mut done = PrivateCopy {
-        digest,
         copied: written.copied.bytes,
         by_sendfile: written.copied.by_sendfile,
         written: written.from_memory,
@@ -399,11 +392,10 @@ mod tests {
         let private = dir.path().join("private");
         std::fs::create_dir(&private).unwrap();
         // b's weight is in no model written: it is appended to the data file all the same.
-        let done = private_copy(&[&a, &b], &private.join("model.onnx"), Some(u64::MAX), true).unwrap();
+        let done = private_copy(&[&a, &b], &private.join("model.onnx"), Some(u64::MAX)).unwrap();
         assert_eq!((done.copied, done.written, done.mapped), (400_000, 0, 400_000));
         // The key is the model's, wherever its weights are: the sources, memory, the copy.
         let digest = |m: &ModelProto| crate::storage::digest::model_digest(m, 1024).unwrap();
-        assert_eq!(done.digest.as_deref(), Some(digest(&a).as_str()));
         assert_eq!(digest(&a), digest(&model(1)));
         assert_ne!(digest(&a), digest(&b));
         let spilled = done.spilled.expect("ranges are always moved off the sources");
@@ -420,7 +412,7 @@ mod tests {
         // A copy of the spilled models comes from the first copy's file, in the kernel.
         let again = dir.path().join("again");
         std::fs::create_dir(&again).unwrap();
-        let done = private_copy(&[&spilled[0]], &again.join("model.onnx"), Some(u64::MAX), false).unwrap();
+        let done = private_copy(&[&spilled[0]], &again.join("model.onnx"), Some(u64::MAX)).unwrap();
         assert_eq!((done.copied, done.written, done.mapped), (200_000, 0, 0));
     }
 }
