@@ -102,7 +102,9 @@ impl Composed {
     /// The model's graph alone, serialized (a `GraphProto`).
     fn graph_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         // Weights still in their source files are read first (checked against them).
-        let g = py.detach(|| inline(&self.composition.model).map(|m| m.graph.clone().unwrap_or_default())).map_err(to_py)?;
+        let g = py
+            .detach(|| inline(&self.composition.model).map(|m| m.graph.clone().unwrap_or_default()))
+            .map_err(to_py)?;
         Ok(PyBytes::new(py, &py.detach(|| g.encode_to_vec())))
     }
 
@@ -153,8 +155,9 @@ impl Composed {
     /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
     fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
         let data = Bytes::copy_from_slice(stripped);
-        let model =
-            py.detach(|| restore_weights(decode_without_weights(label, data)?, &self.composition.model, label)).map_err(to_py)?;
+        let model = py
+            .detach(|| restore_weights(decode_without_weights(label, data)?, &self.composition.model, label))
+            .map_err(to_py)?;
         let label = self.composition.labels.first().map_or(label, String::as_str);
         Ok(Composed { composition: Composition::single(model, label), linked: self.linked })
     }

@@ -111,10 +111,9 @@ fn check_tensor_size(t: &TensorProto, weights: bool) -> std::result::Result<(), 
         _ => None,
     };
     match per_element {
-        Some((have, k)) if have as u64 != count.saturating_mul(k) => Err(Invalid::Size(format!(
-            "{} holds {have} values but its dims say {count} elements",
-            shown()
-        ))),
+        Some((have, k)) if have as u64 != count.saturating_mul(k) => {
+            Err(Invalid::Size(format!("{} holds {have} values but its dims say {count} elements", shown())))
+        }
         _ => Ok(()),
     }
 }

@@ -19,9 +19,9 @@ use crate::merge::opsets::{merge_opsets, merged_ir_version};
 use crate::merge::options::{Edge, Options, Rules};
 use crate::merge::plan::build::build_plan;
 use crate::merge::plan::parts::PruneReport;
+use crate::merge::plan::prune::leave_out;
 use crate::merge::plan::view::PlanView;
 use crate::merge::plan::wiring::{check_wiring, in_graph_order};
-use crate::merge::plan::prune::leave_out;
 use crate::merge::rename::{function_key, walk_model, NameSet, Renamer};
 
 /// What the composition did besides merging.
@@ -137,7 +137,11 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     let opts = ordered.as_ref().unwrap_or(opts);
     let labels = &labels[..];
     let mut plan = build_plan(&models, labels, opts)?;
-    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) { dedupe(&models, &mut plan, opts.read_weight) } else { Deduped::default() };
+    let deduped = if opts.dedupe.unwrap_or(opts.is_graph()) {
+        dedupe(&models, &mut plan, opts.read_weight)
+    } else {
+        Deduped::default()
+    };
     let declared = PlanView::declared_io(&models);
     leave_out(&mut plan, &mut models);
     let frame = match opts.rules {
@@ -176,7 +180,8 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     // Freeing the arenas is off the caller's path.
     crate::pool::spawn(move || drop((name_arenas, value_arenas, node_arenas, extra)));
 
-    let (mut model, ranges, inserted) = assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    let (mut model, ranges, inserted) =
+        assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
     if let Some(frame) = frame {
         frame.apply(&mut model);
     }

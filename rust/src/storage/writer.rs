@@ -47,7 +47,8 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
         let mut no_graph = GraphProto::default();
         // One data file: weights in memory written once, those in a source copied by the kernel.
         let mut placed = Vec::new();
-        let layout = Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, &fallback, 1, &mut placed)?;
+        let layout =
+            Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, &fallback, 1, &mut placed)?;
         // Errors name the target (the temporary file's name would mislead).
         layout.write(std::slice::from_ref(&temp.file), &[path.to_path_buf()])?;
         temp.file.sync_all().map_err(|e| target.err(e))?;
@@ -70,7 +71,8 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
     }
     let temp = target.temp(&token, "model")?;
     let mut out = BufWriter::with_capacity(256 << 10, &temp.file);
-    let len = write_streaming(&*inline(model)?, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| target.err(e))?;
+    let len =
+        write_streaming(&*inline(model)?, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| target.err(e))?;
     drop(out);
     temp.file.sync_all().map_err(|e| target.err(e))?;
     commit(&target, &token, Model::Written { path: temp.path.clone(), temp: Some(temp), len }, Vec::new())
@@ -188,7 +190,8 @@ pub fn write_private(
     let mut made: Vec<PathBuf> = linked;
     let result = (|| -> Result<Written> {
         let mut no_graph = GraphProto::default();
-        let layout = Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, data_name, max_parts, placed)?;
+        let layout =
+            Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, data_name, max_parts, placed)?;
         let paths = layout.paths(path);
         let mut files = Vec::new();
         for p in &paths {
@@ -200,7 +203,8 @@ pub fn write_private(
         let file = File::options().write(true).create_new(true).open(path).map_err(|e| err(path, e))?;
         made.push(path.to_path_buf());
         let mut out = BufWriter::with_capacity(256 << 10, file);
-        let model_bytes = write_streaming(&header, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| err(path, e))?;
+        let model_bytes =
+            write_streaming(&header, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| err(path, e))?;
         Ok(Written {
             model_bytes,
             data_bytes: layout.lens.iter().sum(),
@@ -289,7 +293,9 @@ mod tests {
         let staging = stage(&target).unwrap();
         let mut m = model(7);
         let layout = Layout::place(m.graph.as_mut().unwrap(), 0, "w.bin", 1, &mut Vec::new()).unwrap();
-        layout.write(&[File::create(staging.path().join("w.bin")).unwrap()], &layout.paths(&staging.path().join("m"))).unwrap();
+        layout
+            .write(&[File::create(staging.path().join("w.bin")).unwrap()], &layout.paths(&staging.path().join("m")))
+            .unwrap();
         fs::write(staging.path().join("m.onnx"), m.encode_to_vec()).unwrap();
         let meta = [("k".to_string(), "v".to_string())];
         let saved = commit_staged(&staging, "m.onnx", &meta, None).unwrap();

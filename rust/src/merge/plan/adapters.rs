@@ -143,7 +143,10 @@ fn axis_change(out: &[Option<&Dim>], inp: &[Option<&Dim>]) -> std::result::Resul
 
 /// Which dims of the output line up with which dims of the input across an edge: all of
 /// them for equal ranks, all but the adapter's axis where exactly one axis change fits.
-fn aligned<'a, 'b>(a: &'a [Option<&'b Dim>], b: &'a [Option<&'b Dim>]) -> Vec<(&'a Option<&'b Dim>, &'a Option<&'b Dim>)> {
+fn aligned<'a, 'b>(
+    a: &'a [Option<&'b Dim>],
+    b: &'a [Option<&'b Dim>],
+) -> Vec<(&'a Option<&'b Dim>, &'a Option<&'b Dim>)> {
     if a.len() == b.len() {
         return a.iter().zip(b).collect();
     }

@@ -78,7 +78,16 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
         }
         fed_by_edge[e.to].insert(&e.input, x);
         consumed[e.from].insert(&e.output);
-        let target = match check_edge(where_, x, &e.output, out_vi, &e.input, in_vi, opts.adapt.covers(x), opts.adapt_remedy.as_deref())? {
+        let target = match check_edge(
+            where_,
+            x,
+            &e.output,
+            out_vi,
+            &e.input,
+            in_vi,
+            opts.adapt.covers(x),
+            opts.adapt_remedy.as_deref(),
+        )? {
             Some(a) => {
                 adapters.push(a);
                 Target::Adapter(x)

@@ -112,7 +112,11 @@ pub fn expose_linear(
             .map(|(k, (unfed, chosen))| {
                 let weights = initializer_names(&models[k]);
                 let g = graph(&models[k]);
-                unfed.iter().copied().filter(|x| chosen.contains(x) || weights.contains(vi_name(&g.input[*x]))).collect()
+                unfed
+                    .iter()
+                    .copied()
+                    .filter(|x| chosen.contains(x) || weights.contains(vi_name(&g.input[*x])))
+                    .collect()
             })
             .collect();
     }

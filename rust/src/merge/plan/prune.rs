@@ -204,7 +204,10 @@ pub fn leave_out(plan: &mut Plan, models: &mut [ModelProto]) {
         retain(&mut g.output, &keep_out[k]);
     });
     let position = |masks: &[Vec<bool>]| -> Vec<Vec<usize>> {
-        masks.iter().map(|m| m.iter().scan(0, |n, &keep| Some(std::mem::replace(n, *n + usize::from(keep)))).collect()).collect()
+        masks
+            .iter()
+            .map(|m| m.iter().scan(0, |n, &keep| Some(std::mem::replace(n, *n + usize::from(keep)))).collect())
+            .collect()
     };
     let (at_in, at_out) = (position(&keep_in), position(&keep_out));
     plan.inputs.iter_mut().for_each(|gi| gi.index = at_in[gi.stage][gi.index]);
