@@ -18,7 +18,7 @@ from fastseq.runtime.options import check_log_level, run_copy
 from fastseq.runtime.private_copy import PrivateCopy
 from fastseq.runtime.providers import Provider
 from fastseq.runtime.runner import Runner
-from fastseq.runtime.tensors import TensorInfo, unshaped_inputs
+from fastseq.runtime.tensors import TensorInfo, unshaped
 from fastseq.runtime.timeouts import check_timeout, with_timeout
 
 if TYPE_CHECKING:
@@ -68,8 +68,8 @@ class Runnable:
         self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
 
     def _runner_for(self, new_session: ort.InferenceSession) -> Runner:
-        unshaped = unshaped_inputs(new_session.get_inputs(), lambda: self._composed.stripped_bytes())
-        return Runner(new_session, explain=self._explain, reader=self._reader, unshaped=unshaped)
+        undeclared = unshaped(new_session.get_inputs(), new_session.get_outputs(), self._composed.stripped_bytes)
+        return Runner(new_session, explain=self._explain, reader=self._reader, unshaped=undeclared)
 
     def _reader(self, name: str) -> str:
         """Which stages read graph input ``name``, in their own names (from the core's plan;

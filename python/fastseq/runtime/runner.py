@@ -25,20 +25,20 @@ class Runner:
     the session's compiled ``run``.
 
     ``explain`` turns an ONNX Runtime failure into a typed error in the stages' names;
-    ``reader`` says which stages read an input (for messages); ``unshaped``: the inputs the
-    model declares without a shape (ONNX Runtime reports them as rank 0)."""
+    ``reader`` says which stages read an input (for messages); ``unshaped``: the inputs and
+    the outputs the model declares without a shape (ONNX Runtime reports them as rank 0)."""
 
     def __init__(
         self,
         session: ort.InferenceSession,
         explain: Callable[[Exception], Exception] | None = None,
         reader: Reader | None = None,
-        unshaped: frozenset[str] = frozenset(),
+        unshaped: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset()),
     ) -> None:
         self.session = session
         #: the graph inputs and outputs, as the session and the model describe them
-        self.inputs = [TensorInfo.of(a, a.name in unshaped) for a in session.get_inputs()]
-        self.outputs = [TensorInfo.of(a) for a in session.get_outputs()]
+        self.inputs = [TensorInfo.of(a, a.name in unshaped[0]) for a in session.get_inputs()]
+        self.outputs = [TensorInfo.of(a, a.name in unshaped[1]) for a in session.get_outputs()]
         #: per input, in order: what a call is checked against
         self.checks = tuple(InputCheck.of(i) for i in self.inputs)
         #: run options for calls that bring none: quiet (fastseq raises the errors itself)

@@ -133,10 +133,10 @@ def on_copy(make: Callable[[], Any]) -> Any:
         if "not a registered function/op" not in text and "No Op registered" not in text:
             raise
         raise RunError(
-            f"{text.strip().splitlines()[0][:300]}: this session needs settings of its own (a session cache entry, "
-            "a profile, an optimised export), which fastseq sets on a copy of your SessionOptions, never on "
-            "them; ONNX Runtime cannot copy the custom operator libraries registered on them, so a pipeline "
-            "that needs one runs without these"
+            "ONNX Runtime cannot copy the custom operator libraries registered on your SessionOptions, and fastseq "
+            "sets what this needs (a session cache entry, a profile, an optimised export) on a copy of them, never "
+            "on yours: a pipeline that needs a custom operator library starts without the session cache, and cannot "
+            f"be profiled or exported optimised ({text.strip().splitlines()[0]})"
         ) from e
 
 

@@ -50,17 +50,27 @@ class TensorInfo:
         return f"{self.name}: {self.dtype if self.dtype is not None else '?'}[{dims}]"
 
 
-def unshaped_inputs(args: Iterable[ort.NodeArg], model_bytes: Callable[[], bytes]) -> frozenset[str]:
-    """The inputs among ``args`` that the model declares without a shape. ONNX Runtime reports
-    them as rank 0, like scalars, but runs them with any shape: only for an input it reports
-    as rank 0 is the model read (``model_bytes()``, without its weights) to tell the two apart."""
-    scalars = [a.name for a in args if a.shape is not None and len(a.shape) == 0]
-    if not scalars:
-        return frozenset()
+def unshaped(
+    inputs: Iterable[ort.NodeArg], outputs: Iterable[ort.NodeArg], model_bytes: Callable[[], bytes]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The inputs and the outputs that the model declares without a shape. ONNX Runtime
+    reports them as rank 0, like scalars, but runs them with any shape: only when it reports
+    one as rank 0 is the model read (``model_bytes()``, without its weights) to tell the two
+    apart."""
+    def scalars(args: Iterable[ort.NodeArg]) -> set[str]:
+        return {a.name for a in args if a.shape is not None and len(a.shape) == 0}
+
+    maybe_in, maybe_out = scalars(inputs), scalars(outputs)
+    if not maybe_in and not maybe_out:
+        return frozenset(), frozenset()
     import onnx
 
     graph = onnx.ModelProto.FromString(model_bytes()).graph
-    return frozenset(
-        vi.name for vi in graph.input
-        if vi.name in scalars and vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
-    )
+
+    def undeclared(values: Iterable[onnx.ValueInfoProto], names: set[str]) -> frozenset[str]:
+        return frozenset(
+            vi.name for vi in values
+            if vi.name in names and vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
+        )
+
+    return undeclared(graph.input, maybe_in), undeclared(graph.output, maybe_out)
