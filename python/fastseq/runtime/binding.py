@@ -209,7 +209,7 @@ class Binding:
                 f"written into the original would not reach the pipeline; bind x.astype(np.{check.dtype}) and "
                 "write into that"
             )
-        error = check.shape_error(buf.shape, self._runner.declared(name).shape or ())
+        error = check.shape_error(buf.shape)
         if error is not None:
             raise error
         self._iob.bind_input(name, buf.device, buf.device_id, buf.dtype, list(buf.shape), buf.ptr)

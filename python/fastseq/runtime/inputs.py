@@ -76,6 +76,7 @@ class InputCheck:
     dtype: np.dtype | None
     ndim: int | None
     static: tuple[tuple[int, int], ...]  # (axis, size) for each fixed dimension
+    shape: tuple[int | str | None, ...] | None = None  # as declared, for messages
     # The fixed sizes read out of a shape in one C call, and what they must be: a call's
     # check costs a fraction of a generator over ``static``.
     fixed_of: Callable[[tuple[int, ...]], Any] | None = None
@@ -84,21 +85,21 @@ class InputCheck:
     @classmethod
     def of(cls, info: TensorInfo) -> InputCheck:
         static = tuple((axis, d) for axis, d in enumerate(info.shape or ()) if isinstance(d, int) and d > 0)
+        ndim = len(info.shape) if info.shape is not None else None
         if not static:
-            return cls(info.name, info.dtype, len(info.shape) if info.shape is not None else None, static)
+            return cls(info.name, info.dtype, ndim, static, info.shape)
         sizes = tuple(size for _, size in static)
-        return cls(info.name, info.dtype, len(info.shape), static, itemgetter(*(axis for axis, _ in static)),
+        return cls(info.name, info.dtype, ndim, static, info.shape, itemgetter(*(axis for axis, _ in static)),
                    sizes[0] if len(sizes) == 1 else sizes)
 
-    def shape_error(self, shape: tuple[int, ...], declared: Any) -> InputError | None:
-        """What is wrong with an array of ``shape`` for this input (``declared``: its shape
-        as the model declares it, for the message), or None."""
+    def shape_error(self, shape: tuple[int, ...]) -> InputError | None:
+        """What is wrong with an array of ``shape`` for this input, or None."""
         if self.ndim is not None and len(shape) != self.ndim:
-            return InputError(f"input '{self.name}' expects rank {self.ndim} {list(declared)}, got shape {list(shape)}")
+            return InputError(f"input '{self.name}' expects rank {self.ndim} {list(self.shape)}, got shape {list(shape)}")
         for axis, size in self.static:
             if shape[axis] != size:
                 return InputError(
-                    f"input '{self.name}' expects size {size} on axis {axis} {list(declared)}, got shape {list(shape)}"
+                    f"input '{self.name}' expects size {size} on axis {axis} {list(self.shape)}, got shape {list(shape)}"
                 )
         return None
 
@@ -148,7 +149,7 @@ def check_feeds(
     inputs: list[TensorInfo], checks: Mapping[str, InputCheck], feeds: Any, reader: Reader | None = None
 ) -> dict[str, np.ndarray]:
     """The feeds of a call by input name, checked and converted by the rule."""
-    if not isinstance(feeds, Mapping):
+    if type(feeds) is not dict and not isinstance(feeds, Mapping):
         raise InputError(f"feeds must map input names to arrays, got a {type(feeds).__name__}; inputs: "
                          + ", ".join(map(str, inputs)))
     for name in feeds:
@@ -161,11 +162,10 @@ def check_feeds(
         missing = [i.name for i in inputs if i.name not in feeds]
         raise InputError(f"missing input{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
     checked: dict[str, np.ndarray] = {}
-    declared = {i.name: i.shape for i in inputs}
     for name, value in feeds.items():
         check = checks[name]
         array = as_array(name, value, check.dtype, reader)
-        error = check.shape_error(array.shape, declared[name])
+        error = check.shape_error(array.shape)
         if error is not None:
             raise error
         checked[name] = array

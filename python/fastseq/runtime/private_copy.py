@@ -17,7 +17,7 @@ from fastseq import _core
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
     the temporary folder, removed on exit): ``path``. It holds no reference to the model, so that a caller can let go of the model's memory while ONNX Runtime builds a
-    session from the copy (:func:`open_copy`).
+    session from the copy (:func:`fastseq.runtime.session.open_copy`).
 
     ONNX Runtime gets the model as a file with its weights in a data file beside it, written
     by the core into a private folder (not synced: the page cache) and removed once the

@@ -66,10 +66,6 @@ class Runner:
                              + ", ".join(map(str, self.inputs)))
         return check
 
-    def declared(self, name: str) -> TensorInfo:
-        """Input ``name`` as the model declares it."""
-        return self.inputs[self.checks.index(self.check_of(name))]
-
     def stage_note(self, name: str) -> str:
         """`` (stage a reads it as 'x')`` for input ``name``, where the pipeline knows it."""
         from fastseq.runtime.inputs import stage_note
