@@ -65,6 +65,11 @@ class Composed:
         """Per stage (label, first node, end node) in the merged graph, and every renamed
         value or node name of the merged graph -> (stage index, original name)."""
 
+    def row_mixing(self) -> list[tuple[int | None, str, str, str | None, str]]:
+        """Why the rows of a batch may depend on other rows: per reason, (top-level node
+        index or None, its name in the merged graph, its op type, the node inside it at
+        fault or None, the reason). Empty when every output keeps each row apart."""
+
     def inserted_nodes(self) -> list[int]:
         """Per stage, how many nodes at the start of its range in :meth:`origins` the merge
         inserted (adapters on its incoming edges; 0 for a loaded model)."""

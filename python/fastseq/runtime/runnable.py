@@ -270,16 +270,27 @@ class Runnable:
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
-    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 2.0) -> Batcher:
+    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False) -> Batcher:
         """Dynamic batching for many concurrent callers: ``batcher(x)`` from threads,
-        ``await batcher.run_async(x)`` from coroutines. Requests arriving within
-        ``max_delay_ms`` of the first waiting one are joined along the batch axis (up to
-        ``max_batch_size`` rows), run once, and each caller gets its own rows back. See
-        :class:`fastseq.Batcher`; a pipeline whose inputs share no dynamic
-        first axis is a :class:`fastseq.CompositionError`."""
+        ``await batcher.run_async(x)`` from coroutines. One worker runs everything queued
+        (up to ``max_batch_size`` rows, joined along the batch axis) whenever it is free,
+        after waiting up to ``max_delay_ms`` for a batch to fill, and each caller gets its
+        own rows back. See :class:`fastseq.Batcher`; a pipeline whose inputs share no
+        dynamic first axis, or whose rows may mix (:meth:`check_rows`, unless
+        ``row_independent=True``), is a :class:`fastseq.CompositionError`."""
         from fastseq.runtime.batcher import Batcher
 
-        return Batcher(self, max_batch_size, max_delay_ms)
+        return Batcher(self, max_batch_size, max_delay_ms, row_independent=row_independent)
+
+    def check_rows(self) -> None:
+        """Raises :class:`fastseq.CompositionError`, naming the stage and the node, if a row
+        of a batch may be computed from other rows (a Softmax, reduction, sort or MatMul
+        across the batch axis, an operator not known to keep rows apart...): the core's
+        verdict on the composed graph, which the batcher asks before joining requests."""
+        from fastseq.runtime.rows import check_rows
+
+        stages, renamed = self._stage_origins()
+        check_rows(self._composed.row_mixing(), stages, renamed, self._composed.inserted_nodes())
 
     def profile(self, *inputs: Any, runs: int = 20, warmup: int = 3, **named: Any) -> Profile:
         """Where the time goes, per stage: ONNX Runtime's profiler on a profiling session of

@@ -18,6 +18,7 @@ use crate::merge::compose::Composition;
 use crate::merge::metadata::with_metadata;
 use crate::merge::onnx_rules::{prefix_names, Prefixed};
 use crate::merge::rename::rename_values;
+use crate::merge::rows::row_findings;
 use crate::storage::external::check_sources;
 use crate::storage::ranges::inline;
 use crate::storage::writer::save;
@@ -244,6 +245,18 @@ impl Composed {
             names.set_item(new, (stage, old))?;
         }
         Ok((stages, names))
+    }
+
+    /// Why the rows of a batch run through this model may depend on other rows (see
+    /// `merge::rows`): per reason, (top-level node index or None, the node's name in the
+    /// merged graph, its op type, the node inside it at fault (a function's or a branch's)
+    /// or None, the reason). Empty when every output keeps each row apart.
+    #[allow(clippy::type_complexity)]
+    fn row_mixing(&self, py: Python<'_>) -> Vec<(Option<usize>, String, String, Option<String>, String)> {
+        py.detach(|| row_findings(&self.composition.model))
+            .into_iter()
+            .map(|f| (f.node, f.name, f.op_type, f.inner, f.reason))
+            .collect()
     }
 
     /// Per stage, how many nodes at the start of its range in :meth:`origins` the merge

@@ -19,5 +19,6 @@ pub mod opsets;
 pub mod options;
 pub mod plan;
 pub mod rename;
+pub mod rows;
 #[cfg(test)]
 pub(crate) mod testing;
