@@ -65,9 +65,11 @@ class Runnable:
         self._session_options = session_options
         self._cache = cache.root_from(session_cache)
         self.session_info: dict[str, Any] = {}
-        self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
+        self._runner = self.runner_for(self._new_session(providers, session_options, self.session_info))
 
-    def _runner_for(self, new_session: ort.InferenceSession) -> Runner:
+    def runner_for(self, new_session: ort.InferenceSession) -> Runner:
+        """A runner over ``new_session`` (one of :meth:`create_session`'s): calls checked,
+        and errors named, as the pipeline's own are; the pipeline keeps its session."""
         undeclared = unshaped(new_session.get_inputs(), new_session.get_outputs(), self._composed.stripped_bytes)
         return Runner(new_session, explain=self._explain, reader=self._reader, unshaped=undeclared)
 
@@ -152,7 +154,7 @@ class Runnable:
 
     def set_session(self, new_session: ort.InferenceSession) -> None:
         """Runs calls on ``new_session`` from now on (its inputs are read again)."""
-        self._runner = self._runner_for(new_session)
+        self._runner = self.runner_for(new_session)
 
     def _switch(self, providers: list[Provider]) -> Runnable:
         self._providers = providers
@@ -270,17 +272,21 @@ class Runnable:
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
-    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False) -> Batcher:
+    def batcher(
+        self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False,
+        share_session: bool = False,
+    ) -> Batcher:
         """Dynamic batching for many concurrent callers: ``batcher(x)`` from threads,
         ``await batcher.run_async(x)`` from coroutines. One worker runs everything queued
         (up to ``max_batch_size`` rows, joined along the batch axis) whenever it is free,
         after waiting up to ``max_delay_ms`` for a batch to fill, and each caller gets its
-        own rows back. See :class:`fastseq.Batcher`; a pipeline whose inputs share no
+        own rows back; on the CPU it runs them on a session of its own without spinning
+        (``share_session=True``: on this one). See :class:`fastseq.Batcher`; a pipeline whose inputs share no
         dynamic first axis, or whose rows may mix (:meth:`check_rows`, unless
         ``row_independent=True``), is a :class:`fastseq.CompositionError`."""
         from fastseq.runtime.batcher import Batcher
 
-        return Batcher(self, max_batch_size, max_delay_ms, row_independent=row_independent)
+        return Batcher(self, max_batch_size, max_delay_ms, row_independent=row_independent, share_session=share_session)
 
     def check_rows(self) -> None:
         """Raises :class:`fastseq.CompositionError`, naming the stage and the node, if a row
