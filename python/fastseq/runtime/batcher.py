@@ -134,9 +134,9 @@ class Batcher:
         for name, flag in (("row_independent", row_independent), ("share_session", share_session)):
             if not isinstance(flag, bool):
                 raise InputError(f"{name} must be True or False, got {flag!r}")
-        _check_batch_axis(pipe.runner)
-        if not row_independent:
+        if not row_independent:  # the core's verdict first: it names the node at fault
             pipe.check_rows()
+        _check_batch_axis(pipe.runner)
         self.max_batch_size = int(max_batch_size)
         self.max_delay_ms = float(max_delay_ms)
         self.row_independent = row_independent
@@ -328,12 +328,29 @@ class Batcher:
 
 
 # --- running a batch (on the worker) -----------------------------------------------------------
+#: Per pipeline: its runner of the moment and the batchers' runner for it (made once, shared
+#: by the pipeline's batchers, dropped with the pipeline).
+_OWN: weakref.WeakKeyDictionary[Any, tuple[Runner, Runner]] = weakref.WeakKeyDictionary()
+_OWN_LOCK = threading.Lock()
+
+
 def _own_runner(pipe: Any, base: Runner) -> Runner:
-    """A runner over a session of the batcher's own, on the CPU: the pipeline's options with
+    """A runner over a session of the batchers' own, on the CPU: the pipeline's options with
     ONNX Runtime's spinning off. Between the parallel parts of a run, spinning pool threads
     busy-wait on the cores that the callers' Python needs while the worker runs a batch; off,
     the batcher measured 1.4-2.5x the rows/s on two cores (benches/bench_serve.py). Elsewhere
-    (a GPU) the pipeline's session, which a second one would hold the weights twice beside."""
+    (a GPU) the pipeline's session, which a second one would hold the weights twice beside.
+    Made once per pipeline session and kept with the pipeline for its later batchers."""
+    with _OWN_LOCK:
+        known = _OWN.get(pipe)
+        if known is not None and known[0] is base:
+            return known[1]
+        own = _new_own_runner(pipe, base)
+        _OWN[pipe] = (base, own)
+        return own
+
+
+def _new_own_runner(pipe: Any, base: Runner) -> Runner:
     from fastseq.runtime.options import session_copy
 
     session = base.session
@@ -489,8 +506,8 @@ def _check_batch_axis(runner: Runner) -> None:
     named: dict[str, str] = {}  # first axis name -> the first input or output that has it
     for kind, infos in (("input", runner.inputs), ("output", runner.outputs)):
         for info in infos:
-            if info.shape is None:
-                continue  # not described: the rows of each run are checked instead
+            if info.shape is None or info.dtype is None:
+                continue  # not described, or a sequence: the rows of each run are checked instead
             if not info.shape or isinstance(info.shape[0], int):
                 what = "is a scalar" if not info.shape else f"has a fixed first axis {info}"
                 raise CompositionError(

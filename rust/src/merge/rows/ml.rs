@@ -3,7 +3,7 @@
 //! axis 0 of a 2-D input. A 1-D input is one sample to them (its entries are features):
 //! batching along it would mix.
 use crate::merge::rows::args::{dims_of, each, one, unknown, Args, Outs, R};
-use crate::merge::rows::value::{Dim, T};
+use crate::merge::rows::value::{attr, Dim, T};
 
 /// Operators that map each element on its own.
 const ELEMENTWISE: &[&str] = &["Binarizer", "LabelEncoder", "CategoryMapper"];
@@ -53,7 +53,14 @@ pub fn step(args: &Args, op: &str) -> R<Outs> {
     let features = x.dims().expect("rows")[1];
     match op {
         "Scaler" | "Imputer" | "Normalizer" => one(T::shaped(vec![Dim::Batch, features])),
-        "OneHotEncoder" => one(T::shaped(vec![Dim::Batch, features, Dim::Free])),
+        "OneHotEncoder" => {
+            let cats = attr(args.node, "cats_int64s")
+                .map(|a| a.ints.len())
+                .filter(|n| *n > 0)
+                .or_else(|| attr(args.node, "cats_strings").map(|a| a.strings.len()));
+            let depth = cats.map_or(Dim::Free, |n| Dim::Fixed(n as i64));
+            one(T::shaped(vec![Dim::Batch, features, depth]))
+        }
         "ZipMap" => one(T::shaped(vec![Dim::Batch])),
         "LinearClassifier" | "SVMClassifier" | "TreeEnsembleClassifier" => {
             let mut outs = vec![Ok(T::shaped(vec![Dim::Batch]))];
