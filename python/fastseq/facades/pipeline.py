@@ -93,8 +93,8 @@ class Pipeline(Facade):
     @classmethod
     def from_spec(cls, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> Pipeline:
         """A pipeline built from a graph description (``session_cache`` as in the constructor)."""
-        if not spec.is_graph:
-            raise TypeError("Pipeline needs a graph description (named stages and edges)")
+        if not spec.is_graph and any(st.name is None for st in spec.stages):
+            raise TypeError("Pipeline needs named stages: a graph (edges) or a chain of named stages (a pipeline file)")
         pipe = cls.__new__(cls)
         pipe._build(spec, session_cache)
         return pipe
