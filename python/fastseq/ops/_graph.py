@@ -44,6 +44,15 @@ def fail(op: str, message: str) -> OperatorError:
     return OperatorError(f"{op}: {message}")
 
 
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of the first caller outside fastseq, for warnings.warn called by
+    the caller of this function: a warning points at the user's code."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("fastseq"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def near(name: str, candidates: Sequence[str]) -> str:
     """`` (did you mean 'x'?)`` or nothing."""
     from fastseq._core import did_you_mean
