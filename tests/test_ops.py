@@ -515,7 +515,7 @@ def test_command_line_merges_and_runs_operator_strings(tmp_path):
         (lambda: ops.grayscale(2), r"grayscale: channels must be 1 or 3, got 2"),
         (lambda: ops.letterbox(64, fill=300, dtype="uint8"), r"fill must be an integer in \[0, 255\] for uint8"),
         (lambda: ops.topk(0), r"topk: k must be at least 1, got 0"),
-        (lambda: ops.softmax(axis=2), r"softmax: axis must be in \[-2, 1\] for rank 2, got 2"),
+        (lambda: ops.softmax(axis=2, rank=2), r"softmax: axis must be in \[-2, 1\] for rank 2, got 2"),
         (lambda: ops.nms(iou=1.5), r"nms: iou must be between 0 and 1"),
         (lambda: ops.nms(box_format="xywh"), r"box_format must be one of xyxy, cxcywh, got 'xywh'"),
         (lambda: ops.center_crop(8, opset=12), r"opset must be between 13 and \d+, got 12"),

@@ -428,6 +428,10 @@ def _stage_source(st: Stage, target: Path, folder: Path, beside: list[tuple[Path
             return p.relative_to(folder).as_posix()
         except ValueError:
             return str(p)
+    from fastseq.ops import Operator, to_string
+
+    if isinstance(src, Operator) and src.fit is not None:  # kept as a string, to take its rank when read
+        return "builtin:" + to_string(*src.fit)
     # An in-memory model gets a file beside the pipeline file.
     assert st.name is not None
     name = f"{target.stem}.{st.name}.onnx"
