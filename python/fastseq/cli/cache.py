@@ -82,8 +82,8 @@ def describe(e: dict[str, Any], short: bool = False) -> str:
     stages = " -> ".join(e["labels"] or []) or "?"
     providers = ", ".join(p.removesuffix("ExecutionProvider") for p in e["providers"] or [])
     digest = (e.get("model") or "?")[:12]
-    head += (f"  last used {when(e['used'])}, {e['hits']} hit{'s' * (e['hits'] != 1)}  model {digest}  "
-             f"[{providers}; onnxruntime {e['onnxruntime']}]")
+    head += (f"  created {when(e['created'])}, last used {when(e['used'])}, {e['hits']} hit{'s' * (e['hits'] != 1)}"
+             f"  model {digest}  [{providers}; onnxruntime {e['onnxruntime']}]")
     if short:
         return f"{head}  {stages if len(stages) <= 60 else stages[:57] + '...'}"
     return f"{head}\n  {stages}"

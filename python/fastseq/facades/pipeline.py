@@ -115,6 +115,7 @@ class Pipeline(Facade):
         built = build(spec)
         self.spec = spec
         self._composed, self._labels = built.composed, built.labels
+        self._described = built.described  # what a session-cache entry records
         self._plan, self._sources, self._report = built.plan, built.sources, built.report
         del built  # only the pipeline holds the model now, so that it can be spilled
         self._start(spec.providers, session_options(spec.session_options), session_cache)

@@ -30,6 +30,9 @@ class Built:
     sources: dict[str, str] = field(default_factory=dict)
     #: the loaded stage models (with ``keep_stages``): composed again without reading anything
     stages: list[_core.Composed] | None = None
+    #: each stage in graph order with what it was built from (``pre=resize(size=224)``,
+    #: ``model.onnx``): what a session-cache entry records, to tell pipelines apart
+    described: list[str] = field(default_factory=list)
 
 
 def build(spec: PipelineSpec) -> Built:
@@ -127,13 +130,16 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
             UserWarning,
             stacklevel=_user_stacklevel(),
         )
+    given = {label: st for label, st in zip(labels, spec.stages)}
+    order = [st["label"] for st in plan["stages"]]
     return Built(
         composed,
-        [st["label"] for st in plan["stages"]],
+        order,
         plan,
         dict(composed.report()),
-        {label: _source_label(st.source) for label, st in zip(labels, spec.stages)},
+        {label: _source_label(st.source) for label, st in given.items()},
         loaded if spec.keep_stages and loaded else None,
+        [_described(label, given[label]) if label in given else label for label in order],
     )
 
 
@@ -239,7 +245,21 @@ def _user_stacklevel() -> int:
 
 
 def _source_label(source: Any) -> str:
+    from fastseq.ops.operator import Operator
+
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         return text if "://" in text or text.startswith("builtin:") else os.path.basename(text)
+    if isinstance(source, Operator):
+        return source.call.removeprefix("fastseq.ops.")
     return type(source).__name__
+
+
+def _described(label: str, stage: Any) -> str:
+    """A stage and what it was built from; a model in memory is known by its label only."""
+    from fastseq.ops.operator import Operator
+
+    if not isinstance(stage.source, (str, os.PathLike, Operator)):
+        return label
+    source = _source_label(stage.source)
+    return f"{stage.name}={source}" if stage.name and stage.name != source else source

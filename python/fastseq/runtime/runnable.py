@@ -30,6 +30,32 @@ if TYPE_CHECKING:
 SPILL_MIN = 32 << 20
 
 
+def check_provider_options(providers: Sequence[Any] | None, made: ort.InferenceSession) -> None:
+    """A ProviderError for an option that a running provider does not have (ONNX Runtime
+    passes the options on and ignores a key it does not know: a misspelt ``devcie_id``
+    would silently run on device 0); a provider's options are the ones its session reports.
+    A provider that reports none (the CPU provider) ignores every option it is given: a
+    warning says so. A provider that did not start is warned about where it is chosen."""
+    import warnings
+
+    from fastseq.errors import ProviderError
+    from fastseq.ops._graph import user_stacklevel
+
+    running = made.get_provider_options()
+    for p in providers or []:
+        if isinstance(p, str) or not isinstance(p, (tuple, list)) or len(p) != 2 or p[0] not in running:
+            continue
+        name, options = p
+        known = list(running[name])
+        unknown = [str(k) for k in options if str(k) not in known]
+        if unknown and known:
+            raise ProviderError(f"{name} has no option '{unknown[0]}'{_core.did_you_mean(unknown[0], known)}; "
+                                f"its options: {', '.join(sorted(known))}")
+        if unknown:
+            warnings.warn(f"{name} takes no options in this onnxruntime build: {', '.join(unknown)} "
+                          f"{'is' if len(unknown) == 1 else 'are'} ignored", RuntimeWarning, stacklevel=user_stacklevel())
+
+
 class Runnable:
     """The runtime API that ONNXSequential and ONNXModule (and the graph Pipeline) share:
     the ONNX Runtime session (``create_session``, ``get_session``, ``set_session``,
@@ -61,6 +87,7 @@ class Runnable:
         self._cache = cache.root_from(session_cache)
         self.session_info: dict[str, Any] = {}
         self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
+        check_provider_options(providers, self._runner.session)
 
     def _runner_for(self, new_session: ort.InferenceSession) -> session.Runner:
         return session.Runner(new_session, explain=self._explain)
@@ -75,7 +102,39 @@ class Runnable:
         )
 
     def _stage_origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
-        return self._origins if self._origins is not None else self._composed.origins()
+        if self._origins is not None:
+            return self._origins
+        stages, renamed = self._composed.origins()
+        return stages, {**renamed, **self._adapter_origins(stages)}
+
+    def _adapter_origins(self, stages: list[tuple[str, int, int]]) -> dict[str, tuple[int, str]]:
+        """The nodes of the adapters the merge inserted, each as the edge it sits on (the
+        core names them ``fastseq/adapt<edge>/...`` among the nodes of the stage the edge
+        feeds): an error in one names the edge, ``a.y -> b.u``, not the node."""
+        import re
+
+        plan = self._composed.plan()
+        if not plan.get("adapters"):
+            return {}
+        edges = plan["edges"]
+        inserted = self._composed.inserted_nodes()
+        into: dict[int, list[tuple[int, str]]] = {}  # stage -> its adapters (edge, what it does)
+        for edge, what in plan["adapters"]:
+            k = next((k for k, (label, _, _) in enumerate(stages) if label == edges[edge][2]), None)
+            if k is not None:
+                into.setdefault(k, []).append((edge, what))
+        found: dict[str, tuple[int, str]] = {}
+        for name, indices in session.node_names(self._composed).items():
+            for k, adapters in into.items():
+                first = stages[k][1]
+                if not any(first <= i < first + inserted[k] for i in indices):
+                    continue
+                hinted = re.match(r"fastseq/adapt(\d+)/", name)  # which edge, where several feed stage k
+                pick = adapters if len(adapters) == 1 else [a for a in adapters if hinted and a[0] == int(hinted[1])]
+                if pick:
+                    (edge, what), (src, out, dst, inp, _) = pick[0], edges[pick[0][0]]
+                    found[name] = (k, f"the adapter on edge {src}.{out} -> {dst}.{inp} ({what})")
+        return found
 
     # --- sessions -------------------------------------------------------------------
     def create_session(
@@ -100,7 +159,7 @@ class Runnable:
             if self._cache is not None:
                 return session.open_cached(
                     [self._composed, *self._sharing()], SPILL_MIN, providers, session_options, self._cache,
-                    info if info is not None else {}, self._labels, adopt,
+                    info if info is not None else {}, getattr(self, "_described", None) or self._labels, adopt,
                 )
             with session.PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
                 adopt(copy)
