@@ -87,7 +87,7 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
             raise type(e)(f"stages.{st.name}: {e}") from e
     labels = [st.name or r.label for st, r in zip(spec.stages, resolved)]
     sources: list[Any] = [r.data for r in resolved]
-    _fit_operators(spec, sources, labels, link)
+    fitted = _fit_operators(spec, sources, labels, link)
     if load:  # all stages in parallel; errors name the stage's label
         loaded = _core.load_models(sources, labels)
     if spec.opset is not None:
@@ -130,7 +130,10 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
             UserWarning,
             stacklevel=_user_stacklevel(),
         )
-    given = {label: st for label, st in zip(labels, spec.stages)}
+    # What each stage was built from: an operator as it runs (fitted to what feeds it), a
+    # builtin: string as written.
+    given = {label: st if isinstance(st.source, str) else replace(st, source=fitted.get(i, st.source))
+             for i, (label, st) in enumerate(zip(labels, spec.stages))}
     order = [st["label"] for st in plan["stages"]]
     return Built(
         composed,
@@ -143,19 +146,19 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
     )
 
 
-def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], link: bool) -> None:
+def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], link: bool) -> dict[int, Any]:
     """Operators built without ``rank=`` (``fastseq.ops.fitting``) are built again for the
     rank of the output that feeds their ``input``, as the description joins them: an edge,
     an io_map pair or, in a chain without io_maps, the output at the input's position. A
     model's outputs are read from the model (loaded once: the core composes that copy
     unless its data files are to be linked); an operator's from what it declares, after it
     was fitted in turn. Where nothing says the rank (no feed, an output of unknown shape),
-    the operator stays as built. ``sources`` is updated in place."""
+    the operator stays as built. ``sources`` is updated in place; returns the operators."""
     from fastseq import ops
 
     fits = {i: op for i, st in enumerate(spec.stages) if (op := ops.fitting(st.source)) is not None}
     if not fits:
-        return
+        return fits
     index = {st.name: k for k, st in enumerate(spec.stages)}
     declared: dict[int, dict[str, tuple[Any, ...]]] = {}
     busy: set[int] = set()
@@ -201,6 +204,7 @@ def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], li
 
     for i in list(fits):
         fit(i)
+    return fits
 
 
 def _extra(spec: PipelineSpec) -> dict[str, Any]:
