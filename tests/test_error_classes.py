@@ -20,6 +20,7 @@ import pytest
 import fastseq
 from conftest import scale_model
 from fastseq import _core, errors
+from servers import serve_files
 
 PUBLIC = sorted(errors.__all__)
 
@@ -112,12 +113,31 @@ def _compose_garbage() -> None:
     fastseq.compose([b"garbage"])
 
 
-def test_errors_raised_in_a_process_pool_arrive_as_themselves():
-    # spawn: a fresh interpreter, as on macOS and Windows; nothing inherited by fork
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        with pytest.raises(fastseq.LoadError, match="not a valid ONNX model") as load:
-            pool.submit(_compose_garbage).result()
+def _download(url: str, target: str) -> None:
+    fastseq.ONNXLoader.download(url, target)
+
+
+def test_errors_raised_in_a_process_pool_arrive_as_themselves(tmp_path):
+    onnx.save(scale_model(2.0), tmp_path / "a.onnx")
+    server = serve_files(tmp_path)
+    server.truncate = True
+    try:
+        # spawn: a fresh interpreter, as on macOS and Windows; nothing inherited by fork
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            with pytest.raises(fastseq.LoadError, match="not a valid ONNX model") as load:
+                pool.submit(_compose_garbage).result()
+            with pytest.raises(fastseq.DownloadError, match="Error in resolving") as http:
+                pool.submit(_download, f"{server.url}/missing.onnx", str(tmp_path / "out" / "m.onnx")).result()
+            with pytest.raises(fastseq.TruncatedDownloadError) as short:
+                pool.submit(_download, f"{server.url}/a.onnx", str(tmp_path / "out" / "a.onnx")).result()
+    finally:
+        server.close()
     assert type(load.value) is fastseq.LoadError
+    assert type(http.value) is fastseq.DownloadError and isinstance(http.value, ValueError)
+    assert type(short.value) is fastseq.TruncatedDownloadError and short.value.announced > short.value.received
+    # The pool puts the worker's traceback, causes included, in __cause__.
+    assert "urllib.error.HTTPError: HTTP Error 404" in str(http.value.__cause__)
+    assert not (tmp_path / "out" / "m.onnx").exists() and not (tmp_path / "out" / "a.onnx").exists()
 
 
 def test_import_fastseq_pays_neither_for_pickle_nor_for_urllib():

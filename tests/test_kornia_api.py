@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,8 @@ def test_io_maps_of_another_shape_is_a_typed_error_showing_the_nested_form(io_ma
 # --- add_metadata ------------------------------------------------------------------------
 
 
-def test_add_metadata_one_entry_per_key_kept_through_export_model_and_pickling(tmp_path):
+def test_add_metadata_one_entry_per_key_kept_through_export_model_and_pickling(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "kornia", raising=False)  # fastseq's stamp (kornia's: test_kornia_parity)
     model = scale_model(2.0)
     helper.set_model_props(model, {"author": "me", "version": "7"})
     pipe = fastseq.ONNXSequential(model, scale_model(3.0))
@@ -171,7 +173,8 @@ def test_add_metadata_one_entry_per_key_kept_through_export_model_and_pickling(t
         pipe.add_metadata([(1, "x")])
 
 
-def test_module_add_metadata_and_none():
+def test_module_add_metadata_and_none(monkeypatch):
+    monkeypatch.delitem(sys.modules, "kornia", raising=False)
     m = fastseq.ONNXModule(scale_model(2.0))
     m.add_metadata()
     assert m.metadata == {"source": "fastseq", "version": fastseq.__version__}
@@ -385,10 +388,12 @@ def hub(tmp_path, monkeypatch):
 def test_loader_load_model_from_the_hub_cache_and_download_false(hub, tmp_path):
     server, root = hub
     cache = tmp_path / "cache"
-    with pytest.raises(fastseq.DownloadError, match="not in the cache; pass download=True"):
+    with pytest.raises(fastseq.DownloadError, match="double.onnx not found; pass download=True"):
         fastseq.ONNXLoader.load_model("hf://operators/double", download=False, cache_dir=cache)
     model = fastseq.ONNXLoader.load_model("hf://operators/double", cache_dir=cache)
     assert model.SerializeToString() == (root / "kornia/ONNX_models/operators/double.onnx").read_bytes()
+    # kornia's file, at kornia's path: under an explicit cache_dir, the path after the folder
+    assert [p.relative_to(cache).as_posix() for p in cache.rglob("*")] == ["double.onnx"]
     gets = server.count("GET", "double.onnx")
     again = fastseq.ONNXLoader.load_model("hf://operators/double", download=False, cache_dir=cache)
     assert again.SerializeToString() == model.SerializeToString() and server.count("GET", "double.onnx") == gets
