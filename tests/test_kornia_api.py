@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -145,8 +144,7 @@ def test_io_maps_of_another_shape_is_a_typed_error_showing_the_nested_form(io_ma
 # --- add_metadata ------------------------------------------------------------------------
 
 
-def test_add_metadata_one_entry_per_key_kept_through_export_model_and_pickling(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "kornia", raising=False)  # fastseq's stamp (kornia's: test_kornia_parity)
+def test_add_metadata_one_entry_per_key_kept_through_export_model_and_pickling(tmp_path):
     model = scale_model(2.0)
     helper.set_model_props(model, {"author": "me", "version": "7"})
     pipe = fastseq.ONNXSequential(model, scale_model(3.0))
@@ -173,8 +171,7 @@ def test_add_metadata_one_entry_per_key_kept_through_export_model_and_pickling(t
         pipe.add_metadata([(1, "x")])
 
 
-def test_module_add_metadata_and_none(monkeypatch):
-    monkeypatch.delitem(sys.modules, "kornia", raising=False)
+def test_module_add_metadata_and_none():
     m = fastseq.ONNXModule(scale_model(2.0))
     m.add_metadata()
     assert m.metadata == {"source": "fastseq", "version": fastseq.__version__}
