@@ -91,9 +91,9 @@ def cmd_merge(args: argparse.Namespace, quiet: Quiet) -> int:
         made = make_folders(args.output)
         try:
             if args.optimize:
-                from fastseq.runtime import session
+                from fastseq.runtime.optimized import export_optimized
 
-                result = session.export_optimized(built.composed, args.output, args.providers, None)
+                result = export_optimized(built.composed, args.output, args.providers, None)
             else:
                 from fastseq.facades.compose import save
 
