@@ -19,7 +19,7 @@ use crate::bindings::errors::{composition_error, opset_mismatch_error, ExportErr
 use crate::bindings::files::{
     check_external_location, external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy,
 };
-use crate::bindings::writer::{commit_bytes, stage, Staging};
+use crate::bindings::writer::{check_target, commit_bytes, stage, Staging};
 use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
@@ -56,5 +56,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
     m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stage, m)?)?;
+    m.add_function(wrap_pyfunction!(check_target, m)?)?;
     Ok(())
 }
