@@ -8,6 +8,8 @@ from typing import Any
 MAX_IR_VERSION: int
 PROTOBUF_LIMIT: int
 __version__: str
+#: what the extension was built for: "<arch>-<os>[-<env>] <profile>", e.g. "x86_64-linux-gnu release"
+__build__: str
 
 class FastseqError(Exception): ...
 class LoadError(FastseqError): ...

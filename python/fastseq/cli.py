@@ -470,9 +470,44 @@ def _cast_option(p: argparse.ArgumentParser) -> None:
                         "float32); without it only exact conversions are made")
 
 
+def version_text() -> str:
+    """``fastseq --version``: the package's version on the first line, then what the Rust
+    core was built as (its version and target, a debug build is much slower), Python and
+    the ONNX Runtime package found (read from its metadata: nothing is imported)."""
+    import platform
+    from importlib import metadata
+
+    from fastseq import _core
+
+    runtimes = []
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            runtimes.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return "\n".join([
+        f"fastseq {__version__}",
+        f"core: {_core.__version__} ({_core.__build__})",
+        f"python: {platform.python_version()} ({platform.python_implementation()}, {sys.platform})",
+        f"runtime: {', '.join(runtimes) or 'none (pip install fastseq[cpu] or fastseq[gpu])'}",
+    ])
+
+
+class _Version(argparse.Action):
+    """``--version``, its text made only when asked (argparse's own would be made for every
+    command)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        print(version_text())
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
-    p.add_argument("--version", action="version", version=f"fastseq {__version__}")
+    p.add_argument("--version", action=_Version, help="show the version, the core's build and the runtime's, and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("merge", help="compose models into one file")
