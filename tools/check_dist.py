@@ -1,6 +1,8 @@
 """Checks a release build: one wheel and one sdist in a folder, as tools/build_dist.sh makes them.
 
     python tools/check_dist.py DIST_FOLDER
+    python tools/check_dist.py --version      # the version a release is tagged with
+
 
 The wheel: abi3 for CPython 3.11+, a manylinux tag of glibc 2.17 or older that auditwheel
 confirms from the extension's symbols, at most 5 MB, the version Cargo.toml sets, and every
@@ -149,6 +151,9 @@ def check_sdist(sdist: Path, version: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--version"]:
+        print(pep440(cargo_version()))
+        return 0
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
