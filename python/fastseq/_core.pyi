@@ -11,11 +11,21 @@ __version__: str
 #: what the extension was built for: "<arch>-<os>[-<env>] <profile>", e.g. "x86_64-linux-gnu release"
 __build__: str
 
-class FastseqError(Exception): ...
-class LoadError(FastseqError): ...
-class CompositionError(FastseqError, ValueError): ...
-class OpsetMismatchError(CompositionError): ...
-class ExportError(FastseqError): ...
+class FastseqError(Exception):
+    """Base class of every fastseq error."""
+
+class LoadError(FastseqError):
+    """A source is not a usable ONNX model."""
+
+class CompositionError(FastseqError, ValueError):
+    """The models cannot be joined as asked."""
+
+class OpsetMismatchError(CompositionError):
+    """Opset versions of one domain differ."""
+
+class ExportError(FastseqError):
+    """Writing a model failed."""
+
 
 Source = bytes | str | PathLike[str] | Composed
 
