@@ -8,12 +8,16 @@ from typing import Any
 MAX_IR_VERSION: int
 PROTOBUF_LIMIT: int
 __version__: str
+#: what the extension was built for: "<arch>-<os>[-<env>] <profile>", e.g. "x86_64-linux-gnu release"
+__build__: str
 
-class FastseqError(Exception): ...
-class LoadError(FastseqError, ValueError): ...
-class CompositionError(FastseqError, ValueError): ...
-class OpsetMismatchError(CompositionError): ...
-class ExportError(FastseqError): ...
+# The error classes are defined in fastseq/errors.py (so that they print and pickle as
+# fastseq.<Name>); the core raises them and re-exports these five.
+from fastseq.errors import CompositionError as CompositionError
+from fastseq.errors import ExportError as ExportError
+from fastseq.errors import FastseqError as FastseqError
+from fastseq.errors import LoadError as LoadError
+from fastseq.errors import OpsetMismatchError as OpsetMismatchError
 
 Source = bytes | str | PathLike[str] | Composed
 
