@@ -13,10 +13,12 @@ from fastseq.errors import (
     CompositionError,
     ConversionError,
     DownloadError,
+    DownloadTimeoutError,
     ExportError,
     FastseqError,
     InputError,
     LoadError,
+    OperatorError,
     OpsetMismatchError,
     PipelineFileError,
     ProviderError,
@@ -42,9 +44,12 @@ _LAZY = {
     "SessionCache": "fastseq.runtime.cache",
     "Batcher": "fastseq.runtime.batcher",
     "Profile": "fastseq.runtime.profile",
+    # made on first use: its base class, urllib's ContentTooShortError, is slow to import
+    "TruncatedDownloadError": "fastseq.errors",
 }
-# public submodules under their public names (``fastseq.operators`` is the shipped models)
-_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.ops.shipped"}
+# public submodules, imported when first read as attributes (``fastseq.operators`` is the
+# shipped models; each is a module of its own, so ``import fastseq.operators`` works too)
+_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.operators"}
 
 if TYPE_CHECKING:
     from fastseq import ops
@@ -56,11 +61,12 @@ if TYPE_CHECKING:
     from fastseq.graph.metadata import add_metadata
     from fastseq.graph.rename import io_name_conversion
     from fastseq.graph.spec import PipelineSpec
-    from fastseq.ops import shipped as operators
+    from fastseq import operators
     from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.profile import Profile
     from fastseq.runtime.tensors import TensorInfo
+    from fastseq.errors import TruncatedDownloadError
 
 
 def __getattr__(name: str) -> Any:
@@ -90,6 +96,7 @@ __all__ = [
     "CompositionError",
     "ConversionError",
     "DownloadError",
+    "DownloadTimeoutError",
     "ExportError",
     "FastseqError",
     "InputError",
@@ -97,6 +104,7 @@ __all__ = [
     "ONNXLoader",
     "ONNXModule",
     "ONNXSequential",
+    "OperatorError",
     "OpsetMismatchError",
     "Pipeline",
     "PipelineFileError",
@@ -107,6 +115,7 @@ __all__ = [
     "RunTimeoutError",
     "SessionCache",
     "TensorInfo",
+    "TruncatedDownloadError",
     "__version__",
     "add_metadata",
     "compose",

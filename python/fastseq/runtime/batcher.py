@@ -29,49 +29,11 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
+from fastseq.runtime.batches import Request, deliver, own_runner, run
 from fastseq.runtime.runner import Runner
 
 #: A worker that finds nothing to do for this long ends; the next request starts another.
 IDLE_S = 5.0
-
-
-class _Request:
-    """One caller's checked feeds, its rows, the key of the batches it may join, and its
-    answer once run (outputs or the exception to raise). A thread waits on ``done`` (held
-    until answered); a coroutine on ``future``, of ``loop``."""
-
-    __slots__ = ("feeds", "rows", "key", "since", "done", "loop", "future", "answer", "chain", "gone")
-
-    def __init__(self, feeds: dict[str, np.ndarray], rows: int, key: tuple) -> None:
-        self.feeds, self.rows, self.key = feeds, rows, key
-        self.since = 0.0
-        self.done: Any = None
-        self.loop: Any = None
-        self.future: Any = None
-        self.answer: Any = None
-        self.chain: _Chain | None = None
-        self.gone = False  # its thread stopped waiting (interrupted)
-
-
-class _Chain:
-    """A batch's thread callers, woken one after the other: the worker wakes the first, and
-    each, once woken, the next (one that stopped waiting is passed over). Woken all at once
-    by the worker, they would all wait for the GIL together: measured 5 context switches a
-    request against 2, and 30 µs of system time against 13."""
-
-    __slots__ = ("lock", "waiting")
-
-    def __init__(self, requests: list[_Request]) -> None:
-        self.lock = threading.Lock()
-        self.waiting = deque(requests)
-
-    def wake(self) -> None:
-        with self.lock:
-            while self.waiting:
-                r = self.waiting.popleft()
-                if not r.gone:
-                    r.done.release()
-                    return
 
 
 class Batcher:
@@ -145,12 +107,12 @@ class Batcher:
         self._pipe = pipe
         # The runner batches run on, for the pipeline's runner of the moment (_base).
         self._base: Runner = pipe.runner
-        self._serving = self._base if share_session else _own_runner(pipe, self._base)
+        self._serving = self._base if share_session else own_runner(pipe, self._base)
         # The queue and the worker's state, under _lock (a plain lock: a C call on the hot
         # paths). The worker sleeps on _wake (held while it does not), which the first
         # caller to find it sleeping releases once.
         self._lock = threading.Lock()
-        self._queue: deque[_Request] = deque()
+        self._queue: deque[Request] = deque()
         self._rows = 0  # rows queued
         self._wake = threading.Lock()
         self._wake.acquire()
@@ -167,7 +129,7 @@ class Batcher:
         done.acquire()
         self._put(request)
         try:
-            done.acquire()  # released once the answer is set (see _Chain)
+            done.acquire()  # released once the answer is set (see Chain)
         except BaseException:  # interrupted while waiting: the caller after it is woken anyway
             request.gone = True
             if request.chain is not None:
@@ -208,7 +170,7 @@ class Batcher:
         return (f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}"
                 f"{', row_independent=True' if self.row_independent else ''}; {state})")
 
-    def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> _Request:
+    def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> Request:
         """The request, checked in its caller, with the key of the batches it may join."""
         runner = self._pipe.runner
         feeds = runner.feeds(inputs, named)
@@ -224,9 +186,9 @@ class Batcher:
                 sizes = ", ".join(f"'{i.name}' {feeds[i.name].shape[0]}" for i in runner.inputs)
                 raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
             key += (a.dtype, a.shape[1:])
-        return _Request(feeds, rows or 0, tuple(key))
+        return Request(feeds, rows or 0, tuple(key))
 
-    def _put(self, request: _Request) -> None:
+    def _put(self, request: Request) -> None:
         """Queues a request and wakes the worker where it sleeps (or starts it)."""
         if self._delay:
             request.since = time.monotonic()
@@ -255,23 +217,23 @@ class Batcher:
         while (batch := self._next()) is not None:
             try:
                 # Left out: cancelled coroutines, and threads that stopped waiting.
-                _run(self._runner(), [r for r in batch if not r.gone and (r.future is None or not r.future.done())])
+                run(self._runner(), [r for r in batch if not r.gone and (r.future is None or not r.future.done())])
             except BaseException as e:  # noqa: BLE001 - no caller may be left waiting
                 for r in batch:
                     if r.answer is None:
                         r.answer = RunError(f"the batched run failed: {e!r}")
-            _deliver(batch)
+            deliver(batch)
 
     def _runner(self) -> Runner:
         """The runner for the next batch: the batcher's own session follows the pipeline's
         (``as_cuda`` and the like switch it)."""
         base = self._pipe.runner
         if base is not self._base:
-            self._serving = base if self.share_session else _own_runner(self._pipe, base)
+            self._serving = base if self.share_session else own_runner(self._pipe, base)
             self._base = base
         return self._serving
 
-    def _next(self) -> list[_Request] | None:
+    def _next(self) -> list[Request] | None:
         """The next batch, sleeping while there is none (or, with a delay, while it fills);
         None when the worker is to end (closed and drained, or idle)."""
         while True:
@@ -302,7 +264,7 @@ class Batcher:
                         self._wake.acquire()
                 self._filling = False
 
-    def _take(self) -> list[_Request]:
+    def _take(self) -> list[Request]:
         """Takes the next batch off the queue (under the lock): the first request and those
         after it with the same key, up to max_batch_size rows, in order."""
         queue = self._queue
@@ -325,142 +287,6 @@ class Batcher:
                 queue.extendleft(reversed(other))
         self._rows -= sum(r.rows for r in batch)
         return batch
-
-
-# --- running a batch (on the worker) -----------------------------------------------------------
-#: Per pipeline: its runner of the moment and the batchers' runner for it (made once, shared
-#: by the pipeline's batchers, dropped with the pipeline).
-_OWN: weakref.WeakKeyDictionary[Any, tuple[Runner, Runner]] = weakref.WeakKeyDictionary()
-_OWN_LOCK = threading.Lock()
-
-
-def _own_runner(pipe: Any, base: Runner) -> Runner:
-    """A runner over a session of the batchers' own, on the CPU: the pipeline's options with
-    ONNX Runtime's spinning off. Between the parallel parts of a run, spinning pool threads
-    busy-wait on the cores that the callers' Python needs while the worker runs a batch; off,
-    the batcher measured 1.4-2.5x the rows/s on two cores (benches/bench_serve.py). Elsewhere
-    (a GPU) the pipeline's session, which a second one would hold the weights twice beside.
-    Made once per pipeline session and kept with the pipeline for its later batchers."""
-    with _OWN_LOCK:
-        known = _OWN.get(pipe)
-        if known is not None and known[0] is base:
-            return known[1]
-        own = _new_own_runner(pipe, base)
-        _OWN[pipe] = (base, own)
-        return own
-
-
-def _new_own_runner(pipe: Any, base: Runner) -> Runner:
-    from fastseq.runtime.options import session_copy
-
-    session = base.session
-    providers = session.get_providers()
-    if providers != ["CPUExecutionProvider"]:
-        return base
-    options = session_copy(session.get_session_options())
-    key = "session.intra_op.allow_spinning"
-    try:
-        options.get_session_config_entry(key)  # the caller's own choice stands
-    except Exception:  # onnxruntime raises for an entry that was never set
-        options.add_session_config_entry(key, "0")
-    return pipe.runner_for(pipe.create_session(providers, options))
-
-
-def _run(runner: Runner, requests: list[_Request]) -> None:
-    """Runs the requests as one batch; sets each one's answer. A joint run that fails is run
-    again for each request alone: only a failing request's caller gets an error."""
-    if not requests:
-        return
-    names = runner.output_names(None)
-    if len(requests) == 1:
-        _alone(runner, names, requests[0])
-        return
-    try:
-        outputs = runner.run_checked(names, _joined(requests))
-    except Exception:  # noqa: BLE001 - which request failed is found by running each alone
-        for r in requests:
-            _alone(runner, names, r)
-        return
-    _hand_out(runner, requests, outputs)
-
-
-def _alone(runner: Runner, names: list[str], request: _Request) -> None:
-    try:
-        request.answer = runner.run_checked(names, request.feeds)
-    except Exception as e:  # noqa: BLE001 - the caller raises it
-        request.answer = e
-
-
-def _joined(requests: list[_Request]) -> dict[str, np.ndarray]:
-    """The requests' feeds joined along the batch axis, by input name."""
-    return {name: np.concatenate([r.feeds[name] for r in requests]) for name in requests[0].feeds}
-
-
-def _rows_of(out: Any) -> int | None:
-    """How many rows an output has (a sequence output: its length)."""
-    if isinstance(out, np.ndarray):
-        return out.shape[0] if out.ndim else None
-    return len(out) if isinstance(out, list) else None
-
-
-def _hand_out(runner: Runner, requests: list[_Request], outputs: list[Any]) -> None:
-    """Gives each request its own rows of a joint run's ``outputs``."""
-    rows = sum(r.rows for r in requests)
-    for info, out in zip(runner.outputs, outputs):
-        if _rows_of(out) != rows:
-            shape = list(out.shape) if isinstance(out, np.ndarray) else type(out).__name__
-            error = RunError(
-                f"output '{info.name}' has shape {shape} for {rows} rows of input: it does not keep the batch "
-                "axis, so the batcher cannot split it between callers; call the pipeline directly"
-            )
-            for r in requests:  # each caller raises its own
-                r.answer = RunError(*error.args)
-            return
-    # Views: each caller's rows, disjoint from the others', without a copy.
-    if rows == len(requests) and all(isinstance(out, np.ndarray) for out in outputs):
-        # One row each (the common case): numpy's iteration makes the views three times
-        # faster than slicing one by one.
-        for r, *mine in zip(requests, *(out[:, None] for out in outputs)):
-            r.answer = mine
-        return
-    start = 0
-    for r in requests:
-        end = start + r.rows
-        r.answer = [out[start:end] for out in outputs]
-        start = end
-
-
-def _deliver(batch: list[_Request]) -> None:
-    """Resolves the coroutines' futures with one call to each loop (a closed loop has
-    nobody awaiting them), and wakes the batch's threads one after the other (_Chain)."""
-    loops: dict[Any, list[_Request]] = {}
-    threads = []
-    for r in batch:
-        if r.loop is None:
-            threads.append(r)
-        else:
-            loops.setdefault(r.loop, []).append(r)
-    for loop, requests in loops.items():
-        try:
-            loop.call_soon_threadsafe(_settle, requests)
-        except RuntimeError:
-            pass
-    if threads:
-        chain = _Chain(threads)
-        for r in threads:
-            r.chain = chain
-        chain.wake()
-
-
-def _settle(requests: list[_Request]) -> None:
-    """On the loop: resolves the callers' futures (but those cancelled meanwhile)."""
-    for r in requests:
-        if r.future.done() or r.answer is None:
-            continue
-        if isinstance(r.answer, BaseException):
-            r.future.set_exception(r.answer)
-        else:
-            r.future.set_result(r.answer)
 
 
 # --- batchers still working when the interpreter exits ------------------------------------------
