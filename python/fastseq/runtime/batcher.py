@@ -268,13 +268,17 @@ class Batcher:
         """Takes the next batch off the queue (under the lock): the first request and those
         after it with the same key, up to max_batch_size rows, in order."""
         queue = self._queue
+        while len(queue) > 1 and _dropped(queue[0]):  # their callers stopped waiting
+            self._rows -= queue.popleft().rows
         first = queue.popleft()
         batch, rows, limit = [first], first.rows, self.max_batch_size
         if rows < limit and queue:
             key, other = first.key, []
             while queue:
                 r = queue[0]
-                if r.key is not key and r.key != key:
+                if _dropped(r):
+                    self._rows -= queue.popleft().rows
+                elif r.key is not key and r.key != key:
                     other.append(queue.popleft())  # another batch's: stays ahead of those after it
                 elif rows + r.rows > limit:
                     break
@@ -287,6 +291,11 @@ class Batcher:
                 queue.extendleft(reversed(other))
         self._rows -= sum(r.rows for r in batch)
         return batch
+
+
+def _dropped(r: Request) -> bool:
+    """A request whose caller stopped waiting: a thread interrupted, a coroutine cancelled."""
+    return r.gone or (r.future is not None and r.future.done())
 
 
 # --- batchers still working when the interpreter exits ------------------------------------------
