@@ -449,3 +449,196 @@ fn free_names(g: &GraphProto, out: &mut Vec<String>) {
         defined.extend(n.output.iter().cloned());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::proto::{
+        tensor_shape_proto, type_proto, AttributeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
+    };
+
+    /// A value info of float32 with dims: ints, or "N" for a symbolic dim.
+    fn vi(name: &str, dims: &[&str]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|d| tensor_shape_proto::Dimension {
+                value: Some(match d.parse::<i64>() {
+                    Ok(v) => DimValue::DimValue(v),
+                    Err(_) => DimValue::DimParam(d.to_string()),
+                }),
+                denotation: None,
+            })
+            .collect();
+        ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                denotation: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ints(name: &str, v: &[i64], scalar: bool) -> TensorProto {
+        TensorProto {
+            name: Some(name.into()),
+            dims: if scalar { vec![] } else { vec![v.len() as i64] },
+            data_type: Some(7),
+            int64_data: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn attr_i(name: &str, i: i64) -> AttributeProto {
+        AttributeProto { name: Some(name.into()), i: Some(i), r#type: Some(2), ..Default::default() }
+    }
+
+    fn n(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+        NodeProto {
+            op_type: Some(op.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            name: Some(format!("{}_{}", op.to_lowercase(), outs[0])),
+            attribute: attrs,
+            ..Default::default()
+        }
+    }
+
+    fn model(nodes: Vec<NodeProto>, x: &[&str], y: &[&str], inits: Vec<TensorProto>) -> ModelProto {
+        ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            graph: Some(GraphProto {
+                node: nodes.iter().map(crate::codec::node::encode).collect(),
+                input: vec![vi("x", x)],
+                output: vec![vi("y", y)],
+                initializer: inits,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn torchs_view_of_the_batch_size_keeps_the_rows() {
+        // y = x.view(x.size(0), -1), as torch's exporter writes it.
+        let m = model(
+            vec![
+                n("Shape", &["x"], &["s"], vec![]),
+                n("Gather", &["s", "zero"], &["b"], vec![attr_i("axis", 0)]),
+                n("Unsqueeze", &["b", "axes"], &["b1"], vec![]),
+                n("Concat", &["b1", "minus1"], &["shape"], vec![attr_i("axis", 0)]),
+                n("Reshape", &["x", "shape"], &["y"], vec![]),
+            ],
+            &["N", "3", "4"],
+            &["N", "12"],
+            vec![ints("zero", &[0], true), ints("axes", &[0], false), ints("minus1", &[-1], false)],
+        );
+        assert_eq!(row_findings(&m), vec![]);
+    }
+
+    #[test]
+    fn a_softmax_over_the_rows_is_found_at_its_node() {
+        let sm = n("Softmax", &["h"], &["y"], vec![attr_i("axis", 0)]);
+        let m = model(vec![n("Relu", &["x"], &["h"], vec![]), sm], &["N", "4"], &["N", "4"], vec![]);
+        let found = row_findings(&m);
+        assert_eq!(found.len(), 1);
+        let f = &found[0];
+        assert_eq!((f.node, f.name.as_str(), f.op_type.as_str()), (Some(1), "softmax_y", "Softmax"));
+        assert!(f.reason.contains("axis 0, which is the batch axis"), "{}", f.reason);
+    }
+
+    #[test]
+    fn an_output_with_its_batch_axis_elsewhere_is_found_at_the_node_that_moved_it() {
+        let perm =
+            AttributeProto { name: Some("perm".into()), ints: vec![1, 0], r#type: Some(7), ..Default::default() };
+        let m = model(vec![n("Transpose", &["x"], &["y"], vec![perm])], &["N", "4"], &["4", "N"], vec![]);
+        let f = &row_findings(&m)[0];
+        assert_eq!(f.node, Some(0));
+        assert!(f.reason.contains("on axis 1"), "{}", f.reason);
+    }
+
+    #[test]
+    fn a_batch_size_named_on_two_axes_or_an_unknown_name_is_refused_without_panicking() {
+        let m = model(vec![n("Relu", &["x"], &["y"], vec![])], &["N", "N"], &["N", "N"], vec![]);
+        assert!(row_findings(&m)[0].reason.contains("batch size 'N' on axis 1"));
+        let m = model(vec![n("Add", &["x", "nowhere"], &["y"], vec![])], &["N", "4"], &["N", "4"], vec![]);
+        assert!(row_findings(&m)[0].reason.contains("reads 'nowhere', which nothing before it defines"));
+        let mut empty = model(vec![], &["N"], &["N"], vec![]);
+        empty.graph.as_mut().unwrap().output[0].name = Some("missing".into());
+        assert!(row_findings(&empty)[0].reason.contains("is not computed"));
+        assert_eq!(row_findings(&ModelProto::default()), vec![]);
+    }
+
+    #[test]
+    fn function_bodies_are_followed_with_the_callers_attributes() {
+        let mut sm = n("Softmax", &["a"], &["b"], vec![]);
+        sm.attribute.push(AttributeProto {
+            name: Some("axis".into()),
+            ref_attr_name: Some("along".into()),
+            r#type: Some(2),
+            ..Default::default()
+        });
+        let f = FunctionProto {
+            name: Some("Norm".into()),
+            domain: Some("local".into()),
+            input: vec!["a".into()],
+            output: vec!["b".into()],
+            attribute: vec!["along".into()],
+            node: vec![sm],
+            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            ..Default::default()
+        };
+        for (along, mixes) in [(1, false), (0, true)] {
+            let mut call = n("Norm", &["x"], &["y"], vec![attr_i("along", along)]);
+            call.domain = Some("local".into());
+            let mut m = model(vec![call], &["N", "4"], &["N", "4"], vec![]);
+            m.functions = vec![f.clone()];
+            let found = row_findings(&m);
+            assert_eq!(!found.is_empty(), mixes);
+            if mixes {
+                assert_eq!(found[0].inner.as_deref(), Some("node 'softmax_b' (Softmax) in function 'Norm'"));
+            }
+        }
+    }
+
+    #[test]
+    fn if_branches_are_followed_and_must_agree() {
+        let branch = |op: &str, out: &str, attrs: Vec<AttributeProto>| GraphProto {
+            node: vec![crate::codec::node::encode(&n(op, &["x"], &[out], attrs))],
+            output: vec![vi(out, &["N", "4"])],
+            ..Default::default()
+        };
+        let graph_attr = |name: &str, g: GraphProto| AttributeProto {
+            name: Some(name.into()),
+            g: Some(g),
+            r#type: Some(5),
+            ..Default::default()
+        };
+        let cond =
+            TensorProto { name: Some("c".into()), data_type: Some(9), int32_data: vec![1], ..Default::default() };
+        let same = n(
+            "If",
+            &["c"],
+            &["y"],
+            vec![
+                graph_attr("then_branch", branch("Relu", "a", vec![])),
+                graph_attr("else_branch", branch("Neg", "b", vec![])),
+            ],
+        );
+        assert_eq!(row_findings(&model(vec![same], &["N", "4"], &["N", "4"], vec![cond.clone()])), vec![]);
+        let softmax = branch("Softmax", "b", vec![attr_i("axis", 0)]);
+        let mixed = n(
+            "If",
+            &["c"],
+            &["y"],
+            vec![graph_attr("then_branch", branch("Relu", "a", vec![])), graph_attr("else_branch", softmax)],
+        );
+        let found = row_findings(&model(vec![mixed], &["N", "4"], &["N", "4"], vec![cond]));
+        assert_eq!(found[0].node, Some(0));
+        assert!(found[0].inner.as_deref().unwrap().contains("in the else_branch of If"), "{:?}", found[0]);
+    }
+}
