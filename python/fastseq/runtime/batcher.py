@@ -174,6 +174,10 @@ class Batcher:
         """The request, checked in its caller, with the key of the batches it may join."""
         runner = self._pipe.runner
         feeds = runner.feeds(inputs, named)
+        if len(feeds) == 1:  # one input (the common case): its rows and other axes are the key
+            (a,) = feeds.values()
+            if a.ndim:
+                return Request(feeds, a.shape[0], (a.dtype, a.shape[1:]))
         rows = None
         key: list[Any] = []  # what the batches it may join share: dtypes and the other axes
         for info in runner.inputs:
