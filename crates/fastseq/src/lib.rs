@@ -1,7 +1,7 @@
 //! fastseq: compose ONNX models into one graph in one pass.
 //!
 //! One crate in layers, each a folder whose `mod.rs` says what it is; a layer imports only
-//! the layers below it, and no module imports another in a circle (`rust/tests/layers.rs`
+//! the layers below it, and no module imports another in a circle (`crates/fastseq/tests/layers.rs`
 //! checks both on every `cargo test`):
 //!
 //! - [`codec`]: one model as bytes and back (protobuf types, decode, streaming encode,
@@ -16,14 +16,12 @@
 pub mod allocator;
 pub mod error;
 pub mod near_miss;
-mod pool;
+pub mod pool;
 
 pub mod codec;
 pub mod merge;
 pub mod storage;
 
-#[cfg(feature = "python")]
-mod bindings;
 #[doc(hidden)]
 pub mod fuzzing;
 

@@ -12,20 +12,20 @@ mod plan;
 mod sources;
 mod writer;
 
-use crate::allocator::tune_allocator;
-use crate::bindings::compose::{compose_sources, decode, load_model, load_models, overlapping_names};
-use crate::bindings::composed::Composed;
-use crate::bindings::errors::{composition_error, opset_mismatch_error, ExportError, FastseqError, LoadError};
-use crate::bindings::files::{
+use crate::compose::{compose_sources, decode, load_model, load_models, overlapping_names};
+use crate::composed::Composed;
+use crate::errors::{composition_error, opset_mismatch_error, ExportError, FastseqError, LoadError};
+use crate::files::{
     check_external_location, external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy,
 };
-use crate::bindings::writer::{commit_bytes, stage, Staging};
-use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
+use crate::writer::{commit_bytes, stage, Staging};
+use fastseq::allocator::tune_allocator;
+use fastseq::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
 #[pyfunction]
 fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
-    crate::near_miss::did_you_mean(name, candidates.iter().map(String::as_str))
+    fastseq::near_miss::did_you_mean(name, candidates.iter().map(String::as_str))
 }
 
 #[pymodule]

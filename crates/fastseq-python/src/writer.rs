@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::bindings::errors::to_py;
-use crate::error::{Error, Result};
-use crate::storage::writer::{self, Saved};
+use crate::errors::to_py;
+use fastseq::error::{Error, Result};
+use fastseq::storage::writer::{self, Saved};
 
 fn written<'py>(py: Python<'py>, saved: Saved) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);

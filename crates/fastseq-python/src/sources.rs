@@ -5,8 +5,8 @@ use bytes::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::bindings::composed::Composed;
-use crate::storage::source::Source;
+use crate::composed::Composed;
+use fastseq::storage::source::Source;
 
 /// The buffer of a Python `bytes` object, shared with the core instead of copied: `bytes`
 /// are immutable and keep their data inside the object, which `_object` keeps alive.

@@ -6,21 +6,21 @@ use prost::Message;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::bindings::errors::to_py;
-use crate::bindings::io_infos::io_infos;
-use crate::bindings::plan::plan_dict;
-use crate::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
-use crate::codec::proto::ModelProto;
-use crate::codec::range::inline_len;
-use crate::codec::summary::summary;
-use crate::error::Error;
-use crate::merge::compose::Composition;
-use crate::merge::metadata::with_metadata;
-use crate::merge::onnx_rules::{prefix_names, Prefixed};
-use crate::merge::rename::rename_values;
-use crate::storage::external::check_sources;
-use crate::storage::ranges::inline;
-use crate::storage::writer::save;
+use crate::errors::to_py;
+use crate::io_infos::io_infos;
+use crate::plan::plan_dict;
+use fastseq::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
+use fastseq::codec::proto::ModelProto;
+use fastseq::codec::range::inline_len;
+use fastseq::codec::summary::summary;
+use fastseq::error::Error;
+use fastseq::merge::compose::Composition;
+use fastseq::merge::metadata::with_metadata;
+use fastseq::merge::onnx_rules::{prefix_names, Prefixed};
+use fastseq::merge::rename::rename_values;
+use fastseq::storage::external::check_sources;
+use fastseq::storage::ranges::inline;
+use fastseq::storage::writer::save;
 
 /// A model held by the core: decoded once, large weights as ranges of the source files until
 /// a session's private copy holds them (see `storage::spill`), the rest as slices of the
@@ -54,7 +54,7 @@ impl Drop for Composed {
     /// a worker thread, off the caller's path.
     fn drop(&mut self) {
         let composition = std::mem::take(&mut self.composition);
-        crate::pool::spawn(move || drop(composition));
+        fastseq::pool::spawn(move || drop(composition));
     }
 }
 

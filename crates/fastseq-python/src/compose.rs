@@ -4,17 +4,17 @@ use std::collections::HashMap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes};
 
-use crate::bindings::composed::Composed;
-use crate::bindings::errors::to_py;
-use crate::bindings::sources::{shared, PySource};
-use crate::codec::graph::graph;
-use crate::codec::model::{decode as decode_model, decode_graph};
-use crate::merge::compose::{compose, Composition};
-use crate::merge::onnx_rules::overlapping_names as overlaps;
-use crate::merge::options::{Adapt, Edge, Keep, Options, Rules};
-use crate::storage::external::Mode;
-use crate::storage::ranges::read_weight;
-use crate::storage::source::{load, load_all, Source};
+use crate::composed::Composed;
+use crate::errors::to_py;
+use crate::sources::{shared, PySource};
+use fastseq::codec::graph::graph;
+use fastseq::codec::model::{decode as decode_model, decode_graph};
+use fastseq::merge::compose::{compose, Composition};
+use fastseq::merge::onnx_rules::overlapping_names as overlaps;
+use fastseq::merge::options::{Adapt, Edge, Keep, Options, Rules};
+use fastseq::storage::external::Mode;
+use fastseq::storage::ranges::read_weight;
+use fastseq::storage::source::{load, load_all, Source};
 
 fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
     Ok(match k {

@@ -2,8 +2,8 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::bindings::io_infos::io_infos;
-use crate::merge::plan::view::PlanView;
+use crate::io_infos::io_infos;
+use fastseq::merge::plan::view::PlanView;
 
 /// `Composed.plan()`:
 ///

@@ -4,12 +4,12 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::bindings::composed::Composed;
-use crate::bindings::errors::to_py;
-use crate::codec::proto::ModelProto;
-use crate::storage::digest;
-use crate::storage::external::{check_relative, locations_in_file};
-use crate::storage::spill::private_copy;
+use crate::composed::Composed;
+use crate::errors::to_py;
+use fastseq::codec::proto::ModelProto;
+use fastseq::storage::digest;
+use fastseq::storage::external::{check_relative, locations_in_file};
+use fastseq::storage::spill::private_copy;
 
 /// The external-data files that the model at `path` refers to (not opened).
 #[pyfunction]
@@ -43,7 +43,7 @@ pub(crate) fn model_digest(py: Python<'_>, model: PyRef<'_, Composed>) -> PyResu
 #[pyfunction]
 pub(crate) fn memory_bytes(models: Vec<PyRef<'_, Composed>>) -> u64 {
     let refs: Vec<&ModelProto> = models.iter().map(|c| &c.composition.model).collect();
-    crate::storage::spill::memory_bytes(&refs)
+    fastseq::storage::spill::memory_bytes(&refs)
 }
 
 /// `({"copied", "sendfile", "written", "mapped"}, spilled copies or None)`:
