@@ -26,8 +26,8 @@ pub enum Keep {
 pub enum Rules {
     #[default]
     Fastseq,
-    /// `onnx.compose.merge_models`' result wherever onnx.compose succeeds (see
-    /// [`crate::merge::onnx_rules`]): the first model's unconsumed outputs kept, each model
+    /// `onnx.compose.merge_models`' result wherever onnx.compose succeeds (the merge layer's
+    /// `onnx_rules`, which reads these options): the first model's unconsumed outputs kept, each model
     /// cut down to what `inputs`/`outputs` need as `onnx.utils.Extractor` cuts it, its
     /// model and graph fields, metadata merged with its conflict rule.
     OnnxCompose,

@@ -20,9 +20,10 @@ use crate::codec::proto::ModelProto;
 use crate::codec::stream::write_streaming;
 use crate::codec::tensor::{for_each_tensor, is_external};
 use crate::error::{Error, Result};
-use crate::storage::export_lock::{token_named, ExportLock};
+use crate::storage::export_lock::ExportLock;
 use crate::storage::ownership::is_ours;
 use crate::storage::temp::{remove_stale, Staging, Temp};
+use crate::storage::token::token_named;
 
 /// Turns the protobuf encoding of the model to commit into the bytes to write (a text
 /// format); called under the export lock.

@@ -12,9 +12,8 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::codec::proto::{GraphProto, ModelProto};
 use crate::error::{Error, Result};
-use crate::storage::data_file::{Layout, Piece, Placed};
+use crate::storage::data_file::{Layout, Piece};
 use crate::storage::ranges::Source;
-use crate::storage::writer::{write_private, Written};
 
 /// XXH3-128 over a stream of bytes (several GB/s; the key is not a security boundary: cache
 /// entries carry their own checksums).
@@ -37,23 +36,13 @@ impl Digest {
     }
 }
 
-/// Writes `model` for a session: its tensors of at least `threshold` bytes, and its weights
-/// still in their source files, in `<path>.data` beside `path` and, for large copies, more
-/// data files `<path>.data.1`, ... copied side by side, one per thread of the pool (see
-/// [`crate::storage::writer::write_private`]; meant for a private folder, so not synced).
-/// `placed` receives where each weight went in the data file (see `spill::spill_onto`).
-pub fn save_placed(model: &ModelProto, path: &Path, threshold: usize, placed: &mut Vec<Placed>) -> Result<Written> {
-    let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    let parts = crate::pool::install(rayon::current_num_threads);
-    write_private(model, path, threshold, &data_name, parts, placed)
-}
-
 /// The bytes each task of [`model_digest`] reads: enough to spread a few large weights over
 /// the pool's threads, few enough that the task's own cost does not show.
 const TASK: u64 = 8 << 20;
 
 /// The digest of `model` as it would be written for a session with weights of at least
-/// `threshold` bytes in a data file (see [`save_placed`]), without writing it: the model
+/// `threshold` bytes in a data file (as the writer's `write_session_copy` lays it out: the
+/// same [`Layout`]), without writing it: the model
 /// with its weights replaced by their places in that file, then each weight's bytes, in
 /// chunks digested side by side on the pool and combined in file order. Weights are read
 /// where they are (memory, a source file checked before and after as every copy is, an

@@ -6,7 +6,7 @@
 //! memory fastseq owns (see [`read_path`] for why), left in their file as a range of it to be
 //! copied in the kernel, or, to link the files on export, left pointing at them with the
 //! identity they had (see [`Mode`]).
-//! Writing external data is the writer's job ([`crate::storage::writer`]).
+//! Writing external data is the writer's job (`writer.rs`, above this file).
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Component, Path, PathBuf};

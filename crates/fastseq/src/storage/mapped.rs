@@ -1,5 +1,5 @@
-//! The private files pipelines map (the data files of their sessions' private copies, see
-//! [`crate::storage::spill`]), registered with their address ranges while they are mapped:
+//! The private files pipelines map (the data files of their sessions' private copies, which
+//! `spill.rs`, above this file, points them at), registered with their address ranges while they are mapped:
 //! bytes in one are not spilled again, and a writer copies them from the file in the kernel
 //! instead of writing them from memory (which would fault every page of the mapping in).
 use std::fs::File;

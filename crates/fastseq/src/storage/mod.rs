@@ -4,7 +4,7 @@
 //! left in their files as ranges ([`ranges`]) that are copied in the kernel ([`copy`]) when a
 //! model is written; external data ([`external`]); the one writer ([`writer`]) with its
 //! commit ([`commit`]), data files ([`data_file`]), export lock ([`export_lock`]), temporary
-//! files and staging folders ([`temp`]) and the marks that tell its data files from a
+//! files and staging folders ([`temp`]), the tokens in their names ([`token`]) and the marks that tell its data files from a
 //! user's ([`ownership`]); the session's private copy and the spill onto it ([`spill`],
 //! [`mapped`]); and digests ([`digest`]).
 //!
@@ -23,4 +23,5 @@ pub mod read;
 pub mod source;
 pub mod spill;
 pub mod temp;
+pub mod token;
 pub mod writer;

@@ -196,14 +196,14 @@ pub struct PrivateCopy {
 }
 
 /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
-/// [`crate::storage::digest::save_placed`]). With `spill_min`, the weights that only
+/// [`crate::storage::writer::write_session_copy`]). With `spill_min`, the weights that only
 /// `models[1..]` hold as ranges of their sources are copied into the data file too, and copies of all `models` spilled onto
 /// it are returned (see [`spill_onto`]): always when they hold ranges, else when there are at
 /// least `spill_min` bytes to spill. The originals are left as they are.
 pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>) -> Result<PrivateCopy> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
     let mut placed = Vec::new();
-    let written = crate::storage::digest::save_placed(first, path, 1024, &mut placed)?;
+    let written = crate::storage::writer::write_session_copy(first, path, 1024, &mut placed)?;
     let mut done = PrivateCopy {
         copied: written.copied.bytes,
         by_sendfile: written.copied.by_sendfile,
@@ -323,7 +323,7 @@ mod tests {
     fn copy_and_spill(models: &mut [&mut ModelProto], dir: &Path, min: u64) -> u64 {
         let path = dir.join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(models[0], &path, 1024, &mut placed).unwrap();
+        crate::storage::writer::write_session_copy(models[0], &path, 1024, &mut placed).unwrap();
         spill_onto(models, &[dir.join("model.onnx.data")], &placed, min).unwrap()
     }
 
@@ -350,7 +350,7 @@ mod tests {
         let again = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let path = again.path().join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::digest::save_placed(&a, &path, 1024, &mut placed).unwrap();
+        crate::storage::writer::write_session_copy(&a, &path, 1024, &mut placed).unwrap();
         assert_eq!(spill_onto(&mut [&mut a], &[again.path().join("model.onnx.data")], &placed, 0).unwrap(), 0);
     }
 

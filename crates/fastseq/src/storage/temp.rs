@@ -10,7 +10,8 @@
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use crate::storage::export_lock::{flock, is_held, leading_token, LOCK_EX};
+use crate::storage::export_lock::{flock, is_held, LOCK_EX};
+use crate::storage::token::leading_token;
 
 /// A temporary file that this writer holds; removed when dropped unless [`Temp::disarm`]ed
 /// (once renamed into place).

@@ -2,7 +2,7 @@
 //! ([`save`]), bytes in any format ([`commit_bytes`]), a model that another program wrote
 //! into a staging folder beside the target (ONNX Runtime's optimised model, a quantized
 //! model, an `onnx.save` output: [`stage`], [`commit_staged`]) and the session's private copy
-//! ([`write_private`]).
+//! ([`write_session_copy`]).
 //!
 //! The bytes go to temporary files beside the target first (outside the export lock: the
 //! weights may be gigabytes); the commit then places the data files, under their plain
@@ -23,12 +23,12 @@ use crate::storage::commit::{commit, link_sources, DataFile, Model, Target};
 pub use crate::storage::commit::{Encoder, Saved};
 use crate::storage::copy::Copied;
 use crate::storage::data_file::{Layout, Placed};
-use crate::storage::export_lock::new_token;
 use crate::storage::external::{check_relative, locations, safe_location};
 use crate::storage::ownership::mark;
 use crate::storage::ranges::inline;
 use crate::storage::read::read_path;
 pub use crate::storage::temp::Staging;
+use crate::storage::token::new_token;
 
 /// Writes `model` to `path`. `external`: Some(true) puts tensors of at least `threshold`
 /// bytes in a data file beside it (`<name>.data` when that name is free or the writer's),
@@ -154,7 +154,23 @@ pub fn commit_staged(
     commit(&target, &token, Model::Header { model: Box::new(model), encode, link: false }, data)
 }
 
-/// What [`write_private`] wrote.
+/// Writes `model` for a session: its tensors of at least `threshold` bytes, and its weights
+/// still in their source files, in `<path>.data` beside `path` and, for large copies, more
+/// data files `<path>.data.1`, ... copied side by side, one per thread of the pool (see
+/// [`write_private`]; meant for a private folder, so not synced). `placed` receives where
+/// each weight went in the data file (see `spill::spill_onto`).
+pub fn write_session_copy(
+    model: &ModelProto,
+    path: &Path,
+    threshold: usize,
+    placed: &mut Vec<Placed>,
+) -> Result<Written> {
+    let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let parts = crate::pool::install(rayon::current_num_threads);
+    write_private(model, path, threshold, &data_name, parts, placed)
+}
+
+/// What [`write_session_copy`] wrote.
 #[derive(Debug, Clone, Default)]
 pub struct Written {
     pub model_bytes: u64,
@@ -176,7 +192,7 @@ pub struct Written {
 /// external (`external_data="reuse"`) get their source file linked beside it. `placed`
 /// receives, for each weight put in the data files, where it was held and where it went
 /// (see `spill::spill_onto`). On failure, the files it made are removed.
-pub fn write_private(
+fn write_private(
     model: &ModelProto,
     path: &Path,
     threshold: usize,
