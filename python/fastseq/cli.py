@@ -208,14 +208,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
             from fastseq.runtime import session
 
             written = session.export_optimized(built.composed, args.output, args.providers, None)
-            data_files = written["data_files"]
         else:
             written = save(built.composed, args.output, spec.external_data)
-            data_files = [written["data_file"]] if written["data_file"] else []
     info = built.composed.summary()
+    data_files = written.data_files
     print(
-        f"wrote {args.output} ({human_size(written['model_bytes'])}"
-        + (f" + {', '.join(data_files)} {human_size(written['data_bytes'])}" if data_files else "")
+        f"wrote {args.output} ({human_size(written.model_bytes)}"
+        + (f" + {', '.join(data_files)} {human_size(written.data_bytes)}" if data_files else "")
         + f"): {info['nodes']} nodes, {info['initializers']} weights"
     )
     _print_cleanups(built.report, built.plan)

@@ -7,14 +7,7 @@ use pyo3::types::{PyBool, PyBytes};
 use crate::composed::Composed;
 use crate::errors::to_py;
 use crate::sources::{shared, PySource};
-use fastseq::codec::graph::graph;
-use fastseq::codec::model::{decode as decode_model, decode_graph};
-use fastseq::merge::compose::{compose, Composition};
-use fastseq::merge::onnx_rules::overlapping_names as overlaps;
-use fastseq::merge::options::{Adapt, Edge, Keep, Options, Rules};
-use fastseq::storage::external::Mode;
-use fastseq::storage::ranges::read_weight;
-use fastseq::storage::source::{load, load_all, Source};
+use fastseq::{Adapt, Edge, Keep, Mode, Options, Rules, Source};
 
 fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
     Ok(match k {
@@ -44,19 +37,27 @@ fn adapt(a: Option<Bound<'_, PyAny>>) -> PyResult<Adapt> {
     })
 }
 
-/// Loads and composes the models; every argument but the sources and labels is optional.
-/// `edges`: (from stage, output, to stage, input) tuples, any earlier stage to any later
-/// one (instead of `io_maps`); `graph_inputs`: (exposed name, [(stage, input), ...]);
-/// `graph_outputs`: (exposed name, stage, output). `prune` and `dedupe` default to on in
-/// that graph form and off in the linear one; `adapt`: True, or a list of edge indices;
-/// `rules`: "fastseq" or "onnx.compose" (two models as `onnx.compose.merge_models` merges them);
-/// `adapt_remedy`: what an edge an adapter would fix says to do where adapters are off, `{}`
-/// standing for the adapter (the entry point's own remedy).
+/// Loads and composes `sources` (`labels` name them in errors). The linear form:
+/// `io_maps[i]` joins model i to i + 1 (by position without it). The graph form: `edges`
+/// (from stage, output, to stage, input), stages and edges in any order (the stages are put
+/// in an order where every edge goes forward, the given one where the edges allow; a cycle
+/// is an error); `graph_inputs` (name, [(stage, input), ...]) and `graph_outputs` (name,
+/// stage, output) expose values under the caller's names (without `graph_outputs`: every
+/// output no edge consumes, under its own name when unique among them, else
+/// `stage.output`). Errors name the caller's keys (`edges[2]: ...`). `prune` and `dedupe`
+/// default to on in the graph form, off in the linear one; `adapt`: True or a list of edge
+/// indices; `rules="onnx.compose"`: two models as `onnx.compose.merge_models` merges them;
+/// `adapt_remedy`: what an edge an adapter would fix says to do where adapters are off (the
+/// entry point's own remedy, `{}` standing for the adapter); `link_external`: external
+/// tensors keep pointing at their files, which a save links. :meth:`Composed.plan` says
+/// what was decided.
 #[pyfunction(name = "compose")]
 #[pyo3(signature = (sources, labels, io_maps=None, edges=None, graph_inputs=None, graph_outputs=None,
-                    keep_outputs=None, prefixes=None, inputs=None, outputs=None, ir_version=None, meta=None,
-                    model_version=None, link_external=false, prune=None, dedupe=None, adapt=None,
-                    rules="fastseq", adapt_remedy=None))]
+                    keep_outputs: "bool | collections.abc.Sequence[str] | None" = None, prefixes=None,
+                    inputs=None, outputs=None, ir_version=None, meta=None, model_version=None,
+                    link_external=false, prune=None, dedupe=None,
+                    adapt: "bool | collections.abc.Sequence[int] | None" = None, rules="fastseq",
+                    adapt_remedy=None))]
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub(crate) fn compose_sources(
     py: Python<'_>,
@@ -115,26 +116,19 @@ pub(crate) fn compose_sources(
         model_version,
         rules,
         adapt_remedy,
-        read_weight: Some(read_weight),
+        read_weight: None, // the core's pipeline hands in its own
     };
     let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
-    let composed = py
-        .detach(|| {
-            let mode = if link_external { Mode::Link } else { Mode::Range };
-            load_all(sources, &labels, mode).and_then(|ms| compose(ms, &labels, &opts))
-        })
-        .map_err(to_py)?;
-    Ok(Composed { composition: composed, linked: link_external })
+    let mode = if link_external { Mode::Link } else { Mode::Range };
+    let composed = py.detach(|| fastseq::compose(sources, &labels, opts, mode)).map_err(to_py)?;
+    Ok(Composed(composed))
 }
 
 /// Loads one model (external data resolved) without composing it.
 #[pyfunction]
 #[pyo3(signature = (source, label=None))]
 pub(crate) fn load_model(py: Python<'_>, source: PySource, label: Option<String>) -> PyResult<Composed> {
-    let source = source.0;
-    let label = label.unwrap_or_else(|| source.default_label());
-    let model = py.detach(|| load(&label, source, Mode::Range)).map_err(to_py)?;
-    Ok(Composed { composition: Composition::single(model, &label), linked: false })
+    py.detach(|| fastseq::load(source.0, label.as_deref())).map(Composed).map_err(to_py)
 }
 
 /// Loads several models in parallel (external data resolved), one Composed each: the
@@ -145,12 +139,8 @@ pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<St
         return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
     }
     let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
-    let models = py.detach(|| load_all(sources, &labels, Mode::Range)).map_err(to_py)?;
-    Ok(models
-        .into_iter()
-        .zip(labels)
-        .map(|(model, label)| Composed { composition: Composition::single(model, &label), linked: false })
-        .collect())
+    let models = py.detach(|| fastseq::load_all(sources, &labels)).map_err(to_py)?;
+    Ok(models.into_iter().map(Composed).collect())
 }
 
 /// Decodes a serialized model (a `GraphProto` with `graph=True`) as it is: tensors in
@@ -159,17 +149,15 @@ pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<St
 #[pyo3(signature = (data, label="model", graph=false))]
 pub(crate) fn decode(py: Python<'_>, data: Bound<'_, PyBytes>, label: &str, graph: bool) -> PyResult<Composed> {
     let data = shared(&data);
-    let model =
-        py.detach(|| if graph { decode_graph(label, &data) } else { decode_model(label, data) }).map_err(to_py)?;
-    Ok(Composed { composition: Composition::single(model, label), linked: false })
+    py.detach(|| fastseq::decode(data, label, graph)).map(Composed).map_err(to_py)
 }
 
-/// The names the graphs of `g1` and `g2` share, by kind: see `onnx_rules::overlapping_names`.
+/// The names the graphs of `g1` and `g2` share, by kind: see `Composed::overlapping_names`.
 #[pyfunction]
 pub(crate) fn overlapping_names(
     g1: PyRef<'_, Composed>,
     g2: PyRef<'_, Composed>,
     io_map_inputs: Vec<String>,
 ) -> Vec<(&'static str, Vec<String>)> {
-    overlaps(graph(&g1.composition.model), graph(&g2.composition.model), &io_map_inputs)
+    g1.0.overlapping_names(&g2.0, &io_map_inputs)
 }

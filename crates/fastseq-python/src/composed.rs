@@ -2,110 +2,59 @@
 use std::path::PathBuf;
 
 use bytes::Bytes;
-use prost::Message;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::errors::to_py;
 use crate::io_infos::io_infos;
 use crate::plan::plan_dict;
-use fastseq::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
-use fastseq::codec::proto::ModelProto;
-use fastseq::codec::range::inline_len;
-use fastseq::codec::summary::summary;
-use fastseq::error::Error;
-use fastseq::merge::compose::Composition;
-use fastseq::merge::metadata::with_metadata;
-use fastseq::merge::onnx_rules::{prefix_names, Prefixed};
-use fastseq::merge::rename::rename_values;
-use fastseq::storage::external::check_sources;
-use fastseq::storage::ranges::inline;
-use fastseq::storage::writer::save;
+use crate::writer::Saved;
+use fastseq::Prefixed;
 
-/// A model held by the core: decoded once, large weights as ranges of the source files until
-/// a session's private copy holds them (see `storage::spill`), the rest as slices of the
-/// sources' bytes read into memory the core owns (see `storage::read`), with its
-/// composition's plan, report and origins (a loaded model is a composition of one).
+/// A model held by the core (`fastseq::Composed`): decoded once, large weights as ranges of
+/// the source files until a session's private copy holds them, the rest as slices of the
+/// sources' bytes read into memory the core owns, with its composition's plan, report and
+/// origins (a loaded model is a composition of one).
 #[pyclass(frozen, module = "fastseq._core")]
-pub(crate) struct Composed {
-    pub(crate) composition: Composition,
-    /// External tensors still point at their sources' files (link mode).
-    pub(crate) linked: bool,
-}
-
-impl Composed {
-    /// The same pipeline over `model` (its metadata changed, or its bytes spilled): its
-    /// plan, what the composition reported and where names come from still hold.
-    pub(crate) fn with_model(&self, model: ModelProto) -> Composed {
-        let c = &self.composition;
-        let composition = Composition {
-            model,
-            labels: c.labels.clone(),
-            plan: c.plan.clone(),
-            report: c.report.clone(),
-            origins: c.origins.clone(),
-        };
-        Composed { composition, linked: self.linked }
-    }
-}
-
-impl Drop for Composed {
-    /// Freeing a model (tens of thousands of nodes, the sources' buffers) happens on
-    /// a worker thread, off the caller's path.
-    fn drop(&mut self) {
-        let composition = std::mem::take(&mut self.composition);
-        fastseq::pool::spawn(move || drop(composition));
-    }
-}
+pub(crate) struct Composed(pub(crate) fastseq::Composed);
 
 #[pymethods]
 impl Composed {
     /// Size of the serialized model in bytes (weights inline).
     fn encoded_len(&self) -> usize {
-        inline_len(&self.composition.model)
+        self.0.encoded_len()
     }
 
     /// The serialized model.
     fn to_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        if self.linked {
-            return Err(to_py(Error::export(
-                "this model refers to its sources' data files (external_data='reuse'): save() it instead",
-            )));
-        }
-        // Weights still in their source files are read first (checked against them).
-        let model = py.detach(|| inline(&self.composition.model)).map_err(to_py)?;
-        PyBytes::new_with(py, model.encoded_len(), |buf| py.detach(|| encode_into(&model, buf)).map_err(to_py))
+        // Weights still in their source files are read first (checked against them), then
+        // encoded straight into the new object.
+        let model = py.detach(|| self.0.encoded()).map_err(to_py)?;
+        PyBytes::new_with(py, model.len(), |buf| py.detach(|| model.encode_into(buf)).map_err(to_py))
     }
 
     /// Writes the model to `path` atomically. `external_data`: True puts tensors of at
     /// least `threshold` bytes in a data file beside it, False keeps them inline, None
     /// decides by size (external above the 2 GB protobuf limit); a model composed with
-    /// `link_external` links its sources' data files beside it. Returns a dict with
-    /// the bytes written and the data file's name.
-    #[pyo3(signature = (path, external_data=None, threshold=1024))]
-    fn save<'py>(
+    /// `link_external` links its sources' data files beside it. `threshold`: None stands for
+    /// `LAYOUT.threshold`. Returns what was written.
+    #[pyo3(signature = (path, external_data=None, threshold=None))]
+    fn save(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         path: PathBuf,
         external_data: Option<bool>,
-        threshold: usize,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let saved =
-            py.detach(|| save(&self.composition.model, &path, external_data, self.linked, threshold)).map_err(to_py)?;
-        let d = PyDict::new(py);
-        d.set_item("model_bytes", saved.model_bytes)?;
-        d.set_item("data_bytes", saved.data_bytes)?;
-        d.set_item("data_file", saved.data_files.into_iter().next())?;
-        Ok(d)
+        threshold: Option<usize>,
+    ) -> PyResult<Saved> {
+        let threshold = threshold.unwrap_or(fastseq::LAYOUT.threshold);
+        py.detach(|| self.0.save(&path, external_data, threshold)).map(Saved::from).map_err(to_py)
     }
 
     /// The model's graph alone, serialized (a `GraphProto`).
     fn graph_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         // Weights still in their source files are read first (checked against them).
-        let g = py
-            .detach(|| inline(&self.composition.model).map(|m| m.graph.clone().unwrap_or_default()))
-            .map_err(to_py)?;
-        Ok(PyBytes::new(py, &py.detach(|| g.encode_to_vec())))
+        let g = py.detach(|| self.0.graph_bytes()).map_err(to_py)?;
+        Ok(PyBytes::new(py, &g))
     }
 
     /// A copy with the names `onnx.compose.add_prefix` would prefix prefixed (its flags),
@@ -126,40 +75,28 @@ impl Composed {
         functions: bool,
     ) -> (Composed, Vec<(String, String)>) {
         let what = Prefixed { nodes, edges, inputs, outputs, initializers, value_infos, functions };
-        let (model, renamed) = py.detach(|| {
-            let mut model = self.composition.model.clone();
-            let renamed = prefix_names(&mut model, prefix, what);
-            (model, renamed)
-        });
-        (self.with_model(model), renamed)
+        let (model, renamed) = py.detach(|| self.0.with_prefix(prefix, what));
+        (Composed(model), renamed)
     }
 
     /// A copy with values renamed as `mapping` says (old, new): see `rename::rename_values`.
     fn with_renamed(&self, py: Python<'_>, mapping: Vec<(String, String)>) -> PyResult<Composed> {
-        let model = py
-            .detach(|| {
-                let mut model = self.composition.model.clone();
-                rename_values(&mut model, &mapping).map(|()| model)
-            })
-            .map_err(to_py)?;
-        Ok(self.with_model(model))
+        py.detach(|| self.0.with_renamed(&mapping)).map(Composed).map_err(to_py)
     }
 
-    /// The model serialized without its initializers of at least `threshold` bytes.
-    #[pyo3(signature = (threshold=1024))]
-    fn stripped_bytes<'py>(&self, py: Python<'py>, threshold: usize) -> PyResult<Bound<'py, PyBytes>> {
-        let stripped = py.detach(|| strip_weights(&self.composition.model, threshold));
-        PyBytes::new_with(py, stripped.encoded_len(), |buf| encode_into(&stripped, buf).map_err(to_py))
+    /// The model serialized without its initializers of at least `threshold` bytes (None:
+    /// `LAYOUT.threshold`).
+    #[pyo3(signature = (threshold=None))]
+    fn stripped_bytes<'py>(&self, py: Python<'py>, threshold: Option<usize>) -> PyResult<Bound<'py, PyBytes>> {
+        let threshold = threshold.unwrap_or(fastseq::LAYOUT.threshold);
+        let stripped = py.detach(|| self.0.stripped(threshold));
+        PyBytes::new_with(py, stripped.len(), |buf| stripped.encode_into(buf).map_err(to_py))
     }
 
     /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
     fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
         let data = Bytes::copy_from_slice(stripped);
-        let model = py
-            .detach(|| restore_weights(decode_without_weights(label, data)?, &self.composition.model, label))
-            .map_err(to_py)?;
-        let label = self.composition.labels.first().map_or(label, String::as_str);
-        Ok(Composed { composition: Composition::single(model, label), linked: self.linked })
+        py.detach(|| self.0.with_weights(data, label)).map(Composed).map_err(to_py)
     }
 
     /// Raises LoadError naming the file if a source file this model still refers to (weights
@@ -167,26 +104,28 @@ impl Composed {
     /// loaded. Other sources were read into memory and cannot change. For the runtime to
     /// call before it creates a session.
     fn check_sources(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| check_sources(&self.composition.model)).map_err(to_py)
+        py.detach(|| self.0.check_sources()).map_err(to_py)
     }
 
     /// A copy with `pairs` (key, value) set in its metadata_props: a key keeps its first
     /// position and takes its last value. Nodes and weights are shared, not copied.
     fn with_metadata(&self, py: Python<'_>, pairs: Vec<(String, String)>) -> Composed {
-        self.with_model(py.detach(|| with_metadata(&self.composition.model, &pairs)))
+        Composed(py.detach(|| self.0.with_metadata(&pairs)))
     }
 
     /// The model's metadata_props, as (key, value) pairs in order.
     fn metadata(&self) -> Vec<(String, String)> {
-        let text = |s: &Option<String>| s.clone().unwrap_or_default();
-        self.composition.model.metadata_props.iter().map(|p| (text(&p.key), text(&p.value))).collect()
+        self.0.metadata()
     }
 
     /// Inputs, outputs, opsets, counts and sizes. Element types use numpy's spelling
     /// (float32, as `TensorInfo` prints them); dimensions are ints when static, the
-    /// parameter's name when symbolic, None when unknown (as `TensorInfo.shape`).
+    /// parameter's name when symbolic, None when unknown (as `TensorInfo.shape`): `ir_version`,
+    /// `producer`, `opsets` ([(domain, version)]), `inputs` and `outputs` ([(name, dtype,
+    /// dims)]), `nodes`, `initializers`, `weight_bytes`, `functions`, `encoded_len`.
+    #[pyo3(signature = () -> "dict[str, typing.Any]")]
     fn summary<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = summary(&self.composition.model);
+        let s = self.0.summary();
         let d = PyDict::new(py);
         d.set_item("ir_version", s.ir_version)?;
         d.set_item("producer", s.producer)?;
@@ -201,19 +140,29 @@ impl Composed {
         Ok(d)
     }
 
-    /// The plan as the core decided it, as plain data (see `bindings::plan::plan_dict`).
+    /// The plan as the core decided it, as plain data: `form` ("graph" or "chain");
+    /// `stages` in graph order, dicts of `label`, `given` (position in the given order),
+    /// `inputs` and `outputs` (the stage's own, as :meth:`summary` gives them) and `pruned`;
+    /// `edges` in the caller's order, (from, output, to, input, edge index); `inputs`, the
+    /// merged model's graph inputs in order, (name, [(stage, input), ...]); `outputs`, its
+    /// graph outputs, (name, stage, output); `pruned` (stage labels); `unused_outputs`
+    /// ([(stage, output)], in the given order); `adapters` ([(edge index, description)]).
+    /// A loaded model is a plan of one stage.
+    #[pyo3(signature = () -> "dict[str, typing.Any]")]
     fn plan<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        plan_dict(py, &self.composition.plan)
+        plan_dict(py, &self.0.composition().plan)
     }
 
     /// What the composition did besides merging: `pruned` (dict: `stages` (labels),
     /// `nodes`, `initializers`, `inputs`), `deduped_initializers`, `deduped_bytes`,
     /// `adapters` (list of (edge index, description)) and `unused_outputs` (list of
     /// (stage index, output name)).
+    #[pyo3(signature = () -> "dict[str, typing.Any]")]
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = &self.composition.report;
+        let c = self.0.composition();
+        let r = &c.report;
         let pruned = PyDict::new(py);
-        let label = |k: usize| self.composition.labels.get(k).cloned().unwrap_or_else(|| format!("stage {k}"));
+        let label = |k: usize| c.labels.get(k).cloned().unwrap_or_else(|| format!("stage {k}"));
         pruned.set_item("stages", r.pruned.stages.iter().map(|&k| label(k)).collect::<Vec<_>>())?;
         pruned.set_item("nodes", r.pruned.nodes)?;
         pruned.set_item("initializers", r.pruned.initializers)?;
@@ -230,14 +179,16 @@ impl Composed {
     /// Where the merged graph came from: a list, per stage, of (label, first node index,
     /// end node index) in the merged graph, and a dict from every renamed value or node
     /// name of the merged graph to (stage index, original name).
+    #[pyo3(signature = () -> "tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]")]
     #[allow(clippy::type_complexity)]
     fn origins<'py>(&self, py: Python<'py>) -> PyResult<(Vec<(String, usize, usize)>, Bound<'py, PyDict>)> {
-        let o = &self.composition.origins;
+        let c = self.0.composition();
+        let o = &c.origins;
         let stages = o
             .nodes
             .iter()
             .enumerate()
-            .map(|(k, &(a, b))| (self.composition.labels.get(k).cloned().unwrap_or_default(), a, b))
+            .map(|(k, &(a, b))| (c.labels.get(k).cloned().unwrap_or_default(), a, b))
             .collect();
         let names = PyDict::new(py);
         for (new, stage, old) in o.renamed() {
@@ -249,7 +200,7 @@ impl Composed {
     /// Per stage, how many nodes at the start of its range in :meth:`origins` the merge
     /// inserted (adapters on its incoming edges; 0 for a loaded model).
     fn inserted_nodes(&self) -> Vec<usize> {
-        let o = &self.composition.origins;
+        let o = &self.0.composition().origins;
         (0..o.nodes.len()).map(|k| o.inserted.get(k).copied().unwrap_or(0)).collect()
     }
 }

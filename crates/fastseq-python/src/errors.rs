@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyTuple, PyType};
 
-use fastseq::error::{Error, Kind};
+use fastseq::{Error, Kind};
 
 create_exception!(_core, FastseqError, PyException, "Base class of every fastseq error.");
 create_exception!(_core, LoadError, FastseqError, "A source is not a usable ONNX model.");

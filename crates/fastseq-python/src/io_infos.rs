@@ -2,7 +2,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use fastseq::codec::summary::{DimInfo, IoInfo};
+use fastseq::{DimInfo, IoInfo};
 
 /// (name, dtype, dims) tuples: dims are ints when static, the parameter's name when
 /// symbolic, None when unknown.

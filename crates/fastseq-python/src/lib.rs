@@ -1,6 +1,7 @@
-//! The bindings layer (the `python` feature): `fastseq._core`. Each file converts one
-//! concept's types between Python and the core, releases the GIL around the work and maps
-//! errors ([`errors`]); nothing here decides anything.
+//! The Python bindings: `fastseq._core`, over the core crate's API (`fastseq`: its
+//! pipeline layer and the types it re-exports). Each file converts one concept's types
+//! between Python and the core, releases the GIL around the core's work and maps errors
+//! ([`errors`]); nothing here decides anything.
 use pyo3::prelude::*;
 
 mod compose;
@@ -8,6 +9,7 @@ mod composed;
 mod errors;
 mod files;
 mod io_infos;
+mod layout;
 mod plan;
 mod sources;
 mod writer;
@@ -16,16 +18,16 @@ use crate::compose::{compose_sources, decode, load_model, load_models, overlappi
 use crate::composed::Composed;
 use crate::errors::{composition_error, opset_mismatch_error, ExportError, FastseqError, LoadError};
 use crate::files::{
-    check_external_location, external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy,
+    external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy, PrivateCopyInfo,
 };
-use crate::writer::{commit_bytes, stage, Staging};
-use fastseq::allocator::tune_allocator;
-use fastseq::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
+use crate::layout::{merge_metadata, PyLayout};
+use crate::writer::{commit_bytes, stage, Saved, Staging};
+use fastseq::{tune_allocator, LAYOUT, MAX_IR_VERSION, PROTOBUF_LIMIT};
 
-/// " (did you mean 'x'?)" for `name` among `candidates`, or "".
+/// The hint ` (did you mean 'x'?)` for `name` among `candidates`, or an empty string.
 #[pyfunction]
 fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
-    fastseq::near_miss::did_you_mean(name, candidates.iter().map(String::as_str))
+    fastseq::did_you_mean(name, candidates.iter().map(String::as_str))
 }
 
 #[pymodule]
@@ -40,8 +42,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_IR_VERSION", MAX_IR_VERSION)?;
     m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("LAYOUT", PyLayout(LAYOUT))?;
     m.add_class::<Composed>()?;
     m.add_class::<Staging>()?;
+    m.add_class::<Saved>()?;
+    m.add_class::<PrivateCopyInfo>()?;
+    m.add_class::<PyLayout>()?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;
@@ -53,7 +59,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
     m.add_function(wrap_pyfunction!(model_digest, m)?)?;
     m.add_function(wrap_pyfunction!(memory_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stage, m)?)?;
     Ok(())

@@ -3,7 +3,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::io_infos::io_infos;
-use fastseq::merge::plan::view::PlanView;
+use fastseq::PlanView;
 
 /// `Composed.plan()`:
 ///

@@ -2,26 +2,38 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::PyBytes;
 
 use crate::errors::to_py;
-use fastseq::error::{Error, Result};
-use fastseq::storage::writer::{self, Saved};
+use fastseq::{Error, Result};
 
-fn written<'py>(py: Python<'py>, saved: Saved) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("model_bytes", saved.model_bytes)?;
-    d.set_item("data_bytes", saved.data_bytes)?;
-    d.set_item("data_files", saved.data_files)?;
-    Ok(d)
+/// What a write produced: the model's size, its data files' sizes together, and the data
+/// files it refers to, relative to its folder (`fastseq::Saved`). Every writer returns one.
+#[pyclass(frozen, get_all, module = "fastseq._core")]
+pub(crate) struct Saved {
+    model_bytes: u64,
+    data_bytes: u64,
+    data_files: Vec<String>,
 }
 
-/// Writes `data` (a model without external data, in any format) to `path`; returns a dict
-/// with the bytes written.
+impl From<fastseq::Saved> for Saved {
+    fn from(s: fastseq::Saved) -> Saved {
+        Saved { model_bytes: s.model_bytes, data_bytes: s.data_bytes, data_files: s.data_files }
+    }
+}
+
+#[pymethods]
+impl Saved {
+    fn __repr__(&self) -> String {
+        let Self { model_bytes, data_bytes, data_files } = self;
+        format!("Saved(model_bytes={model_bytes}, data_bytes={data_bytes}, data_files={data_files:?})")
+    }
+}
+
+/// Writes `data` (a model without external data, in any format) to `path`.
 #[pyfunction]
-pub(crate) fn commit_bytes<'py>(py: Python<'py>, data: &[u8], path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    let saved = py.detach(|| writer::commit_bytes(data, &path)).map_err(to_py)?;
-    written(py, saved)
+pub(crate) fn commit_bytes(py: Python<'_>, data: &[u8], path: PathBuf) -> PyResult<Saved> {
+    py.detach(|| fastseq::commit_bytes(data, &path)).map(Saved::from).map_err(to_py)
 }
 
 /// A staging folder beside a target (made by `stage`) for another program to write a model
@@ -29,11 +41,11 @@ pub(crate) fn commit_bytes<'py>(py: Python<'py>, data: &[u8], path: PathBuf) -> 
 /// (or by the next write into that folder if the process is killed).
 #[pyclass(module = "fastseq._core")]
 pub(crate) struct Staging {
-    inner: Option<writer::Staging>,
+    inner: Option<fastseq::Staging>,
 }
 
 impl Staging {
-    fn inner(&self) -> PyResult<&writer::Staging> {
+    fn inner(&self) -> PyResult<&fastseq::Staging> {
         self.inner.as_ref().ok_or_else(|| to_py(Error::export("this staging folder is closed")))
     }
 }
@@ -41,7 +53,7 @@ impl Staging {
 /// A staging folder beside `target` (see `Staging`).
 #[pyfunction]
 pub(crate) fn stage(py: Python<'_>, target: PathBuf) -> PyResult<Staging> {
-    let inner = py.detach(|| writer::stage(&target)).map_err(to_py)?;
+    let inner = py.detach(|| fastseq::stage(&target)).map_err(to_py)?;
     Ok(Staging { inner: Some(inner) })
 }
 
@@ -54,16 +66,17 @@ impl Staging {
 
     /// Commits the protobuf model `model_file` of the folder (and the external data files it
     /// refers to there) to the target; `metadata` pairs are set in its metadata_props;
-    /// `encode(bytes) -> bytes` turns the final model into another format. Returns a dict
-    /// with the bytes written and the data files' names.
-    #[pyo3(signature = (model_file, metadata=None, encode=None))]
-    fn commit<'py>(
+    /// `encode(bytes) -> bytes` turns the final model into another format. Returns what was
+    /// written.
+    #[pyo3(signature = (model_file, metadata=None,
+                        encode: "collections.abc.Callable[[bytes], bytes] | None" = None))]
+    fn commit(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         model_file: &str,
         metadata: Option<Vec<(String, String)>>,
         encode: Option<Py<PyAny>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<Saved> {
         let staging = self.inner()?;
         let metadata = metadata.unwrap_or_default();
         let saved = py
@@ -75,11 +88,11 @@ impl Staging {
                     })
                     .map_err(|e| Error::export(format!("cannot encode {}: {e}", staging.target().display())))
                 };
-                let encoder: Option<&mut writer::Encoder<'_>> = if encode.is_some() { Some(&mut call) } else { None };
-                writer::commit_staged(staging, model_file, &metadata, encoder)
+                let encoder: Option<&mut fastseq::Encoder<'_>> = if encode.is_some() { Some(&mut call) } else { None };
+                fastseq::commit_staged(staging, model_file, &metadata, encoder)
             })
             .map_err(to_py)?;
-        written(py, saved)
+        Ok(saved.into())
     }
 
     /// Removes the folder and what it holds.

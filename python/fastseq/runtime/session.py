@@ -120,11 +120,11 @@ class PrivateCopy:
     the data file in the kernel (``copy_file_range``, or ``sendfile`` across file systems),
     never through this process's memory; only weights that exist in memory alone are
     written. ``info`` says how many bytes each way (``copied``, ``written``) and how many the
-    spilled models map (``mapped``)."""
+    spilled models map (``mapped``): the core's :class:`fastseq._core.PrivateCopyInfo`."""
 
     folder: str
     path: str
-    info: dict[str, int]
+    info: _core.PrivateCopyInfo
     #: with ``spill_min``: copies of the models given that map the copy's data file, or None
     spilled: list[_core.Composed] | None = None
 
@@ -152,7 +152,7 @@ class PrivateCopy:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(folder, path, dict(info), copies)
+        return cls(folder, path, info, copies)
 
     def take_spilled(self) -> list[_core.Composed] | None:
         """The spilled copies (see :meth:`of`), handed over: the copy keeps no reference."""
@@ -301,7 +301,8 @@ def _session(
         if save_to is not None:
             options.optimized_model_filepath = str(save_to)
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_name)
-            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+            options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                             str(_core.LAYOUT.threshold))
         made = ort.InferenceSession(path, sess_options=options, providers=providers)
         warn_if_optimized_elsewhere(made, providers)
         return made
@@ -762,7 +763,7 @@ def export_optimized(
     target: Path,
     providers: Sequence[Provider] | None,
     session_options: ort.SessionOptions | None,
-) -> dict[str, Any]:
+) -> _core.Saved:
     """Writes the model ONNX Runtime makes of ``composed`` after its graph optimisations,
     with what it was optimised for in its metadata; returns what the core wrote (see
     ``_core.Staging.commit``). Its weights are in a data file beside it (``<name>.data``
@@ -777,7 +778,7 @@ def export_optimized(
     with _core.stage(str(target)) as stage:
         staged = stage.folder() / target.name
         with PrivateCopy.of(composed) as copy:
-            _session(copy.path, options, usable, save_to=staged, data_name=f"{target.name}.data")
+            _session(copy.path, options, usable, save_to=staged, data_name=_core.LAYOUT.data_file(target.name))
         made_for = json.dumps({
             "onnxruntime": ort.__version__,
             "providers": [provider_name(p) for p in usable],

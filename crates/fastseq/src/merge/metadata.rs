@@ -1,24 +1,35 @@
 //! Model metadata (`ModelProto.metadata_props`): key/value pairs added after composition.
 use crate::codec::proto::{ModelProto, StringStringEntryProto};
 
-/// A copy of `model` with `pairs` set in its `metadata_props`. Each key appears once:
-/// `onnx.checker` refuses repeated keys, and ONNX Runtime reads only the last entry of one.
-/// A key keeps the position of its first entry and takes its last value, whether that value
-/// comes from the model or from `pairs` (kornia's `add_metadata` does the same). The copy
-/// shares nodes and weights with `model` (reference-counted slices): nothing large is copied.
-pub fn with_metadata(model: &ModelProto, pairs: &[(String, String)]) -> ModelProto {
-    let mut out = model.clone();
-    let mut entries: Vec<(String, String)> = Vec::with_capacity(out.metadata_props.len() + pairs.len());
-    let existing =
-        out.metadata_props.iter().map(|p| (p.key.clone().unwrap_or_default(), p.value.clone().unwrap_or_default()));
-    for (key, value) in existing.chain(pairs.iter().cloned()) {
+/// `existing` metadata pairs with `pairs` set in them. Each key appears once: `onnx.checker`
+/// refuses repeated keys, and ONNX Runtime reads only the last entry of one. A key keeps the
+/// position of its first entry and takes its last value, whether that value comes from
+/// `existing` or from `pairs` (kornia's `add_metadata` does the same). The one rule for
+/// metadata set on a model, whether the core holds it or Python does (`_core.merge_metadata`).
+pub fn merged(
+    existing: impl IntoIterator<Item = (String, String)>,
+    pairs: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for (key, value) in existing.into_iter().chain(pairs.iter().cloned()) {
         match entries.iter_mut().find(|(k, _)| *k == key) {
             Some(entry) => entry.1 = value,
             None => entries.push((key, value)),
         }
     }
-    out.metadata_props =
-        entries.into_iter().map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v) }).collect();
+    entries
+}
+
+/// A copy of `model` with `pairs` set in its `metadata_props` (see [`merged`]). The copy
+/// shares nodes and weights with `model` (reference-counted slices): nothing large is copied.
+pub fn with_metadata(model: &ModelProto, pairs: &[(String, String)]) -> ModelProto {
+    let mut out = model.clone();
+    let existing =
+        out.metadata_props.iter().map(|p| (p.key.clone().unwrap_or_default(), p.value.clone().unwrap_or_default()));
+    out.metadata_props = merged(existing.collect::<Vec<_>>(), pairs)
+        .into_iter()
+        .map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v) })
+        .collect();
     out
 }
 

@@ -45,7 +45,7 @@ pub struct Placed {
     pub offset: u64,
 }
 
-/// One weight of the data files (see [`Layout::pieces`]).
+/// One weight of the data files (see [`Placement::pieces`]).
 pub enum Piece<'a> {
     /// Bytes in memory, written from there.
     Memory(&'a Bytes),
@@ -74,7 +74,7 @@ enum Copy {
 
 /// What goes in each data file.
 #[derive(Default)]
-pub struct Layout {
+pub struct Placement {
     /// The files' names: the first is the name given, the others `{name}.{part}`.
     pub names: Vec<String>,
     pub lens: Vec<u64>,
@@ -84,7 +84,7 @@ pub struct Layout {
     copies: Vec<Vec<(Copy, u64, u64)>>,
 }
 
-impl Layout {
+impl Placement {
     /// Points every tensor of `g` that goes to the data files (at least `threshold` bytes,
     /// or still in a file) at its place in them, taking its bytes out; `name` is the first
     /// file's name, and the large copies are spread over up to `max_parts` files.
@@ -94,25 +94,25 @@ impl Layout {
         name: &str,
         max_parts: usize,
         placed: &mut Vec<Placed>,
-    ) -> Result<Layout> {
+    ) -> Result<Placement> {
         // The main graph's initializers (where the weights are) are spread over the parts;
         // whatever else goes to the data files goes to the first.
         let mut initializers = std::mem::take(&mut g.initializer);
         let parts = parts_for(&initializers, threshold, max_parts);
         let n = parts.iter().flatten().max().map_or(1, |m| m + 1);
-        let mut layout = Layout {
+        let mut placement = Placement {
             names: (0..n).map(|j| if j == 0 { name.to_string() } else { format!("{name}.{j}") }).collect(),
             lens: vec![0; n],
             copies: (0..n).map(|_| Vec::new()).collect(),
             ..Default::default()
         };
         for (t, part) in initializers.iter_mut().zip(&parts) {
-            layout.put(t, threshold, part.unwrap_or(0), placed);
+            placement.put(t, threshold, part.unwrap_or(0), placed);
         }
-        let rest = for_each_tensor(g, &mut |t| Ok(layout.put(t, threshold, 0, placed)));
+        let rest = for_each_tensor(g, &mut |t| Ok(placement.put(t, threshold, 0, placed)));
         g.initializer = initializers;
         rest?;
-        Ok(layout)
+        Ok(placement)
     }
 
     /// Places one tensor in file `part`; whether it went to the data files.
@@ -305,9 +305,9 @@ mod tests {
         assert!(parts_for(&small, 1024, 8).iter().all(|p| *p == Some(0)), "below SPLIT_MIN: one file");
         let mut g = GraphProto { initializer: ts, ..Default::default() };
         let mut placed = Vec::new();
-        let layout = Layout::place(&mut g, 1024, "d", 2, &mut placed).unwrap();
-        assert_eq!(layout.names, ["d", "d.1"]);
-        assert_eq!(layout.lens, [72 * mb + 4096, 64 * mb]);
+        let placement = Placement::place(&mut g, 1024, "d", 2, &mut placed).unwrap();
+        assert_eq!(placement.names, ["d", "d.1"]);
+        assert_eq!(placement.lens, [72 * mb + 4096, 64 * mb]);
         assert_eq!(placed.len(), 7);
         assert!(placed.iter().all(|p| p.offset % ALIGN == 0));
         let locations: Vec<&str> =

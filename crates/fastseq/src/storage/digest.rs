@@ -12,7 +12,8 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 use crate::codec::proto::{GraphProto, ModelProto};
 use crate::error::{Error, Result};
-use crate::storage::data_file::{Layout, Piece};
+use crate::storage::data_file::{Piece, Placement};
+use crate::storage::layout::LAYOUT;
 use crate::storage::ranges::Source;
 
 /// XXH3-128 over a stream of bytes (several GB/s; the key is not a security boundary: cache
@@ -40,20 +41,23 @@ impl Digest {
 /// the pool's threads, few enough that the task's own cost does not show.
 const TASK: u64 = 8 << 20;
 
-/// The digest of `model` as it would be written for a session with weights of at least
-/// `threshold` bytes in a data file (as the writer's `write_session_copy` lays it out: the
-/// same [`Layout`]), without writing it: the model
+/// The digest of `model` as it would be written for a session, laid out as [`LAYOUT`] says
+/// (as the writer's `write_session_copy` lays it out: the same [`Placement`]), without
+/// writing it: the model
 /// with its weights replaced by their places in that file, then each weight's bytes, in
 /// chunks digested side by side on the pool and combined in file order. Weights are read
 /// where they are (memory, a source file checked before and after as every copy is, an
 /// earlier private copy) a chunk at a time; nothing is kept. Models equal as a writer would
 /// write them have equal digests, whatever threads or files their weights are in.
-pub fn model_digest(model: &ModelProto, threshold: usize) -> Result<String> {
+pub fn model_digest(model: &ModelProto) -> Result<String> {
     let mut header = model.clone();
     let mut no_graph = GraphProto::default();
     let graph = header.graph.as_mut().unwrap_or(&mut no_graph);
-    let layout = Layout::place(graph, threshold, "model.onnx.data", 1, &mut Vec::new())?;
-    let pieces = layout.pieces();
+    // The data file's name is part of the digest: a fixed one, so that the key does not
+    // depend on where a copy is written.
+    let data_name = LAYOUT.data_file("model.onnx");
+    let placement = Placement::place(graph, LAYOUT.threshold, &data_name, 1, &mut Vec::new())?;
+    let pieces = placement.pieces();
     let mut sources: HashMap<&str, Source> = HashMap::new();
     for (_, _, p) in &pieces {
         if let Piece::Range(r) = p {
@@ -140,19 +144,19 @@ mod tests {
     #[test]
     fn a_models_digest_covers_every_byte_of_large_weights_and_the_rest_of_the_model() {
         let big: Vec<u8> = (0..TASK as usize * 2 + 12345).map(|i| (i % 251) as u8).collect();
-        let base = model_digest(&model_of(big.clone()), 1024).unwrap();
-        assert_eq!(base, model_digest(&model_of(big.clone()), 1024).unwrap());
+        let base = model_digest(&model_of(big.clone())).unwrap();
+        assert_eq!(base, model_digest(&model_of(big.clone())).unwrap());
         for at in [0, TASK as usize - 1, TASK as usize, big.len() - 1] {
             let mut changed = big.clone();
             changed[at] ^= 1;
-            assert_ne!(model_digest(&model_of(changed), 1024).unwrap(), base, "byte {at}");
+            assert_ne!(model_digest(&model_of(changed)).unwrap(), base, "byte {at}");
         }
         let mut renamed = model_of(big.clone());
         renamed.graph.as_mut().unwrap().initializer[1].name = Some("other".into());
-        assert_ne!(model_digest(&renamed, 1024).unwrap(), base);
+        assert_ne!(model_digest(&renamed).unwrap(), base);
         let mut small = model_of(big);
         small.graph.as_mut().unwrap().initializer[1].raw_data = Some(bytes::Bytes::from(vec![1u8, 2, 4]));
-        assert_ne!(model_digest(&small, 1024).unwrap(), base);
+        assert_ne!(model_digest(&small).unwrap(), base);
     }
 
     #[test]

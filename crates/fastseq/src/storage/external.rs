@@ -9,13 +9,14 @@
 //! Writing external data is the writer's job (`writer.rs`, above this file).
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use crate::codec::model::decode;
 use crate::codec::proto::{ModelProto, StringStringEntryProto, TensorProto};
 use crate::codec::range::{set_inline, FileRange, RANGE_KEY};
 use crate::codec::tensor::{elem_type_name, expected_bytes, for_each_tensor, is_external, visit_tensors};
 use crate::error::{Error, Result};
+use crate::storage::layout::LAYOUT;
 use crate::storage::ranges::RANGE_MIN;
 use crate::storage::read::{changed, read_path, read_range, Identity};
 
@@ -59,28 +60,10 @@ pub fn locations_in_file(path: &Path) -> Result<Vec<String>> {
     Ok(locations(&mut model))
 }
 
-/// The rule every external-data location must pass before it names a file (or a download):
-/// a non-empty relative path with no `..`, no root, no drive, no NUL.
-pub fn check_relative(location: &str) -> Result<()> {
-    let rel = Path::new(location);
-    let bad = location.is_empty()
-        || rel.is_absolute()
-        || location.starts_with('/')
-        || location.starts_with('\\')
-        || location.contains('\0')
-        || rel.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
-    if bad {
-        return Err(Error::load(format!(
-            "external data location '{location}' is refused: it must be a relative path inside the model's folder"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks `location` (relative to `base`) and returns the file it names, which must
-/// resolve, links followed, inside `root`.
+/// Checks `location` (relative to `base`: see [`LAYOUT`]'s rule) and returns the file it
+/// names, which must resolve, links followed, inside `root`.
 pub fn safe_location(base: &Path, root: &Path, location: &str) -> Result<PathBuf> {
-    check_relative(location)?;
+    LAYOUT.check_location(location)?;
     let path = base.join(location);
     let real_base = root
         .canonicalize()

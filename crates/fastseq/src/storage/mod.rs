@@ -16,6 +16,7 @@ pub mod data_file;
 pub mod digest;
 pub mod export_lock;
 pub mod external;
+pub mod layout;
 pub mod mapped;
 pub mod ownership;
 pub mod ranges;

@@ -26,6 +26,22 @@ pub enum Source {
 }
 
 impl Source {
+    /// The model file at `path`, its external data inside its own folder.
+    pub fn path(path: impl Into<PathBuf>) -> Source {
+        Source::Path(path.into(), None)
+    }
+
+    /// The model file at `path`, its external data anywhere inside `root` (a folder above
+    /// it: a Hub cache's repo folder, whose files are links into blobs/).
+    pub fn path_in(path: impl Into<PathBuf>, root: impl Into<PathBuf>) -> Source {
+        Source::Path(path.into(), Some(root.into()))
+    }
+
+    /// A serialized model, its weights inline.
+    pub fn bytes(data: impl Into<Bytes>) -> Source {
+        Source::Bytes(data.into())
+    }
+
     /// The name errors use for this source when the caller gives none.
     pub fn default_label(&self) -> String {
         match self {

@@ -203,7 +203,7 @@ pub struct PrivateCopy {
 pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>) -> Result<PrivateCopy> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };
     let mut placed = Vec::new();
-    let written = crate::storage::writer::write_session_copy(first, path, 1024, &mut placed)?;
+    let written = crate::storage::writer::write_session_copy(first, path, &mut placed)?;
     let mut done = PrivateCopy {
         copied: written.copied.bytes,
         by_sendfile: written.copied.by_sendfile,
@@ -323,7 +323,7 @@ mod tests {
     fn copy_and_spill(models: &mut [&mut ModelProto], dir: &Path, min: u64) -> u64 {
         let path = dir.join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::writer::write_session_copy(models[0], &path, 1024, &mut placed).unwrap();
+        crate::storage::writer::write_session_copy(models[0], &path, &mut placed).unwrap();
         spill_onto(models, &[dir.join("model.onnx.data")], &placed, min).unwrap()
     }
 
@@ -350,7 +350,7 @@ mod tests {
         let again = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let path = again.path().join("model.onnx");
         let mut placed = Vec::new();
-        crate::storage::writer::write_session_copy(&a, &path, 1024, &mut placed).unwrap();
+        crate::storage::writer::write_session_copy(&a, &path, &mut placed).unwrap();
         assert_eq!(spill_onto(&mut [&mut a], &[again.path().join("model.onnx.data")], &placed, 0).unwrap(), 0);
     }
 
@@ -395,7 +395,7 @@ mod tests {
         let done = private_copy(&[&a, &b], &private.join("model.onnx"), Some(u64::MAX)).unwrap();
         assert_eq!((done.copied, done.written, done.mapped), (400_000, 0, 400_000));
         // The key is the model's, wherever its weights are: the sources, memory, the copy.
-        let digest = |m: &ModelProto| crate::storage::digest::model_digest(m, 1024).unwrap();
+        let digest = |m: &ModelProto| crate::storage::digest::model_digest(m).unwrap();
         assert_eq!(digest(&a), digest(&model(1)));
         assert_ne!(digest(&a), digest(&b));
         let spilled = done.spilled.expect("ranges are always moved off the sources");
@@ -407,7 +407,7 @@ mod tests {
             assert_eq!(&m.encode_to_vec(), want);
         }
         assert_eq!(digest(&spilled[0]), digest(&model(1)));
-        let gone = crate::storage::digest::model_digest(&a, 1024).unwrap_err();
+        let gone = crate::storage::digest::model_digest(&a).unwrap_err();
         assert!(gone.message.contains("a.onnx"), "{}", gone.message);
         // A copy of the spilled models comes from the first copy's file, in the kernel.
         let again = dir.path().join("again");

@@ -22,8 +22,9 @@ use crate::error::{Error, Result};
 use crate::storage::commit::{commit, link_sources, DataFile, Model, Target};
 pub use crate::storage::commit::{Encoder, Saved};
 use crate::storage::copy::Copied;
-use crate::storage::data_file::{Layout, Placed};
-use crate::storage::external::{check_relative, locations, safe_location};
+use crate::storage::data_file::{Placed, Placement};
+use crate::storage::external::{locations, safe_location};
+use crate::storage::layout::LAYOUT;
 use crate::storage::ownership::mark;
 use crate::storage::ranges::inline;
 use crate::storage::read::read_path;
@@ -47,15 +48,15 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
         let mut no_graph = GraphProto::default();
         // One data file: weights in memory written once, those in a source copied by the kernel.
         let mut placed = Vec::new();
-        let layout =
-            Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, &fallback, 1, &mut placed)?;
+        let placement =
+            Placement::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, &fallback, 1, &mut placed)?;
         // Errors name the target (the temporary file's name would mislead).
-        layout.write(std::slice::from_ref(&temp.file), &[path.to_path_buf()])?;
+        placement.write(std::slice::from_ref(&temp.file), &[path.to_path_buf()])?;
         temp.file.sync_all().map_err(|e| target.err(e))?;
         let mut data = Vec::new();
-        let len = layout.lens.first().copied().unwrap_or(0);
+        let len = placement.lens.first().copied().unwrap_or(0);
         if !placed.is_empty() {
-            let preferred = format!("{}.data", target.name);
+            let preferred = LAYOUT.data_file(&target.name);
             let marked = mark(&temp.file, &target.name, &[&preferred, &fallback]);
             let path = temp.path.clone();
             let preferred = marked.then_some(preferred);
@@ -117,7 +118,7 @@ pub fn commit_staged(
     let folder = staging.path();
     let staged = folder.join(model_file);
     let staged_err = |e: Error| target.err(format!("the model to write ({model_file}): {}", e.message));
-    check_relative(model_file).map_err(staged_err)?;
+    LAYOUT.check_location(model_file).map_err(staged_err)?;
     let mut model = decode(model_file, read_path(&staged).map_err(staged_err)?).map_err(staged_err)?;
     let found = locations(&mut model);
     if found.is_empty() && metadata.is_empty() && encode.is_none() {
@@ -130,7 +131,7 @@ pub fn commit_staged(
     let base = staged.parent().unwrap_or(folder);
     let mut data = Vec::new();
     for (k, location) in found.iter().enumerate() {
-        check_relative(location).map_err(staged_err)?;
+        LAYOUT.check_location(location).map_err(staged_err)?;
         let path = safe_location(base, folder, location).map_err(staged_err)?;
         let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| target.err(e))?;
         file.sync_all().map_err(|e| target.err(e))?;
@@ -154,20 +155,15 @@ pub fn commit_staged(
     commit(&target, &token, Model::Header { model: Box::new(model), encode, link: false }, data)
 }
 
-/// Writes `model` for a session: its tensors of at least `threshold` bytes, and its weights
-/// still in their source files, in `<path>.data` beside `path` and, for large copies, more
-/// data files `<path>.data.1`, ... copied side by side, one per thread of the pool (see
-/// [`write_private`]; meant for a private folder, so not synced). `placed` receives where
-/// each weight went in the data file (see `spill::spill_onto`).
-pub fn write_session_copy(
-    model: &ModelProto,
-    path: &Path,
-    threshold: usize,
-    placed: &mut Vec<Placed>,
-) -> Result<Written> {
-    let data_name = format!("{}.data", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+/// Writes `model` for a session, laid out as [`LAYOUT`] says: its large tensors, and its
+/// weights still in their source files, in `<path>.data` beside `path` and, for large
+/// copies, more data files `<path>.data.1`, ... copied side by side, one per thread of the
+/// pool (see [`write_private`]; meant for a private folder, so not synced). `placed`
+/// receives where each weight went in the data file (see `spill::spill_onto`).
+pub fn write_session_copy(model: &ModelProto, path: &Path, placed: &mut Vec<Placed>) -> Result<Written> {
+    let data_name = LAYOUT.data_file(&path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
     let parts = crate::pool::install(rayon::current_num_threads);
-    write_private(model, path, threshold, &data_name, parts, placed)
+    write_private(model, path, LAYOUT.threshold, &data_name, parts, placed)
 }
 
 /// What [`write_session_copy`] wrote.
@@ -206,16 +202,16 @@ fn write_private(
     let mut made: Vec<PathBuf> = linked;
     let result = (|| -> Result<Written> {
         let mut no_graph = GraphProto::default();
-        let layout =
-            Layout::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, data_name, max_parts, placed)?;
-        let paths = layout.paths(path);
+        let placement =
+            Placement::place(header.graph.as_mut().unwrap_or(&mut no_graph), threshold, data_name, max_parts, placed)?;
+        let paths = placement.paths(path);
         let mut files = Vec::new();
         for p in &paths {
             let file = File::options().read(true).write(true).create_new(true).open(p).map_err(|e| err(p, e))?;
             made.push(p.clone());
             files.push(file);
         }
-        let copied = layout.write(&files, &paths)?;
+        let copied = placement.write(&files, &paths)?;
         let file = File::options().write(true).create_new(true).open(path).map_err(|e| err(path, e))?;
         made.push(path.to_path_buf());
         let mut out = BufWriter::with_capacity(256 << 10, file);
@@ -223,9 +219,9 @@ fn write_private(
             write_streaming(&header, &mut out).and_then(|n| out.flush().map(|_| n)).map_err(|e| err(path, e))?;
         Ok(Written {
             model_bytes,
-            data_bytes: layout.lens.iter().sum(),
-            from_memory: layout.from_memory(),
-            data_names: layout.names,
+            data_bytes: placement.lens.iter().sum(),
+            from_memory: placement.from_memory(),
+            data_names: placement.names,
             copied,
         })
     })();
@@ -308,9 +304,9 @@ mod tests {
         let target = dir.path().join("m.onnx");
         let staging = stage(&target).unwrap();
         let mut m = model(7);
-        let layout = Layout::place(m.graph.as_mut().unwrap(), 0, "w.bin", 1, &mut Vec::new()).unwrap();
-        layout
-            .write(&[File::create(staging.path().join("w.bin")).unwrap()], &layout.paths(&staging.path().join("m")))
+        let placement = Placement::place(m.graph.as_mut().unwrap(), 0, "w.bin", 1, &mut Vec::new()).unwrap();
+        placement
+            .write(&[File::create(staging.path().join("w.bin")).unwrap()], &placement.paths(&staging.path().join("m")))
             .unwrap();
         fs::write(staging.path().join("m.onnx"), m.encode_to_vec()).unwrap();
         let meta = [("k".to_string(), "v".to_string())];
