@@ -6,7 +6,9 @@
 //!   side (neither names the other: merge takes decoded models and an injected weight reader)
 //!   < `pipeline` (load, compose, write) < `fuzzing`; the crate root declares and re-exports;
 //! - no file names another in a circle, file by file;
-//! - no hand-written file is over 700 lines before its unit tests.
+//! - no hand-written file is over 700 lines before its unit tests;
+//! - `docs/architecture.md`'s Rust table lists every module in its layer's row, the rows in
+//!   this order, and its picture (`docs/architecture.dot`) draws no arrow the layers forbid.
 //!
 //! A file names a module by a `crate::` path, in code or in a doc link: both break when the
 //! module moves, so a doc link up a layer or around a circle counts like an import. The
@@ -257,6 +259,72 @@ fn layers_go_one_way_without_circles_and_files_stay_small() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let found = problems(&src);
     assert!(found.is_empty(), "the layers of crates/fastseq/src are broken:\n  {}", found.join("\n  "));
+}
+
+/// The Rust table of `docs/architecture.md` and its picture say what the crate is: a row
+/// per layer in [`ORDER`], each module of `src/` in its layer's row, the bindings' files in
+/// theirs; and the picture draws no arrow that [`layer`] forbids (merge -> storage, say).
+#[test]
+fn the_architecture_page_draws_the_crate_as_it_is() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let section = page.split("\n## Rust").nth(1).expect("a '## Rust' section").split("\n## ").next().unwrap();
+    let rows: Vec<Vec<&str>> = section
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| layer"))
+        .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect();
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split('`').skip(1).step_by(2).map(|t| t.trim_end_matches('/').to_string()).collect()
+    };
+    let layers: Vec<&str> = rows.iter().map(|r| r[0]).filter(|l| *l != "bindings").collect();
+    assert_eq!(layers, ORDER, "the rows of the Rust table, bottom to top");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut modules: BTreeSet<String> = std::fs::read_dir(&src)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().file_stem().unwrap().to_string_lossy().into_owned())
+        .filter(|m| m != "lib")
+        .collect();
+    for row in rows.iter().filter(|r| r[0] != "bindings") {
+        for m in ticked(row[1]) {
+            assert!(modules.remove(&m), "docs/architecture.md lists `{m}`, which src/ does not have (or twice)");
+            assert_eq!(layer(&m).map(|l| l.0), Some(row[0]), "`{m}` is in the {} row", row[0]);
+        }
+    }
+    assert!(modules.is_empty(), "modules of src/ the Rust table does not list: {modules:?}");
+    let bindings = root.join("crates/fastseq-python/src");
+    let mut files: BTreeSet<String> = std::fs::read_dir(&bindings)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().file_stem().unwrap().to_string_lossy().into_owned())
+        .filter(|m| m != "lib")
+        .collect();
+    let row = rows.iter().find(|r| r[0] == "bindings").expect("a bindings row");
+    for f in ticked(row[1]).into_iter().skip(1) {
+        assert!(files.remove(&f), "the bindings row lists `{f}`, which {} does not have", bindings.display());
+    }
+    assert!(files.is_empty(), "files of the bindings the table does not list: {files:?}");
+
+    // The picture: nodes of the core's cluster named after their layer ("rbase": the base).
+    let dot = std::fs::read_to_string(root.join("docs/architecture.dot")).unwrap();
+    let node = |n: &str| match n.trim() {
+        "rbase" => Some("base"),
+        n => ORDER.iter().find(|l| **l == n).copied(),
+    };
+    let mut drawn = 0;
+    for line in dot.lines().filter(|l| l.contains("->")) {
+        for statement in line.split(';') {
+            let chain: Vec<&str> = statement.split("->").map(|n| n.split('[').next().unwrap().trim()).collect();
+            for pair in chain.windows(2) {
+                let (Some(a), Some(b)) = (node(pair[0]), node(pair[1])) else { continue };
+                let (_, may) = layer(if a == "base" { "error" } else { a }).unwrap();
+                assert!(may.contains(&b), "docs/architecture.dot draws {a} -> {b}, which the layers forbid");
+                drawn += 1;
+            }
+        }
+    }
+    assert!(drawn >= 5, "the picture draws the core's layers: {drawn} arrows found");
 }
 
 /// The check itself: a small crate with a name up a layer, one across (storage and merge
