@@ -7,8 +7,10 @@
 //! rules where they differ ([`onnx_rules`]); and the entry point that runs these steps in
 //! order ([`compose`]).
 //!
-//! The one rule: it imports the codec layer (and the bottom modules), never storage's
-//! functions or the bindings: models come in decoded, and go out as a [`compose::Composition`].
+//! The one rule: it names the codec layer (and the bottom modules), never storage or the
+//! pipeline: models come in decoded, weights still in their files are read through the
+//! reader the pipeline hands in ([`options::Options::read_weight`]), and the result goes
+//! out as a [`compose::Composition`].
 pub mod assemble;
 pub mod compose;
 pub mod dedupe;

@@ -1,8 +1,8 @@
 //! The pipeline layer: the whole job as a Rust API, on top of storage and merge, and the
 //! one place where they meet. Sources are loaded by storage ([`load`]), composed by merge
-//! with storage's weight reader handed in ([`load::compose`]), and held as a [`Composed`]
+//! with storage's weight reader handed in ([`load::compose`]), and held as a [`Composed`](composed::Composed)
 //! ([`composed`]), which storage writes (an export, bytes, the session's private copy) and
-//! digests ([`write`]). The Python bindings call this layer and only convert types; a Rust
+//! digests ([`write`](mod@write)). The Python bindings call this layer and only convert types; a Rust
 //! program calls it the same way:
 //!
 //! ```no_run

@@ -56,10 +56,10 @@ pub struct PrivateCopy {
 
 impl Composed {
     /// Writes the model to `path` atomically, with storage's one writer. `external`:
-    /// Some(true) puts tensors of at least `threshold` bytes in a data file beside it
-    /// ([`LAYOUT`](crate::storage::layout::LAYOUT)'s name when that is free or the writer's), Some(false) keeps them inline,
-    /// None decides by size (external at the 2 GB protobuf limit). A linked model links its
-    /// sources' data files beside it.
+    /// Some(true) puts tensors of at least `threshold` bytes in a data file beside it (the
+    /// name [`LAYOUT`](crate::storage::layout::LAYOUT) gives it, when that is free or the
+    /// writer's), Some(false) keeps them inline, None decides by size (external at the 2 GB
+    /// protobuf limit). A linked model links its sources' data files beside it.
     pub fn save(&self, path: &Path, external: Option<bool>, threshold: usize) -> Result<Saved> {
         save(self.model(), path, external, self.is_linked(), threshold)
     }

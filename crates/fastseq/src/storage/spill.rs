@@ -197,8 +197,8 @@ pub struct PrivateCopy {
 
 /// Writes `models[0]` for a session at `path` (weights in `<path>.data`, not synced; see
 /// [`crate::storage::writer::write_session_copy`]). With `spill_min`, the weights that only
-/// `models[1..]` hold as ranges of their sources are copied into the data file too, and copies of all `models` spilled onto
-/// it are returned (see [`spill_onto`]): always when they hold ranges, else when there are at
+/// `models[1..]` hold as ranges of their sources are copied into the data file too, and
+/// copies of all `models` spilled onto it are returned (see [`spill_onto`]): always when they hold ranges, else when there are at
 /// least `spill_min` bytes to spill. The originals are left as they are.
 pub fn private_copy(models: &[&ModelProto], path: &Path, spill_min: Option<u64>) -> Result<PrivateCopy> {
     let Some(first) = models.first() else { return Err(Error::export("no model to write".to_string())) };

@@ -158,7 +158,7 @@ pub fn commit_staged(
 /// Writes `model` for a session, laid out as [`LAYOUT`] says: its large tensors, and its
 /// weights still in their source files, in `<path>.data` beside `path` and, for large
 /// copies, more data files `<path>.data.1`, ... copied side by side, one per thread of the
-/// pool (see [`write_private`]; meant for a private folder, so not synced). `placed`
+/// pool (see `write_private`; meant for a private folder, so not synced). `placed`
 /// receives where each weight went in the data file (see `spill::spill_onto`).
 pub fn write_session_copy(model: &ModelProto, path: &Path, placed: &mut Vec<Placed>) -> Result<Written> {
     let data_name = LAYOUT.data_file(&path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
