@@ -113,7 +113,7 @@ def test_a_hit_loads_the_entry_beside_the_copy_unless_weights_in_memory_are_let_
     import time
 
     monkeypatch.setattr("fastseq.runtime.runnable.SPILL_MIN", 1 << 20)
-    real_session, real_of, seen = session._session, session.PrivateCopy.of, []
+    real_session, real_of, seen = session.new_session, session.PrivateCopy.of, []
 
     def recorded(path, options, providers, optimise=True, *args):
         if not optimise:  # the entry
@@ -124,7 +124,7 @@ def test_a_hit_loads_the_entry_beside_the_copy_unless_weights_in_memory_are_let_
         time.sleep(0.5)
         return real_of(*args, **kwargs)
 
-    monkeypatch.setattr(session, "_session", recorded)
+    monkeypatch.setattr(session, "new_session", recorded)
     monkeypatch.setattr(session.PrivateCopy, "of", slow)
     models = [matmul_model(k) for k in range(2)]
     files = [save(m, tmp_path / f"m{k}.onnx") for k, m in enumerate(models)]  # weights left in the files

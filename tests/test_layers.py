@@ -5,6 +5,7 @@ inside functions count: they are imports all the same). docs/architecture.md dra
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,77 @@ def test_the_check_catches_an_upward_import(tmp_path):
     tree = ast.parse(probe.read_text())
     names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "fastseq.facades" in names and layer_of("fastseq.facades.sequential") > layer_of("fastseq.runtime.session")
+
+
+# --- docs/architecture.md draws the package as it is ------------------------------------------------
+DOC = PACKAGE.parent.parent / "docs" / "architecture.md"
+
+
+def _table(title: str) -> list[list[str]]:
+    """The rows of the first table after the heading ``title``, as lists of cells."""
+    lines = DOC.read_text().split("\n")
+    start = next(k for k, line in enumerate(lines) if line.startswith("#") and title in line)
+    rows, inside = [], False
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            inside = True
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if not set(cells[0]) <= set("-: "):
+                rows.append(cells)
+        elif inside:
+            break
+    return rows[1:]  # the header row
+
+
+def _short(module: str, prefixes: list[str]) -> str | None:
+    """A module's name as the doc writes it in its layer's row (None: the layer's folder)."""
+    if module == "fastseq":
+        return "__init__"
+    prefix = max((p for p in prefixes if module == p or module.startswith(p + ".")), key=len)
+    package = MODULES[module].name == "__init__.py"
+    if module == prefix:
+        return None if package else module.rpartition(".")[2]  # a folder, or fastseq.cli and the like
+    rest = module[len(prefix) + 1:].replace(".", "/")
+    return rest + "/" if package else rest
+
+
+def _named(cell: str, prefixes: list[str]) -> set[str]:
+    """The module names in a row's cell: its backticked names, but the layer's own folder."""
+    folders = {p.rpartition(".")[2] + "/" for p in prefixes}
+    tokens = {t.removesuffix(".py") for t in re.findall(r"`([^`]+)`", cell)}
+    return {t for t in tokens if re.fullmatch(r"[\w/]+", t) and t not in folders}
+
+
+def test_the_doc_lists_the_layers_in_order_with_every_module():
+    rows = _table("Python: `python/fastseq/`")
+    assert [r[0].split()[0] for r in rows] == [name for name, _ in LAYERS]
+    for (name, prefixes), row in zip(LAYERS, rows):
+        mine = {m for m in MODULES if layer_of(m) == [n for n, _ in LAYERS].index(name)}
+        expected = {_short(m, prefixes) for m in mine} - {None}
+        listed = _named(row[1], prefixes) - {"_core"}
+        assert expected == listed, f"docs/architecture.md, layer {name}: missing {expected - listed}, stale {listed - expected}"
+
+
+def test_the_doc_lists_the_runtime_modules_in_import_order():
+    rows = _table("The runtime, one idea per module")
+    order = [r[0].strip("`") for r in rows]
+    runtime = sorted(m.rpartition(".")[2] for m in MODULES if m.startswith("fastseq.runtime."))
+    assert sorted(order) == runtime, f"docs/architecture.md's runtime table: {sorted(set(runtime) ^ set(order))}"
+    for k, name in enumerate(order):
+        below = {f"fastseq.runtime.{n}" for n in order[k + 1:]}
+        wrong = sorted(imports(MODULES[f"fastseq.runtime.{name}"]) & below)
+        assert not wrong, f"runtime.{name} imports {wrong}, listed after it in docs/architecture.md"
+
+
+def test_ops_import_neither_onnx_nor_numpy_but_in_the_build_script():
+    """What the doc says of ops/: building an operator loads neither (only inside functions
+    that are asked for a model, such as to_onnx), and shipped/build.py, which does at import,
+    is a script that nothing imports."""
+    for name, path in MODULES.items():
+        if not name.startswith("fastseq.ops") or name == "fastseq.ops.shipped.build":
+            continue
+        top = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        loaded = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
+        loaded |= {(n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)}
+        assert not loaded & {"onnx", "numpy"}, f"{name} imports {loaded & {'onnx', 'numpy'}} at import"
+    assert not [n for n, p in MODULES.items() if "fastseq.ops.shipped.build" in imports(p)]

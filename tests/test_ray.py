@@ -247,6 +247,31 @@ def test_errors_name_the_column_and_rows_and_are_raised_in_the_driver(cluster, p
         pipe.map_batches(ragged, compute=ray.data.ActorPoolStrategy(size=1), batch_size=20, num_cpus=1).take_all()
 
 
+def test_a_column_converts_where_no_value_changes_on_a_cluster(cluster, pipe, data):
+    """The runtime's one input rule on Ray: an int16 column feeds a float32 input (the call
+    converts it, as pipe(x) does; Ray used to refuse what pipe(x) took), an int32 one is
+    refused in the driver, and an input declared without a shape takes rows of any shape."""
+    ints = (data[:64] * 100).astype(np.int16)
+    ds = ray.data.from_items([{"id": i, "x": ints[i]} for i in range(64)])
+    rows = pipe.map_batches(ds, compute=ray.data.ActorPoolStrategy(size=1), batch_size=32, num_cpus=1).take_all()
+    np.testing.assert_allclose(in_order(rows, "y"), pipe(ints)[0], rtol=1e-5, atol=1e-4)
+    wide = ray.data.from_items([{"x": row.astype(np.int32)} for row in ints])
+    with pytest.raises(fastseq.InputError, match=r"column 'x' \(all rows\) holds int32, input 'x' expects float32"):
+        pipe.map_batches(wide)
+    free = fastseq.ONNXSequential(helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["v"], ["r"])], "free", [helper.make_tensor_value_info("v", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8))
+    cubes = data[:8].reshape(8, 4, 4)
+    out = free.map_batches(ray.data.from_items([{"id": i, "v": cubes[i]} for i in range(8)]),
+                           compute=ray.data.ActorPoolStrategy(size=1), batch_size=4, num_cpus=1).take_all()
+    np.testing.assert_array_equal(in_order(out, "r"), np.maximum(cubes, 0))
+
+
+def in_order(rows: list[dict], column: str) -> np.ndarray:
+    return np.stack([r[column] for r in sorted(rows, key=lambda r: r["id"])])
+
+
 def test_predictor_outside_ray_checks_batches_like_an_actor(pipe, data):
     """The same class runs in-process: batch errors name the column and the rows."""
     predictor = fray.Predictor(pipe)

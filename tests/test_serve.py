@@ -249,7 +249,15 @@ def test_run_async_checks_inputs_like_the_call():
 
 
 @pytest.mark.parametrize("threads", [2, 1], ids=["onnxruntime-pool", "no-pool-executor"])
-def test_run_async_timeout_and_cancellation_stop_the_run(threads):
+def test_run_async_timeout_and_cancellation_stop_the_run(threads, monkeypatch):
+    """A timeout or a cancelled task stops the run through run options of its own, a copy of
+    the caller's: the caller's are never changed (before this fix the flag was set on theirs
+    and reset later, which stopped every other call sharing them meanwhile)."""
+    from fastseq.runtime import runner
+
+    copies = []
+    real = runner.run_copy
+    monkeypatch.setattr(runner, "run_copy", lambda given: copies.append(real(given)) or copies[-1])
     pipe = slow_model(threads)
     x = np.ones((128, 128), np.float32)
 
@@ -257,18 +265,43 @@ def test_run_async_timeout_and_cancellation_stop_the_run(threads):
         with pytest.raises(fastseq.RunTimeoutError, match="timeout of 0.05 s"):
             await pipe.run_async(x, timeout=0.05)
         options = ort.RunOptions()
+        options.logid = "mine"
         task = asyncio.ensure_future(pipe.run_async(x, run_options=options))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert options.terminate  # the run is being stopped ...
-        deadline = time.monotonic() + 60
-        while options.terminate and time.monotonic() < deadline:  # ... and once stopped, the flag is reset
-            await asyncio.sleep(0.01)
-        assert not options.terminate
+        assert copies[-1].terminate and copies[-1].logid == "mine"  # the run's own options stop it ...
+        assert not options.terminate  # ... and the caller's are untouched
         small = np.ones((1, 128), np.float32)
-        same(await pipe.run_async(small, timeout=60), [small])
+        same(await pipe.run_async(small, timeout=60, run_options=options), [small])
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("threads", [2, 1], ids=["onnxruntime-pool", "no-pool-executor"])
+def test_two_run_async_calls_sharing_run_options_do_not_cancel_each_other(threads):
+    """Issue 26 (12): cancelling one of two calls that share one RunOptions stopped both. Now
+    the other finishes with its result, and the caller's terminate still stops a call."""
+    pipe = slow_model(threads)
+    x = np.ones((128, 128), np.float32)
+    shared = ort.RunOptions()
+
+    async def main():
+        first = asyncio.ensure_future(pipe.run_async(x, run_options=shared))
+        second = asyncio.ensure_future(pipe.run_async(x, run_options=shared))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        same(await second, [x])  # the identity weights: x through 3,000 MatMuls
+        assert not shared.terminate
+        # The caller's own flag, set while a call runs, stops it (fastseq watches theirs).
+        third = asyncio.ensure_future(pipe.run_async(x, run_options=shared))
+        await asyncio.sleep(0.05)
+        shared.terminate = True
+        with pytest.raises(fastseq.RunTimeoutError, match="stopped"):
+            await third
 
     asyncio.run(main())
 

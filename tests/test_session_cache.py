@@ -199,8 +199,8 @@ def test_temporary_folders_of_killed_writers_are_removed_by_later_writers(tmp_pa
     # A real writer killed after ONNX Runtime wrote the entry's files, before it was sealed.
     code = textwrap.dedent(f"""
         import os, signal, fastseq
-        from fastseq.runtime import cache
-        cache._seal = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        from fastseq.runtime import cache_entry
+        cache_entry._seal = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
         fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
     """)
     assert subprocess.run([sys.executable, "-c", code]).returncode == -9

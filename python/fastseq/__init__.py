@@ -38,7 +38,7 @@ _LAZY = {
     "PipelineSpec": "fastseq.graph.spec",
     "add_metadata": "fastseq.graph.metadata",
     "io_name_conversion": "fastseq.graph.rename",
-    "TensorInfo": "fastseq.runtime.session",
+    "TensorInfo": "fastseq.runtime.tensors",
     "SessionCache": "fastseq.runtime.cache",
     "Batcher": "fastseq.runtime.batcher",
     "Profile": "fastseq.runtime.profile",
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.profile import Profile
-    from fastseq.runtime.session import TensorInfo
+    from fastseq.runtime.tensors import TensorInfo
 
 
 def __getattr__(name: str) -> Any:

@@ -205,9 +205,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
     with progress(what):
         built = build(spec)
         if args.optimize:
-            from fastseq.runtime import session
+            from fastseq.runtime.optimized import export_optimized
 
-            written = session.export_optimized(built.composed, args.output, args.providers, None)
+            written = export_optimized(built.composed, args.output, args.providers, None)
         else:
             written = save(built.composed, args.output, spec.external_data)
     info = built.composed.summary()

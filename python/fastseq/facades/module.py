@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import onnxruntime as ort
 
 from fastseq.sources import resolve as loader
-from fastseq.runtime import session
+from fastseq.runtime.providers import Provider
 from fastseq.facades.base import Facade
 from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
@@ -48,7 +48,7 @@ class ONNXModule(Facade):
     def __init__(
         self,
         op: loader.ModelSource,
-        providers: Sequence[session.Provider] | None = None,
+        providers: Sequence[Provider] | None = None,
         session_options: ort.SessionOptions | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         target_ir_version: int | None = None,

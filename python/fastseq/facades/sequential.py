@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 import onnxruntime as ort
 
 from fastseq.sources import resolve as loader
-from fastseq.runtime import session
+from fastseq.runtime.providers import Provider
 from fastseq.errors import CompositionError
 from fastseq.facades.base import Facade
-from fastseq.runtime.session import TensorInfo
+from fastseq.runtime.tensors import TensorInfo
 from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
 
@@ -94,7 +94,7 @@ class ONNXSequential(Facade):
     def __init__(
         self,
         *models: loader.ModelSource,
-        providers: Sequence[session.Provider] | None = None,
+        providers: Sequence[Provider] | None = None,
         session_options: ort.SessionOptions | None = None,
         io_maps: Sequence[Sequence[tuple[str, str]]] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,

@@ -9,7 +9,7 @@ builds one ONNX Runtime session in ``__init__``, with intra-op threads sized to 
 gave the actor and the CUDA provider when Ray gave it a GPU. Per batch, only the batch's
 columns move. An ``InferenceSession`` cannot be pickled, so none ever is.
 
-This is the only fastseq module that imports Ray.
+This module and :mod:`.ray_columns` (the columns as inputs) are the only ones that import Ray.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ except ImportError as e:  # the extra is not installed
 from fastseq import _core
 from fastseq.errors import InputError
 from fastseq.graph.options import session_options, session_options_dict
-from fastseq.runtime import session
+from fastseq.integrations.ray_columns import as_columns, batch_len, check_schema, map_hint, routes, run_rows, stack
+from fastseq.runtime.options import default_options
+from fastseq.runtime.providers import provider_name
 from fastseq.runtime.runnable import Runnable
 
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -82,7 +84,7 @@ def build_options(described: Mapping[str, Any], cpus: float | None) -> Any:
     """An ``ort.SessionOptions`` from :func:`describe_options`' dict, its intra-op threads
     sized to ``cpus`` (the actor's share) unless the pipeline set them: every actor taking
     every core would oversubscribe the node."""
-    options = session_options(dict(described)) if described else session.default_options()
+    options = session_options(dict(described)) if described else default_options()
     if not described.get("intra_op_num_threads") and cpus:
         options.intra_op_num_threads = max(1, int(cpus))
     if not described.get("inter_op_num_threads"):
@@ -101,10 +103,10 @@ def actor_providers(requested: Sequence[Any] | None, gpu_ids: Sequence[Any]) -> 
             for p in wanted
             for name, opts in [(p, {}) if isinstance(p, str) else p]
         ]
-        if not any(session.provider_name(p) in _GPU_PROVIDERS for p in on_gpu):
+        if not any(provider_name(p) in _GPU_PROVIDERS for p in on_gpu):
             on_gpu.insert(0, ("CUDAExecutionProvider", {"device_id": 0}))
         return on_gpu
-    kept = [p for p in wanted if session.provider_name(p) not in _GPU_PROVIDERS]
+    kept = [p for p in wanted if provider_name(p) not in _GPU_PROVIDERS]
     return kept or ["CPUExecutionProvider"]
 
 
@@ -173,13 +175,13 @@ class Predictor:
         self.label = shipped.label
         self.inputs = self.pipe.inputs
         self.outputs = self.pipe.outputs
-        self.columns, self.renamed = _routes(self.inputs, self.outputs, input_columns, output_columns)
+        self.columns, self.renamed = routes(self.inputs, self.outputs, input_columns, output_columns)
         self.drop_columns = drop_columns
 
     def __call__(self, batch: Any) -> dict[str, np.ndarray]:
         """Runs the pipeline over one batch; returns its columns plus the outputs."""
-        columns = _as_numpy(batch)
-        rows = _batch_len(columns)
+        columns = as_columns(batch)
+        rows = batch_len(columns)
         feeds = {}
         for info in self.inputs:
             column = self.columns[info.name]
@@ -187,11 +189,11 @@ class Predictor:
                 raise InputError(
                     f"{self.label}: input '{info.name}' reads the column '{column}', which this batch "
                     f"(rows 0-{rows - 1}) lacks{_core.did_you_mean(column, list(columns))}; columns: "
-                    f"{', '.join(columns)}" + _map_hint(info.name)
+                    f"{', '.join(columns)}" + map_hint(info.name)
                 )
-            feeds[info.name] = _stack(columns[column], column, info, self.label)
+            feeds[info.name] = stack(columns[column], column, info, self.label)
         wanted = [o for o in self.outputs if o.name in self.renamed]  # only these are computed
-        results = _run_rows(self.pipe, feeds, self.inputs, rows, wanted, self.label)
+        results = run_rows(self.pipe, feeds, self.inputs, rows, wanted, self.label)
         out = {} if self.drop_columns else dict(columns)
         for info, value in zip(wanted, results):
             name = self.renamed[info.name]
@@ -222,188 +224,6 @@ def _assigned_resources() -> dict[str, Any]:
     except AssertionError:  # Ray's answer in the driver, which is assigned nothing
         return {"cpus": None, "gpu_ids": []}
     return {"cpus": cpus, "gpu_ids": ray.get_gpu_ids()}
-
-
-def _map_hint(input_name: str) -> str:
-    return f" (map another column with input_columns={{'{input_name}': 'COLUMN'}})"
-
-
-def _routes(inputs, outputs, input_columns, output_columns) -> tuple[dict[str, str], dict[str, str]]:
-    """{input: column} and {output: column}, the user's names checked against the model's."""
-    in_names = [i.name for i in inputs]
-    out_names = [o.name for o in outputs]
-    for name in input_columns or {}:
-        if name not in in_names:
-            raise InputError(
-                f"input_columns names '{name}', which is not an input{_core.did_you_mean(name, in_names)}; "
-                f"inputs: {', '.join(in_names)}"
-            )
-    if output_columns is None:
-        renamed = {n: n for n in out_names}
-    elif isinstance(output_columns, Mapping):
-        renamed = {n: n for n in out_names} | dict(output_columns)
-    else:
-        renamed = {n: n for n in output_columns}
-    for name in renamed:
-        if name not in out_names:
-            raise InputError(
-                f"output_columns names '{name}', which is not an output{_core.did_you_mean(name, out_names)}; "
-                f"outputs: {', '.join(out_names)}"
-            )
-    return {n: (input_columns or {}).get(n, n) for n in in_names}, renamed
-
-
-def _as_numpy(batch: Any) -> dict[str, np.ndarray]:
-    if isinstance(batch, Mapping):
-        return {k: np.asarray(v) if not isinstance(v, np.ndarray) else v for k, v in batch.items()}
-    # pandas DataFrame or pyarrow Table: Ray's own conversion (tensor columns become arrays)
-    from ray.data.block import BlockAccessor
-
-    return dict(BlockAccessor.for_block(batch).to_batch_format("numpy"))
-
-
-def _batch_len(columns: Mapping[str, np.ndarray]) -> int:
-    return len(next(iter(columns.values()))) if columns else 0
-
-
-def _rows(lo: int, hi: int) -> str:
-    return f"row {lo}" if hi - lo == 1 else f"rows {lo}-{hi - 1}"
-
-
-def _stack(values: np.ndarray, column: str, info: Any, label: str) -> np.ndarray:
-    """The column as one array with the rows on axis 0, checked against the input."""
-    rows = len(values)
-    where = f"{label}: column '{column}' ({_rows(0, rows)} of the batch)"
-    if values.dtype == object and rows and isinstance(values[0], np.ndarray):
-        first = values[0].shape
-        for i, row in enumerate(values):
-            if np.shape(row) != first:
-                raise InputError(
-                    f"{label}: column '{column}' (row {i} of the batch) has shape {list(np.shape(row))} where "
-                    f"row 0 has {list(first)}: rows stacked for input '{info.name}' must share a shape"
-                )
-        values = np.stack(values)
-    if not session.dtype_accepts(info.dtype, values.dtype):
-        raise InputError(
-            f"{where} holds {values.dtype}, input '{info.name}' expects {info.dtype} "
-            "(cast the column first: fastseq does not change what a pipeline computes)"
-        )
-    _check_row_shape(info, values.shape[1:], where)
-    return values
-
-
-def _check_row_shape(info: Any, row: tuple[int | None, ...], where: str) -> None:
-    """A row of shape ``row`` (None: a dimension that varies) fits an input with a batch
-    axis (rank + 1) or without one."""
-    if info.shape is None:
-        return
-    want = list(info.shape)
-    if len(want) == len(row) + 1:
-        dims = want[1:]
-    elif len(want) == len(row):
-        dims = want
-    else:
-        raise InputError(
-            f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want} "
-            f"(rows of rank {len(want) - 1}, stacked on its batch axis)"
-        )
-    for got, need in zip(row, dims):
-        if isinstance(need, int) and need > 0 and isinstance(got, int) and got != need:
-            raise InputError(f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want}")
-
-
-def _run_rows(pipe: Runnable, feeds, inputs, rows: int, outputs, label: str) -> list[np.ndarray]:
-    """Calls the pipeline on the whole batch when its batch axis is dynamic, N rows at a
-    time when it is fixed at N, and row by row when the input has no batch axis."""
-    output_names = [o.name for o in outputs]
-    step, batched = None, True  # step: the fixed batch size, None when dynamic
-    for info in inputs:
-        value = feeds[info.name]
-        if info.shape is None:
-            continue
-        if len(info.shape) == value.ndim - 1:
-            batched = False
-        elif info.shape and isinstance(info.shape[0], int) and info.shape[0] > 0:
-            step = info.shape[0] if step is None else min(step, info.shape[0])
-    if batched and step is None:
-        return pipe.run(feeds, output_names)
-    step = step if batched else 1
-    if rows == 0:  # nothing to call a fixed-size pipeline with: empty output columns
-        empty = []
-        for o in outputs:
-            row = list(o.shape or ())[1 if batched else 0 :]
-            empty.append(np.empty([0] + [d if isinstance(d, int) else 0 for d in row], o.dtype))
-        return empty
-    if rows % step:
-        raise InputError(
-            f"{label}: the pipeline takes batches of exactly {step} rows; this batch has {rows} "
-            f"(pass batch_size={step} or a multiple of it)"
-        )
-    parts = []
-    for lo in range(0, rows, step):
-        if batched:
-            parts.append(pipe.run({k: v[lo : lo + step] for k, v in feeds.items()}, output_names))
-        else:
-            parts.append([o[None] for o in pipe.run({k: v[lo] for k, v in feeds.items()}, output_names)])
-    return [np.concatenate(outs) for outs in zip(*parts)] if parts else []
-
-
-def check_schema(
-    ds: Any, shipped: Shipment, input_columns=None, output_columns=None, drop_columns: bool = False
-) -> None:
-    """Checks in the driver, before any actor starts, that the dataset has a column for each
-    input with a dtype and row shape the pipeline takes, and no column an output would
-    replace (when Ray knows the schema)."""
-    if shipped.inputs is None:
-        return
-    columns, renamed = _routes(shipped.inputs, shipped.outputs, input_columns, output_columns)
-    schema = ds.schema()
-    if schema is None:
-        return
-    names = list(schema.names)
-    for output, column in renamed.items():
-        if not drop_columns and column in names:
-            raise InputError(
-                f"{shipped.label}: output '{output}' would replace the column '{column}'; "
-                f"name it with output_columns={{'{output}': 'NEW'}} or pass drop_columns=True"
-            )
-    for info in shipped.inputs:
-        column = columns[info.name]
-        if column not in names:
-            raise InputError(
-                f"{shipped.label}: input '{info.name}' reads the column '{column}', which the dataset "
-                f"lacks{_core.did_you_mean(column, names)}; columns: {', '.join(names)}" + _map_hint(info.name)
-            )
-        dtype, row = _column_type(schema.types[names.index(column)])
-        where = f"{shipped.label}: column '{column}' (all rows)"
-        if dtype is not None and not session.dtype_accepts(info.dtype, dtype):
-            raise InputError(
-                f"{where} holds {dtype}, input '{info.name}' expects {info.dtype} "
-                "(cast the column first: fastseq does not change what a pipeline computes)"
-            )
-        if row is not None:
-            _check_row_shape(info, row, where)
-
-
-def _column_type(arrow_type: Any) -> tuple[np.dtype | None, tuple[int, ...] | None]:
-    """(numpy dtype, row shape) of a dataset column's type, None where Ray does not say
-    (variable-shaped tensors have no fixed row shape)."""
-    import pyarrow as pa
-
-    shape = getattr(arrow_type, "shape", None)
-    try:
-        if shape is not None:  # Ray's tensor extension types (variable dimensions are None)
-            scalar = getattr(arrow_type, "value_type", None) or getattr(arrow_type, "scalar_type", None)
-            return (np.dtype(scalar.to_pandas_dtype()) if scalar is not None else None), tuple(shape)
-        if isinstance(arrow_type, pa.DataType):
-            if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-                return np.dtype(object), ()
-            if pa.types.is_primitive(arrow_type):
-                return np.dtype(arrow_type.to_pandas_dtype()), ()
-            return None, None
-        return np.dtype(arrow_type), ()  # a pandas block's numpy dtype
-    except (TypeError, NotImplementedError):
-        return None, None
 
 
 def map_batches(

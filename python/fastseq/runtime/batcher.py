@@ -20,6 +20,7 @@ batch on the loop itself, which would also stall everything else on the loop
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
+from fastseq.runtime.runner import Runner
 
 
 class _Request:
@@ -80,7 +82,9 @@ class Batcher:
     left out of its batch if that has not run yet.
 
     A request waits at most ``max_delay_ms`` for others to join, plus the batches ahead of
-    it. ``close()`` (or leaving ``with pipe.batcher() as b:``) refuses new requests with
+    it (0: it joins only requests already waiting). A ``max_batch_size`` that is not an int
+    >= 1, or a ``max_delay_ms`` that is not a finite number >= 0, is an
+    :class:`fastseq.InputError`. ``close()`` (or leaving ``with pipe.batcher() as b:``) refuses new requests with
     :class:`fastseq.RunError`, runs those already taken at once and waits for them (those
     of the loop it is called from, if any, finish once it returns and the loop goes on).
     Each batch runs on the pipeline's session of the moment (``as_cuda`` and the like may
@@ -88,12 +92,11 @@ class Batcher:
     """
 
     def __init__(self, pipe: Any, max_batch_size: int = 32, max_delay_ms: float = 2.0) -> None:
-        if max_batch_size < 1 or max_delay_ms < 0:
-            raise ValueError(f"max_batch_size must be >= 1 and max_delay_ms >= 0, got {max_batch_size}, {max_delay_ms}")
-        _check_batch_axis(pipe._runner)
-        self.max_batch_size = max_batch_size
-        self.max_delay_ms = max_delay_ms
-        self._delay = max_delay_ms / 1000
+        _check_settings(max_batch_size, max_delay_ms)
+        _check_batch_axis(pipe.runner)
+        self.max_batch_size = int(max_batch_size)
+        self.max_delay_ms = float(max_delay_ms)
+        self._delay = self.max_delay_ms / 1000
         self._pipe = pipe
         # The state below; taken as the plain lock (a C call) on the hot paths, and as the
         # condition it is the lock of where close() waits.
@@ -121,7 +124,7 @@ class Batcher:
                 try:
                     with self._lock:
                         self._seal(batch, (None, key))
-                    _run(self._pipe._runner, batch.requests)
+                    _run(self._pipe.runner, batch.requests)
                 finally:
                     for r in batch.requests[1:]:
                         if r.answer is None:  # the run itself was interrupted (KeyboardInterrupt)
@@ -173,7 +176,7 @@ class Batcher:
     # --- batches (under self._lock) -----------------------------------------------------------
     def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[_Request, tuple]:
         """The request, checked in its caller, and the key of the batches it may join."""
-        runner = self._pipe._runner
+        runner = self._pipe.runner
         feeds = runner.feeds(inputs, named)
         arrays = [feeds[i.name] for i in runner.inputs]
         rows = None
@@ -248,7 +251,7 @@ class Batcher:
     def _work(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
         """On the worker: runs the batch and calls its loop back with the answers."""
         try:
-            _run(self._pipe._runner, requests)
+            _run(self._pipe.runner, requests)
             self._deliver(loop, requests)
         finally:
             with self._lock:
@@ -282,7 +285,24 @@ class Batcher:
         self._cond.notify_all()
 
 
-def _check_batch_axis(runner: Any) -> None:
+def _check_settings(max_batch_size: Any, max_delay_ms: Any) -> None:
+    """The batcher's settings, each checked (an InputError naming it, as for a call's
+    arguments): a NaN or infinite delay would never end a batch, or fail in a timer."""
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1:
+        raise InputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
+    if (
+        isinstance(max_delay_ms, bool)
+        or not isinstance(max_delay_ms, (int, float, np.integer, np.floating))
+        or not math.isfinite(max_delay_ms)
+        or not 0 <= max_delay_ms <= threading.TIMEOUT_MAX * 1000
+    ):
+        raise InputError(
+            f"max_delay_ms must be a finite number of milliseconds from 0 to {threading.TIMEOUT_MAX * 1000:g}, "
+            f"got {max_delay_ms!r}"
+        )
+
+
+def _check_batch_axis(runner: Runner) -> None:
     """Refuses a pipeline whose inputs and outputs do not all share a dynamic first axis."""
     named: dict[str, str] = {}  # first axis name -> the first input or output that has it
     for kind, infos in (("input", runner.inputs), ("output", runner.outputs)):
@@ -306,14 +326,14 @@ def _check_batch_axis(runner: Any) -> None:
 
 
 # --- running a batch ------------------------------------------------------------------------
-def _joined(runner: Any, requests: list[_Request]) -> dict[str, np.ndarray]:
+def _joined(runner: Runner, requests: list[_Request]) -> dict[str, np.ndarray]:
     """The requests' arrays joined along the batch axis, by input name."""
     if len(requests) == 1:
         return {i.name: a for i, a in zip(runner.inputs, requests[0].arrays)}
     return {i.name: np.concatenate([r.arrays[k] for r in requests]) for k, i in enumerate(runner.inputs)}
 
 
-def _hand_out(runner: Any, requests: list[_Request], outputs: list[np.ndarray]) -> None:
+def _hand_out(runner: Runner, requests: list[_Request], outputs: list[np.ndarray]) -> None:
     """Gives each request its own rows of a joint run's ``outputs``."""
     if len(requests) == 1:
         requests[0].answer = outputs
@@ -331,10 +351,10 @@ def _hand_out(runner: Any, requests: list[_Request], outputs: list[np.ndarray]) 
         start += r.rows
 
 
-def _run(runner: Any, requests: list[_Request]) -> None:
+def _run(runner: Runner, requests: list[_Request]) -> None:
     """Runs a threads' batch in the calling thread; sets each request's answer."""
     try:
-        _hand_out(runner, requests, runner._call(runner._output_list, _joined(runner, requests), None))
+        _hand_out(runner, requests, runner.run_checked(runner.output_names(None), _joined(runner, requests)))
     except Exception as e:
         _fail(requests, e)
 

@@ -19,6 +19,8 @@ import numpy as np
 import onnxruntime as ort
 
 from fastseq.errors import InputError, RunError
+from fastseq.runtime.inputs import accepts, converts, dtype_refused
+from fastseq.runtime.runner import Runner
 
 _OUTPUT_KINDS = ("numpy", "torch", "ortvalue")
 
@@ -135,7 +137,7 @@ class Binding:
     is in one on the same binding raises :class:`fastseq.RunError` instead of mixing them.
     """
 
-    def __init__(self, runner: Any, outputs: str = "numpy", output_names: Sequence[str] | None = None,
+    def __init__(self, runner: Runner, outputs: str = "numpy", output_names: Sequence[str] | None = None,
                  run_options: ort.RunOptions | None = None) -> None:
         check_output_kind(outputs)
         self._runner = runner
@@ -144,15 +146,9 @@ class Binding:
         self._c_iob = getattr(self._iob, "_iobinding", self._iob)
         self._c_run = getattr(self._session, "_sess", None)
         self._kind = outputs
+        # The caller's run options are used as they are (fastseq sets nothing on them).
         self._run_options = run_options if run_options is not None else runner.quiet
-        known = runner._output_list
-        names = list(output_names) if output_names is not None else list(known)
-        for n in names:
-            if n not in known:
-                from fastseq import _core
-
-                raise InputError(f"'{n}' is not an output{_core.did_you_mean(n, known)}; outputs: {', '.join(known)}")
-        self._names = names
+        self._names = list(runner.output_names(output_names))
         self._bound: dict[str, tuple[_Buffer, Any]] = {}
         self._out_for: dict[tuple, list[Any]] = {}  # input signature -> output buffers
         self._outputs: list[Any] | None = None
@@ -161,7 +157,7 @@ class Binding:
 
     def __repr__(self) -> str:
         ins = []
-        for check in self._runner._checks:
+        for check in self._runner.checks:
             bound = self._bound.get(check.name)
             ins.append(f"{check.name}: " + (_where(bound[0]) if bound else "not bound"))
         infos = {o.name: o for o in self._runner.outputs}
@@ -189,31 +185,33 @@ class Binding:
         if inputs and named:
             raise InputError("pass inputs either by position or by name, not both")
         if inputs:
-            if len(inputs) != self._runner._n:
-                raise InputError(f"expected {self._runner._n} inputs, got {len(inputs)}")
-            named = {c.name: x for c, x in zip(self._runner._checks, inputs)}
+            checks = self._runner.checks
+            if len(inputs) != len(checks):
+                raise InputError(f"expected {len(checks)} inputs, got {len(inputs)}")
+            named = {c.name: x for c, x in zip(checks, inputs)}
         for name, value in named.items():
             self._bind_input(name, value)
 
     def _bind_input(self, name: str, value: Any) -> None:
-        check = next((c for c in self._runner._checks if c.name == name), None)
-        if check is None:
-            from fastseq import _core
-
-            names = [c.name for c in self._runner._checks]
-            raise InputError(f"'{name}' is not an input{_core.did_you_mean(name, names)}; inputs: {', '.join(names)}")
+        check = self._runner.check_of(name)
         buf, keep = buffer_of(name, value)
         old = self._bound.get(name)
         if old is not None and old[0] == buf:
             self._bound[name] = (buf, keep)
             return
-        if check.dtype is not None and buf.dtype != check.dtype:
-            raise InputError(f"input '{name}' expects {check.dtype}, got {buf.dtype}")
-        if check.ndim is not None and len(buf.shape) != check.ndim:
-            raise InputError(f"input '{name}' expects rank {check.ndim}, got shape {list(buf.shape)}")
-        for axis, size in check.static:
-            if buf.shape[axis] != size:
-                raise InputError(f"input '{name}' expects size {size} on axis {axis}, got shape {list(buf.shape)}")
+        # The one input rule (runtime/inputs.py), less what only a copy would take: a buffer
+        # is bound where it lives.
+        if not accepts(check.dtype, buf.dtype):
+            if not converts(check.dtype, buf.dtype):
+                raise dtype_refused(name, check.dtype, buf.dtype, self._runner.stage_note(name))
+            raise InputError(
+                f"input '{name}' expects {check.dtype}, got {buf.dtype}: converting it would bind a copy, and data "
+                f"written into the original would not reach the pipeline; bind x.astype(np.{check.dtype}) and "
+                "write into that"
+            )
+        error = check.shape_error(buf.shape)
+        if error is not None:
+            raise error
         self._iob.bind_input(name, buf.device, buf.device_id, buf.dtype, list(buf.shape), buf.ptr)
         self._bound[name] = (buf, keep)
         self._signature = None
@@ -248,10 +246,10 @@ class Binding:
             else:
                 self._session.run_with_iobinding(self._iob, self._run_options)
         except Exception as e:
-            explain = self._runner._explain
-            if explain is not None:
-                raise explain(e) from e
-            raise
+            explained = self._runner.explain(e)
+            if explained is e:
+                raise
+            raise explained from e
         if self._outputs is None:  # shapes not known before the first run
             values = self._iob.get_outputs()
             self._out_for[self._signature] = self._allocate([v.shape() for v in values])
@@ -264,7 +262,7 @@ class Binding:
         return self._outputs if self._kind != "ortvalue" else self._iob.get_outputs()
 
     def _prepare_outputs(self) -> None:
-        missing = [c.name for c in self._runner._checks if c.name not in self._bound]
+        missing = [c.name for c in self._runner.checks if c.name not in self._bound]
         if missing:
             raise InputError(f"bind every input first; missing: {', '.join(missing)}")
         self._signature = tuple((n, b.device, b.shape) for n, (b, _) in sorted(self._bound.items()))

@@ -22,8 +22,9 @@ import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
-from fastseq.errors import RunError
-from fastseq.runtime.session import default_options
+from fastseq.errors import InputError, RunError
+from fastseq.runtime.options import session_copy
+from fastseq.runtime.session import on_copy
 
 #: ONNX Runtime's profiler stops recording after this many events (``max_num_events_``).
 MAX_EVENTS = 1_000_000
@@ -134,21 +135,16 @@ def measure(
     """Profiles ``runs`` runs on ``feeds`` (after ``warmup`` ones) on a session that
     ``new_session`` makes with ``session_options`` plus profiling; ``composed`` gives the
     model whose origins map the nodes back (read once the session exists)."""
-    if runs < 1 or warmup < 0:
-        raise ValueError(f"profile needs runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
+    check_runs(runs, warmup)
     folder = tempfile.mkdtemp(prefix="fastseq-profile-")
-    options = session_options if session_options is not None else default_options()
-    saved = options.enable_profiling, options.profile_file_prefix
+    # Profiling is switched on in a copy of the pipeline's options: the caller's are theirs,
+    # and profiles from several threads never share a file prefix.
+    options = session_copy(session_options)
+    options.enable_profiling, options.profile_file_prefix = True, os.path.join(folder, "profile")
     try:
-        # The pipeline's own options (custom operators and all), profiling on only for this
-        # session: ONNX Runtime copies them when it makes one.
-        options.enable_profiling, options.profile_file_prefix = True, os.path.join(folder, "profile")
-        try:
-            start = time.perf_counter()
-            session = new_session(options)
-            session_s = time.perf_counter() - start
-        finally:
-            options.enable_profiling, options.profile_file_prefix = saved
+        start = time.perf_counter()
+        session = on_copy(lambda: new_session(options))
+        session_s = time.perf_counter() - start
         graph = _Graph(composed())
         # Past ONNX Runtime's event limit the last runs would go unrecorded: fewer runs.
         per_run = graph.size + 2
@@ -162,6 +158,14 @@ def measure(
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return _summarise(events, graph, warmup, runs, session_s, providers)
+
+
+def check_runs(runs: Any, warmup: Any) -> None:
+    """``runs`` is an int >= 1 and ``warmup`` an int >= 0 (an InputError naming the one
+    that is not)."""
+    for name, value, least in (("runs", runs, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise InputError(f"profile needs {name} >= {least} (an int), got {name}={value!r}")
 
 
 class _Graph:

@@ -12,9 +12,14 @@ import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
-from fastseq.runtime import session
 from fastseq.errors import human_size
-from fastseq.runtime.session import TensorInfo
+from fastseq.runtime import session
+from fastseq.runtime.options import check_log_level, run_copy
+from fastseq.runtime.private_copy import PrivateCopy
+from fastseq.runtime.providers import Provider
+from fastseq.runtime.runner import Runner
+from fastseq.runtime.tensors import TensorInfo, unshaped
+from fastseq.runtime.timeouts import check_timeout, with_timeout
 
 if TYPE_CHECKING:
     import onnx
@@ -46,7 +51,7 @@ class Runnable:
 
     def _start(
         self,
-        providers: Sequence[session.Provider] | None,
+        providers: Sequence[Provider] | None,
         session_options: ort.SessionOptions | None,
         session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
         origins: tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]] | None = None,
@@ -62,16 +67,28 @@ class Runnable:
         self.session_info: dict[str, Any] = {}
         self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
 
-    def _runner_for(self, new_session: ort.InferenceSession) -> session.Runner:
-        return session.Runner(new_session, explain=self._explain)
+    def _runner_for(self, new_session: ort.InferenceSession) -> Runner:
+        undeclared = unshaped(new_session.get_inputs(), new_session.get_outputs(), self._composed.stripped_bytes)
+        return Runner(new_session, explain=self._explain, reader=self._reader, unshaped=undeclared)
+
+    def _reader(self, name: str) -> str:
+        """Which stages read graph input ``name``, in their own names (from the core's plan;
+        nothing for a pipeline of one stage, or one rebuilt from its bytes)."""
+        plan = self._composed.plan()
+        if len(plan["stages"]) < 2:
+            return ""
+        readers = dict(plan["inputs"]).get(name) or []
+        return "read by " + ", ".join(f"stage {stage} as '{own}'" for stage, own in readers) if readers else ""
 
     def _explain(self, error: Exception) -> Exception:
         """An ONNX Runtime failure as a typed error in the stages' own names: any node or
         tensor that ONNX Runtime names is traced to its stage through the core's origins."""
+        from fastseq.runtime.explain import explain, node_names
+
         stages, renamed = self._stage_origins()
-        return session.explain(
+        return explain(
             error, self._labels, renamed, [(first, end) for _, first, end in stages],
-            lambda: session.node_names(self._composed),
+            lambda: node_names(self._composed),
         )
 
     def _stage_origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
@@ -80,7 +97,7 @@ class Runnable:
     # --- sessions -------------------------------------------------------------------
     def create_session(
         self,
-        providers: Sequence[session.Provider] | None = None,
+        providers: Sequence[Provider] | None = None,
         session_options: ort.SessionOptions | None = None,
     ) -> ort.InferenceSession:
         """A new session over the composed model (the pipeline's own is left as it is), from
@@ -88,7 +105,7 @@ class Runnable:
         return self._new_session(providers, session_options, None)
 
     def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
-        def adopt(copy: session.PrivateCopy) -> None:
+        def adopt(copy: PrivateCopy) -> None:
             spilled = self._take_spilled(copy)
             if info is not None:
                 info["copied"] = copy.info.copied
@@ -102,7 +119,7 @@ class Runnable:
                     [self._composed, *self._sharing()], SPILL_MIN, providers, session_options, self._cache,
                     info if info is not None else {}, self._labels, adopt,
                 )
-            with session.PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
+            with PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
                 adopt(copy)
                 return session.open_copy(copy, providers, session_options)
         except Exception as e:
@@ -114,7 +131,7 @@ class Runnable:
         """The models besides ``_composed`` that share its memory (ONNXSequential's stages)."""
         return getattr(self, "_stages", None) or []
 
-    def _take_spilled(self, copy: session.PrivateCopy) -> bool:
+    def _take_spilled(self, copy: PrivateCopy) -> bool:
         """Swaps in the copy's spilled copies of ``_composed`` and :meth:`_sharing`'s models,
         which map the session's private copy instead of holding the sources' bytes or
         pointing at the source files; returns whether it did. Done before ONNX Runtime reads
@@ -137,7 +154,7 @@ class Runnable:
         """Runs calls on ``new_session`` from now on (its inputs are read again)."""
         self._runner = self._runner_for(new_session)
 
-    def _switch(self, providers: list[session.Provider]) -> Runnable:
+    def _switch(self, providers: list[Provider]) -> Runnable:
         self._providers = providers
         self.session_info = {}
         self.set_session(self._new_session(providers, self._session_options, self.session_info))
@@ -173,6 +190,13 @@ class Runnable:
         )
 
     @property
+    def runner(self) -> Runner:
+        """The runner that calls go through at this moment (``as_cuda`` and the like replace
+        it): the session, its inputs' checks, and calls checked on them. What the batcher
+        calls, and what a tool beside the pipeline calls to run it as ``pipe(x)`` does."""
+        return self._runner
+
+    @property
     def providers(self) -> list[str]:
         """The providers the session runs with, in priority order."""
         return self._runner.session.get_providers()
@@ -190,7 +214,11 @@ class Runnable:
 
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
         """``pipe(x1, x2, ...)`` in the model's input order, or ``pipe(name=array, ...)``;
-        returns every output, in order."""
+        returns every output, in order. Every entry point takes inputs by one rule: an
+        array of the input's dtype as it is, one that converts to it without changing a
+        value (numpy's safe casts: int32 to int64, float16 to float32) converted, anything
+        else an :class:`fastseq.InputError` naming the input; lists take the input's dtype
+        unless a value would change; an input declared without a shape takes any shape."""
         return self._runner.call(inputs, named)
 
     def run(
@@ -207,23 +235,25 @@ class Runnable:
 
         ``run_options``: an ``onnxruntime.RunOptions`` (set its ``terminate`` from another
         thread to stop the call); ``timeout``: seconds after which the call is stopped;
-        ``log_level`` (0 verbose .. 4 fatal) and ``tag`` go to ONNX Runtime's log. A stopped
+        ``log_level`` (0 verbose .. 4 fatal) and ``tag`` go to ONNX Runtime's log. fastseq
+        never changes ``run_options``: ``timeout``, ``log_level`` and ``tag`` go on a copy
+        for this call (one stopped by its timeout stops no other call sharing them). A stopped
         call raises :class:`fastseq.RunTimeoutError`; a ``timeout`` that is not a positive,
         finite number, or a ``log_level`` out of range, is an :class:`fastseq.InputError`. A
         failed call raises :class:`fastseq.RunError` naming the stage; ONNX Runtime's own
         log line for it is left out unless ``log_level`` or ``run_options`` ask for it."""
-        session.check_timeout(timeout)
-        session.check_log_level(log_level)
+        check_timeout(timeout)
+        check_log_level(log_level)
         if timeout is None and log_level is None and tag is None:
             return self._runner.run(feeds, output_names, run_options)
-        options = run_options if run_options is not None else session.quiet_run_options()
+        # This call's settings go on run options of its own, a copy of the caller's: theirs
+        # are never changed, and a timeout stops no other call that shares them.
+        options = run_copy(run_options)
         if log_level is not None:
             options.log_severity_level = log_level
         if tag is not None:
             options.logid = tag
-        if timeout is None:
-            return self._runner.run(feeds, output_names, options)
-        return session.with_timeout(timeout, options, lambda: self._runner.run(feeds, output_names, options))
+        return with_timeout(timeout, options, lambda: self._runner.run(feeds, output_names, options), run_options)
 
     async def run_async(
         self, *inputs: Any, timeout: float | None = None, run_options: ort.RunOptions | None = None, **named: Any
@@ -232,10 +262,11 @@ class Runnable:
         checks and outputs. The call runs on ONNX Runtime's ``run_async`` (a thread of the
         session's intra-op pool; no thread is started per call; with
         ``intra_op_num_threads=1`` the loop's default executor). Cancelling the awaiting task
-        stops the run through its ``RunOptions``; ``timeout`` as in :meth:`run`
-        (:class:`fastseq.RunTimeoutError`; one that is not a positive, finite number is an
-        :class:`fastseq.InputError`)."""
-        session.check_timeout(timeout)
+        stops the run through run options of its own, a copy of ``run_options`` (which are
+        never changed: other calls sharing them go on; setting their ``terminate`` stops this
+        one too); ``timeout`` as in :meth:`run` (:class:`fastseq.RunTimeoutError`; one that
+        is not a positive, finite number is an :class:`fastseq.InputError`)."""
+        check_timeout(timeout)
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
@@ -255,9 +286,13 @@ class Runnable:
         the composed model (this pipeline's own session is untouched), ``warmup`` runs then
         ``runs`` measured ones on ``inputs``, every merged node mapped back to its stage and
         its own name. Returns a :class:`fastseq.Profile`: ``str()`` is a
-        table, ``to_dict()`` the numbers; ``Pipeline.to_dot(profile=...)`` draws them."""
+        table, ``to_dict()`` the numbers; ``Pipeline.to_dot(profile=...)`` draws them.
+        ``runs`` that is not an int >= 1, or ``warmup`` not an int >= 0, is an
+        :class:`fastseq.InputError`; profiling is switched on in a copy of the pipeline's
+        session options, never in the caller's."""
         from fastseq.runtime import profile
 
+        profile.check_runs(runs, warmup)
         feeds = self._runner.feeds(inputs, named)
         try:
             return profile.measure(
@@ -351,7 +386,9 @@ class Runnable:
             if kwargs or external_data is not None:
                 raise TypeError("export(optimized=True) writes its own layout: no other options")
             target = Path(file_path).expanduser()
-            session.export_optimized(self._composed, target, self._providers, self._session_options)
+            from fastseq.runtime.optimized import export_optimized
+
+            export_optimized(self._composed, target, self._providers, self._session_options)
             return target
         return export(self._composed, file_path, external_data, **kwargs)
 

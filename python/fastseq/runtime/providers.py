@@ -1,0 +1,48 @@
+"""Execution providers: which of those asked for this onnxruntime build has, in order."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import onnxruntime as ort
+
+from fastseq import _core
+from fastseq.errors import ProviderError
+
+Provider = str | tuple[str, dict[str, Any]]
+
+
+def provider_name(p: Provider) -> str:
+    return p if isinstance(p, str) else p[0]
+
+
+def usable_providers(providers: Sequence[Provider] | None) -> list[Provider]:
+    """The requested providers that this onnxruntime build has, in order. Each missing one
+    is a warning naming it and what is available, never a silent fallback; a name that no
+    onnxruntime build knows (a typo) is a ProviderError with the near miss."""
+    requested = list(providers) if providers else ["CPUExecutionProvider"]
+    known = ort.get_all_providers()  # every provider any onnxruntime build has
+    for p in requested:
+        if provider_name(p) not in known:
+            raise ProviderError(
+                f"unknown execution provider '{provider_name(p)}'{_core.did_you_mean(provider_name(p), known)}; "
+                f"this onnxruntime build has: {', '.join(ort.get_available_providers())}"
+            )
+    available = ort.get_available_providers()
+    usable = [p for p in requested if provider_name(p) in available]
+    for p in requested:
+        if provider_name(p) not in available:
+            warnings.warn(
+                f"{provider_name(p)} is not available in this onnxruntime build "
+                f"(available: {', '.join(available)}); "
+                + (
+                    f"using {', '.join(provider_name(u) for u in usable)}"
+                    if usable
+                    else "falling back to CPUExecutionProvider"
+                ),
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    return usable or ["CPUExecutionProvider"]
