@@ -228,7 +228,7 @@ class Renderer:
 def exception(cls: type) -> list[str]:
     """An exception class as the module made it (its init makes them: no records)."""
     bases = ", ".join(b.__name__ for b in cls.__bases__)
-    return [f"class {cls.__name__}({bases}):", *docstring(cls.__doc__ or "", "    ")]
+    return [f"class {cls.__name__}({bases}):", *docstring(inspect.cleandoc(cls.__doc__ or ""), "    ")]
 
 
 def docstring(text: str, indent: str) -> list[str]:
