@@ -353,9 +353,17 @@ def merge_metadata(
     """
 
 
-def commit_bytes(data: bytes, path: str | os.PathLike[str]) -> Saved:
-    """Writes `data` (a model without external data, in any format) to `path`."""
+def commit_bytes(data: bytes, path: str | os.PathLike[str], owner: str | None = None) -> Saved:
+    """Writes `data` (a model without external data, in any format, or any other file) to
+    `path`; `owner`: the name of the file it is written beside (see `fastseq::commit_bytes`).
+    """
 
 
 def stage(target: str | os.PathLike[str]) -> Staging:
     """A staging folder beside `target` (see `Staging`)."""
+
+
+def check_target(path: str | os.PathLike[str], owner: str | None = None) -> None:
+    """Checks that `path` can be written (see `fastseq::check_target`): an ExportError naming
+    it if not.
+    """

@@ -21,7 +21,7 @@ use crate::files::{
     external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy, PrivateCopyInfo,
 };
 use crate::layout::{merge_metadata, PyLayout};
-use crate::writer::{commit_bytes, stage, Saved, Staging};
+use crate::writer::{check_target, commit_bytes, stage, Saved, Staging};
 use fastseq::{tune_allocator, LAYOUT, MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// The hint ` (did you mean 'x'?)` for `name` among `candidates`, or an empty string.
@@ -62,5 +62,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(merge_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stage, m)?)?;
+    m.add_function(wrap_pyfunction!(check_target, m)?)?;
     Ok(())
 }
