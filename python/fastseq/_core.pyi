@@ -12,31 +12,18 @@ import typing
 MAX_IR_VERSION: int
 PROTOBUF_LIMIT: int
 __version__: str
+__build__: str
 LAYOUT: Layout
 
+# The error classes are defined in fastseq/errors.py (so that they print and pickle as
+# fastseq.<Name>); the core raises them and re-exports these.
+from fastseq.errors import FastseqError as FastseqError
+from fastseq.errors import LoadError as LoadError
+from fastseq.errors import CompositionError as CompositionError
+from fastseq.errors import OpsetMismatchError as OpsetMismatchError
+from fastseq.errors import ExportError as ExportError
+
 Source = bytes | str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | Composed
-
-
-class FastseqError(Exception):
-    """Base class of every fastseq error."""
-
-
-class LoadError(FastseqError, ValueError):
-    """A source is not a usable ONNX model: missing, unreadable, not a model, or it cannot be
-    downloaded. A ``ValueError`` too, as kornia's ``ONNXLoader`` raises for a missing model.
-    """
-
-
-class CompositionError(FastseqError, ValueError):
-    """The models cannot be joined as asked (a ``ValueError``, as onnx.compose raises)."""
-
-
-class OpsetMismatchError(CompositionError):
-    """Opset versions of one domain differ."""
-
-
-class ExportError(FastseqError):
-    """Writing a model failed."""
 
 
 @typing.final

@@ -9,7 +9,7 @@ onnxruntime.quantization) shows only with ``--verbose``.
 One module per command group (:mod:`.merge`: merge and quantize, :mod:`.inspect`,
 :mod:`.run`: run and profile, :mod:`.cache`, :mod:`.demo`), each adding its parsers;
 :mod:`.console` holds what they share on the terminal, :mod:`.models` what they share to
-read models and inputs.
+read models and inputs, :mod:`.version` what ``--version`` prints.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from fastseq import __version__
 from fastseq.cli import cache, demo, inspect, merge, run
 from fastseq.cli.console import Parser, Quiet, error
 from fastseq.cli.demo import DEMO
+from fastseq.cli.version import Version
 from fastseq.errors import FastseqError
 
 # Each command imports what it uses (numpy, onnxruntime, the loader) itself: `fastseq --help`
@@ -31,7 +31,7 @@ __all__ = ["DEMO", "main", "parser"]
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
-    p.add_argument("--version", action="version", version=f"fastseq {__version__}")
+    p.add_argument("--version", action=Version, help="show the version, the core's build and the runtime's, and exit")
     sub = p.add_subparsers(dest="command", required=True)
     for group in (merge, inspect, run, cache, demo):
         group.add(sub)
