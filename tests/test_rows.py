@@ -1,5 +1,5 @@
 """Rows that never mix: the core follows the batch axis through the composed graph
-(``Composed.row_mixing``, rust/src/merge/rows) and the batcher refuses a pipeline whose rows
+(``Composed.row_mixing``, crates/fastseq/src/merge/rows) and the batcher refuses a pipeline whose rows
 may depend on other rows, naming the stage and the node; row-wise pipelines (conv nets,
 MLPs, recurrent nets, the builtin operators, scikit-learn models) are batched, and each
 caller gets what ``pipe(x)`` alone gives. Real sessions and real threads throughout."""

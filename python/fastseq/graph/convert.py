@@ -22,8 +22,6 @@ import onnx.version_converter
 from fastseq import _core
 from fastseq.errors import ConversionError, OpsetMismatchError
 
-# Tensors smaller than this stay in place: shape and axes constants that adapters read.
-_KEEP_BYTES = 1024
 
 #: What each entry point lets its caller do about differing opsets (the core's message is
 #: neutral: only the entry point knows which of its parameters converts).
@@ -215,7 +213,9 @@ def harmonise(
 
     def proto(i: int) -> onnx.ModelProto:
         if i not in stripped:
-            stripped[i] = onnx.ModelProto.FromString(models[i].stripped_bytes(_KEEP_BYTES))
+            # The tensors the core's layout keeps in a model stay: shape and axes constants
+            # that adapters read; the weights go.
+            stripped[i] = onnx.ModelProto.FromString(models[i].stripped_bytes())
         return stripped[i]
 
     defaults = [imp.get("", 0) for imp in imports]

@@ -12,7 +12,7 @@ waited for its batch to fill and ran it itself measured 0.57x the rows/s of thre
 the pipeline directly on two cores; this design measured 0.94-1.01x: benches/bench_serve.py.)
 
 Joining is only right when each row's outputs depend on that row alone: the core decides it
-from the composed graph (``rust/src/merge/rows``), and a pipeline whose rows may mix is
+from the composed graph (``crates/fastseq/src/merge/rows``), and a pipeline whose rows may mix is
 refused unless the user says otherwise (``row_independent=True``). A joint run that fails is
 run again per request, so that only the caller whose request fails gets the error."""
 

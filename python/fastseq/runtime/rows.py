@@ -1,5 +1,5 @@
 """Whether the rows of a batch stay apart: the core decides it from the composed graph
-(``Composed.row_mixing``, see ``rust/src/merge/rows``); this module says it in the stages'
+(``Composed.row_mixing``, see ``crates/fastseq/src/merge/rows``); this module says it in the stages'
 own names, for the batcher to refuse a pipeline whose rows may mix."""
 
 from __future__ import annotations
