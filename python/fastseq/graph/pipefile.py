@@ -170,11 +170,15 @@ def _load(file: Path, origin: str) -> dict[str, Any]:
     import tomllib
 
     try:
-        raw = file.read_bytes()
+        # The core's open: a FIFO, a device or a folder is refused without blocking.
+        with os.fdopen(_core.open_input(file), "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         raise PipelineFileError(f"{origin}: no such file") from None
     except OSError as e:
         raise PipelineFileError(f"{origin}: cannot be read: {e.strerror or e}") from None
+    except LoadError as e:
+        raise PipelineFileError(f"{origin}: cannot be read: {str(e).removeprefix(f'{file}: ')}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

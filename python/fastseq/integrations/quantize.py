@@ -188,11 +188,18 @@ def _size_with_data(path: Path) -> int:
     """The model file plus the external data files it names."""
     from fastseq import _core
 
-    total = path.stat().st_size
-    for location in set(_core.external_data_locations(str(path))):
-        data = path.parent / location
-        if data.is_file():
-            total += data.stat().st_size
+    total = 0
+    # Opened through the core: a FIFO or a device (the model or its data) is a LoadError
+    # naming it here, never a quantizer waiting on it for ever.
+    for file in [path, *(path.parent / loc for loc in set(_core.external_data_locations(str(path))))]:
+        try:
+            fd = _core.open_input(file)
+        except FileNotFoundError:
+            continue  # a missing data file: the quantizer says so
+        try:
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
     return total
 
 
@@ -314,13 +321,21 @@ def _batches(calibration: Calibration, inputs: list[str], name: str) -> list | I
         files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz"))
         if not files:
             raise InputError(f"calibration: {folder} holds no .npy or .npz file")
+        from fastseq import _core
+        from fastseq.errors import LoadError
+
         out = []
         for f in files:
-            if f.suffix == ".npy":
-                out.append(feed(np.load(f, allow_pickle=False), str(f)))
-            else:
-                with np.load(f, allow_pickle=False) as z:
-                    out.append(feed({k: z[k] for k in z.files}, str(f)))
+            try:  # the core's open: a FIFO named x.npy is refused, never waited on
+                handle = os.fdopen(_core.open_input(f), "rb")
+            except (OSError, LoadError) as e:
+                raise InputError(f"calibration: {f}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
+            with handle:
+                if f.suffix == ".npy":
+                    out.append(feed(np.load(handle, allow_pickle=False), str(f)))
+                else:
+                    with np.load(handle, allow_pickle=False) as z:
+                        out.append(feed({k: z[k] for k in z.files}, str(f)))
         return out
     if isinstance(calibration, (list, tuple)):
         if not calibration:
