@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from fastseq import _core
-from fastseq.errors import LoadError, PipelineFileError
-from fastseq.graph.options import session_options, session_options_dict
+from fastseq.errors import ExportError, LoadError, PipelineFileError
+from fastseq.graph.options import file_option, session_options, session_options_dict
 from fastseq.graph.parts import META_KEYS, Stage
 from fastseq.graph.spec import PipelineSpec
 
@@ -134,6 +134,10 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
             session_options(table)
         except (LoadError, TypeError, ValueError, OverflowError) as e:
             raise bad("session_options", str(e)) from None
+        # A pipeline file is shared input: it never names a file for ONNX Runtime to write.
+        if found := file_option(table):
+            raise bad(f"session_options.{found[0]}", f"a pipeline file cannot make ONNX Runtime write or read a "
+                      f"file of its choosing; use {found[1]}")
         options["session_options"] = dict(table)
     for key, kind in (("edges", list), ("outputs", list), ("inputs", dict)):
         if key in data and not isinstance(data[key], kind):
@@ -343,6 +347,9 @@ def _stage_source(st: Stage, target: Path, folder: Path) -> str:
 
 
 def _options_dict(options: Any) -> dict[str, Any]:
+    if found := file_option(options):  # the file would not load: say so now
+        raise ExportError(f"session_options.{found[0]} cannot go into a pipeline file (ONNX Runtime would write or "
+                          f"read a file of the pipeline file's choosing); use {found[1]}")
     if options is None or isinstance(options, Mapping):
         return dict(options or {})
     return session_options_dict(options)

@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
-from fastseq.errors import human_size
+from fastseq.errors import InputError, human_size
 from fastseq.runtime import session
 from fastseq.runtime.options import check_log_level, run_copy
 from fastseq.runtime.private_copy import PrivateCopy
@@ -105,6 +105,13 @@ class Runnable:
         return self._new_session(providers, session_options, None)
 
     def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
+        from fastseq.graph.options import file_option
+
+        if found := file_option(session_options):  # see SECURITY.md, "Files that ONNX Runtime would write"
+            raise InputError(
+                f"session_options.{found[0]}: fastseq writes files only through its own writer, and a session may be "
+                f"started many times (the session cache, pickling, Ray actors); use {found[1]}"
+            )
         def adopt(copy: PrivateCopy) -> None:
             spilled = self._take_spilled(copy)
             if info is not None:
