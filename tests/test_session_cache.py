@@ -592,3 +592,71 @@ def test_the_cache_and_its_limit_travel_with_a_pickled_pipeline(tmp_path):
     assert repr(cache) == f"SessionCache({str(cache.path)!r}, max_size='100.0 MB')"
     with pytest.raises(fastseq.FastseqError, match="expected a size"):
         fastseq.SessionCache(tmp_path, max_size="huge")
+
+
+def test_a_hit_whose_copy_differs_from_the_key_is_not_used(tmp_path, monkeypatch):
+    """A hit is as safe as a store: the copy the pipeline keeps (``pipe.model``, exports) is
+    read back against the key on a hit too. A copy that differs (a source rewritten between
+    the key's read and the copy's, unseen by the identity checks) fails the start: no
+    session over the entry's weights beside a pipeline that holds others."""
+    cache, source, n = tmp_path / "cache", str(tmp_path / "wide.onnx"), 1 << 15  # left in the file: mapped
+    onnx.save(scale_model(2.0, shape=("N", n)), source)
+    assert start(source, cache).session_info["cache"] == "stored"
+    real, calls = fastseq._core.model_digest, []
+
+    def second_differs(model):
+        calls.append(model)
+        digest = real(model)
+        return digest if len(calls) == 1 else "0" * len(digest)
+
+    monkeypatch.setattr(fastseq._core, "model_digest", second_differs)
+    with pytest.raises(fastseq.LoadError, match="changed while the pipeline was built"):
+        start(source, cache)
+    assert len(calls) == 2  # the key's read, and the copy's read back
+    monkeypatch.setattr(fastseq._core, "model_digest", real)
+    assert start(source, cache).session_info["cache"] == "hit"  # read back equal: used
+
+
+def test_hits_run_what_the_pipeline_holds_while_a_source_changes_through_a_shared_mapping(tmp_path):
+    """Another process rewrites a source's weights through a shared mapping as fast as it can
+    (no size change; a page kept dirty gets no new mtime, so identity checks see nothing)
+    while pipelines start from the cache: each start either fails with a LoadError or runs
+    exactly what it holds (its result equals ONNX Runtime's on ``pipe.model``). Before, a
+    hostile pass saw 21 of 23 hits run the entry's old weights beside a torn copy."""
+    import onnxruntime as ort
+
+    cache, n = tmp_path / "cache", 1 << 15
+    source = tmp_path / "wide.onnx"
+    onnx.save(scale_model(2.0, shape=("N", n)), str(source))
+    assert start(str(source), cache).session_info["cache"] == "stored"
+    two, three = np.full(n, 2.0, np.float32).tobytes(), np.full(n, 3.0, np.float32).tobytes()
+    offset = source.read_bytes().find(two)
+    assert offset > 0
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import mmap, os
+        fd = os.open({str(source)!r}, os.O_RDWR)
+        m = mmap.mmap(fd, 0)
+        two, three = {two[:4]!r} * {n}, {three[:4]!r} * {n}
+        while not os.path.exists({str(stop)!r}):
+            for pattern in (three, two):
+                for k in range(0, {4 * n}, 4096):  # a page at a time: copies see halves
+                    m[{offset} + k:{offset} + k + 4096] = pattern[k:k + 4096]
+    """)])
+    x = np.linspace(-1, 1, 2 * n, dtype=np.float32).reshape(2, n)
+    results = {"hit": 0, "other": 0, "refused": 0}
+    try:
+        for _ in range(30):
+            try:
+                pipe = start(str(source), cache)
+            except fastseq.LoadError as e:
+                assert "changed" in str(e)
+                results["refused"] += 1
+                continue
+            results["hit" if pipe.session_info["cache"] == "hit" else "other"] += 1
+            held = ort.InferenceSession(pipe.model.SerializeToString(), providers=["CPUExecutionProvider"])
+            np.testing.assert_array_equal(pipe(x), held.run(None, {"x": x})[0])
+    finally:
+        stop.touch()
+        writer.wait(timeout=30)
+    assert sum(results.values()) == 30, results
