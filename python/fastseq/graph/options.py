@@ -127,6 +127,13 @@ def file_option(options: Any) -> tuple[str, str] | None:
     return None
 
 
+def refuse_file_options(options: Any, error: type[Exception] = ValueError) -> None:
+    """An ``error`` naming the first of :data:`FILE_OPTIONS` that ``options`` for a pipeline
+    file (shared input) set, and what to use instead."""
+    if found := file_option(options):
+        raise error(f"{found[0]}: a pipeline file cannot name a file for ONNX Runtime to write or read; use {found[1]}")
+
+
 def _enums() -> dict[str, dict[str, Any]]:
     import onnxruntime as ort
 
