@@ -104,15 +104,17 @@ def quantize(
         data = loader.resolve(model, 0).data  # downloaded into the cache; a local path
         model = data[0] if isinstance(data, tuple) else data
     from fastseq import _core
+    from fastseq.runtime.export import utf8_folder, utf8_name
 
-    with _core.stage(str(target)) as stage:
-        work = stage.folder()
+    staged_name = utf8_name(target.name)  # ONNX Runtime's quantizer takes UTF-8 paths only
+    with _core.stage(str(target)) as stage, utf8_folder(stage.folder()) as folder:
+        work = Path(folder)
         source, size_before = _as_file(model, work)
         big = size_before > _LIMIT
         current = source
         if preprocess:
             current = _preprocess(q, source, work / "pre.onnx", big, name)
-        quantized = work / "out" / target.name  # beside the inputs' files, whatever the target's name
+        quantized = work / "out" / staged_name  # beside the inputs' files, whatever the target's name
         quantized.parent.mkdir()
         try:
             if static:
@@ -144,7 +146,7 @@ def quantize(
                 hint = " (onnxruntime quantizes per channel reliably only in QDQ form: format='qdq' or " \
                        "per_channel=False may avoid this)"
             raise ConversionError(f"{name}: quantization failed: {_first_line(e)}{hint}") from e
-        written = stage.commit(f"out/{target.name}")
+        written = stage.commit(f"out/{staged_name}")
     data = written.data_files
     return QuantizeResult(target, target.parent / data[0] if data else None, size_before,
                           written.model_bytes + written.data_bytes)
@@ -158,8 +160,10 @@ def quantize_composed(composed: Any, output: str | os.PathLike[str], label: str,
     target = Path(output).expanduser()
     if not target.parent.is_dir():
         raise InputError(f"cannot write {target}: the folder {target.parent} does not exist")
-    with _core.stage(str(target)) as stage:
-        source = stage.folder() / "pipeline.onnx"
+    from fastseq.runtime.export import utf8_folder
+
+    with _core.stage(str(target)) as stage, utf8_folder(stage.folder()) as folder:
+        source = Path(folder) / "pipeline.onnx"
         composed.save(str(source), external_data=None)
         return quantize(source, target, label=label, **options)
 

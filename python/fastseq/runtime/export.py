@@ -81,6 +81,8 @@ def _export_with_onnx(
     import onnx
 
     location = kwargs.get("location")
+    if location is not None and utf8_name(location) != location:
+        raise ExportError(f"export(location={location!r}): a location is text in the model, which must be UTF-8")
     if location is not None and not _core.LAYOUT.allows_location(location):  # the loader's rule
         raise ExportError(f"export(location={location!r}): expected a relative path inside {target.parent}")
     if external is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from fastseq import _core
-from fastseq.errors import ExportError
+from fastseq.errors import ExportError, RunError
 from fastseq.runtime.export import utf8_folder, utf8_name
 from fastseq.runtime.options import default_options
 from fastseq.runtime.private_copy import PrivateCopy
@@ -56,11 +56,11 @@ def export_optimized(
 def _why_not_saved(error: Exception, target: Path, unsaved: Callable[[], object]) -> None:
     """ONNX Runtime failed to start a session that saves its optimised model: if one that
     saves nothing starts, the saving failed (a full disk, a name too long): an ExportError
-    naming the target, with ONNX Runtime's reason. Otherwise the model is at fault: its error
-    goes on (the caller names the stage)."""
+    naming the target, with ONNX Runtime's reason. Otherwise the model is at fault: a
+    RunError (never the raw onnxruntime error, which the CLI would call a bug)."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
     try:
         unsaved()
     except Exception:
-        raise error from None
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise RunError(f"ONNX Runtime refused the model while optimising it for {target}: {reason}") from error
     raise ExportError(f"cannot write {target}: ONNX Runtime could not save the optimised model: {reason}") from error

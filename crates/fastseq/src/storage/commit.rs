@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::storage::export_lock::ExportLock;
 use crate::storage::ownership::{is_ours, mark};
 use crate::storage::temp::{remove_stale, Staging, Temp};
-use crate::storage::token::token_named;
+use crate::storage::token::{token_named, token_stem};
 
 /// Turns the protobuf encoding of the model to commit into the bytes to write (a text
 /// format); called under the export lock.
@@ -473,7 +473,7 @@ pub(crate) fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> 
                 check_identity(Path::new(&source), recorded)?;
             }
             let base = Path::new(&source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let link_name = format!("{name}.{token}.{}.{base}", links.len());
+            let link_name = format!("{}.{token}.{}.{base}", token_stem(&name), links.len());
             let link_path = path.with_file_name(&link_name);
             let hard = fs::hard_link(&source, &link_path).is_ok();
             if !hard {
