@@ -310,6 +310,14 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     """The XXH3-128 digest of a file's bytes, as hex."""
 
 
+def open_input(path: str | os.PathLike[str]) -> int:
+    """Opens a file named by input for reading (`fastseq::open_input`: what is not a regular
+    file is refused without blocking) and returns its descriptor, for `os.fdopen`. A FIFO, a
+    device, a socket or a directory is a LoadError naming it; an OS error an `OSError` with
+    its errno and the path, as Python's `open` raises it.
+    """
+
+
 def write_private_copy(
     models: _typeshed.SupportsGetItem[int, Composed],
     path: str | os.PathLike[str],

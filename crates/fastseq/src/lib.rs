@@ -45,5 +45,6 @@ pub use pipeline::write::{memory_bytes, private_copy, Encoded, PrivateCopy};
 pub use storage::digest::file_digest;
 pub use storage::external::{locations_in_file as external_data_locations, Mode};
 pub use storage::layout::{Layout, LAYOUT};
+pub use storage::read::{open_input, NotRegular};
 pub use storage::source::Source;
 pub use storage::writer::{check as check_target, commit_bytes, commit_staged, stage, Encoder, Saved, Staging};
