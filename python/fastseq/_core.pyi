@@ -21,12 +21,14 @@ class FastseqError(Exception):
     """Base class of every fastseq error."""
 
 
-class LoadError(FastseqError):
-    """A source is not a usable ONNX model."""
+class LoadError(FastseqError, ValueError):
+    """A source is not a usable ONNX model: missing, unreadable, not a model, or it cannot be
+        downloaded. A ``ValueError`` too, as kornia's ``ONNXLoader`` raises for a missing model.
+    """
 
 
 class CompositionError(FastseqError, ValueError):
-    """The models cannot be joined as asked."""
+    """The models cannot be joined as asked (a ``ValueError``, as onnx.compose raises)."""
 
 
 class OpsetMismatchError(CompositionError):
