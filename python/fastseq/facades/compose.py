@@ -153,7 +153,9 @@ def merge_models(
 def _stage(model: ModelSource, index: int) -> Stage:
     """A stage of merge_models. An ``onnx.ModelProto`` is decoded as it is: tensors in
     external data stay references (there is no folder to read them from), as onnx.compose
-    keeps them."""
+    keeps them. A ``Stage`` (a model held by the core, labelled) is taken as it is."""
+    if isinstance(model, Stage):
+        return model
     if not is_model_proto(model):
         return Stage(None, model)
     label = f"{model.graph.name or 'model'} (#{index})"

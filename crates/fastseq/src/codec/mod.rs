@@ -1,7 +1,7 @@
 //! The codec layer: one model as bytes and back.
 //!
 //! The ONNX protobuf types ([`proto`], generated), decoding and checking one model
-//! ([`model`]), reading its graph ([`graph`]), encoding it as a stream ([`stream`]), graph
+//! ([`model`]), reading its graph ([`graph`]), encoding it as a stream ([`stream`]), the naming rules a merge can break ([`structure`]), graph
 //! nodes kept as their bytes ([`node`]), tensors and their sizes ([`tensor`]), weights left
 //! in their source file as ranges of it ([`range`]), and a model's summary ([`summary`]).
 //!
@@ -13,6 +13,7 @@ pub mod node;
 pub mod proto;
 pub mod range;
 pub mod stream;
+pub mod structure;
 pub mod summary;
 pub mod tensor;
 #[cfg(test)]

@@ -269,6 +269,8 @@ pub fn prefix_names(model: &mut ModelProto, prefix: &str, what: Prefixed) -> Vec
         } else {
             FxHashMap::default()
         },
+        // Only with rename_nodes does add_prefix touch node names (and walk subgraphs).
+        name_unnamed: what.nodes,
     };
     let renamed = r.values.iter().map(|(&old, &new)| (old.to_string(), new.to_string())).collect();
     if !r.is_identity() {
