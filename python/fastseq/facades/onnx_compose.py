@@ -29,7 +29,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from fastseq import _core
-from fastseq.errors import CompositionError, human_size
+from fastseq.errors import CompositionError, FastseqError, human_size
 from fastseq.facades import compose as _compose
 from fastseq.graph.build import build
 from fastseq.graph.parts import Stage
@@ -379,11 +379,18 @@ def expand_out_dim(model: onnx.ModelProto, dim_idx: int, inplace: bool | None = 
     _model(model, "model")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     data = model.SerializeToString()
+    source = _source_error(model, data)
     out = onnx.ModelProto.FromString(data)
-    _expand(out.graph, dim_idx, True, axes_as_input=opset >= 13, opset=opset)
+    try:
+        _expand(out.graph, dim_idx, True, axes_as_input=opset >= 13, opset=opset)
+    except FastseqError as e:
+        # A source the plain check refuses is what onnx's checker reports first.
+        if isinstance(source, onnx.checker.ValidationError):
+            raise _refuse(source, "expand_out_dim: the model fails onnx.checker") from source
+        raise e from None
     result = out.SerializeToString()
     problem = _core.decode(result, "model").naming_problem() if model.ir_version > 0 else "no IR version"
-    _vouched(out, result, [_source_error(model, data)], [problem] if problem else [], "expand_out_dim")
+    _vouched(out, result, [source], [problem] if problem else [], "expand_out_dim")
     if inplace:
         model.CopyFrom(out)
         return model
@@ -439,9 +446,18 @@ def _expand(
             g.node.append(
                 helper.make_node("Unsqueeze", inputs=[source], outputs=[name], name=f"unsqueeze-{name}", axes=[axis])
             )
-        shape = None
+        vi = helper.make_tensor_value_info(name, tensor.elem_type, None)
         if tensor.HasField("shape"):
-            shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tensor.shape.dim]
-            shape.insert(dim_idx if dim_idx >= 0 else len(shape) + 1 + dim_idx, 1)
-        g.output.append(helper.make_tensor_value_info(name, tensor.elem_type, shape))
+            # The dims copied as they are (a dim_param of any bytes, as protobuf holds it),
+            # the new one where Unsqueeze puts it: what make_tensor_value_info writes for them.
+            dims = list(tensor.shape.dim)
+            at = dim_idx if dim_idx >= 0 else len(dims) + 1 + dim_idx
+            shape = vi.type.tensor_type.shape
+            shape.SetInParent()
+            for k in range(len(dims) + 1):
+                if k == at:
+                    shape.dim.add().dim_value = 1
+                if k < len(dims):
+                    shape.dim.add().CopyFrom(dims[k])
+        g.output.append(vi)
     return g

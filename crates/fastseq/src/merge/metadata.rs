@@ -28,7 +28,7 @@ pub fn with_metadata(model: &ModelProto, pairs: &[(String, String)]) -> ModelPro
         out.metadata_props.iter().map(|p| (p.key.clone().unwrap_or_default(), p.value.clone().unwrap_or_default()));
     out.metadata_props = merged(existing.collect::<Vec<_>>(), pairs)
         .into_iter()
-        .map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v) })
+        .map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v), ..Default::default() })
         .collect();
     out
 }

@@ -99,7 +99,7 @@ pub fn merged_metadata(models: &[ModelProto], labels: &[String]) -> Result<Vec<S
             }
         }
     }
-    Ok(entries.into_iter().map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v) }).collect())
+    Ok(entries.into_iter().map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v), ..Default::default() }).collect())
 }
 
 /// The non-empty input and output names of a graph's nodes (its own level only).

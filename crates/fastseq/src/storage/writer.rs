@@ -148,7 +148,7 @@ pub fn commit_staged(
         match model.metadata_props.iter_mut().find(|p| p.key.as_deref() == Some(key)) {
             Some(p) => p.value = Some(value.clone()),
             None => {
-                model.metadata_props.push(StringStringEntryProto { key: Some(key.clone()), value: Some(value.clone()) })
+                model.metadata_props.push(StringStringEntryProto { key: Some(key.clone()), value: Some(value.clone()), ..Default::default() })
             }
         }
     }
