@@ -188,3 +188,50 @@ def test_checker_errors_are_fastseq_classes_that_pickle():
         assert issubclass(cls, fastseq.FastseqError) and issubclass(cls, base) and not issubclass(cls, ValueError)
         back = pickle.loads(pickle.dumps(cls("m: bad")))
         assert type(back) is cls and str(back) == "m: bad"
+
+
+def _with_unknown_fields(m: onnx.ModelProto) -> onnx.ModelProto:
+    """``m`` with field 999 (which no ONNX message has) in each kind of message that
+    merge_models carries over: a node, a graph input and output, an initializer, an opset
+    import, a dim."""
+    m = onnx.ModelProto.FromString(m.SerializeToString())
+    g = m.graph
+    for msg in (g.node[0], g.input[0], g.output[0], g.initializer[0], m.opset_import[0],
+                g.input[0].type.tensor_type.shape.dim[0]):
+        msg.MergeFromString(compose_fuzz.UNKNOWN_FIELD)
+    return m
+
+
+W = """<ir_version: 8, opset_import: ["": 17]> a (float[2] x) => (float[2] y) <float[2] w = {1, 2}> { y = Add(x, w) }"""
+
+
+@pytest.mark.parametrize("prefixes", [{}, {"prefix1": "p/", "prefix2": "q/"}])
+def test_unknown_fields_are_carried_through_as_onnx_compose_carries_them(prefixes):
+    m1 = _with_unknown_fields(_model(W))
+    ref = onnx_compose.merge_models(m1, _model(B), io_map=[("y", "u")], **prefixes)
+    ours = compose.merge_models(m1, _model(B), io_map=[("y", "u")], **prefixes)
+    assert compose_fuzz.UNKNOWN_FIELD in ours.SerializeToString()
+    assert ours.SerializeToString() == ref.SerializeToString()
+    assert compose.add_prefix(m1, "p/").SerializeToString() == onnx_compose.add_prefix(m1, "p/").SerializeToString()
+
+
+def _odd(m: onnx.ModelProto, placeholder: bytes, odd: bytes) -> onnx.ModelProto:
+    assert len(placeholder) == len(odd)
+    return onnx.ModelProto.FromString(m.SerializeToString().replace(placeholder, odd))
+
+
+@pytest.mark.parametrize("where", ["dim_param", "domain"])
+def test_strings_of_any_bytes_are_kept_as_protobuf_and_onnx_keep_them(where):
+    if where == "dim_param":
+        m1 = _odd(_model(A.replace("float[2] x", "float[ODDDIM] x")), b"ODDDIM", b"\xff\xfeDDIM")
+    else:
+        m1 = _model("""<ir_version: 8, opset_import: ["": 17, "odd.dom": 1]> a (float[2] x) => (float[2] y)
+                       { t = odd.dom.Custom(x)  y = Neg(x) }""")
+        m1 = _odd(m1, b"odd.dom", b"\xffdd.dom")
+    onnx.checker.check_model(m1, full_check=True)  # protobuf and onnx take them
+    for kw in ({}, {"prefix1": "p/", "prefix2": "q/"}):
+        ref = onnx_compose.merge_models(m1, _model(B), io_map=[("y", "u")], **kw)
+        ours = compose.merge_models(m1, _model(B), io_map=[("y", "u")], **kw)
+        assert ours.SerializeToString() == ref.SerializeToString()
+    out = compose.expand_out_dim(m1, 0)
+    onnx.checker.check_model(out, full_check=True)

@@ -13,9 +13,8 @@
 //!
 //! So a model decoded and encoded again is the same bytes (up to the order of its fields),
 //! whatever its strings hold; a name with odd bytes is renamed as text, its bytes kept.
-use prost::bytes::{Buf, BufMut};
-use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, key_len, WireType};
-use prost::encoding::{check_wire_type, DecodeContext};
+use prost::bytes::Buf;
+use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint, DecodeContext, WireType};
 use prost::DecodeError;
 
 const ESCAPE: u32 = 0x10FF00;
@@ -32,10 +31,11 @@ fn escape(b: u8) -> char {
 
 /// The text of `bytes`: as it is when UTF-8 without escape characters, else each odd byte
 /// (and each byte of an escape character) as an escape character.
-pub fn text_of(bytes: Vec<u8>) -> String {
+pub fn text_of(mut bytes: Vec<u8>) -> String {
     if !bytes.contains(&LEAD) {
-        if let Ok(s) = String::from_utf8(bytes.clone()) {
-            return s;
+        match String::from_utf8(bytes) {
+            Ok(s) => return s,
+            Err(e) => bytes = e.into_bytes(),
         }
     }
     let mut out = String::with_capacity(bytes.len() + 8);
@@ -70,7 +70,7 @@ pub fn bytes_of(s: &str) -> std::borrow::Cow<'_, [u8]> {
     std::borrow::Cow::Owned(out)
 }
 
-fn wire_len(s: &str) -> usize {
+pub(crate) fn wire_len(s: &str) -> usize {
     if !s.as_bytes().contains(&LEAD) {
         return s.len();
     }
@@ -80,7 +80,12 @@ fn wire_len(s: &str) -> usize {
 
 /// prost's `encoding::string`, lossless (see the module's doc).
 pub mod string {
-    use super::*;
+    use prost::bytes::{Buf, BufMut};
+    use prost::encoding::{check_wire_type, encode_key, encode_varint, encoded_len_varint, key_len};
+    use prost::encoding::{DecodeContext, WireType};
+    use prost::DecodeError;
+
+    use crate::codec::fidelity::{bytes_of, text_of, wire_len};
 
     pub fn encode(tag: u32, value: &String, buf: &mut impl BufMut) {
         let bytes = bytes_of(value);

@@ -282,6 +282,7 @@ pub fn prefix_names(model: &mut ModelProto, prefix: &str, what: Prefixed) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::proto::NodeProto;
     use crate::merge::testing::*;
 
     fn prop(k: &str, v: &str) -> StringStringEntryProto {
@@ -341,5 +342,29 @@ mod tests {
         assert_eq!(node_at(&g, 0).output, ["p/t"]);
         assert_eq!(node_at(&g, 1).input, ["p/t"]);
         assert_eq!(node_at(&g, 0).name.as_deref(), Some("mul"));
+    }
+
+    #[test]
+    fn prefixing_node_names_gives_unnamed_nodes_an_empty_one_as_add_prefix_does() {
+        let mut m = scale(1);
+        let g = m.graph.as_mut().unwrap();
+        g.node[0] = crate::codec::node::encode(&NodeProto { name: None, ..node_at(g, 0) });
+        let all = Prefixed {
+            nodes: true,
+            edges: true,
+            inputs: true,
+            outputs: true,
+            initializers: true,
+            value_infos: true,
+            functions: true,
+        };
+        let mut prefixed = m.clone();
+        prefix_names(&mut prefixed, "p/", all);
+        let g = prefixed.graph.unwrap();
+        assert_eq!(node_at(&g, 0).name.as_deref(), Some(""), "present and empty");
+        assert_eq!(node_at(&g, 1).name.as_deref(), Some("p/relu"));
+        // Without node names, add_prefix leaves an unnamed node unnamed.
+        prefix_names(&mut m, "p/", Prefixed { nodes: false, ..all });
+        assert_eq!(node_at(m.graph.as_ref().unwrap(), 0).name, None);
     }
 }
