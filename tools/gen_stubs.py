@@ -201,7 +201,7 @@ class Renderer:
         for name in names:
             value = getattr(self.module, name)
             if isinstance(value, type) and issubclass(value, BaseException):
-                exceptions.append(exception(value))
+                exceptions.append(reexport(name, value))
             elif isinstance(value, type):
                 if name not in class_by_name:
                     raise ValueError(f"_core.{name}: a class without introspection records")
@@ -212,8 +212,13 @@ class Renderer:
                 functions.append(self.function(by_name[name], value))
             else:
                 constants.append(f"{name}: {type(value).__name__}")
-        blocks = [*exceptions, *classes, *functions]
+        blocks = [*classes, *functions]
         body = "\n".join(constants) + "\n"
+        if exceptions:
+            body += (
+                "\n# The error classes are defined in fastseq/errors.py (so that they print and pickle as\n"
+                "# fastseq.<Name>); the core raises them and re-exports these.\n" + "\n".join(exceptions) + "\n"
+            )
         for alias in sorted(self.used_aliases):
             body += f"\n{alias} = {ALIASES[alias]}\n"
         for block in blocks:
@@ -225,10 +230,14 @@ class Renderer:
         return HEADER + "\n" + "\n".join(imports) + "\n\n" + body
 
 
-def exception(cls: type) -> list[str]:
-    """An exception class as the module made it (its init makes them: no records)."""
-    bases = ", ".join(b.__name__ for b in cls.__bases__)
-    return [f"class {cls.__name__}({bases}):", *docstring(cls.__doc__ or "", "    ")]
+def reexport(name: str, cls: type) -> str:
+    """An exception class the module re-exports from ``fastseq.errors`` (its init adds them:
+    no records), as the stub imports it."""
+    import fastseq.errors
+
+    if getattr(fastseq.errors, name, None) is not cls:
+        raise ValueError(f"_core.{name}: an exception class that fastseq.errors does not define")
+    return f"from fastseq.errors import {name} as {name}"
 
 
 def docstring(text: str, indent: str) -> list[str]:

@@ -12,31 +12,18 @@ import typing
 MAX_IR_VERSION: int
 PROTOBUF_LIMIT: int
 __version__: str
+__build__: str
 LAYOUT: Layout
 
+# The error classes are defined in fastseq/errors.py (so that they print and pickle as
+# fastseq.<Name>); the core raises them and re-exports these.
+from fastseq.errors import FastseqError as FastseqError
+from fastseq.errors import LoadError as LoadError
+from fastseq.errors import CompositionError as CompositionError
+from fastseq.errors import OpsetMismatchError as OpsetMismatchError
+from fastseq.errors import ExportError as ExportError
+
 Source = bytes | str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | Composed
-
-
-class FastseqError(Exception):
-    """Base class of every fastseq error."""
-
-
-class LoadError(FastseqError, ValueError):
-    """A source is not a usable ONNX model: missing, unreadable, not a model, or it cannot be
-        downloaded. A ``ValueError`` too, as kornia's ``ONNXLoader`` raises for a missing model.
-    """
-
-
-class CompositionError(FastseqError, ValueError):
-    """The models cannot be joined as asked (a ``ValueError``, as onnx.compose raises)."""
-
-
-class OpsetMismatchError(CompositionError):
-    """Opset versions of one domain differ."""
-
-
-class ExportError(FastseqError):
-    """Writing a model failed."""
 
 
 @typing.final
@@ -68,12 +55,6 @@ class Composed:
     def metadata(self) -> list[tuple[str, str]]:
         """The model's metadata_props, as (key, value) pairs in order."""
 
-    def naming_problem(self) -> str | None:
-        """The first naming rule of `onnx.checker` the model breaks (a name defined twice, read
-        before it is defined, an undefined graph output), or None: what a rename or a merge
-        can break in models that pass the checker.
-        """
-
     def origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
         """Where the merged graph came from: a list, per stage, of (label, first node index,
         end node index) in the merged graph, and a dict from every renamed value or node
@@ -94,9 +75,8 @@ class Composed:
     def report(self) -> dict[str, typing.Any]:
         """What the composition did besides merging: `pruned` (dict: `stages` (labels),
         `nodes`, `initializers`, `inputs`), `deduped_initializers`, `deduped_bytes`,
-        `adapters` (list of (edge index, description)), `unused_outputs` (list of
-        (stage index, output name)) and, under onnx.compose's rules, `unproven` (why the
-        merge cannot vouch that the result passes onnx's checker; empty when it can).
+        `adapters` (list of (edge index, description)) and `unused_outputs` (list of
+        (stage index, output name)).
         """
 
     def save(
@@ -360,9 +340,17 @@ def merge_metadata(
     """
 
 
-def commit_bytes(data: bytes, path: str | os.PathLike[str]) -> Saved:
-    """Writes `data` (a model without external data, in any format) to `path`."""
+def commit_bytes(data: bytes, path: str | os.PathLike[str], owner: str | None = None) -> Saved:
+    """Writes `data` (a model without external data, in any format, or any other file) to
+    `path`; `owner`: the name of the file it is written beside (see `fastseq::commit_bytes`).
+    """
 
 
 def stage(target: str | os.PathLike[str]) -> Staging:
     """A staging folder beside `target` (see `Staging`)."""
+
+
+def check_target(path: str | os.PathLike[str], owner: str | None = None) -> None:
+    """Checks that `path` can be written (see `fastseq::check_target`): an ExportError naming
+    it if not.
+    """

@@ -30,10 +30,20 @@ impl Saved {
     }
 }
 
-/// Writes `data` (a model without external data, in any format) to `path`.
+/// Writes `data` (a model without external data, in any format, or any other file) to
+/// `path`; `owner`: the name of the file it is written beside (see `fastseq::commit_bytes`).
 #[pyfunction]
-pub(crate) fn commit_bytes(py: Python<'_>, data: &[u8], path: PathBuf) -> PyResult<Saved> {
-    py.detach(|| fastseq::commit_bytes(data, &path)).map(Saved::from).map_err(to_py)
+#[pyo3(signature = (data, path, owner=None))]
+pub(crate) fn commit_bytes(py: Python<'_>, data: &[u8], path: PathBuf, owner: Option<String>) -> PyResult<Saved> {
+    py.detach(|| fastseq::commit_bytes(data, &path, owner.as_deref())).map(Saved::from).map_err(to_py)
+}
+
+/// Checks that `path` can be written (see `fastseq::check_target`): an ExportError naming
+/// it if not.
+#[pyfunction]
+#[pyo3(signature = (path, owner=None))]
+pub(crate) fn check_target(py: Python<'_>, path: PathBuf, owner: Option<String>) -> PyResult<()> {
+    py.detach(|| fastseq::check_target(&path, owner.as_deref())).map_err(to_py)
 }
 
 /// A staging folder beside a target (made by `stage`) for another program to write a model

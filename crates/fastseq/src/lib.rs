@@ -50,4 +50,4 @@ pub use storage::digest::file_digest;
 pub use storage::external::{locations_in_file as external_data_locations, Mode};
 pub use storage::layout::{Layout, LAYOUT};
 pub use storage::source::Source;
-pub use storage::writer::{commit_bytes, commit_staged, stage, Encoder, Saved, Staging};
+pub use storage::writer::{check as check_target, commit_bytes, commit_staged, stage, Encoder, Saved, Staging};

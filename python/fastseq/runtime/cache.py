@@ -194,7 +194,7 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
                 times.append(st.st_mtime)
         out: dict[str, Any] = {"key": key, "bytes": sizes, "used": max(times, default=None), "hits": 0,
                                "labels": None, "providers": None, "onnxruntime": None, "created": None,
-                               "damaged": False}
+                               "model": None, "damaged": False}
         try:
             check_own(os.fstat(fd), "the entry")
             for name, st in files:
@@ -205,7 +205,7 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
             parts = manifest["key"]
             out.update(labels=manifest.get("labels"), created=manifest.get("created"),
                        providers=[p if isinstance(p, str) else p[0] for p in parts["providers"]],
-                       onnxruntime=parts["onnxruntime"])
+                       onnxruntime=parts["onnxruntime"], model=parts.get("model"))
         except Refused as e:
             out["refused"] = str(e)
         except (OSError, ValueError, RecursionError, KeyError, TypeError, IndexError):
