@@ -235,3 +235,20 @@ def test_strings_of_any_bytes_are_kept_as_protobuf_and_onnx_keep_them(where):
         assert ours.SerializeToString() == ref.SerializeToString()
     out = compose.expand_out_dim(m1, 0)
     onnx.checker.check_model(out, full_check=True)
+
+
+def test_a_joint_whose_sides_disagree_is_onnx_checkers_call_in_onnx_compose():
+    """onnx.compose joins a float[2] output to a float[3] or double input as it is:
+    fastseq.onnx_compose returns the same model where onnx's full check passes it and raises
+    the check's class where it does not; fastseq.merge_models refuses both, naming the sides."""
+    # The second model reads only the rank: the joint's [2] meets its [3] and every check passes.
+    shape = _model("""<ir_version: 8, opset_import: ["": 17]> b (float[3] u) => (int64[1] z) { z = Shape(u) }""")
+    ref, ours = _both(_model(A), shape, io_map=[("y", "u")])
+    assert isinstance(ref, onnx.ModelProto) and ours.SerializeToString() == ref.SerializeToString()
+    double = _model("""<ir_version: 8, opset_import: ["": 17]> b (double[2] u) => (double[2] z) { z = Abs(u) }""")
+    ref, ours = _both(_model(A), double, io_map=[("y", "u")])
+    assert isinstance(ref, onnx.shape_inference.InferenceError)
+    assert isinstance(ours, fastseq.InvalidShapesError) and isinstance(ours, onnx.shape_inference.InferenceError)
+    for second, what in ((shape, "shape mismatch"), (double, "element type mismatch")):
+        with pytest.raises(fastseq.CompositionError, match=what):
+            fastseq.merge_models(_model(A), second, io_map=[("y", "u")])
