@@ -204,13 +204,9 @@ mod tests {
 
     #[test]
     fn odd_bytes_round_trip_and_plain_text_is_untouched() {
-        for bytes in [
-            b"plain".to_vec(),
-            vec![0xff, b'a', 0xfe],
-            "\u{10FF41}x".as_bytes().to_vec(),
-            vec![0xf4, 0x8f],
-            vec![],
-        ] {
+        for bytes in
+            [b"plain".to_vec(), vec![0xff, b'a', 0xfe], "\u{10FF41}x".as_bytes().to_vec(), vec![0xf4, 0x8f], vec![]]
+        {
             let text = text_of(bytes.clone());
             assert_eq!(&*bytes_of(&text), &bytes[..], "{bytes:?}");
             assert_eq!(wire_len(&text), bytes.len());

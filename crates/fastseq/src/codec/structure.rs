@@ -42,19 +42,20 @@ fn graph_problem<'b>(
     let gname = g.name.as_deref().unwrap_or("");
     let mut here: FxHashSet<&'b str> =
         FxHashSet::with_capacity_and_hasher(g.input.len() + g.initializer.len() + g.node.len() + 8, Default::default());
-    let define = |name: &str, here: &mut FxHashSet<&'b str>, scopes: &[FxHashSet<&'b str>], what: &str| -> Option<String> {
-        if name.is_empty() {
-            return None;
-        }
-        if here.contains(name) || defined_outside(scopes, name) {
-            return Some(format!(
-                "Graph must be in single static assignment (SSA) form, however '{name}' has been used as {what} \
+    let define =
+        |name: &str, here: &mut FxHashSet<&'b str>, scopes: &[FxHashSet<&'b str>], what: &str| -> Option<String> {
+            if name.is_empty() {
+                return None;
+            }
+            if here.contains(name) || defined_outside(scopes, name) {
+                return Some(format!(
+                    "Graph must be in single static assignment (SSA) form, however '{name}' has been used as {what} \
                  names multiple times (graph '{gname}')"
-            ));
-        }
-        here.insert(arena.alloc_str(name));
-        None
-    };
+                ));
+            }
+            here.insert(arena.alloc_str(name));
+            None
+        };
     for vi in &g.input {
         let name = vi_name(vi);
         if name.is_empty() && depth == 0 {
@@ -159,7 +160,10 @@ mod tests {
             node: nodes,
             input: ins.iter().map(|s| vi(s)).collect(),
             output: outs.iter().map(|s| vi(s)).collect(),
-            initializer: inits.iter().map(|s| TensorProto { name: Some(s.to_string()), ..Default::default() }).collect(),
+            initializer: inits
+                .iter()
+                .map(|s| TensorProto { name: Some(s.to_string()), ..Default::default() })
+                .collect(),
             ..Default::default()
         };
         ModelProto { ir_version: Some(8), graph: Some(g), ..Default::default() }

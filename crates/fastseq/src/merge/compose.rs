@@ -7,8 +7,8 @@ use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::codec::model::MAX_IR_VERSION;
-use crate::codec::structure::naming_problem;
 use crate::codec::proto::ModelProto;
+use crate::codec::structure::naming_problem;
 use crate::error::{Error, Result};
 use crate::merge::assemble::assemble;
 use crate::merge::dedupe::{dedupe, Deduped};

@@ -38,7 +38,7 @@ mod tests {
     use super::*;
 
     fn entry(k: &str, v: &str) -> StringStringEntryProto {
-        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) }
+        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()), ..Default::default() }
     }
 
     fn pairs(m: &ModelProto) -> Vec<(String, String)> {

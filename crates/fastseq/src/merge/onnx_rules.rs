@@ -99,7 +99,10 @@ pub fn merged_metadata(models: &[ModelProto], labels: &[String]) -> Result<Vec<S
             }
         }
     }
-    Ok(entries.into_iter().map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v), ..Default::default() }).collect())
+    Ok(entries
+        .into_iter()
+        .map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v), ..Default::default() })
+        .collect())
 }
 
 /// The non-empty input and output names of a graph's nodes (its own level only).
@@ -286,7 +289,7 @@ mod tests {
     use crate::merge::testing::*;
 
     fn prop(k: &str, v: &str) -> StringStringEntryProto {
-        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) }
+        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()), ..Default::default() }
     }
 
     #[test]

@@ -73,7 +73,11 @@ mod tests {
         ModelProto {
             opset_import: ops
                 .iter()
-                .map(|(d, v)| OperatorSetIdProto { domain: Some(d.to_string()), version: Some(*v) })
+                .map(|(d, v)| OperatorSetIdProto {
+                    domain: Some(d.to_string()),
+                    version: Some(*v),
+                    ..Default::default()
+                })
                 .collect(),
             ..Default::default()
         }
