@@ -351,7 +351,8 @@ DELIBERATE = (
     ("is not an input of any model (did you mean", "an unknown name in inputs is refused"),
     ("op_type:Unsqueeze", "expand_out_dim writes the shape Unsqueeze produces"),
     ("schema(::Unsqueeze", "expand_out_dim writes the Unsqueeze of the model's opset"),
-    ("onnx AssertionError", "onnx's Extractor asserts before its own checks (fastseq: CompositionError)"),
+    ("AssertionError", "onnx's Extractor asserts (an unknown name in outputs: fastseq refuses or cuts down)"),
+    ("is out of range for output", "expand_out_dim refuses a dim_idx outside what Unsqueeze takes"),
 )
 
 

@@ -224,15 +224,13 @@ def merge_models(
 
     models = (_model(m1, "m1"), _model(m2, "m2"))
     irs = [m.ir_version for m in models]
-    if min(irs) <= 0:
-        # onnx.compose's first check; where both are unset, its checker refuses the result.
-        if irs[0] != irs[1]:
-            raise CompositionError(
-                f"IR version mismatch {irs[0]} != {irs[1]}. Both models should have the same IR version"
-            )
-        raise _refuse(onnx.checker.ValidationError("The model does not have an ir_version set properly."),
-                      "merge_models")
-    data = [_serialized(m) for m in models]
+    if min(irs) <= 0 and irs[0] != irs[1]:
+        # onnx.compose's first check (fastseq merges other IR versions, never an unset one).
+        raise CompositionError(f"IR version mismatch {irs[0]} != {irs[1]}. Both models should have the same IR version")
+    # Both unset: merged as onnx.compose merges them (its ValueErrors first), then refused as
+    # its checker refuses the result.
+    unset = min(irs) <= 0
+    data = [_decodable(m) if unset else _serialized(m) for m in models]
     stages = [_held_model(d, m, k) for k, (d, m) in enumerate(zip(data, models))]
     spec = _compose.merge_spec(*stages, io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
     spec.metadata.update(producer_name=producer_name, producer_version=producer_version, domain=domain)
@@ -244,6 +242,9 @@ def merge_models(
             f"the merged model is {human_size(composed.encoded_len())}, more than an onnx.ModelProto can "
             "hold (2 GB): fastseq.compose_to_file writes it with its weights in a data file"
         )
+    if unset:
+        error = onnx.checker.ValidationError("The model does not have an ir_version set properly.")
+        raise _refuse(error, "merge_models: the result fails onnx.checker")
     out = composed.to_bytes()
     result = onnx.ModelProto.FromString(out)
     sources = [_source_error(m, d) for m, d in zip(models, data)]
