@@ -25,6 +25,10 @@ pub mod merge;
 pub mod pipeline;
 pub mod storage;
 
+// The vendored prost-derive calls this module by this path (codec::fidelity's doc).
+#[doc(hidden)]
+pub use codec::fidelity as __prost_fidelity;
+
 #[doc(hidden)]
 pub mod fuzzing;
 

@@ -244,5 +244,5 @@ pub(crate) fn check_identity(path: &Path, recorded: &str) -> Result<()> {
 }
 
 pub(crate) fn kv(key: &str, value: String) -> StringStringEntryProto {
-    StringStringEntryProto { key: Some(key.into()), value: Some(value) }
+    StringStringEntryProto { key: Some(key.into()), value: Some(value), ..Default::default() }
 }

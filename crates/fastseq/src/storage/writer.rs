@@ -166,9 +166,11 @@ pub fn commit_staged(
     for (key, value) in metadata {
         match model.metadata_props.iter_mut().find(|p| p.key.as_deref() == Some(key)) {
             Some(p) => p.value = Some(value.clone()),
-            None => {
-                model.metadata_props.push(StringStringEntryProto { key: Some(key.clone()), value: Some(value.clone()) })
-            }
+            None => model.metadata_props.push(StringStringEntryProto {
+                key: Some(key.clone()),
+                value: Some(value.clone()),
+                ..Default::default()
+            }),
         }
     }
     commit(&target, &token, Model::Header { model: Box::new(model), encode, link: false }, data)
