@@ -466,7 +466,7 @@ mod tests {
                     Ok(v) => DimValue::DimValue(v),
                     Err(_) => DimValue::DimParam(d.to_string()),
                 }),
-                denotation: None,
+                ..Default::default()
             })
             .collect();
         ValueInfoProto {
@@ -474,9 +474,10 @@ mod tests {
             r#type: Some(TypeProto {
                 value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                     elem_type: Some(1),
-                    shape: Some(TensorShapeProto { dim }),
+                    shape: Some(TensorShapeProto { dim, ..Default::default() }),
+                    ..Default::default()
                 })),
-                denotation: None,
+                ..Default::default()
             }),
             ..Default::default()
         }
@@ -510,7 +511,11 @@ mod tests {
     fn model(nodes: Vec<NodeProto>, x: &[&str], y: &[&str], inits: Vec<TensorProto>) -> ModelProto {
         ModelProto {
             ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+                ..Default::default()
+            }],
             graph: Some(GraphProto {
                 node: nodes.iter().map(crate::codec::node::encode).collect(),
                 input: vec![vi("x", x)],
@@ -589,7 +594,11 @@ mod tests {
             output: vec!["b".into()],
             attribute: vec!["along".into()],
             node: vec![sm],
-            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         for (along, mixes) in [(1, false), (0, true)] {
