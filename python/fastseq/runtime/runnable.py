@@ -70,8 +70,7 @@ class Runnable:
         check_provider_options(providers, self._runner.session)  # options a provider does not have
 
     def runner_for(self, new_session: ort.InferenceSession) -> Runner:
-        """A runner over ``new_session`` (one of :meth:`create_session`'s): calls checked,
-        and errors named, as the pipeline's own are; the pipeline keeps its session."""
+        """A runner over ``new_session`` (from :meth:`create_session`), checked and named as the pipeline's own."""
         undeclared = unshaped(new_session.get_inputs(), new_session.get_outputs(), self._composed.stripped_bytes)
         return Runner(new_session, explain=self._explain, reader=self._reader, unshaped=undeclared)
 
@@ -281,30 +280,21 @@ class Runnable:
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
     def batcher(
-        self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False,
-        share_session: bool = False,
+        self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False, share_session: bool = False
     ) -> Batcher:
-        """Dynamic batching for many concurrent callers: ``batcher(x)`` from threads,
-        ``await batcher.run_async(x)`` from coroutines. One worker runs everything queued
-        (up to ``max_batch_size`` rows, joined along the batch axis) whenever it is free,
-        after waiting up to ``max_delay_ms`` for a batch to fill, and each caller gets its
-        own rows back; on the CPU it runs them on a session of its own without spinning
-        (``share_session=True``: on this one). See :class:`fastseq.Batcher`; a pipeline whose inputs share no
-        dynamic first axis, or whose rows may mix (:meth:`check_rows`, unless
-        ``row_independent=True``), is a :class:`fastseq.CompositionError`."""
+        """Dynamic batching for many concurrent callers (``batcher(x)`` from threads, ``await
+        batcher.run_async(x)`` from coroutines): one worker joins everything queued along the batch
+        axis and runs it once, on the CPU on a session of its own (``share_session=True``: on this one);
+        a pipeline whose rows may mix is refused unless ``row_independent=True``. See :class:`fastseq.Batcher`."""
         from fastseq.runtime.batcher import Batcher
 
         return Batcher(self, max_batch_size, max_delay_ms, row_independent=row_independent, share_session=share_session)
 
     def check_rows(self) -> None:
-        """Raises :class:`fastseq.CompositionError`, naming the stage and the node, if a row
-        of a batch may be computed from other rows (a Softmax, reduction, sort or MatMul
-        across the batch axis, an operator not known to keep rows apart...): the core's
-        verdict on the composed graph, which the batcher asks before joining requests."""
+        """Raises :class:`fastseq.CompositionError` naming the stage and node if a batch's rows may mix (the core's verdict)."""
         from fastseq.runtime.rows import check_rows
 
-        stages, renamed = self._stage_origins()
-        check_rows(self._composed.row_mixing(), stages, renamed, self._composed.inserted_nodes())
+        check_rows(self._composed.row_mixing(), *self._stage_origins(), self._composed.inserted_nodes())
 
     def profile(self, *inputs: Any, runs: int = 20, warmup: int = 3, **named: Any) -> Profile:
         """Where the time goes, per stage: ONNX Runtime's profiler on a profiling session of
