@@ -181,6 +181,22 @@ def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
         pipe.batcher(share_session="yes")
 
 
+def test_the_batchers_own_session_starts_from_the_session_cache(tmp_path):
+    """A pipeline's session stored in the session cache carries options the cache set for it
+    (the optimised model's file); the batcher's own session starts from the pipeline's options."""
+    pipe = light_heavy(session_cache=tmp_path / "cache")
+    assert pipe.session_info["cache"] == "stored"
+    with pipe.batcher() as b:
+        assert b._serving.session is not pipe.get_session()
+        assert b._serving.session.get_session_options().get_session_config_entry(
+            "session.intra_op.allow_spinning") == "0"
+        same(b(rows(3)), pipe(rows(3)))
+    again = light_heavy(session_cache=tmp_path / "cache")  # a hit: its own session too
+    assert again.session_info["cache"] == "hit"
+    with again.batcher() as b:
+        same(b(rows(2)), again(rows(2)))
+
+
 def test_a_process_that_never_closes_its_batcher_exits_cleanly(tmp_path):
     """The worker is a thread the interpreter waits for; an exit hook closes every batcher
     first (as concurrent.futures does for its workers): the queued request runs, the worker

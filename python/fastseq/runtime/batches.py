@@ -86,7 +86,10 @@ def _new_own_runner(pipe: Any, base: Runner) -> Runner:
     providers = session.get_providers()
     if providers != ["CPUExecutionProvider"]:
         return base
-    options = session_copy(session.get_session_options())
+    # The pipeline's own options (the caller's), not the session's: those may hold what the
+    # session cache set for that one session (the optimised model's file), which a caller's
+    # options may not name.
+    options = session_copy(pipe._session_options)
     key = "session.intra_op.allow_spinning"
     try:
         options.get_session_config_entry(key)  # the caller's own choice stands
