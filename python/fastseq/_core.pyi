@@ -69,6 +69,19 @@ class Composed:
         """Per stage, how many nodes at the start of its range in :meth:`origins` the merge
         inserted (adapters on its incoming edges; 0 for a loaded model)."""
 
+    def nodes(self) -> list[tuple[str, str, str, int]]:
+        """Every top-level node in order: (name, op_type, domain, stage index into
+        :meth:`origins`' stages, or -1 for an adapter the merge inserted between stages, or a
+        model without stages)."""
+
+    def stage_map_note(self) -> str | None:
+        """Why the stage map in the model's metadata was ignored (it does not fit its nodes),
+        or None."""
+
+    def for_file(self) -> Composed:
+        """A copy with the model as fastseq writes it to a file: its stage map in its
+        metadata (two stages or more)."""
+
 def compose(
     sources: Sequence[Source],
     labels: Sequence[str],

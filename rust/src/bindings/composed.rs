@@ -9,6 +9,7 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::bindings::errors::to_py;
 use crate::bindings::io_infos::io_infos;
 use crate::bindings::plan::plan_dict;
+use crate::codec::node;
 use crate::codec::model::{decode_without_weights, encode_into, restore_weights, strip_weights};
 use crate::codec::proto::ModelProto;
 use crate::codec::range::inline_len;
@@ -90,8 +91,9 @@ impl Composed {
         external_data: Option<bool>,
         threshold: usize,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let saved =
-            py.detach(|| save(&self.composition.model, &path, external_data, self.linked, threshold)).map_err(to_py)?;
+        let saved = py
+            .detach(|| save(&self.composition.for_file(), &path, external_data, self.linked, threshold))
+            .map_err(to_py)?;
         let d = PyDict::new(py);
         d.set_item("model_bytes", saved.model_bytes)?;
         d.set_item("data_bytes", saved.data_bytes)?;
@@ -233,17 +235,54 @@ impl Composed {
     #[allow(clippy::type_complexity)]
     fn origins<'py>(&self, py: Python<'py>) -> PyResult<(Vec<(String, usize, usize)>, Bound<'py, PyDict>)> {
         let o = &self.composition.origins;
-        let stages = o
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(k, &(a, b))| (self.composition.labels.get(k).cloned().unwrap_or_default(), a, b))
-            .collect();
+        let stages = self.composition.stages().into_iter().map(|s| (s.label, s.first, s.end)).collect();
         let names = PyDict::new(py);
         for (new, stage, old) in o.renamed() {
             names.set_item(new, (stage, old))?;
         }
         Ok((stages, names))
+    }
+
+    /// Every top-level node of the graph, in order: (name, op_type, domain, stage), the
+    /// stage an index into :meth:`origins`' stages, -1 for a node the merge inserted
+    /// between stages (an adapter) or a model without stages (loaded, without a stage map
+    /// that fits).
+    fn nodes(&self, py: Python<'_>) -> Vec<(String, String, String, i64)> {
+        let c = &self.composition;
+        py.detach(|| {
+            let g = c.model.graph.as_ref();
+            let count = g.map_or(0, |g| g.node.len());
+            let mut stage = vec![-1i64; count];
+            for (k, s) in c.stages().iter().enumerate() {
+                let first = (s.first + s.inserted).min(s.end);
+                for x in stage.iter_mut().take(s.end.min(count)).skip(first) {
+                    *x = k as i64;
+                }
+            }
+            g.map(|g| {
+                g.node
+                    .iter()
+                    .zip(stage)
+                    .map(|(raw, k)| {
+                        let (name, op, domain) = node::head(raw);
+                        (name.to_string(), op.to_string(), domain.to_string(), k)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+        })
+    }
+
+    /// Why the stage map in the model's metadata was ignored (it does not fit its nodes: the
+    /// file was changed after fastseq wrote it), or None.
+    fn stage_map_note(&self) -> Option<String> {
+        self.composition.origins.note.clone()
+    }
+
+    /// A copy with the model as fastseq writes it to a file: its stage map in its metadata
+    /// (see `merge::stage_map`), for the writes that go through onnx.save.
+    fn for_file(&self, py: Python<'_>) -> Composed {
+        self.with_model(py.detach(|| self.composition.for_file().into_owned()))
     }
 
     /// Per stage, how many nodes at the start of its range in :meth:`origins` the merge

@@ -189,6 +189,41 @@ pub fn call_of(raw: &[u8]) -> (&str, &str) {
     (domain, overload)
 }
 
+/// A node's (name, op_type, domain) read on its bytes, "" for an absent one; the last
+/// occurrence of a field wins, as in protobuf.
+pub fn head(raw: &[u8]) -> (&str, &str, &str) {
+    let (mut name, mut op, mut domain) = ("", "", "");
+    for f in fields(raw).flatten() {
+        match f.tag {
+            NAME => name = f.text().unwrap_or(""),
+            OP_TYPE => op = f.text().unwrap_or(""),
+            DOMAIN => domain = f.text().unwrap_or(""),
+            _ => {}
+        }
+    }
+    (name, op, domain)
+}
+
+/// Appends to `out` the node `raw` with `name` as its name: an empty name field is dropped,
+/// and the new one goes where protobuf writes it (after the outputs, before the op_type);
+/// every other field is copied as it is. For a node without a name (see [`head`]).
+pub fn write_named(raw: &[u8], name: &str, out: &mut Vec<u8>) {
+    let mut placed = false;
+    for f in fields(raw).flatten() {
+        if f.tag == NAME {
+            continue;
+        }
+        if !placed && f.tag > NAME {
+            write_string(NAME, name, out);
+            placed = true;
+        }
+        out.extend_from_slice(f.raw);
+    }
+    if !placed {
+        write_string(NAME, name, out);
+    }
+}
+
 /// Appends a length-delimited string field.
 pub fn write_string(tag: u32, s: &str, out: &mut Vec<u8>) {
     encode_key(tag, WireType::LengthDelimited, out);
@@ -265,6 +300,25 @@ mod tests {
         let raw = encode(&ints);
         assert!(is_plain(&raw));
         assert!(!has_tensors_or_graphs(&raw));
+    }
+
+    #[test]
+    fn a_name_goes_where_protobuf_writes_it() {
+        let mut unnamed = node(&["a"], &["b"]);
+        unnamed.name = None;
+        unnamed.domain = Some("ai.onnx".into());
+        let raw = encode(&unnamed);
+        assert_eq!(head(&raw), ("", "Add", "ai.onnx"));
+        let mut out = Vec::new();
+        write_named(&raw, "stage/Add_0", &mut out);
+        let named = NodeProto { name: Some("stage/Add_0".into()), ..unnamed.clone() };
+        assert_eq!(out, encode(&named).to_vec(), "the bytes prost writes for the named node");
+        // An empty name field is replaced, not repeated.
+        let empty = encode(&NodeProto { name: Some(String::new()), ..unnamed });
+        let mut out = Vec::new();
+        write_named(&empty, "n", &mut out);
+        assert_eq!(head(&out).0, "n");
+        assert_eq!(fields(&out).flatten().filter(|f| f.tag == NAME).count(), 1);
     }
 
     #[test]
