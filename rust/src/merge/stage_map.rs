@@ -13,12 +13,14 @@
 //! range fastseq inserted (adapters on the stage's incoming edges: glue between stages, not
 //! the stage's work). The ranges follow one another from 0 to `nodes`. `digest` is XXH3-64
 //! (16 hex digits) over every top-level node's name, op_type and domain, in order (each
-//! followed by a 0 byte, each node by a 0x1e byte).
+//! followed by a 0 byte, each node by a 0x1e byte), then every stage's label, first, end and
+//! inserted count (in decimal, each followed by a 0 byte).
 //!
 //! A map is never trusted as it is: it is used only when it parses, its ranges follow one
-//! another over exactly the graph's nodes, and the digest is that of the graph's nodes now.
-//! A file edited elsewhere (nodes fused, added, removed, renamed or reordered) fails that
-//! check, and the map is ignored with a note, never used to attribute nodes wrongly.
+//! another over exactly the graph's nodes, and the digest is that of the graph's nodes now
+//! and of the stages it lists. A file edited elsewhere (nodes fused, added, removed, renamed
+//! or reordered, or the map's text changed) fails that check, and the map is ignored with a
+//! note, never used to attribute nodes wrongly.
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::codec::node;
@@ -41,8 +43,9 @@ pub struct Stage {
     pub inserted: usize,
 }
 
-/// XXH3-64 over the top-level nodes' names, op_types and domains, in order.
-pub fn nodes_digest(g: &GraphProto) -> String {
+/// XXH3-64 over the top-level nodes' names, op_types and domains, in order, then the
+/// stages' labels and ranges.
+pub fn digest(g: &GraphProto, stages: &[Stage]) -> String {
     let mut h = Xxh3::new();
     for raw in &g.node {
         let (name, op, domain) = node::head(raw);
@@ -51,6 +54,12 @@ pub fn nodes_digest(g: &GraphProto) -> String {
             h.update(&[0]);
         }
         h.update(&[0x1e]);
+    }
+    for s in stages {
+        for part in [s.label.clone(), s.first.to_string(), s.end.to_string(), s.inserted.to_string()] {
+            h.update(part.as_bytes());
+            h.update(&[0]);
+        }
     }
     format!("{:016x}", h.digest())
 }
@@ -62,7 +71,7 @@ pub fn encode(stages: &[Stage], model: &ModelProto) -> Option<String> {
         return None;
     }
     let g = model.graph.as_ref()?;
-    let mut out = format!("{{\"format\":{FORMAT},\"nodes\":{},\"digest\":\"{}\",\"stages\":[", g.node.len(), nodes_digest(g));
+    let mut out = format!("{{\"format\":{FORMAT},\"nodes\":{},\"digest\":\"{}\",\"stages\":[", g.node.len(), digest(g, stages));
     for (k, s) in stages.iter().enumerate() {
         if k > 0 {
             out.push(',');
@@ -139,8 +148,8 @@ pub fn fit(parsed: (u64, String, Vec<Stage>), g: &GraphProto) -> Result<Vec<Stag
     if at != count {
         return ignored(format!("covers {at} of the graph's {count} nodes"));
     }
-    if digest != nodes_digest(g) {
-        return ignored("does not fit its nodes (they were changed after it was written)".into());
+    if digest != self::digest(g, &stages) {
+        return ignored("does not fit its nodes (they, or the map, were changed after it was written)".into());
     }
     Ok(stages)
 }
@@ -346,8 +355,12 @@ mod tests {
         let mut added = with_map(m.clone(), &text);
         added.graph.as_mut().unwrap().node.push(node("Neg", &["y"], &["z"]));
         assert!(read(&added).unwrap().unwrap_err().contains("is of 2 nodes, the graph has 3"));
+        // The map's own ranges edited to fit the count: its digest no longer matches.
+        let moved = text.replace("[\"a\",0,1,0],[\"b\",1,2,0]", "[\"a\",0,2,0],[\"b\",2,2,0]");
+        assert_ne!(moved, text);
+        assert!(read(&with_map(m.clone(), &moved)).unwrap().unwrap_err().contains("does not fit its nodes"));
         // Ranges that overlap, leave a gap, or run past the graph; garbage; another format.
-        let digest = nodes_digest(m.graph.as_ref().unwrap());
+        let digest = "0000000000000000";
         for bad in [
             format!("{{\"format\":1,\"nodes\":2,\"digest\":\"{digest}\",\"stages\":[[\"a\",0,2,0],[\"b\",1,2,0]]}}"),
             format!("{{\"format\":1,\"nodes\":2,\"digest\":\"{digest}\",\"stages\":[[\"a\",0,1,0],[\"b\",1,3,0]]}}"),
@@ -364,11 +377,15 @@ mod tests {
     }
 
     #[test]
-    fn the_digest_sees_names_op_types_and_order() {
+    fn the_digest_sees_names_op_types_order_and_stages() {
         let a = scale(1);
         let mut b = scale(1);
         b.graph.as_mut().unwrap().node.swap(0, 1);
-        assert_ne!(nodes_digest(a.graph.as_ref().unwrap()), nodes_digest(b.graph.as_ref().unwrap()));
-        assert_eq!(nodes_digest(a.graph.as_ref().unwrap()), nodes_digest(scale(1).graph.as_ref().unwrap()));
+        let two = stages(&[("a", 0, 1), ("b", 1, 2)]);
+        let d = |m: &ModelProto, s: &[Stage]| digest(m.graph.as_ref().unwrap(), s);
+        assert_ne!(d(&a, &two), d(&b, &two));
+        assert_eq!(d(&a, &two), d(&scale(1), &two));
+        assert_ne!(d(&a, &two), d(&a, &stages(&[("a", 0, 2), ("b", 2, 2)])));
+        assert_ne!(d(&a, &two), d(&a, &stages(&[("A", 0, 1), ("b", 1, 2)])));
     }
 }
