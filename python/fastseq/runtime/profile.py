@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -74,12 +74,14 @@ class Profile:
     runs: int
     session_s: float
     providers: tuple[str, ...]
-    #: why the stages could not be told apart (a file whose stage map does not fit its nodes)
-    note: str | None = None
+    #: why the stages could not be told apart (a file whose stage map does not fit its
+    #: nodes), set by the profiler
+    note: str | None = field(default=None, init=False)
 
     @property
     def hottest(self) -> StageTime | None:
-        """The stage with the largest share of the run (None when no stage took any time)."""
+        """The stage with the most time (None for a pipeline without nodes)."""
+        # The largest share, and none when no stage took any time (nothing to point at).
         best = max(self.stages, key=lambda s: s.share, default=None)
         return best if best is not None and best.share > 0 else None
 
@@ -347,5 +349,7 @@ def _summarise(
         if graph.counts[k]
     )
     rest = total - sum(per_stage) / n
-    return Profile(stages, total / 1000, rest / 1000, rest / total if total else 0.0, slowest(-1), n, session_s,
-                   providers, graph.note)
+    profile = Profile(stages, total / 1000, rest / 1000, rest / total if total else 0.0, slowest(-1), n, session_s,
+                      providers)
+    object.__setattr__(profile, "note", graph.note)  # frozen: set once, here
+    return profile
