@@ -420,7 +420,9 @@ def _describe_entry(e: dict) -> str:
     if len(stages) > 60:
         stages = stages[:57] + "..."
     providers = ", ".join(p.removesuffix("ExecutionProvider") for p in e["providers"] or [])
-    return (f"{e['key']}  {human_size(e['bytes']):>9}  {stages}  [{providers}; onnxruntime {e['onnxruntime']}]  "
+    made_by = f"onnx {e.get('onnx')}" if e.get("kind") == "converted stage" else \
+        f"{providers}; onnxruntime {e['onnxruntime']}"
+    return (f"{e['key']}  {human_size(e['bytes']):>9}  {stages}  [{made_by}]  "
             f"created {when(e['created'])}, last used {when(e['used'])}, {e['hits']} hit{'s' * (e['hits'] != 1)}")
 
 
