@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,17 @@ from onnx import TensorProto, helper, numpy_helper
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+@pytest.fixture(autouse=True)
+def _a_program_without_kornia(request, monkeypatch):
+    """The default run describes fastseq in a program that has not imported kornia, also
+    where kornia is installed (test_kornia_compat*.py import it when they are collected):
+    fastseq reads kornia_config and stamps kornia's metadata only in a program that did. The
+    ``torch`` group, which runs beside the real kornia, keeps it."""
+    if request.node.get_closest_marker("torch") is None:
+        for name in ("kornia", "kornia.config"):
+            monkeypatch.delitem(sys.modules, name, raising=False)
 
 
 def session(model: onnx.ModelProto | bytes | str | Path) -> ort.InferenceSession:

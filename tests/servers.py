@@ -19,6 +19,8 @@ class _Server:
         self.short_length = False  # announce half the body's length in Content-Length, send it whole
         self.delay = 0.0  # seconds to wait before answering
         self.trickle = 0.0  # seconds to wait before each byte of the body
+        self.stall = False  # send the headers and 10 bytes of the body, then nothing until closed
+        self.released = threading.Event()  # ends a stall (set by close)
         server = self
 
         class Handler(handler_factory):
@@ -33,6 +35,7 @@ class _Server:
         return sum(1 for m, p, _ in self.requests if m == method and path_part in p)
 
     def close(self) -> None:
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -73,7 +76,11 @@ class _FileHandler(BaseHTTPRequestHandler):
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
-        if body and self.owner.trickle:
+        if body and self.owner.stall:
+            self.wfile.write(data[:10])
+            self.wfile.flush()
+            self.owner.released.wait(60)
+        elif body and self.owner.trickle:
             import time
 
             for k in range(len(data)):

@@ -19,6 +19,7 @@ import pytest
 import fastseq
 from conftest import field, run, run_chain, scale_model, tmpfs, varint
 from fastseq import _core
+from fastseq.sources import download
 from fastseq.sources import resolve as loader
 
 ROOT = Path(__file__).parent
@@ -298,7 +299,7 @@ def test_the_deadline_covers_retries_and_their_pauses(tmp_path, monkeypatch):
     onnx.save(scale_model(2.0), tmp_path / "a.onnx")
     server = serve_files(tmp_path)
     server.fail_next = 100  # 503 each time: retried with backoff 0.5, 1, 2, 4 s...
-    monkeypatch.setattr(loader, "DOWNLOAD_DEADLINE", 1.2)  # the module default, as the variable sets it
+    monkeypatch.setattr(download, "DOWNLOAD_DEADLINE", 1.2)  # the module default, as the variable sets it
     try:
         start = time.perf_counter()
         with pytest.raises(fastseq.DownloadError, match=r"deadline of 1.2 s .*503"):

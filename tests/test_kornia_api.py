@@ -385,10 +385,12 @@ def hub(tmp_path, monkeypatch):
 def test_loader_load_model_from_the_hub_cache_and_download_false(hub, tmp_path):
     server, root = hub
     cache = tmp_path / "cache"
-    with pytest.raises(fastseq.DownloadError, match="not in the cache; pass download=True"):
+    with pytest.raises(fastseq.DownloadError, match="double.onnx not found; pass download=True"):
         fastseq.ONNXLoader.load_model("hf://operators/double", download=False, cache_dir=cache)
     model = fastseq.ONNXLoader.load_model("hf://operators/double", cache_dir=cache)
     assert model.SerializeToString() == (root / "kornia/ONNX_models/operators/double.onnx").read_bytes()
+    # kornia's file, at kornia's path: under an explicit cache_dir, the path after the folder
+    assert [p.relative_to(cache).as_posix() for p in cache.rglob("*")] == ["double.onnx"]
     gets = server.count("GET", "double.onnx")
     again = fastseq.ONNXLoader.load_model("hf://operators/double", download=False, cache_dir=cache)
     assert again.SerializeToString() == model.SerializeToString() and server.count("GET", "double.onnx") == gets

@@ -247,6 +247,28 @@ def test_errors_name_the_column_and_rows_and_are_raised_in_the_driver(cluster, p
         pipe.map_batches(ragged, compute=ray.data.ActorPoolStrategy(size=1), batch_size=20, num_cpus=1).take_all()
 
 
+def _raise_in_a_task(kind: str) -> None:
+    if kind == "core":
+        fastseq.compose([b"garbage"])  # a LoadError raised by the Rust core
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except OSError as e:
+        raise fastseq.DownloadTimeoutError("http://h/m.onnx: the server went quiet") from e
+
+
+def test_errors_raised_in_a_ray_task_keep_their_class_message_and_cause(cluster):
+    task = ray.remote(_raise_in_a_task)
+    with pytest.raises(fastseq.LoadError, match="not a valid ONNX model") as core:
+        ray.get(task.remote("core"))
+    assert type(core.value.cause) is fastseq.LoadError  # Ray's wrapper holds the original
+    assert "fastseq.LoadError" in str(core.value)
+    with pytest.raises(TimeoutError) as chained:  # a DownloadTimeoutError is a TimeoutError
+        ray.get(task.remote("chained"))
+    original = chained.value.cause
+    assert type(original) is fastseq.DownloadTimeoutError and str(original) == "http://h/m.onnx: the server went quiet"
+    assert type(original.__cause__) is ConnectionResetError and original.__cause__.errno == 104
+
+
 def test_a_column_converts_where_no_value_changes_on_a_cluster(cluster, pipe, data):
     """The runtime's one input rule on Ray: an int16 column feeds a float32 input (the call
     converts it, as pipe(x) does; Ray used to refuse what pipe(x) took), an int32 one is

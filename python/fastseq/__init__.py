@@ -13,10 +13,12 @@ from fastseq.errors import (
     CompositionError,
     ConversionError,
     DownloadError,
+    DownloadTimeoutError,
     ExportError,
     FastseqError,
     InputError,
     LoadError,
+    OperatorError,
     OpsetMismatchError,
     PipelineFileError,
     ProviderError,
@@ -42,6 +44,8 @@ _LAZY = {
     "SessionCache": "fastseq.runtime.cache",
     "Batcher": "fastseq.runtime.batcher",
     "Profile": "fastseq.runtime.profile",
+    # made on first use: its base class, urllib's ContentTooShortError, is slow to import
+    "TruncatedDownloadError": "fastseq.errors",
 }
 # public submodules under their public names (``fastseq.operators`` is the shipped models)
 _MODULES = {"ops": "fastseq.ops", "operators": "fastseq.ops.shipped"}
@@ -61,6 +65,7 @@ if TYPE_CHECKING:
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.profile import Profile
     from fastseq.runtime.tensors import TensorInfo
+    from fastseq.errors import TruncatedDownloadError
 
 
 def __getattr__(name: str) -> Any:
@@ -90,6 +95,7 @@ __all__ = [
     "CompositionError",
     "ConversionError",
     "DownloadError",
+    "DownloadTimeoutError",
     "ExportError",
     "FastseqError",
     "InputError",
@@ -97,6 +103,7 @@ __all__ = [
     "ONNXLoader",
     "ONNXModule",
     "ONNXSequential",
+    "OperatorError",
     "OpsetMismatchError",
     "Pipeline",
     "PipelineFileError",
@@ -107,6 +114,7 @@ __all__ = [
     "RunTimeoutError",
     "SessionCache",
     "TensorInfo",
+    "TruncatedDownloadError",
     "__version__",
     "add_metadata",
     "compose",

@@ -1,20 +1,109 @@
-"""fastseq's exception classes. The core raises the first five; the Python layer the rest."""
+"""fastseq's exception classes, all defined here; the Rust core raises the first five
+(it looks them up in this module the first time it needs one).
 
-from fastseq._core import (
-    CompositionError,
-    ExportError,
-    FastseqError,
-    LoadError,
-    OpsetMismatchError,
-)
+Every class says ``__module__ = "fastseq"``: tracebacks print ``fastseq.LoadError`` and
+pickle finds the class at ``fastseq.LoadError``, so an error raised in a worker process (a
+``ProcessPoolExecutor``, a Ray task) arrives as itself, with its message, its attributes
+and, where the cause pickles too, its cause.
+
+Where kornia or onnx.compose raise a standard class for the same failure, fastseq's class
+derives from it too, so that code written for them keeps catching it: a ``LoadError`` is a
+``ValueError`` (kornia raises ``ValueError`` for a model that is missing or cannot be
+downloaded), a ``DownloadTimeoutError`` a ``TimeoutError``, a ``TruncatedDownloadError`` a
+``urllib.error.ContentTooShortError``. That last one is made on first use: importing
+urllib.error costs ``import fastseq`` about 25 ms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _portable(cause: BaseException | None) -> BaseException | None:
+    """``cause`` if it survives pickling, else an ``Exception`` with its class and text (an
+    ``HTTPError`` holds an open response and cannot be rebuilt from its ``args``)."""
+    import pickle
+
+    if cause is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(cause))
+        return cause
+    except Exception:  # noqa: BLE001  (whatever pickling a foreign exception raises)
+        kind = type(cause)
+        return Exception(f"{kind.__module__}.{kind.__qualname__}: {cause}")
+
+
+def _rebuild(cls: type, args: tuple, state: dict[str, Any], cause: BaseException | None, suppress: bool):
+    """Unpickles a fastseq error without calling its ``__init__`` (some take other
+    arguments than their ``args``)."""
+    # The built-in class whose layout the instance has (OSError's for a TimeoutError
+    # subclass): only its __new__ may make one.
+    solid = cls
+    while solid.__flags__ & (1 << 9):  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
+        solid = solid.__base__
+    error = solid.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    error.__cause__ = cause
+    error.__suppress_context__ = suppress
+    return error
+
+
+class FastseqError(Exception):
+    """Base class of every fastseq error."""
+
+    __module__ = "fastseq"
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, dict(self.__dict__), _portable(self.__cause__),
+                          self.__suppress_context__)
+
+
+class LoadError(FastseqError, ValueError):
+    """A source is not a usable ONNX model: missing, unreadable, not a model, or it cannot be
+    downloaded. A ``ValueError`` too, as kornia's ``ONNXLoader`` raises for a missing model."""
+
+    __module__ = "fastseq"
+
+
+class CompositionError(FastseqError, ValueError):
+    """The models cannot be joined as asked (a ``ValueError``, as onnx.compose raises)."""
+
+    __module__ = "fastseq"
+
+
+class OpsetMismatchError(CompositionError):
+    """Opset versions of one domain differ."""
+
+    __module__ = "fastseq"
+
+
+class ExportError(FastseqError):
+    """Writing a model failed."""
+
+    __module__ = "fastseq"
 
 
 class ConversionError(FastseqError):
     """An opset or IR version conversion cannot be done."""
 
+    __module__ = "fastseq"
+
 
 class DownloadError(LoadError):
-    """A URL or Hub download failed."""
+    """A URL or Hub download failed; the error that ended it (an ``HTTPError``, a socket
+    error) is the ``__cause__``. A ``ValueError``, as kornia raises for an HTTP error or a
+    download that ``download=False`` forbids."""
+
+    __module__ = "fastseq"
+
+
+class DownloadTimeoutError(DownloadError, TimeoutError):
+    """A download whose server went quiet past the per-read timeout
+    (``KORNIA_DOWNLOAD_TIMEOUT``) or that ran past its deadline
+    (``FASTSEQ_DOWNLOAD_DEADLINE``). A ``TimeoutError``, as kornia raises."""
+
+    __module__ = "fastseq"
 
 
 class PipelineFileError(LoadError):
@@ -22,28 +111,73 @@ class PipelineFileError(LoadError):
     key of the wrong type or nested deeper than any pipeline file is. The message names the
     file and the key."""
 
+    __module__ = "fastseq"
 
-class OperatorError(LoadError, ValueError):
+
+class OperatorError(LoadError):
     """A built-in operator was asked for by a name that does not exist, or with bad
     parameters. It is a :class:`fastseq.LoadError` (building a stage is loading it) and a
     ``ValueError`` (the arguments are wrong)."""
 
+    __module__ = "fastseq"
+
 
 class InputError(FastseqError, ValueError):
     """The arrays passed to a pipeline do not match its inputs."""
+
+    __module__ = "fastseq"
 
 
 class RunError(FastseqError):
     """ONNX Runtime refused or failed on a composed model (session creation or a call); the
     message names the stage and its own node and tensor names, the original is the cause."""
 
+    __module__ = "fastseq"
+
 
 class RunTimeoutError(RunError, TimeoutError):
     """A call ran past its ``timeout`` or was terminated through its ``RunOptions``."""
 
+    __module__ = "fastseq"
+
 
 class ProviderError(FastseqError, ValueError):
     """An execution provider name that no onnxruntime build knows (a typo)."""
+
+    __module__ = "fastseq"
+
+
+def _truncated_download_error() -> type:
+    import urllib.error
+
+    class TruncatedDownloadError(DownloadError, urllib.error.ContentTooShortError):
+        """A download whose body ended before the length its ``Content-Length`` announced.
+        A ``urllib.error.ContentTooShortError`` (and so a ``URLError`` and an ``OSError``),
+        as kornia raises; ``received`` and ``announced`` count the bytes."""
+
+        __module__ = "fastseq"
+        __qualname__ = "TruncatedDownloadError"
+
+        def __init__(self, message: str, content: bytes = b"", *, received: int = 0, announced: int = 0) -> None:
+            urllib.error.ContentTooShortError.__init__(self, message, content)
+            self.received, self.announced = received, announced
+
+        def __str__(self) -> str:  # URLError's would print "<urlopen error ...>"
+            return str(self.args[0]) if self.args else ""
+
+    return TruncatedDownloadError
+
+
+#: classes made on first use, by name
+_LAZY = {"TruncatedDownloadError": _truncated_download_error}
+
+
+def __getattr__(name: str) -> Any:
+    make = _LAZY.get(name)
+    if make is None:
+        raise AttributeError(f"module 'fastseq.errors' has no attribute '{name}'")
+    cls = globals()[name] = make()
+    return cls
 
 
 def human_size(n: float) -> str:
@@ -59,15 +193,18 @@ __all__ = [
     "CompositionError",
     "ConversionError",
     "DownloadError",
+    "DownloadTimeoutError",
     "ExportError",
     "FastseqError",
     "InputError",
     "LoadError",
+    "OperatorError",
     "OpsetMismatchError",
     "PipelineFileError",
     "ProviderError",
     "RunError",
     "RunTimeoutError",
+    "TruncatedDownloadError",
 ]
 
 

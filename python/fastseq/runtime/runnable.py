@@ -396,8 +396,9 @@ class Runnable:
 
     def add_metadata(self, additional_metadata: Sequence[tuple[str, Any]] | None = None) -> onnx.ModelProto:
         """Adds ``(key, value)`` pairs to the composed model's ``metadata_props``, as kornia's
-        ``add_metadata`` does: ``("source", "fastseq")`` and ``("version", <fastseq version>)``
-        first, then ``additional_metadata``; values are stored as ``str(value)``. A key that
+        ``add_metadata`` does: ``source`` and ``version`` first (kornia's in a program that has
+        imported kornia, else ``("source", "fastseq")`` and fastseq's version), then
+        ``additional_metadata``; values are stored as ``str(value)``. A key that
         is already present keeps its position and takes the new value (``onnx.checker``
         refuses repeated keys). The metadata is kept by :meth:`export`, :attr:`model` and
         pickling; the running session is not rebuilt (metadata does not change what it

@@ -1,35 +1,26 @@
 """Model sources: ModelProto, operators, bytes, paths, http(s) URLs and Hugging Face Hub ids.
 
 Everything is resolved to what the Rust core reads: serialized bytes or a local path (which
-the core reads into memory of its own). Downloads land in a cache and are written atomically.
+the core reads into memory of its own). Downloads land in a cache and are written atomically:
+URLs through :mod:`fastseq.sources.download`, Hub ids through huggingface_hub (here).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import sys
-import time
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Union
 
 from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
 from fastseq.ops.operator import Operator
+from fastseq.sources.download import check_sha256, url_download
 
 if TYPE_CHECKING:
-    import http.client
-    import socket
-    import urllib.request
-
     import onnx
-
-# The URL download code imports http.client, socket, threading and urllib.request inside the
-# functions that use them: `import fastseq` and the CLI do not pay for them.
 
 ModelSource = Union["onnx.ModelProto", Operator, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
@@ -41,17 +32,6 @@ def is_model_proto(model: object) -> bool:
 
 #: kornia's convention: ``hf://operators/resize`` is ``operators/resize.onnx`` in this repo.
 KORNIA_REPO = "kornia/ONNX_models"
-#: Downloads larger than this are refused (bytes); ``FASTSEQ_MAX_DOWNLOAD`` overrides it.
-MAX_DOWNLOAD = int(os.environ.get("FASTSEQ_MAX_DOWNLOAD", str(16 << 30)))
-#: Every URL download must be done within this many seconds, retries and their pauses
-#: included (``FASTSEQ_DOWNLOAD_DEADLINE`` overrides it; ``deadline=`` per call). The per-read
-#: ``timeout`` alone bounds nothing against a server that sends a byte now and then.
-DOWNLOAD_DEADLINE = float(os.environ.get("FASTSEQ_DOWNLOAD_DEADLINE", "3600"))
-
-
-class _Truncated(DownloadError):
-    """A transfer that ended early: worth another try."""
-
 
 @dataclass(frozen=True)
 class Resolved:
@@ -270,7 +250,7 @@ def hub_listing(repo_id: str, folder: str, revision: str | None = None, token: s
 
     where = f"{repo_id}/{folder}"
     endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-    if _hub_offline():
+    if hub_offline():
         raise DownloadError(f"cannot list {where}: listing the Hub needs the network, and HF_HUB_OFFLINE is set")
     url = (f"{endpoint}/api/models/{repo_id}/tree/{urllib.parse.quote(revision or 'main', safe='')}/"
            f"{urllib.parse.quote(folder)}")
@@ -285,7 +265,7 @@ def hub_listing(repo_id: str, folder: str, revision: str | None = None, token: s
         raise DownloadError(f"cannot list {where}: {_causes(e)}") from e
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
     """HF_HUB_OFFLINE (read now, not only when huggingface_hub was imported) or FASTSEQ_OFFLINE."""
     from huggingface_hub import constants
 
@@ -327,7 +307,7 @@ class _HubRepo:
             cache_dir=self.cache_dir,
             token=self.token,
         )
-        if _hub_offline():
+        if hub_offline():
             if force:
                 raise DownloadError(f"{self.ref}: force_download=True needs the Hub, but HF_HUB_OFFLINE is set")
             try:
@@ -399,276 +379,3 @@ def _causes(e: BaseException) -> str:
             parts.append(text)
         seen = seen.__cause__ or seen.__context__
     return ": ".join(parts)
-
-
-def check_sha256(path: Path, expected: str, source: str) -> None:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != expected.lower():
-        raise DownloadError(
-            f"{source}: sha256 mismatch: expected {expected}, got {digest.hexdigest()}"
-        )
-
-
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    return constants.is_offline_mode() or os.environ.get("FASTSEQ_OFFLINE", "").lower() in ("1", "true", "yes")
-
-
-def url_cache_path(url: str, cache_dir: str | os.PathLike[str] | None) -> Path:
-    base = Path(cache_dir).expanduser() if cache_dir is not None else _default_cache() / "urls"
-    name = urllib.parse.urlparse(url).path.rsplit("/", 1)[-1]
-    if name in ("", ".", ".."):  # a URL ending in /.. would name the cache folder itself
-        name = "model.onnx"
-    return base / hashlib.sha256(url.encode()).hexdigest()[:16] / name
-
-
-def _default_cache() -> Path:
-    root = os.environ.get("FASTSEQ_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastseq"
-    )
-    return Path(root)
-
-
-def url_download(
-    url: str,
-    cache_dir: str | os.PathLike[str] | None = None,
-    force_download: bool = False,
-    *,
-    sha256: str | None = None,
-    timeout: float = 60.0,
-    retries: int = 3,
-    max_bytes: int | None = None,
-    deadline: float | None = None,
-    model: bool = False,
-) -> Path:
-    """Downloads ``url`` into the cache (atomically) and returns the local path. A cached
-    copy is reused unless ``force_download``; offline, the cached copy is the only option.
-    What arrives is checked before it enters the cache: its ``sha256`` when one is given and,
-    with ``model=True``, that the core decodes it as an ONNX model (so a truncated or garbage
-    body is a :class:`DownloadError` and never a cached file).
-
-    ``timeout`` bounds each wait for the server (connecting, each read); ``deadline``
-    (default :data:`DOWNLOAD_DEADLINE`) bounds the whole download, every attempt and pause
-    included: past it the connection is shut and a :class:`DownloadError` raised. Answers
-    that do not parse (a malformed status line or header, a bad chunk) are DownloadErrors."""
-    import urllib.error
-
-    url, _, fragment = url.partition("#")
-    if fragment.startswith("sha256=") and sha256 is None:
-        sha256 = fragment[len("sha256=") :]
-    target = url_cache_path(url, cache_dir)
-    if target.exists() and not force_download:
-        if sha256 is None:
-            return target
-        try:
-            check_sha256(target, sha256, url)
-            return target
-        except DownloadError:
-            target.unlink(missing_ok=True)  # a corrupt cached copy is fetched again
-    if _offline():
-        raise DownloadError(f"{url}: offline (HF_HUB_OFFLINE/FASTSEQ_OFFLINE) and not cached at {target}")
-    limit = MAX_DOWNLOAD if max_bytes is None else max_bytes
-    allowed = DOWNLOAD_DEADLINE if deadline is None else deadline
-    fresh = not target.parent.exists()  # a failed download leaves no empty folder of its own
-    target.parent.mkdir(parents=True, exist_ok=True)
-    watchdog = _Watchdog(time.monotonic() + allowed)
-    last: Exception | None = None
-    tried = 0
-    out_of_time = False
-    try:
-        for attempt in range(retries):
-            if attempt:
-                pause = min(0.5 * 2 ** (attempt - 1), 8.0)
-                if watchdog.left() <= pause:
-                    out_of_time = True  # the next try would start past the deadline
-                    break
-                time.sleep(pause)
-            tried += 1
-            try:
-                _fetch(url, target, timeout, limit, watchdog, lambda part: _verify(part, url, sha256, model))
-                return target
-            except urllib.error.HTTPError as e:
-                last = e
-                if 400 <= e.code < 500 and e.code not in (408, 429):
-                    break  # the server says no; asking again will not help
-            except _Truncated as e:
-                last = e
-            except DownloadError:
-                raise
-            except (urllib.error.URLError, OSError, TimeoutError) as e:
-                last = e
-            if watchdog.fired:
-                break
-    finally:
-        watchdog.cancel()
-        if fresh and not target.exists():
-            with contextlib.suppress(OSError):
-                target.parent.rmdir()
-    if out_of_time or watchdog.fired or watchdog.left() <= 0:
-        raise DownloadError(
-            f"{url}: download not done within its deadline of {allowed:g} s "
-            f"(deadline=, FASTSEQ_DOWNLOAD_DEADLINE) after {tried} attempt(s): {last}"
-        )
-    raise DownloadError(f"{url}: download failed after {tried} attempt(s): {last}")
-
-
-class _Watchdog:
-    """Shuts a download's sockets at its deadline, so that no blocking read outlives it (a
-    server that trickles bytes never trips the per-read timeout)."""
-
-    def __init__(self, end: float) -> None:
-        import threading
-
-        self.end = end
-        self.fired = False
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, end - time.monotonic()), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def watch(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._sockets.append(sock)
-            if self.fired:
-                _shut(sock)
-
-    def _fire(self) -> None:
-        with self._lock:
-            self.fired = True
-            for sock in self._sockets:
-                _shut(sock)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-def _shut(sock: socket.socket) -> None:
-    import socket
-
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed
-
-
-def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
-    """urllib's opener (redirects, proxies, TLS), its connections' sockets watched."""
-    import http.client
-    import urllib.request
-
-
-    def watched(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
-        class Connection(base):  # type: ignore[valid-type,misc]
-            def __init__(self, *args, **kwargs) -> None:
-                super().__init__(*args, **kwargs)
-                create = self._create_connection  # socket.create_connection, kept per instance
-
-                def create_watched(*a, **kw):
-                    sock = create(*a, **kw)
-                    watchdog.watch(sock)
-                    return sock
-
-                self._create_connection = create_watched
-
-        return Connection
-
-    class Http(urllib.request.HTTPHandler):
-        def http_open(self, req):
-            return self.do_open(watched(http.client.HTTPConnection), req)
-
-    class Https(urllib.request.HTTPSHandler):
-        def https_open(self, req):
-            kwargs = {"context": self._context}
-            if hasattr(self, "_check_hostname"):  # Python 3.11
-                kwargs["check_hostname"] = self._check_hostname
-            return self.do_open(watched(http.client.HTTPSConnection), req, **kwargs)
-
-    return urllib.request.build_opener(Http, Https)
-
-
-def _content_length(url: str, response: http.client.HTTPResponse) -> int | None:
-    """The body's announced length, or None; a malformed or conflicting one is refused
-    (``int()`` would accept ``" 1_0 "`` and refuse ``"abc"`` with a bare ValueError)."""
-    if getattr(response, "chunked", False):
-        return None  # Transfer-Encoding wins over Content-Length (RFC 9112 6.3)
-    values = {v.strip() for v in response.headers.get_all("Content-Length") or []}
-    if not values:
-        return None
-    if len(values) > 1:
-        raise DownloadError(f"{url}: conflicting Content-Length headers: {', '.join(sorted(map(repr, values)))}")
-    value = values.pop()
-    if not (value.isascii() and value.isdigit()):
-        raise DownloadError(f"{url}: malformed Content-Length header {value[:80]!r}")
-    return int(value)
-
-
-def _verify(part: Path, url: str, sha256: str | None, model: bool) -> None:
-    """Checks a downloaded file before it is committed to the cache (see :func:`url_download`)."""
-    if sha256 is not None:
-        check_sha256(part, sha256, url)
-    if model:
-        check_model_file(part, url)
-
-
-def check_model_file(path: Path, source: str) -> None:
-    """Raises DownloadError unless the core decodes the file at ``path`` as an ONNX model
-    (every check of loading but the external data files, which may come later)."""
-    try:
-        _core.external_data_locations(str(path))
-    except LoadError as e:
-        detail = str(e).removeprefix(f"{path}: ")
-        raise DownloadError(f"{source}: the download is not a whole ONNX model, so it was not kept: {detail}") from None
-
-
-def _fetch(
-    url: str, target: Path, timeout: float, limit: int, watchdog: _Watchdog, verify: Callable[[Path], None]
-) -> None:
-    import http.client
-    import tempfile
-    import urllib.request
-
-    request = urllib.request.Request(url, headers={"User-Agent": "fastseq"})
-    tmp: str | None = None
-    try:
-        with _opener(watchdog).open(request, timeout=max(0.001, min(timeout, watchdog.left()))) as response:
-            length = _content_length(url, response)
-            if length is not None and length > limit:
-                raise DownloadError(f"{url}: {length} bytes is over the download limit of {limit}")
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-            received = 0
-            with os.fdopen(fd, "wb") as out:
-                # read1: whatever one read from the socket gives, so that the deadline is
-                # looked at between reads (read(n) would wait for all n bytes).
-                while block := response.read1(1 << 20):
-                    received += len(block)
-                    if received > limit:
-                        raise DownloadError(f"{url}: over the download limit of {limit} bytes")
-                    out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
-            if watchdog.fired:
-                raise TimeoutError("deadline reached")
-            if length is not None and received != length:
-                raise _Truncated(f"{url}: truncated ({received} of {length} bytes)")
-            verify(Path(tmp))
-            os.replace(tmp, target)
-            tmp = None
-    except http.client.IncompleteRead as e:
-        raise _Truncated(f"{url}: truncated: {e}") from e
-    except http.client.RemoteDisconnected:
-        raise  # an OSError: retried
-    except (http.client.HTTPException, ValueError) as e:
-        if watchdog.fired:
-            raise TimeoutError("deadline reached") from e
-        raise DownloadError(f"{url}: malformed answer from the server: {type(e).__name__}: {e}") from e
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
