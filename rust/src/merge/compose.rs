@@ -17,8 +17,8 @@ use crate::merge::final_names::{
     assign_function_names, assign_node_names, assign_value_names, name_adapter_nodes, name_unnamed_nodes,
     unnamed_nodes, Renamed, ValueNames,
 };
-use crate::merge::onnx_rules::Frame;
 use crate::merge::metadata::with_metadata;
+use crate::merge::onnx_rules::Frame;
 use crate::merge::opsets::{merge_opsets, merged_ir_version};
 use crate::merge::options::{Edge, Options, Rules};
 use crate::merge::plan::build::build_plan;

@@ -391,7 +391,8 @@ mod tests {
         // A graph: stage 1 has a branch nothing uses (pruned) before the Mul it keeps.
         let mut second = unnamed(distinct(2.0));
         let g = second.graph.as_mut().unwrap();
-        g.node.insert(0, crate::codec::node::encode(&NodeProto { name: None, ..node_proto("Neg", &["x"], &["unused"]) }));
+        g.node
+            .insert(0, crate::codec::node::encode(&NodeProto { name: None, ..node_proto("Neg", &["x"], &["unused"]) }));
         g.output.push(vi("unused", 1, &[2, 4]));
         let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
         let c = compose(vec![unnamed(distinct(1.0)), second], &labels(2), &opts).unwrap();

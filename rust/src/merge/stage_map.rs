@@ -71,7 +71,8 @@ pub fn encode(stages: &[Stage], model: &ModelProto) -> Option<String> {
         return None;
     }
     let g = model.graph.as_ref()?;
-    let mut out = format!("{{\"format\":{FORMAT},\"nodes\":{},\"digest\":\"{}\",\"stages\":[", g.node.len(), digest(g, stages));
+    let mut out =
+        format!("{{\"format\":{FORMAT},\"nodes\":{},\"digest\":\"{}\",\"stages\":[", g.node.len(), digest(g, stages));
     for (k, s) in stages.iter().enumerate() {
         if k > 0 {
             out.push(',');
