@@ -7,8 +7,8 @@ ONNXSequential vs a plain copy of the same bytes, on cases this script generates
 
 Each measurement runs in its own subprocess, so peak RSS (ru_maxrss) is that tool's alone.
 Composition (merge + export to a file) and ONNX Runtime session creation are timed apart.
-Results: a table on stdout and benches/out/results.json; --readme rewrites the table in
-README.md between the bench markers. Timings are noisy on shared machines: read the ratios.
+Results: a table on stdout and benches/out/results.json; --readme rewrites the table between
+the bench markers, in docs/benchmarks.md (where the tables live now; the flag kept its name). Timings are noisy on shared machines: read the ratios.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ HERE = Path(__file__).parent
 OUT = HERE / "out"
 CASES_DIR = OUT / "cases"
 RESULTS = OUT / "results.json"
-README = HERE.parent / "README.md"
+#: where the tables live between their markers (the README held them before the docs site)
+DOCS = [HERE.parent / "README.md", *sorted((HERE.parent / "docs").glob("*.md"))]
 GB = 1 << 30
 MB = 1 << 20
 REPEATS = 5  # runs of a measurement that takes little time; the median is reported
@@ -476,7 +477,7 @@ def main() -> None:
     p.add_argument("--cases", help=f"comma-separated, from {', '.join(CASES)}")
     p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     p.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
-    p.add_argument("--readme", action="store_true", help="write the table into README.md")
+    p.add_argument("--readme", action="store_true", help="write the table into docs/benchmarks.md")
     a = p.parse_args()
     if a.worker:
         worker(*a.worker, session=a.session)
@@ -502,14 +503,18 @@ def main() -> None:
 
 
 def write_readme_section(marker: str, text: str) -> None:
-    """Replaces what README.md holds between ``<!-- {marker}:start -->`` and ``:end``."""
-    readme = README.read_text()
+    """Replaces what a page holds between ``<!-- {marker}:start -->`` and ``:end`` (the one
+    page of README.md and docs/*.md that has the markers)."""
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
-    if start in readme and end in readme:
-        before, rest = readme.split(start, 1)
-        _, after = rest.split(end, 1)
-        README.write_text(before + start + "\n" + text + "\n" + end + after)
-        print(f"updated {README}")
+    for page in DOCS:
+        content = page.read_text()
+        if start in content and end in content:
+            before, rest = content.split(start, 1)
+            _, after = rest.split(end, 1)
+            page.write_text(before + start + "\n" + text + "\n" + end + after)
+            print(f"updated {page}")
+            return
+    print(f"no page holds the {marker} markers; the table is above")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import onnxruntime as ort
 import fastseq
 from fastseq.ops import shipped as operators
 
-CHAIN = ["builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head"]
+CHAIN = ["builtin:shipped/to_float", "builtin:shipped/resize", "builtin:shipped/normalize", "builtin:color_head"]
 
 
 def plain_loop(images: np.ndarray) -> float:

@@ -2,7 +2,7 @@
 peak memory), and what one call costs.
 
     python benches/bench_runtime.py              # both tables (a few minutes)
-    python benches/bench_runtime.py --readme     # and write them into README.md
+    python benches/bench_runtime.py --readme     # and write them into docs/benchmarks.md
     python benches/bench_runtime.py --cases cache [--readme]   # when the session cache helps
 
 "Ready to call" (each measurement in its own process, repeats taken in turns across the

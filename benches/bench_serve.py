@@ -2,7 +2,7 @@
 on a small tabular pipeline, a small convolutional one and a node-heavy chain.
 
     python benches/bench_serve.py             # the table (about a minute)
-    python benches/bench_serve.py --readme    # and write it into README.md
+    python benches/bench_serve.py --readme    # and write it into docs/benchmarks.md
 
 Per pipeline, in one process: (a) 64 threads each calling ``pipe(x)`` (a thread-per-request
 server today), (b) 64 coroutines on one asyncio loop through ``pipe.batcher()``, (c) 64
@@ -31,7 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-import bench  # noqa: E402  (the case generators and the README helper)
+import bench  # noqa: E402  (the case generators and the docs-table helper)
 
 FIXTURES = HERE.parent / "tests" / "fixtures"
 RESULTS = bench.OUT / "serve.json"
@@ -261,7 +261,7 @@ def targets(report: dict) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pipelines", default="tabular,conv,node_heavy")
-    p.add_argument("--readme", action="store_true", help="write the table into README.md (serve markers)")
+    p.add_argument("--readme", action="store_true", help="write the table into docs/benchmarks.md (serve markers)")
     a = p.parse_args()
     chosen = a.pipelines.split(",")
     import onnx  # noqa: F401  (a process's first profile imports it: not the profile's own cost)

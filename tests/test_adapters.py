@@ -92,3 +92,26 @@ def test_entry_points_without_adapt_name_one_that_has_it():
     assert "adapt=True (or" not in str(info.value)
     assert "compose() inserts no adapters: fastseq.ONNXSequential(..., adapt=True)" in str(info.value)
     assert str(info.value).endswith("inserts a Unsqueeze of axis 1")
+
+
+def test_a_failing_adapter_names_its_edge():
+    """An adapter that fails at run time (the output was declared [N, 1, K] and is not) is
+    named by its edge and what it does, not by its node name, also after pickling."""
+    import pickle
+
+    lying = identity(["N", "M", "K"], ["N", 1, "K"], "a")  # declares an axis of 1 it does not have
+    b = helper.make_model(
+        helper.make_graph([helper.make_node("Identity", ["u"], ["v"])], "b",
+                          [helper.make_tensor_value_info("u", TensorProto.FLOAT, ["N", "K"])],
+                          [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["N", "K"])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    graph = fastseq.Pipeline({"a": lying, "b": b}, edges=["a.y -> b.u"], adapt=True)
+    chain = fastseq.ONNXSequential(lying, b, adapt=True)
+    x = np.ones((2, 3, 4), np.float32)
+    for pipe, edge in ((graph, "a.y -> b.u"), (pickle.loads(pickle.dumps(graph)), "a.y -> b.u"),
+                       (chain, "a (#0).y -> b (#1).u")):
+        with pytest.raises(fastseq.RunError) as info:
+            pipe(x)
+        text = str(info.value)
+        assert f"the adapter on edge {edge} (Squeeze of axis 1)" in text, text
+        assert "fastseq/adapt" not in text

@@ -326,7 +326,7 @@ def test_provider_typo_is_an_error_with_did_you_mean_and_a_missing_one_a_warning
 
 
 def test_summary_dims_are_ints_like_tensorinfo_and_dtypes_numpy_names():
-    pipe = fastseq.ONNXSequential("builtin:to_float", "builtin:resize")
+    pipe = fastseq.ONNXSequential("builtin:shipped/to_float", "builtin:shipped/resize")
     info = pipe.summary()
     name, dtype, dims = info["inputs"][0]
     assert (name, dtype) == (pipe.inputs[0].name, str(pipe.inputs[0].dtype)) == ("input", "uint8")

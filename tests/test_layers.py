@@ -22,7 +22,8 @@ LAYERS = [
     ("integrations", ["fastseq.integrations"]),
     ("facades", ["fastseq.facades"]),
     # the public face: the package itself, the CLI and the public names of integrations
-    ("top", ["fastseq", "fastseq.__main__", "fastseq.cli", "fastseq.ray", "fastseq.quantize", "fastseq.onnx_compose"]),
+    ("top", ["fastseq", "fastseq.__main__", "fastseq.cli", "fastseq.ray", "fastseq.quantize", "fastseq.onnx_compose",
+             "fastseq.operators"]),
 ]
 
 

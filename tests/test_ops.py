@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import onnx
@@ -408,17 +409,22 @@ def test_strings_build_the_same_models_as_calls():
     assert ops.parse("resize?size=224,224&mode=linear") == ("resize", {"size": (224, 224), "mode": "linear"})
 
 
-def test_bare_shipped_names_keep_their_models():
-    """builtin:resize without parameters is still the shipped 32x32 model, byte for byte;
-    a bare name that is only an operator builds it with its defaults."""
-    shipped = fastseq.compose(["builtin:resize"])
+def test_a_builtin_name_has_one_meaning_and_old_names_keep_theirs_with_a_note():
+    """builtin:shipped/NAME is the shipped file, byte for byte; builtin:NAME?... and a bare
+    name only an operator has build the operator; a bare name the first release gave a file
+    that an operator now shares still names the file (old pipelines compute what they did),
+    with one FutureWarning saying how to write either."""
+    shipped = fastseq.compose(["builtin:shipped/resize"])
     original = onnx.load(fastseq.operators.path("resize"))
     assert [n.op_type for n in shipped.graph.node] == [n.op_type for n in original.graph.node]
     assert shipped.graph.output[0].type.tensor_type.shape.dim[2].dim_value == 32
-    built = fastseq.compose(["builtin:softmax"])
-    assert built.graph.node[0].op_type == "Softmax"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no note for a name with one meaning
+        assert fastseq.compose(["builtin:softmax"]).graph.node[0].op_type == "Softmax"
+        assert fastseq.compose(["builtin:shipped/normalize"]).graph.node[0].op_type == "Sub"
+        fastseq.compose(["builtin:digits"])
     image = np.load(fastseq.operators.sample())
-    old = fastseq.ONNXSequential("builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head")
+    files = ["builtin:shipped/to_float", "builtin:shipped/resize", "builtin:shipped/normalize", "builtin:color_head"]
     new = fastseq.ONNXSequential(
         "builtin:to_float?",
         "builtin:layout?src=NHWC&dst=NCHW",
@@ -426,7 +432,19 @@ def test_bare_shipped_names_keep_their_models():
         "builtin:normalize?",
         "builtin:color_head",
     )
-    np.testing.assert_allclose(new(image)[0], old(image)[0], atol=1e-6)
+    np.testing.assert_allclose(new(image)[0], fastseq.ONNXSequential(*files)(image)[0], atol=1e-6)
+    with pytest.warns(FutureWarning) as caught:
+        old = fastseq.ONNXSequential("builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head")
+    assert [str(w.message).split(" ")[0] for w in caught] == ["builtin:to_float", "builtin:resize", "builtin:normalize"]
+    assert all(w.filename == __file__ for w in caught), "the note points at the caller's line"
+    assert "write builtin:shipped/resize for the file, or builtin:resize?size=32" in str(caught[1].message)
+    np.testing.assert_allclose(old(image)[0], new(image)[0], atol=1e-6)
+    with pytest.raises(ops.OperatorError, match=r"a shipped model takes no parameters; builtin:resize\?size=3 builds"):
+        fastseq.compose(["builtin:shipped/resize?size=3"])
+    with pytest.raises(fastseq.LoadError, match=r"no built-in operator 'resise' \(did you mean 'resize'\?\)"):
+        fastseq.compose(["builtin:shipped/resise"])
+    with pytest.raises(fastseq.LoadError, match="no built-in operator '../normalize'"):
+        fastseq.compose(["builtin:shipped/../normalize"])
 
 
 def test_operator_options_pick_the_opset():
@@ -497,7 +515,7 @@ def test_command_line_merges_and_runs_operator_strings(tmp_path):
         (lambda: ops.grayscale(2), r"grayscale: channels must be 1 or 3, got 2"),
         (lambda: ops.letterbox(64, fill=300, dtype="uint8"), r"fill must be an integer in \[0, 255\] for uint8"),
         (lambda: ops.topk(0), r"topk: k must be at least 1, got 0"),
-        (lambda: ops.softmax(axis=2), r"softmax: axis must be in \[-2, 1\] for rank 2, got 2"),
+        (lambda: ops.softmax(axis=2, rank=2), r"softmax: axis must be in \[-2, 1\] for rank 2, got 2"),
         (lambda: ops.nms(iou=1.5), r"nms: iou must be between 0 and 1"),
         (lambda: ops.nms(box_format="xywh"), r"box_format must be one of xyxy, cxcywh, got 'xywh'"),
         (lambda: ops.center_crop(8, opset=12), r"opset must be between 13 and \d+, got 12"),

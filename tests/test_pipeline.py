@@ -508,7 +508,8 @@ def test_the_drawing_shows_exactly_the_inputs_and_outputs_the_model_has(case):
             # a(x, z) and b(x), a graph input called 'a.x' feeding a.z: a's own x is
             # exposed as 'a.x_1' (the drawing used to show 'a.x' twice).
             "input named like another stage's": lambda: fastseq.Pipeline(
-                {"a": two_inputs("x", "z"), "b": scale_model(1.0)}, inputs={"a.x": ["a.z"]}
+                {"a": two_inputs("x", "z"), "b": scale_model(1.0)}, inputs={"a.x": ["a.z"]},
+                outputs=["a.y", "b.y"],  # side by side, as the outputs say
             ),
             "shared input": lambda: fastseq.Pipeline(
                 {"a": HEAD, "b": RESIDUAL}, inputs={"features": ["a.features", "b.x"]}
@@ -591,7 +592,7 @@ def test_pipeline_file_stages_from_a_url_with_a_digest(tmp_path, monkeypatch, im
 def test_the_core_orders_the_stages_keeping_the_given_order_and_finds_long_loops():
     # a(a, b) is fed by c and b but given first: the order the edges allow, the given one elsewhere.
     stages = {"a": add_model(shape=(2, 4)), "b": scale_model(1.0), "c": scale_model(2.0), "d": scale_model(3.0)}
-    pipe = fastseq.Pipeline(stages, ["c.y -> a.a", "b.y -> a.b"])
+    pipe = fastseq.Pipeline(stages, ["c.y -> a.a", "b.y -> a.b"], outputs=["a.y", "d.y"])  # d: side by side
     assert pipe.stages == ["b", "c", "a", "d"]
     assert [s["label"] for s in pipe._plan["stages"]] == ["b", "c", "a", "d"]
     assert [s["given"] for s in pipe._plan["stages"]] == [1, 2, 0, 3]

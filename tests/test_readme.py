@@ -1,15 +1,17 @@
-"""Every Python and shell block of README.md runs here, so that an example that breaks fails.
+"""Every Python and shell block of README.md and of the documentation pages (docs/**/*.md)
+runs here, so that an example that breaks fails.
 
-Each block runs in its own process, in a fresh copy of a folder holding what the README's
-examples name: small stand-in models with the names and inputs/outputs the text gives them
-(``resnet18.onnx``, ``models/backbone.onnx``, ``a.onnx`` ...), ``.npy`` files, the README's
-own pipeline file, and a Parquet dataset for the Ray example. ``https://example.org/`` is
+Each block runs in its own process, in a fresh copy of a folder holding what the examples
+name: small stand-in models with the names and inputs/outputs the text gives them
+(``resnet18.onnx``, ``models/backbone.onnx``, ``a.onnx`` ...), ``.npy`` files, the pipeline
+file of docs/pipelines.md, and a Parquet dataset for the Ray example. ``https://example.org/`` is
 served by a local HTTP server and ``hf://`` by a local stand-in of the Hub (``HF_ENDPOINT``);
 ``pip install ...`` lines are taken as done (this environment has the package and its
 extras). Python blocks start with ``numpy as np``, ``onnx`` and ``fastseq`` imported and the
 models the text calls ``m1``, ``m2``, ``b3`` and ``models`` and the arrays ``x`` and
-``image`` defined. The TOML block is the pipeline file: its placeholder digest is replaced
-by the real one. A block preceded by ``<!-- readme-test: skip (why) -->`` is skipped.
+``image`` defined. The TOML block (docs/pipelines.md) is the pipeline file: its placeholder
+digest is replaced by the real one. A block preceded by ``<!-- readme-test: skip (why) -->``
+is skipped.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from servers import serve_files, serve_hub
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+#: the files whose blocks run: the README, then the documentation pages
+DOCUMENTS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 SKIP = re.compile(r"^<!-- readme-test: skip \((.+)\) -->$")
 EXAMPLE_ORG = "https://example.org/"
 PRELUDE = """\
@@ -57,15 +62,18 @@ class Block:
     code: str
     line: int
     skip: str | None
-    #: the README section it is in, and its place there: "use-1", "command-line-2"
+    #: the file, the section it is in and its place there: "readme-install-1", "cli-the-command-line-2"
     id: str = ""
+    #: the file, relative to the repository
+    file: str = "README.md"
 
 
-def readme_blocks() -> list[Block]:
-    lines = README.read_text(encoding="utf-8").splitlines()
+def blocks_of(path: Path) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    page = "readme" if path == README else path.relative_to(ROOT / "docs").with_suffix("").as_posix().replace("/", "-")
     found, i, section, count = [], 0, "top", 0
     while i < len(lines):
-        heading = re.match(r"^#{2,3} (.+)$", lines[i])
+        heading = re.match(r"^#{1,3} (.+)$", lines[i])
         if heading:
             section, count = re.sub(r"[^a-z0-9]+", "-", heading.group(1).lower()).strip("-"), 0
         opening = re.match(r"^```(\w+)$", lines[i])
@@ -77,12 +85,13 @@ def readme_blocks() -> list[Block]:
         marker = SKIP.match(before)
         count += 1
         code = "\n".join(lines[i + 1 : end]) + "\n"
-        found.append(Block(opening.group(1), code, i + 1, marker and marker.group(1), f"{section}-{count}"))
+        found.append(Block(opening.group(1), code, i + 1, marker and marker.group(1), f"{page}-{section}-{count}",
+                           path.relative_to(ROOT).as_posix()))
         i = end + 1
     return found
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [b for doc in DOCUMENTS for b in blocks_of(doc)]
 RUNNABLE = [b for b in BLOCKS if b.lang in ("python", "sh")]
 
 
@@ -199,7 +208,7 @@ def workspace(root: Path, web: Path, hub: Path, web_url: str) -> Path:
 
 
 def pipeline_file(ws: Path, web_url: str) -> str:
-    """The README's TOML block, with the real digest of its backbone."""
+    """The docs' TOML block (the pipeline file), with the real digest of its backbone."""
     (toml,) = [b for b in BLOCKS if b.lang == "toml"]
     digest = hashlib.sha256((ws / "models" / "resnet.onnx").read_bytes()).hexdigest()
     assert '"9f2c..."' in toml.code
@@ -251,7 +260,7 @@ def test_readme_block_runs(block, setup, tmp_path):
     if "import ray" in block.code:
         pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq[ray]'")
     r = run_block(block, setup, tmp_path)
-    assert r.returncode == 0, f"README.md line {block.line}:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
+    assert r.returncode == 0, f"{block.file} line {block.line}:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
     for line, text in PRINTS.items():
         if line in block.code:
             assert text in r.stdout, (line, r.stdout)
@@ -272,8 +281,20 @@ def test_the_pipeline_file_block_loads_and_runs(setup, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_every_page_has_its_blocks_found():
+    """The README and the guide pages with examples are read (a page moved or renamed
+    would otherwise drop its blocks from the run silently)."""
+    files = {b.file for b in RUNNABLE}
+    for page in ("README.md", "docs/running.md", "docs/kornia.md", "docs/onnx-compose.md", "docs/operators.md",
+                 "docs/pipelines.md", "docs/cli.md", "docs/serving.md", "docs/ray.md", "docs/install.md"):
+        assert page in files, page
+    assert len({b.id for b in BLOCKS}) == len(BLOCKS), "block ids are unique"
+
+
 def test_skips_are_rare_and_say_why():
+    """The test command (README and docs/install.md), the release build, a Ray cluster from
+    the CLI and the benchmarks: each is run elsewhere, as its reason says."""
     skipped = [b for b in BLOCKS if b.skip]
-    assert len(skipped) <= 3, [b.id for b in skipped]
+    assert len(skipped) <= 5, [b.id for b in skipped]
     assert all(len(b.skip) > 20 for b in skipped)
     assert {b.lang for b in BLOCKS} == {"python", "sh", "toml"}, "a block in a language this test does not run"

@@ -97,10 +97,12 @@ def test_missing_provider_is_a_warning_naming_it_and_what_is_available():
 
 
 def test_len_repr_and_summary():
-    pipe = fastseq.ONNXSequential("builtin:to_float", "builtin:resize", "builtin:normalize", "builtin:color_head")
+    pipe = fastseq.ONNXSequential(
+        "builtin:shipped/to_float", "builtin:shipped/resize", "builtin:shipped/normalize", "builtin:color_head"
+    )
     assert len(pipe) == 4
     text = repr(pipe)
-    assert "builtin:to_float -> builtin:resize -> builtin:normalize -> builtin:color_head" in text
+    assert "builtin:shipped/to_float -> builtin:shipped/resize -> builtin:shipped/normalize -> builtin:color_head" in text
     assert "input: uint8[N, H, W, 3]" in text and "opset ai.onnx 17" in text and "12 nodes" in text
     assert pipe.summary()["nodes"] == 12
 

@@ -475,9 +475,12 @@ def test_list_says_what_each_entry_is_for(tmp_path):
     out = cli("cache", "list", "--dir", str(cache))
     assert out.returncode == 0, out.stderr
     assert "2 entries" in out.stdout and "limit 2.0 GB" in out.stdout
-    line = next(ln for ln in out.stdout.splitlines() if chain["key"] in ln)
-    assert "resize.onnx -> classify.onnx" in line and "[CPU; onnxruntime" in line and "2 hits" in line
+    lines = out.stdout.splitlines()
+    at = next(k for k, ln in enumerate(lines) if chain["key"] in ln)
+    line, stages = lines[at], lines[at + 1]
+    assert "[CPU; onnxruntime" in line and "2 hits" in line and f"model {chain['model'][:12]}" in line
     assert "created 20" in line and "last used 20" in line
+    assert stages.strip() == "resize.onnx -> classify.onnx", "the stages in full, on a line of their own"
 
 
 def test_hits_are_counted_by_concurrent_processes(tmp_path):

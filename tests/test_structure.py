@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "python" / "fastseq"
 LIMIT = 500
 #: files still over the limit, being edited elsewhere: to be split, never to grow this list
-OVER = {"cli.py"}
+OVER: set[str] = set()
 
 FILES = sorted(p for p in PACKAGE.rglob("*.py"))
 

@@ -42,6 +42,8 @@ def _stub():
             }
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fastseq"):
+            names.update(a.asname or a.name for a in node.names)  # re-exported (the error classes)
     return functions, classes, names
 
 

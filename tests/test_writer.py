@@ -380,3 +380,31 @@ def test_a_killed_writers_staging_folder_goes_with_the_next_write(out):
     assert live.folder().is_dir() and not Path(dead).exists()
     live.close()
     assert sorted(p.name for p in out.iterdir()) == ["c.onnx", "c.onnx.data"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_read_only_target_is_an_export_error_for_an_ordinary_user(kind):
+    """As onnx.save fails on it (EACCES), on every writer path: run as nobody in a folder
+    anyone may write in, where a rename over the file would go through."""
+    import unprivileged
+
+    shared = unprivileged.shared_folder()
+    try:
+        for sub in ("out", "src", "warm"):
+            (shared / sub).mkdir()
+            (shared / sub).chmod(0o777)
+        for scale in (1.0, 2.0):
+            onnx.save(matmul_model(scale), shared / "src" / f"s{scale:g}.onnx")
+        target = target_for(kind, shared / "out")
+        target.write_bytes(b"old model")
+        target.chmod(0o444)
+        warm = f"from pathlib import Path\nfrom test_writer import write\nwrite({kind!r}, 1.0, " \
+               f"Path({str(target_for(kind, shared / 'warm'))!r}))\nimport fastseq\n"
+        code = (f"try:\n    write({kind!r}, 2.0, Path({str(target)!r}))\nexcept fastseq.ExportError as e:\n"
+                "    print(e)\nelse:\n    print('written')\n")
+        r = unprivileged.run(code, warm)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip().startswith(f"cannot write {target}: it is read-only (Permission denied"), r.stdout
+        assert [p.name for p in (shared / "out").iterdir()] == [target.name] and target.read_bytes() == b"old model"
+    finally:
+        subprocess.run(["rm", "-rf", str(shared)], check=False)

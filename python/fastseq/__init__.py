@@ -47,8 +47,9 @@ _LAZY = {
     # made on first use: its base class, urllib's ContentTooShortError, is slow to import
     "TruncatedDownloadError": "fastseq.errors",
 }
-# public submodules under their public names (``fastseq.operators`` is the shipped models)
-_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.ops.shipped"}
+# public submodules, imported when first read as attributes (``fastseq.operators`` is the
+# shipped models; each is a module of its own, so ``import fastseq.operators`` works too)
+_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.operators"}
 
 if TYPE_CHECKING:
     from fastseq import ops
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from fastseq.graph.metadata import add_metadata
     from fastseq.graph.rename import io_name_conversion
     from fastseq.graph.spec import PipelineSpec
-    from fastseq.ops import shipped as operators
+    from fastseq import operators
     from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.profile import Profile

@@ -8,12 +8,16 @@ from typing import Any
 MAX_IR_VERSION: int
 PROTOBUF_LIMIT: int
 __version__: str
+#: what the extension was built for: "<arch>-<os>[-<env>] <profile>", e.g. "x86_64-linux-gnu release"
+__build__: str
 
-class FastseqError(Exception): ...
-class LoadError(FastseqError, ValueError): ...
-class CompositionError(FastseqError, ValueError): ...
-class OpsetMismatchError(CompositionError): ...
-class ExportError(FastseqError): ...
+# The error classes are defined in fastseq/errors.py (so that they print and pickle as
+# fastseq.<Name>); the core raises them and re-exports these five.
+from fastseq.errors import CompositionError as CompositionError
+from fastseq.errors import ExportError as ExportError
+from fastseq.errors import FastseqError as FastseqError
+from fastseq.errors import LoadError as LoadError
+from fastseq.errors import OpsetMismatchError as OpsetMismatchError
 
 Source = bytes | str | PathLike[str] | Composed
 
@@ -130,10 +134,19 @@ def model_digest(model: Composed) -> str:
     """The digest of ``model`` as :func:`write_private_copy` would write it for a session
     (the session cache's key), read where its weights are (memory, the sources, a private
     copy) without writing or keeping them."""
-def commit_bytes(data: bytes, path: str | PathLike[str]) -> dict[str, Any]:
-    """Writes ``data`` (a model without external data, in any format) to ``path`` with the
-    core's writer: atomically, under the export lock. Returns ``model_bytes``,
+def commit_bytes(data: bytes, path: str | PathLike[str], owner: str | None = None) -> dict[str, Any]:
+    """Writes ``data`` (a model without external data, in any format, or any other file) to
+    ``path`` with the core's writer: atomically, under the export lock, never through a
+    link. With ``owner`` (the name of a file in the same folder: a pipeline file), ``path``
+    is a file written beside it: marked as the writer's, and a file there that the writer
+    did not make for that owner is an ExportError, never replaced. Returns ``model_bytes``,
     ``data_bytes`` (0) and ``data_files`` ([])."""
+
+def check_target(path: str | PathLike[str], owner: str | None = None) -> None:
+    """An ExportError naming ``path`` unless :func:`commit_bytes` (with ``owner``) could write
+    it now: the folder exists, the target is no folder, device, read-only file or (beside an
+    owner) another's file, and a temporary file can be made beside it. Called before the
+    work whose result is written."""
 
 def stage(target: str | PathLike[str]) -> Staging:
     """A staging folder beside ``target`` for another program (onnx, ONNX Runtime) to write

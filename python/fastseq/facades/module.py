@@ -66,6 +66,7 @@ class ONNXModule(Facade):
         )
         built = build_cached(spec, None)
         self._composed, self._labels = built.composed, built.labels
+        self._described = built.described  # what a session-cache entry records
         del built  # only the module holds the model now, so that it can be spilled
         self._start(providers, session_options)
 

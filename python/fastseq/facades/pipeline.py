@@ -93,8 +93,8 @@ class Pipeline(Facade):
     @classmethod
     def from_spec(cls, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> Pipeline:
         """A pipeline built from a graph description (``session_cache`` as in the constructor)."""
-        if not spec.is_graph:
-            raise TypeError("Pipeline needs a graph description (named stages and edges)")
+        if not spec.is_graph and any(st.name is None for st in spec.stages):
+            raise TypeError("Pipeline needs named stages: a graph (edges) or a chain of named stages (a pipeline file)")
         pipe = cls.__new__(cls)
         pipe._build(spec, session_cache)
         return pipe
@@ -115,6 +115,7 @@ class Pipeline(Facade):
         built = build_cached(spec, session_cache)
         self.spec = spec
         self._composed, self._labels = built.composed, built.labels
+        self._described = built.described  # what a session-cache entry records
         self._plan, self._sources, self._report = built.plan, built.sources, built.report
         del built  # only the pipeline holds the model now, so that it can be spilled
         self._start(spec.providers, session_options(spec.session_options), session_cache)

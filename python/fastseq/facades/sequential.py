@@ -128,6 +128,7 @@ class ONNXSequential(Facade):
         )
         built = build_cached(spec, session_cache)
         self._composed, self._labels = built.composed, built.labels
+        self._described = built.described  # what a session-cache entry records
         # The loaded models share their weights with the composed one: combine() composes
         # them again without reading or downloading anything.
         self._stages = built.stages

@@ -33,6 +33,9 @@ class Built:
     sources: dict[str, str] = field(default_factory=dict)
     #: the loaded stage models (with ``keep_stages``): composed again without reading anything
     stages: list[_core.Composed] | None = None
+    #: each stage in graph order with what it was built from (``pre=resize(size=224)``,
+    #: ``model.onnx``): what a session-cache entry records, to tell pipelines apart
+    described: list[str] = field(default_factory=list)
 
 
 def build(spec: PipelineSpec, converted: Store | None = None) -> Built:
@@ -89,6 +92,7 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
             raise type(e)(f"stages.{st.name}: {e}") from e
     labels = [st.name or r.label for st, r in zip(spec.stages, resolved)]
     sources: list[Any] = [r.data for r in resolved]
+    fitted = _fit_operators(spec, sources, labels, link)
     if load:  # all stages in parallel; errors name the stage's label
         loaded = _core.load_models(sources, labels)
     if spec.opset is not None:
@@ -131,14 +135,81 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
             UserWarning,
             stacklevel=_user_stacklevel(),
         )
+    # What each stage was built from: an operator as it runs (fitted to what feeds it), a
+    # builtin: string as written.
+    given = {label: st if isinstance(st.source, str) else replace(st, source=fitted.get(i, st.source))
+             for i, (label, st) in enumerate(zip(labels, spec.stages))}
+    order = [st["label"] for st in plan["stages"]]
     return Built(
         composed,
-        [st["label"] for st in plan["stages"]],
+        order,
         plan,
         dict(composed.report()),
-        {label: _source_label(st.source) for label, st in zip(labels, spec.stages)},
+        {label: _source_label(st.source) for label, st in given.items()},
         loaded if spec.keep_stages and loaded else None,
+        [_described(label, given[label]) if label in given else label for label in order],
     )
+
+
+def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], link: bool) -> dict[int, Any]:
+    """Operators built without ``rank=`` (``fastseq.ops.fitting``) are built again for the
+    rank of the output that feeds their ``input``, as the description joins them: an edge,
+    an io_map pair or, in a chain without io_maps, the output at the input's position. A
+    model's outputs are read from the model (loaded once: the core composes that copy
+    unless its data files are to be linked); an operator's from what it declares, after it
+    was fitted in turn. Where nothing says the rank (no feed, an output of unknown shape),
+    the operator stays as built. ``sources`` is updated in place; returns the operators."""
+    from fastseq import ops
+
+    fits = {i: op for i, st in enumerate(spec.stages) if (op := ops.fitting(st.source)) is not None}
+    if not fits:
+        return fits
+    index = {st.name: k for k, st in enumerate(spec.stages)}
+    declared: dict[int, dict[str, tuple[Any, ...]]] = {}
+    busy: set[int] = set()
+
+    def feed(i: int) -> tuple[int, str] | None:
+        if spec.is_graph:
+            found = [(index[e.src], e.output) for e in spec.edges or [] if index[e.dst] == i and e.input == "input"]
+            return found[0] if len(found) == 1 else None
+        if i == 0:
+            return None
+        if spec.io_maps is not None:
+            found = [(i - 1, out) for out, inp in spec.io_maps[i - 1] if inp == "input"]
+            return found[0] if len(found) == 1 else None
+        outputs = list(outputs_of(i - 1))
+        return (i - 1, outputs[0]) if len(outputs) == len(fits[i].inputs) == 1 else None
+
+    def outputs_of(k: int) -> dict[str, tuple[Any, ...]]:
+        if k in fits:
+            fit(k)
+            return {t.name: t.shape for t in fits[k].outputs}
+        if k not in declared:
+            try:
+                model = _core.load_model(sources[k], labels[k])
+            except FastseqError:
+                return {}  # the composition names what is wrong with it
+            if not link:
+                sources[k] = model
+            declared[k] = {name: tuple(dims) for name, _, dims in model.summary()["outputs"]}
+        return declared[k]
+
+    def fit(i: int) -> None:
+        if i in busy:  # done, or a cycle that the core reports
+            return
+        busy.add(i)
+        fed = feed(i)
+        dims = outputs_of(fed[0]).get(fed[1]) if fed is not None else None
+        if dims:  # () is an output of unknown rank (or a scalar, which no operator here reads)
+            try:
+                fits[i] = ops.refit(fits[i], len(dims))
+            except FastseqError as e:
+                raise type(e)(f"{labels[i]}: fed {labels[fed[0]]}.{fed[1]} of rank {len(dims)}: {e}") from None
+            sources[i] = bytes(fits[i])
+
+    for i in list(fits):
+        fit(i)
+    return fits
 
 
 def _extra(spec: PipelineSpec) -> dict[str, Any]:
@@ -183,7 +254,21 @@ def _user_stacklevel() -> int:
 
 
 def _source_label(source: Any) -> str:
+    from fastseq.ops.operator import Operator
+
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         return text if "://" in text or text.startswith("builtin:") else os.path.basename(text)
+    if isinstance(source, Operator):
+        return source.call.removeprefix("fastseq.ops.")
     return type(source).__name__
+
+
+def _described(label: str, stage: Any) -> str:
+    """A stage and what it was built from; a model in memory is known by its label only."""
+    from fastseq.ops.operator import Operator
+
+    if not isinstance(stage.source, (str, os.PathLike, Operator)):
+        return label
+    source = _source_label(stage.source)
+    return f"{stage.name}={source}" if stage.name and stage.name != source else source

@@ -127,6 +127,35 @@ def _edge_index(a: int | str, edges: list[Edge], where: str) -> int:
     raise CompositionError(where + f"'{a}' is not one of the edges{_core.did_you_mean(wanted, [str(e) for e in edges])}")
 
 
+def parse_io_pair(text: Any, where: str) -> tuple[str, str]:
+    """``"OUT:IN"`` (the command line's ``--io-map`` and a pipeline file's chain) -> (OUT, IN).
+    Names may hold colons: the last one splits."""
+    out, sep, inp = text.strip().rpartition(":") if isinstance(text, str) else ("", "", "")
+    if not sep or not out.strip() or not inp.strip():
+        raise CompositionError(where + f"{text!r}: expected OUTPUT:INPUT")
+    return out.strip(), inp.strip()
+
+
+def groups(stages: Sequence[str], edges: Sequence[Edge], inputs: Mapping[str, Sequence[tuple[str, str]]]) -> list[list[str]]:
+    """The stages in groups that no edge or shared graph input joins (one group when every
+    stage is connected), each in the given order."""
+    parent = {s: s for s in stages}
+
+    def root(s: str) -> str:
+        while parent[s] != s:
+            parent[s] = parent[parent[s]]
+            s = parent[s]
+        return s
+
+    joined = [(e.src, e.dst) for e in edges] + [(t[0][0], s) for t in inputs.values() for s, _ in t[1:]]
+    for a, b in joined:
+        parent[root(a)] = root(b)
+    found: dict[str, list[str]] = {}
+    for s in stages:
+        found.setdefault(root(s), []).append(s)
+    return list(found.values())
+
+
 _NESTED = "io_maps=[[('out', 'in')], [('out2', 'in2')]]: one list of (output, input) pairs per joint"
 
 

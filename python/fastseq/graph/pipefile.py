@@ -1,5 +1,16 @@
-"""Pipeline files: a :class:`~fastseq.graph.spec.PipelineSpec` graph as TOML, read with the
-standard library's ``tomllib`` and written here (no dependency). The format::
+"""Pipeline files: a :class:`~fastseq.graph.spec.PipelineSpec` as TOML, read with the
+standard library's ``tomllib`` and written here (no dependency). Stages that run one after
+another are a chain, each feeding the next by position (``io_map`` joins by name; given
+for one joint, it is given for each, as ``--io-map`` is)::
+
+    chain = ["pre", "backbone", { stage = "head", io_map = ["features:x"] }]
+
+    [stages]
+    pre = "builtin:normalize?"
+    backbone = "models/resnet.onnx"
+    head = "head.onnx"
+
+A graph names each connection instead::
 
     edges = ["pre.output -> backbone.input", "backbone.features -> cls.x"]
     outputs = ["cls.logits", "mask=seg.mask"]      # optional: default, every unconsumed output
@@ -27,16 +38,17 @@ from pathlib import Path
 from typing import Any
 
 from fastseq import _core
-from fastseq.errors import LoadError, PipelineFileError
+from fastseq.errors import ExportError, LoadError, PipelineFileError
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import META_KEYS, Stage
 from fastseq.graph.spec import PipelineSpec
 
+#: Sources kept as written (not paths relative to the file).
+REMOTE = ("http://", "https://", "hf://", "builtin:")
 KEYS = (
-    "stages", "edges", "inputs", "outputs", "opset", "ir_version", "metadata", "model_version",
+    "stages", "chain", "edges", "inputs", "outputs", "opset", "ir_version", "metadata", "model_version",
     "external_data", "providers", "session_options", "prune", "dedupe", "adapt", "cache_dir",
 )
-_REMOTE = ("http://", "https://", "hf://", "builtin:")
 
 
 #: No pipeline key nests deeper than this (providers = [{ name = ..., option = ... }] is 2).
@@ -67,7 +79,7 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
     def source(key: str, value: Any) -> Any:
         if not isinstance(value, str) or not value:
             raise bad(key, "expected a path, URL, hf:// id or builtin:NAME")
-        if value.startswith(_REMOTE):
+        if value.startswith(REMOTE):
             return value
         p = Path(value).expanduser()
         return str(p if p.is_absolute() else folder / p)
@@ -154,6 +166,8 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
     for i, item in enumerate(adapt if isinstance(adapt, list) else []):
         if isinstance(item, bool) or not isinstance(item, (int, str)):
             raise bad(f"adapt[{i}]", f"expected an edge index or an edge string, got {_shown(item)}")
+    if "chain" in data:
+        return _chain(data, parsed, adapt, options, origin, bad)
     return PipelineSpec.graph(
         parsed,
         data.get("edges", []),
@@ -163,6 +177,71 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
         origin=origin,
         **options,
     )
+
+
+def _chain(
+    data: dict[str, Any], stages: dict[str, Any], adapt: Any, options: dict[str, Any], origin: str, bad
+) -> PipelineSpec:
+    """The chain form: ``chain`` lists every stage once, in the order they run; each is a
+    stage name, or ``{ stage = NAME, io_map = ["OUT:IN", ...] }`` to join it to the one
+    before by name. The core joins the rest by position, as ONNXSequential does."""
+    from fastseq.errors import CompositionError
+    from fastseq.graph.parse import _stage, _Where, parse_io_pair
+
+    for key in (k for k in ("edges", "inputs", "outputs") if k in data):
+        raise bad(key, "belongs to the graph form: a chain runs its stages in order and exposes the last one's "
+                  "outputs; write edges (and inputs, outputs) instead of chain to name each connection")
+    chain = data["chain"]
+    if not isinstance(chain, list) or not chain:
+        raise bad("chain", 'expected the stages in the order they run, e.g. chain = ["pre", "model", "head"]')
+    order: list[str] = []
+    maps: list[list[tuple[str, str]] | None] = []
+    for i, item in enumerate(chain):
+        key = f"chain[{i}]"
+        pairs = None
+        if isinstance(item, dict):
+            unknown = sorted(set(item) - {"stage", "io_map"})
+            if unknown or "stage" not in item:
+                what = f"'{unknown[0]}' is not a key{_core.did_you_mean(unknown[0], ['stage', 'io_map'])}" if unknown \
+                    else "needs a 'stage'"
+                raise bad(key, what + ' (keys: stage, io_map: { stage = "head", io_map = ["features:x"] })')
+            if "io_map" in item:
+                if i == 0:
+                    raise bad(key + ".io_map", "the first stage has no stage before it to join")
+                if not isinstance(item["io_map"], list):
+                    raise bad(key + ".io_map", f"expected a list of \"OUTPUT:INPUT\" strings, got {_shown(item['io_map'])}")
+                try:
+                    pairs = [parse_io_pair(p, f"{origin}: {key}.io_map[{j}]: ") for j, p in enumerate(item["io_map"])]
+                except CompositionError as e:
+                    raise PipelineFileError(str(e)) from None
+            item = item["stage"]
+        if not isinstance(item, str):
+            raise bad(key, f"expected a stage name, got {_shown(item)}")
+        if item not in stages:
+            raise bad(key, f"no stage named '{item}'{_core.did_you_mean(item, list(stages))} in [stages]")
+        if item in order:
+            raise bad(key, f"'{item}' is in the chain twice (chain[{order.index(item)}]); each stage runs once")
+        order.append(item)
+        if i:
+            maps.append(pairs)
+    left = [name for name in stages if name not in order]
+    if left:
+        raise bad("chain", f"stage{'s' * (len(left) > 1)} {', '.join(left)} of [stages] {'are' if len(left) > 1 else 'is'}"
+                  " not in the chain; list each stage where it runs")
+    named = [j for j, m in enumerate(maps) if m is not None]
+    if named and len(named) != len(maps):
+        by_position = [f"chain[{j + 1}]" for j, m in enumerate(maps) if m is None]
+        raise bad(f"chain[{named[0] + 1}].io_map", f"joins by name, so every joint must ({', '.join(by_position)} "
+                  "join by position): give each stage after the first an io_map, or none of them")
+    if isinstance(adapt, list) and any(isinstance(a, str) for a in adapt):
+        raise bad("adapt", "a chain's adapters are given as true or as edge indices (fastseq inspect lists them)")
+    try:
+        parsed = [_stage(name, stages[name], _Where(origin)) for name in order]
+    except CompositionError as e:
+        raise PipelineFileError(str(e)) from None
+    # prune and dedupe as in the graph form: a file is one or the other
+    return PipelineSpec(parsed, io_maps=maps if named else None, adapt=adapt, origin=origin,
+                        **{"prune": True, "dedupe": True, **options})
 
 
 def _load(file: Path, origin: str) -> dict[str, Any]:
@@ -265,23 +344,34 @@ def _providers(value: Any, bad) -> list[Any]:
 
 
 def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
-    """Writes ``spec`` (a graph) as TOML at ``path``, atomically. Model paths are written
-    relative to the file's folder where they are below it; in-memory models (ModelProto,
-    bytes, composed) are saved beside it as ``<file stem>.<stage>.onnx``."""
-    if not spec.is_graph:
-        raise TypeError("only a graph pipeline (named stages and edges) is written as a pipeline file")
+    """Writes ``spec`` (a graph, or a chain of named stages) as TOML at ``path``. Model
+    paths are written relative to the file's folder where they are below it; in-memory
+    models (ModelProto, bytes, composed) are saved beside it as ``<file stem>.<stage>.onnx``.
+    Every file goes through the core's writer: each is checked before any is written (an
+    ExportError names the first that cannot be), a file beside it is replaced only if
+    fastseq wrote it for this pipeline file, and the pipeline file is written last."""
+    if not spec.is_graph and any(st.name is None for st in spec.stages):
+        raise TypeError("only a pipeline of named stages (a graph, or a chain read from a file) is written as a "
+                        "pipeline file")
     target = Path(path).expanduser()
+    _core.check_target(str(target))
     folder = target.parent.resolve()
-    lines = ["# fastseq pipeline: stages, edges, exposed inputs and outputs"]
-    top: dict[str, Any] = {"edges": [str(e) for e in spec.edges or []]}
-    if spec.outputs is not None:
-        top["outputs"] = [str(o) for o in spec.outputs]
+    beside: list[tuple[Path, bytes]] = []  # in-memory models, written beside the file first
+    lines = ["# fastseq pipeline: stages, " + ("edges, exposed inputs and outputs" if spec.is_graph else "in order")]
+    top: dict[str, Any] = {}
+    if spec.is_graph:
+        top["edges"] = [str(e) for e in spec.edges or []]
+        if spec.outputs is not None:
+            top["outputs"] = [str(o) for o in spec.outputs]
+    else:
+        top["chain"] = _chain_entries(spec)
     for key in ("opset", "ir_version", "model_version", "cache_dir"):
         if getattr(spec, key) is not None:
             top[key] = getattr(spec, key)
     for key in ("prune", "dedupe"):
-        if getattr(spec, key) is not None:
-            top[key] = getattr(spec, key)
+        value = getattr(spec, key)
+        if spec.is_graph and value is not None or not spec.is_graph and not value:  # a chain's are on in a file
+            top[key] = bool(value)
     if spec.adapt:
         top["adapt"] = spec.adapt
     if spec.external_data is not None:
@@ -293,7 +383,7 @@ def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
     lines += ["", "[stages]"]
     for st in spec.stages:
         assert st.name is not None
-        src = _stage_source(st, target, folder)
+        src = _stage_source(st, target, folder, beside)
         lines.append(f"{_key(st.name)} = " + (_value({"source": src, "sha256": st.sha256}) if st.sha256 else _value(src)))
     if spec.inputs:
         lines += ["", "[inputs]"]
@@ -304,38 +394,56 @@ def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
         if table:
             lines += ["", f"[{name}]"] + [f"{_key(k)} = {_value(v)}" for k, v in table.items()]
     text = "\n".join(lines) + "\n"
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    for file, _ in beside:
+        _core.check_target(str(file), owner=target.name)
+    for file, data in beside:
+        _core.commit_bytes(data, str(file), owner=target.name)
+    _core.commit_bytes(text.encode("utf-8"), str(target))
     return target
 
 
-def _stage_source(st: Stage, target: Path, folder: Path) -> str:
+def _chain_entries(spec: PipelineSpec) -> list[Any]:
+    """A chain's stages as ``chain`` lists them: names, with each joint's io_map if any."""
+    names = [st.name for st in spec.stages]
+    if spec.io_maps is None:
+        return names
+    return [names[0]] + [
+        {"stage": name, "io_map": [f"{o}:{i}" for o, i in pairs]} for name, pairs in zip(names[1:], spec.io_maps)
+    ]
+
+
+def _stage_source(st: Stage, target: Path, folder: Path, beside: list[tuple[Path, bytes]]) -> str:
+    """How the file names a stage's source; an in-memory model is added to ``beside``."""
     src = st.source
     if isinstance(src, (str, os.PathLike)):
         text = os.fspath(src)
-        if text.startswith(_REMOTE):
+        if text.startswith(REMOTE):
             return text
         p = Path(text).expanduser().resolve()
         try:
             return p.relative_to(folder).as_posix()
         except ValueError:
             return str(p)
+    from fastseq.ops import Operator, to_string
+
+    if isinstance(src, Operator) and src.fit is not None:  # kept as a string, to take its rank when read
+        return "builtin:" + to_string(*src.fit)
     # An in-memory model gets a file beside the pipeline file.
-    beside = target.with_name(f"{target.stem}.{st.name}.onnx")
+    assert st.name is not None
+    name = f"{target.stem}.{st.name}.onnx"
+    if "/" in name or "\0" in name:
+        raise ExportError(f"cannot write {target}: stage '{st.name}' holds a model in memory, which is saved beside "
+                          f"the file under the stage's name, and '{name}' is no file name; rename the stage")
     if isinstance(src, _core.Composed):
-        src.save(str(beside), external_data=False)
+        data = src.to_bytes()
     else:
         from fastseq.sources import resolve as loader
 
         data = loader.resolve_local(src, 0).data
         if not isinstance(data, bytes):
             raise TypeError(f"stage {st.name}: cannot write a {type(src).__name__} to a file")
-        _core.commit_bytes(data, str(beside))
-    return beside.name
+    beside.append((target.with_name(name), data))
+    return name
 
 
 def _options_dict(options: Any) -> dict[str, Any]:

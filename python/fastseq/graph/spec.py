@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastseq.errors import CompositionError
-from fastseq.graph.parse import _edge_index, _stage, _Where, normalize_io_maps, parse_edge, parse_outputs, parse_port
+from fastseq.graph.parse import (
+    _edge_index,
+    _stage,
+    _Where,
+    groups,
+    normalize_io_maps,
+    parse_edge,
+    parse_outputs,
+    parse_port,
+)
 from fastseq.graph.parts import META_KEYS, Edge, Exposed, IoInfo, IoMap, Stage
 from fastseq.sources import resolve as loader
 
@@ -129,6 +138,22 @@ class PipelineSpec:
             if isinstance(outputs, str):
                 raise TypeError('outputs must be a list of "stage.output" or "name=stage.output" strings')
             parsed_outputs = parse_outputs(outputs, names, at)
+            if not parsed_outputs:
+                raise CompositionError(
+                    at.key("outputs") + "empty: the pipeline would compute nothing; name the outputs to expose "
+                    "('stage.output'), or leave outputs out to expose every output that no edge consumes"
+                )
+        apart = groups(names, parsed_edges, parsed_inputs)
+        # Stages side by side are meant only where the outputs say so: without outputs each
+        # group's own outputs would be exposed, and a group none of whose outputs is exposed
+        # would be pruned whole. Either is what forgotten edges look like.
+        if len(apart) > 1 and (
+            parsed_outputs is None or any(not any(o.stage in g for o in parsed_outputs) for g in apart)
+        ):
+            unexposed = None if parsed_outputs is None else [
+                s for g in apart if not any(o.stage in g for o in parsed_outputs) for s in g
+            ]
+            raise CompositionError(_unconnected(apart, at, unexposed))
         adapt_edges: bool | list[int]
         if isinstance(adapt, bool):
             adapt_edges = adapt
@@ -143,3 +168,29 @@ class PipelineSpec:
             origin=origin,
             **options,
         )
+
+
+def _unconnected(apart: list[list[str]], at: _Where, unexposed: list[str] | None) -> str:
+    """Stages that nothing connects, with the forms that connect them: edges forgotten
+    would build each stage on its own, with its own inputs and outputs. ``unexposed``: the
+    stages of groups that the outputs given name nothing of."""
+    if all(len(g) == 1 for g in apart):
+        names = [g[0] for g in apart]
+        what = f"stages {', '.join(names[:-1])} and {names[-1]} are not connected"
+    else:
+        what = "the stages form groups that nothing connects: " + "; ".join(", ".join(g) for g in apart)
+    if unexposed:
+        what += f", and outputs names no output of {', '.join(unexposed)} (it would be left out)"
+    order = [s for g in apart for s in g]
+    if at.origin:
+        chain = ", ".join(f'"{s}"' for s in order)
+        return (
+            f"{at.origin}: {what} (no edge joins them): chain = [{chain}] runs them one after another, "
+            f'edges = ["{order[0]}.OUTPUT -> {order[1]}.INPUT", ...] names each connection, and outputs = [...] '
+            "exposes the outputs named if they are meant to run side by side"
+        )
+    return (
+        f"{what} (no edge joins them): pass edges=[\"{order[0]}.OUTPUT -> {order[1]}.INPUT\", ...] (or use "
+        "fastseq.ONNXSequential for stages that run one after another), or outputs=[...] naming the outputs to "
+        "expose if they are meant to run side by side"
+    )

@@ -116,6 +116,22 @@ def parse(spec: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), params
 
 
+def to_string(name: str, params: dict[str, Any]) -> str:
+    """``("topk", {"k": 5, "axis": -1})`` -> ``"topk?k=5&axis=-1"``: what :func:`parse` reads
+    back (``builtin:`` strings for pipeline files)."""
+    from urllib.parse import quote
+
+    def text(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (tuple, list)):
+            return ",".join(text(x) for x in v)
+        return quote(str(v), safe="")
+
+    query = "&".join(f"{quote(k, safe='')}={text(v)}" for k, v in params.items())
+    return f"{name}?{query}"
+
+
 def build(name: str, *args: Any, **params: Any) -> Operator:
     """The operator ``name`` built with these arguments: ``build("resize", 224)``. An
     unknown name or parameter is an :class:`OperatorError` with the near miss."""
@@ -135,6 +151,37 @@ def from_string(spec: str, others: Sequence[str] = ()) -> Operator:
         raise OperatorError(message if message.startswith("builtin:") else f"builtin:{spec}: {message}") from None
 
 
+#: The operators that take their rank from what feeds them where ``rank=`` is not given.
+FITTING = ("flatten", "softmax", "argmax", "topk")
+
+
+def fitting(source: Any) -> Operator | None:
+    """The operator that a stage's ``source`` builds when it takes its rank from what feeds
+    it (an :class:`Operator` built without ``rank=``, or a ``builtin:`` string of one that
+    gives none), else None. A string that builds nothing is left for the build to refuse."""
+    if isinstance(source, Operator):
+        return source if source.fit is not None else None
+    if not (isinstance(source, str) and source.startswith("builtin:")):
+        return None
+    spec = source[len("builtin:") :]
+    try:
+        name, params = parse(spec)
+        if name not in FITTING or "rank" in params:
+            return None
+        return from_string(spec)
+    except OperatorError:
+        return None
+
+
+def refit(op: Operator, rank: int) -> Operator:
+    """``op`` built again for inputs of ``rank`` axes, if it was built without ``rank=``
+    (see :func:`fitting`); else ``op`` itself."""
+    if op.fit is None or rank == len(op.inputs[0].shape):
+        return op
+    name, params = op.fit
+    return build(name, **params, rank=rank)
+
+
 def _lookup(name: str, others: Sequence[str]) -> Callable[..., Any]:
     operators = _all()
     if name not in operators:
@@ -145,38 +192,14 @@ def _lookup(name: str, others: Sequence[str]) -> Callable[..., Any]:
     return operators[name]
 
 
-def _parameters(f: Callable[..., Any]) -> tuple[list[str], int, set[str]]:
-    """An operator's parameter names, how many may be positional, and those without a
-    default (from its code object: ``inspect`` costs more to import than a build)."""
-    code = f.__code__
-    positional = code.co_argcount
-    names = list(code.co_varnames[: positional + code.co_kwonlyargcount])
-    defaults = len(f.__defaults__ or ())
-    required = set(names[: positional - defaults]) | {
-        n for n in names[positional:] if n not in (f.__kwdefaults__ or {})
-    }
-    return names, positional, required
-
-
 def _checked(name: str, params: dict[str, Any], args: tuple[Any, ...], spec: str | None = None) -> dict[str, Any]:
     """``params`` once every key is a parameter of the operator and every required one is
     there (a TypeError from the call itself would not name the operator)."""
-    from fastseq.ops._graph import near
+    from fastseq.ops._graph import check_arguments
 
     where = f"builtin:{spec}" if spec is not None else name
-    known, positional, required = _parameters(_all()[name])
-    for key in params:
-        if key not in known:
-            raise OperatorError(
-                f"{where}: {name} has no parameter '{key}'{near(key, known)}; parameters: {', '.join(known)}"
-            )
-    if len(args) > positional:
-        raise OperatorError(f"{where}: {name} takes at most {positional} positional arguments, got {len(args)}")
-    given = set(known[: len(args)]) | set(params)
-    missing = [n for n in known if n in required and n not in given]
-    if missing:
-        example = f"builtin:{name}?{missing[0]}=..." if spec is not None else f"{name}({missing[0]}=...)"
-        raise OperatorError(f"{where}: {name} needs {', '.join(missing)} (e.g. {example})")
+    example = f"builtin:{name}?{{}}=..." if spec is not None else f"{name}({{}}=...)"
+    check_arguments(_all()[name], args, params, where, example)
     return params
 
 

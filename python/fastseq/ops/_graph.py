@@ -7,10 +7,11 @@ so that building a first operator costs milliseconds, not the 1-2 s of ``import 
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec
 
 from fastseq.errors import OperatorError
 from fastseq.ops import _proto
@@ -42,6 +43,68 @@ INT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int1
 def fail(op: str, message: str) -> OperatorError:
     """The error to raise for operator ``op``; the message names the parameter."""
     return OperatorError(f"{op}: {message}")
+
+
+P = ParamSpec("P")
+
+
+def parameters(f: Callable[..., Any]) -> tuple[list[str], int, set[str]]:
+    """An operator's parameter names, how many may be positional, and those without a
+    default (from its code object: ``inspect`` costs more to import than a build)."""
+    f = getattr(f, "__wrapped__", f)
+    code = f.__code__
+    positional = code.co_argcount
+    names = list(code.co_varnames[: positional + code.co_kwonlyargcount])
+    defaults = len(f.__defaults__ or ())
+    required = set(names[: positional - defaults]) | {
+        n for n in names[positional:] if n not in (f.__kwdefaults__ or {})
+    }
+    return names, positional, required
+
+
+def check_arguments(f: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], where: str,
+                    example: str) -> None:
+    """An OperatorError, with the near miss, unless ``f(*args, **params)`` names only its
+    parameters, gives each one once, no more positional arguments than it takes and every
+    one it needs (``example``: how to give one, ``{}`` standing for its name). A TypeError
+    from the call itself would not say which operator, nor what was meant."""
+    name = getattr(f, "__name__", where)
+    at = f"{where}: {name}" if where else name
+    known, positional, required = parameters(f)
+    for key in params:
+        if key not in known:
+            raise OperatorError(f"{at} has no parameter '{key}'{near(key, known)}; parameters: {', '.join(known)}")
+    if len(args) > positional:
+        raise OperatorError(f"{at} takes at most {positional} positional arguments, got {len(args)}")
+    twice = [k for k in known[: len(args)] if k in params]
+    if twice:
+        raise OperatorError(f"{at} got {twice[0]} twice (by position and by name)")
+    given = set(known[: len(args)]) | set(params)
+    missing = [n for n in known if n in required and n not in given]
+    if missing:
+        raise OperatorError(f"{at} needs {', '.join(missing)} (e.g. {example.format(missing[0])})")
+
+
+def operator(f: Callable[P, Operator]) -> Callable[P, Operator]:
+    """Makes an operator builder check its arguments as ``builtin:`` strings are checked: a
+    misspelt keyword is an OperatorError with the near miss (``keep_aspects`` -> did you
+    mean 'keep_aspect'), not a bare TypeError."""
+
+    @functools.wraps(f)
+    def build(*args: P.args, **params: P.kwargs) -> Operator:
+        check_arguments(f, args, params, "", f.__name__ + "({}=...)")
+        return f(*args, **params)
+
+    return build
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of the first caller outside fastseq, for warnings.warn called by
+    the caller of this function: a warning points at the user's code."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("fastseq"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def near(name: str, candidates: Sequence[str]) -> str:

@@ -13,6 +13,26 @@ from fastseq.ops import _graph as g
 from fastseq.ops.operator import Operator
 
 
+def _rank(op: str, rank: Any, axis: Any, default: int, first: int = 0) -> list[str]:
+    """The dims fed: ``rank`` axes when given; else ``default`` axes, or as many as ``axis``
+    needs (softmax(axis=3) reads at least 4), which a pipeline changes to the rank of what
+    feeds the operator (``fastseq.ops.refit``). ``first``: the lowest rank the axis needs
+    is ``axis + first`` for a non-negative axis (flatten's axis may equal the rank)."""
+    if rank is None:
+        need = axis + 1 - first if isinstance(axis, int) and not isinstance(axis, bool) and axis >= 0 else (
+            -axis if isinstance(axis, int) and not isinstance(axis, bool) else 0)
+        rank = min(max(default, need), g.MAX_RANK)
+    return g.rank_dims(op, rank)
+
+
+def _fitted(model: Operator, rank: Any, params: dict[str, Any]) -> Operator:
+    """``model``, marked to take the rank of what feeds it when ``rank`` was not given
+    (``params``: its other arguments, checked: what builds it again)."""
+    if rank is None:
+        model.fit = (model.name, {k: v for k, v in params.items() if v is not None})
+    return model
+
+
 def _axis(op: str, value: Any, rank: int) -> int:
     """An axis in [-rank, rank), kept as given (negative counts from the end)."""
     ax = g.integer(op, "axis", value)
@@ -33,29 +53,33 @@ def _product(dims: list[str]) -> int | str:
     return "*".join(dims) if dims else 1
 
 
-def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None) -> Operator:
+@g.operator
+def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int | None = None, opset: int | None = None) -> Operator:
     """Scores to probabilities along ``axis`` (the classes, last by default); output
-    ``probabilities``. ``rank``: the number of axes fed, the first being the batch ([N,
-    classes] by default)."""
+    ``probabilities``. ``rank``: the number of axes fed, the first being the batch; without
+    it, what a pipeline feeds the operator ([N, classes] on its own)."""
     op = "softmax"
-    shape = g.rank_dims(op, rank)
+    shape = _rank(op, rank, axis, 2)
     ax = _axis(op, axis, len(shape))
     name, _ = g.dtype(op, dtype, g.FLOATS)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     graph.node("Softmax", ["input"], ["probabilities"], axis=ax)
     call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
-    return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("probabilities", name, shape)], version)
+    model = graph.model(call, [g.tensor("input", name, shape)], [g.tensor("probabilities", name, shape)], version)
+    return _fitted(model, rank, dict(axis=ax, dtype=name, opset=opset))
 
 
+@g.operator
 def argmax(
-    axis: int = -1, keepdims: bool = False, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
+    axis: int = -1, keepdims: bool = False, *, dtype: Any = "float32", rank: int | None = None, opset: int | None = None
 ) -> Operator:
     """The index of the largest value along ``axis`` (the first one on ties), as int64
     ``indices``; ``keepdims=True`` keeps the reduced axis with length 1. ``rank``: the
-    number of axes fed ([N, classes] by default)."""
+    number of axes fed; without it, what a pipeline feeds the operator ([N, classes] on its
+    own)."""
     op = "argmax"
-    shape = g.rank_dims(op, rank)
+    shape = _rank(op, rank, axis, 2)
     ax = _axis(op, axis, len(shape))
     keep = g.flag(op, "keepdims", keepdims)
     name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
@@ -64,18 +88,27 @@ def argmax(
     graph.node("ArgMax", ["input"], ["indices"], axis=ax, keepdims=int(keep))
     call = g.call_text(op, dict(axis=ax, keepdims=keep, dtype=name, rank=len(shape)))
     outputs = [g.tensor("indices", "int64", _without(shape, ax, keep))]
-    return graph.model(call, [g.tensor("input", name, shape)], outputs, version)
+    model = graph.model(call, [g.tensor("input", name, shape)], outputs, version)
+    return _fitted(model, rank, dict(axis=ax, keepdims=keep, dtype=name, opset=opset))
 
 
+@g.operator
 def topk(
-    k: int, axis: int = -1, largest: bool = True, *, dtype: Any = "float32", rank: int = 2, opset: int | None = None
+    k: int,
+    axis: int = -1,
+    largest: bool = True,
+    *,
+    dtype: Any = "float32",
+    rank: int | None = None,
+    opset: int | None = None,
 ) -> Operator:
     """The ``k`` largest (or smallest) values along ``axis``, sorted, as ``values`` and
     their int64 ``indices``. The axis must hold at least ``k`` entries at run time.
-    ``rank``: the number of axes fed ([N, classes] by default)."""
+    ``rank``: the number of axes fed; without it, what a pipeline feeds the operator ([N,
+    classes] on its own)."""
     op = "topk"
     count = g.integer(op, "k", k, minimum=1)
-    shape = g.rank_dims(op, rank)
+    shape = _rank(op, rank, axis, 2)
     ax = _axis(op, axis, len(shape))
     big = g.flag(op, "largest", largest)
     name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
@@ -93,15 +126,18 @@ def topk(
     picked = list(shape)
     picked[ax % len(shape)] = count
     outputs = [g.tensor("values", name, picked), g.tensor("indices", "int64", picked)]
-    return graph.model(call, [g.tensor("input", name, shape)], outputs, version)
+    model = graph.model(call, [g.tensor("input", name, shape)], outputs, version)
+    return _fitted(model, rank, dict(k=count, axis=ax, largest=big, dtype=name, opset=opset))
 
 
-def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int | None = None) -> Operator:
+@g.operator
+def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int | None = None, opset: int | None = None) -> Operator:
     """Flattens the axes before ``axis`` into one and the axes from it on into another:
     images [N, C, H, W] become the feature rows [N, C*H*W] that a scikit-learn model
-    reads. ``rank``: the number of axes fed."""
+    reads. ``rank``: the number of axes fed; without it, what a pipeline feeds the operator
+    (4 on its own)."""
     op = "flatten"
-    shape = g.rank_dims(op, rank)
+    shape = _rank(op, rank, axis, 4, first=1)
     ax = g.integer(op, "axis", axis, minimum=1)
     if ax > len(shape):
         raise g.fail(op, f"axis must be at most the rank ({len(shape)}), got {ax}")
@@ -111,9 +147,11 @@ def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int = 4, opset: int 
     graph.node("Flatten", ["input"], ["output"], axis=ax)
     call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
     out_shape = [_product(shape[:ax]), _product(shape[ax:])]
-    return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", name, out_shape)], version)
+    model = graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", name, out_shape)], version)
+    return _fitted(model, rank, dict(axis=ax, dtype=name, opset=opset))
 
 
+@g.operator
 def nms(
     iou: float = 0.5,
     score: float = 0.0,

@@ -31,6 +31,7 @@ def _dims(layout: str, **fixed: int | str) -> list[int | str]:
     return [fixed.get(axis, axis) for axis in layout]
 
 
+@g.operator
 def to_float(
     scale: float = 1 / 255, *, dtype: Any = "uint8", to: Any = "float32", rank: int = 4, opset: int | None = None
 ) -> Operator:
@@ -52,6 +53,7 @@ def to_float(
     return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", out_name, shape)], version)
 
 
+@g.operator
 def layout(
     src: str = "NHWC", dst: str = "NCHW", *, dtype: Any = "float32", opset: int | None = None
 ) -> Operator:
@@ -69,6 +71,7 @@ def layout(
     return graph.model(call, [g.tensor("input", name, list(a))], [g.tensor("output", name, list(b))], version)
 
 
+@g.operator
 def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> Operator:
     """Reverses the order of three colour channels (RGB to BGR, and BGR to RGB)."""
     op = "rgb_to_bgr"
@@ -82,6 +85,7 @@ def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | Non
     return graph.model(call, [g.tensor("input", name, shape)], [g.tensor("output", name, shape)], version)
 
 
+@g.operator
 def grayscale(
     channels: int = 1, *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
 ) -> Operator:
@@ -118,6 +122,7 @@ def grayscale(
     )
 
 
+@g.operator
 def normalize(
     mean: float | Sequence[float] = IMAGENET_MEAN,
     std: float | Sequence[float] = IMAGENET_STD,
@@ -241,6 +246,7 @@ def _resize_options(
     return hw, chosen, aa, coeff, order, name, elem, version
 
 
+@g.operator
 def resize(
     size: int | Sequence[int],
     mode: str = "linear",
@@ -302,6 +308,7 @@ def _pad_centred(graph: g.Graph, order: str, x: str, have: str, want: str, fill:
     return before, after
 
 
+@g.operator
 def center_crop(
     size: int | Sequence[int], *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
 ) -> Operator:
@@ -333,6 +340,7 @@ def center_crop(
     )
 
 
+@g.operator
 def letterbox(
     size: int | Sequence[int],
     fill: float = 0.0,

@@ -38,14 +38,25 @@ class Operator:
     ``opset_import``, ``ir_version`` ...) are read from a fresh ``ModelProto``: a read-only
     view (edit the result of :meth:`to_onnx` instead)."""
 
-    __slots__ = ("name", "call", "inputs", "outputs", "_data")
+    __slots__ = ("name", "call", "inputs", "outputs", "_data", "fit")
 
-    def __init__(self, name: str, call: str, data: bytes, inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...]):
+    def __init__(
+        self,
+        name: str,
+        call: str,
+        data: bytes,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[Tensor, ...],
+        fit: tuple[str, dict[str, Any]] | None = None,
+    ):
         self.name = name
         self.call = call
         self.inputs = inputs
         self.outputs = outputs
         self._data = data
+        #: (operator, its other arguments) where the operator was built without ``rank=``:
+        #: a pipeline builds it again for the rank of what feeds it (``fastseq.ops.refit``).
+        self.fit = fit
 
     def SerializeToString(self) -> bytes:  # noqa: N802 (ModelProto's spelling, which onnx and onnxruntime call)
         """The serialized model, as ``onnx.ModelProto.SerializeToString`` gives it."""
@@ -74,7 +85,7 @@ class Operator:
         return hash(self._data)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Operator, (self.name, self.call, self._data, self.inputs, self.outputs)
+        return Operator, (self.name, self.call, self._data, self.inputs, self.outputs, self.fit)
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.inputs))

@@ -196,7 +196,7 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
                 times.append(st.st_mtime)
         out: dict[str, Any] = {"key": key, "bytes": sizes, "used": max(times, default=None), "hits": 0,
                                "labels": None, "providers": None, "onnxruntime": None, "created": None,
-                               "damaged": False, "kind": "session"}
+                               "model": None, "damaged": False, "kind": "session"}
         try:
             check_own(os.fstat(fd), "the entry")
             for name, st in files:
@@ -205,7 +205,7 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
                 check_own(st, name)
             manifest = json.loads(read_file(fd, MANIFEST, MANIFEST, MANIFEST_LIMIT))
             parts = manifest["key"]
-            out.update(labels=manifest.get("labels"), created=manifest.get("created"))
+            out.update(labels=manifest.get("labels"), created=manifest.get("created"), model=parts.get("model"))
             if str(parts.get("kind", "")).startswith("converted stage"):  # see graph/convert.py
                 goals = ([f"ai.onnx {parts['ai.onnx'][1]}"] if parts.get("ai.onnx") else []) + [
                     f"{d} {v}" for d, v in (parts.get("domains") or {}).items()]

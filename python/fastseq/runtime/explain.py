@@ -35,6 +35,34 @@ def node_names(composed: _core.Composed) -> dict[str, set[int]]:
     return names
 
 
+def adapter_origins(composed: _core.Composed, stages: list[tuple[str, int, int]]) -> dict[str, tuple[int, str]]:
+    """The nodes of the adapters the merge inserted, each as the edge it sits on (the
+    core names them ``fastseq/adapt<edge>/...`` among the nodes of the stage the edge
+    feeds): an error in one names the edge, ``a.y -> b.u``, not the node."""
+    plan = composed.plan()
+    if not plan.get("adapters"):
+        return {}
+    edges = plan["edges"]
+    inserted = composed.inserted_nodes()
+    into: dict[int, list[tuple[int, str]]] = {}  # stage -> its adapters (edge, what it does)
+    for edge, what in plan["adapters"]:
+        k = next((k for k, (label, _, _) in enumerate(stages) if label == edges[edge][2]), None)
+        if k is not None:
+            into.setdefault(k, []).append((edge, what))
+    found: dict[str, tuple[int, str]] = {}
+    for name, indices in node_names(composed).items():
+        for k, adapters in into.items():
+            first = stages[k][1]
+            if not any(first <= i < first + inserted[k] for i in indices):
+                continue
+            hinted = re.match(r"fastseq/adapt(\d+)/", name)  # which edge, where several feed stage k
+            pick = adapters if len(adapters) == 1 else [a for a in adapters if hinted and a[0] == int(hinted[1])]
+            if pick:
+                (edge, what), (src, out, dst, inp, _) = pick[0], edges[pick[0][0]]
+                found[name] = (k, f"the adapter on edge {src}.{out} -> {dst}.{inp} ({what})")
+    return found
+
+
 def explain(
     error: Exception,
     labels: Sequence[str],

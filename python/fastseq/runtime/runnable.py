@@ -16,7 +16,7 @@ from fastseq.errors import human_size
 from fastseq.runtime import session
 from fastseq.runtime.options import check_log_level, run_copy
 from fastseq.runtime.private_copy import PrivateCopy
-from fastseq.runtime.providers import Provider
+from fastseq.runtime.providers import Provider, check_provider_options
 from fastseq.runtime.runner import Runner
 from fastseq.runtime.tensors import TensorInfo, unshaped
 from fastseq.runtime.timeouts import check_timeout, with_timeout
@@ -66,6 +66,7 @@ class Runnable:
         self._cache = cache.root_from(session_cache)
         self.session_info: dict[str, Any] = {}
         self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
+        check_provider_options(providers, self._runner.session)  # options a provider does not have
 
     def _runner_for(self, new_session: ort.InferenceSession) -> Runner:
         undeclared = unshaped(new_session.get_inputs(), new_session.get_outputs(), self._composed.stripped_bytes)
@@ -94,7 +95,12 @@ class Runnable:
         )
 
     def _stage_origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
-        return self._origins if self._origins is not None else self._composed.origins()
+        if self._origins is not None:
+            return self._origins
+        stages, renamed = self._composed.origins()
+        from fastseq.runtime.explain import adapter_origins
+
+        return stages, {**renamed, **adapter_origins(self._composed, stages)}
 
     # --- sessions -------------------------------------------------------------------
     def create_session(
@@ -119,7 +125,7 @@ class Runnable:
             if self._cache is not None:
                 return session.open_cached(
                     [self._composed, *self._sharing()], SPILL_MIN, providers, session_options, self._cache,
-                    info if info is not None else {}, self._labels, adopt,
+                    info if info is not None else {}, getattr(self, "_described", None) or self._labels, adopt,
                 )
             with PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
                 adopt(copy)

@@ -86,17 +86,17 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
 
 
 def resolve_builtin(model: str) -> Resolved:
-    """``builtin:NAME`` is a model shipped in ``fastseq/operators`` (byte for byte, so a
-    pipeline naming one keeps its meaning); ``builtin:NAME?KEY=VALUE&...``, or a bare name
-    that is only an operator, is built by :mod:`fastseq.ops`."""
+    """``builtin:NAME?KEY=VALUE&...`` (or a bare ``NAME``) is an operator built by
+    :mod:`fastseq.ops`; ``builtin:shipped/NAME`` a model shipped in ``fastseq/operators``,
+    byte for byte (which a name means: ``fastseq.operators.named``)."""
     from fastseq import ops
     from fastseq.ops import shipped as operators
 
     spec = model[len("builtin:") :]
-    name, mark, _ = spec.partition("?")
-    if not mark and name in operators.names():
-        return Resolved(str(operators.path(name)), model)
-    return Resolved(bytes(ops.from_string(spec, others=operators.names())), model)
+    file = operators.named(spec)
+    if file is not None:
+        return Resolved(str(file), model)
+    return Resolved(bytes(ops.from_string(spec, others=operators.builtin_names())), model)
 
 
 def resolve(

@@ -19,7 +19,7 @@ use crate::bindings::errors::{composition_error, opset_mismatch_error, ExportErr
 use crate::bindings::files::{
     check_external_location, external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy,
 };
-use crate::bindings::writer::{commit_bytes, stage, Staging};
+use crate::bindings::writer::{check_target, commit_bytes, stage, Staging};
 use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// " (did you mean 'x'?)" for `name` among `candidates`, or "".
@@ -27,6 +27,17 @@ use crate::codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
     crate::near_miss::did_you_mean(name, candidates.iter().map(String::as_str))
 }
+
+/// The target's C environment ("gnu", "musl", "msvc"; "" where there is none).
+const TARGET_ENV: &str = if cfg!(target_env = "gnu") {
+    "gnu"
+} else if cfg!(target_env = "musl") {
+    "musl"
+} else if cfg!(target_env = "msvc") {
+    "msvc"
+} else {
+    ""
+};
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -40,6 +51,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_IR_VERSION", MAX_IR_VERSION)?;
     m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // What this extension was built for, for `fastseq --version` and bug reports: the
+    // target's arch-os-env and the profile (a debug build is far slower; say so).
+    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let (arch, os) = (std::env::consts::ARCH, std::env::consts::OS);
+    let target = if TARGET_ENV.is_empty() { format!("{arch}-{os}") } else { format!("{arch}-{os}-{TARGET_ENV}") };
+    m.add("__build__", format!("{target} {profile}"))?;
     m.add_class::<Composed>()?;
     m.add_class::<Staging>()?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
@@ -56,5 +73,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_external_location, m)?)?;
     m.add_function(wrap_pyfunction!(commit_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(stage, m)?)?;
+    m.add_function(wrap_pyfunction!(check_target, m)?)?;
     Ok(())
 }

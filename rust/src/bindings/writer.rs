@@ -16,12 +16,26 @@ fn written<'py>(py: Python<'py>, saved: Saved) -> PyResult<Bound<'py, PyDict>> {
     Ok(d)
 }
 
-/// Writes `data` (a model without external data, in any format) to `path`; returns a dict
-/// with the bytes written.
+/// Writes `data` (a model without external data, in any format, or any other file) to
+/// `path`; `owner`: the name of the file it is written beside (see `writer::commit_bytes`).
+/// Returns a dict with the bytes written.
 #[pyfunction]
-pub(crate) fn commit_bytes<'py>(py: Python<'py>, data: &[u8], path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    let saved = py.detach(|| writer::commit_bytes(data, &path)).map_err(to_py)?;
+#[pyo3(signature = (data, path, owner=None))]
+pub(crate) fn commit_bytes<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    path: PathBuf,
+    owner: Option<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let saved = py.detach(|| writer::commit_bytes(data, &path, owner.as_deref())).map_err(to_py)?;
     written(py, saved)
+}
+
+/// Checks that `path` can be written (see `writer::check`): an ExportError naming it if not.
+#[pyfunction]
+#[pyo3(signature = (path, owner=None))]
+pub(crate) fn check_target(py: Python<'_>, path: PathBuf, owner: Option<String>) -> PyResult<()> {
+    py.detach(|| writer::check(&path, owner.as_deref())).map_err(to_py)
 }
 
 /// A staging folder beside a target (made by `stage`) for another program to write a model

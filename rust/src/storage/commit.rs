@@ -21,7 +21,7 @@ use crate::codec::stream::write_streaming;
 use crate::codec::tensor::{for_each_tensor, is_external};
 use crate::error::{Error, Result};
 use crate::storage::export_lock::{token_named, ExportLock};
-use crate::storage::ownership::is_ours;
+use crate::storage::ownership::{is_ours, mark};
 use crate::storage::temp::{remove_stale, Staging, Temp};
 
 /// Turns the protobuf encoding of the model to commit into the bytes to write (a text
@@ -42,6 +42,15 @@ pub(crate) struct Target {
     pub(crate) path: PathBuf,
     pub(crate) folder: PathBuf,
     pub(crate) name: String,
+    /// A file written beside another (`owner`, its name in the same folder: a pipeline
+    /// file's stage models): it replaces only a file the writer made for that owner.
+    pub(crate) owner: Option<String>,
+}
+
+/// The name a file written beside `owner` is marked with: no file is named so (a `/`), so
+/// that neither the owner's writes nor any other take it for one of their data files.
+fn beside_mark(owner: &str) -> String {
+    format!("{owner}/")
 }
 
 impl Target {
@@ -61,22 +70,56 @@ impl Target {
                 folder.display()
             )));
         }
-        let target = Target { path: path.to_path_buf(), folder, name };
+        let target = Target { path: path.to_path_buf(), folder, name, owner: None };
         target.check_kind()?;
         Ok(target)
+    }
+
+    /// A file written beside `owner` (see [`Target::owner`]), checked as [`Target::new`] does
+    /// and refused when a file the writer did not make for `owner` is there.
+    pub(crate) fn beside(path: &Path, owner: &str) -> Result<Target> {
+        let mut target = Target::new(path)?;
+        target.owner = Some(owner.to_string());
+        target.check_kind()?;
+        Ok(target)
+    }
+
+    /// Marks a file written for a [`Target::beside`] target as the writer's (synced: its
+    /// size and time are final); nothing for other targets.
+    pub(crate) fn mark(&self, file: &fs::File) {
+        if let Some(owner) = &self.owner {
+            mark(file, &beside_mark(owner), &[&self.name]);
+        }
     }
 
     pub(crate) fn err(&self, e: impl std::fmt::Display) -> Error {
         Error::export(format!("cannot write {}: {e}", self.path.display()))
     }
 
-    /// A file there now must be one a model can replace: not a folder, a device or a pipe.
+    /// A file there now must be one a model can replace: not a folder, a device or a pipe,
+    /// nor a file this process may not write (`onnx.save` would fail on it: EACCES, EROFS);
+    /// beside an owner, only a file the writer made for it. A link is replaced, never
+    /// followed.
     fn check_kind(&self) -> Result<()> {
         match fs::metadata(&self.path) {
-            Ok(m) if m.is_dir() => Err(self.err("it is a directory")),
-            Ok(m) if !m.is_file() => Err(self.err("it is not a regular file")),
-            _ => Ok(()),
+            Ok(m) if m.is_dir() => return Err(self.err("it is a directory")),
+            Ok(m) if !m.is_file() => return Err(self.err("it is not a regular file")),
+            Ok(_) => {
+                if let Err(e) = writable(&self.path) {
+                    return Err(self.err(format!("it is read-only ({e})")));
+                }
+            }
+            Err(_) => {}
         }
+        if let Some(owner) = &self.owner {
+            let theirs = !is_ours(&self.folder, &self.name, &beside_mark(owner));
+            if fs::symlink_metadata(&self.path).is_ok() && theirs {
+                return Err(self.err(format!(
+                    "a file that fastseq did not write for {owner} is there; move it away or write {owner} elsewhere"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A temporary file for this target, made under the export lock.
@@ -91,6 +134,18 @@ impl Target {
         let _lock = ExportLock::acquire(&self.folder, &self.path)?;
         remove_stale(&self.folder);
         Staging::create(&self.path, token).map_err(|e| self.err(e))
+    }
+}
+
+/// Whether this process may write the file at `path` (`access(2)`: root may write any file
+/// on a writable file system).
+fn writable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: access(2) with a NUL-terminated path; it reads only the string.
+    match unsafe { libc::access(c.as_ptr(), libc::W_OK) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 

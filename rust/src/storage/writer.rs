@@ -78,18 +78,37 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
     commit(&target, &token, Model::Written { path: temp.path.clone(), temp: Some(temp), len }, Vec::new())
 }
 
-/// Writes `bytes` (a model without external data, in any format) to `path`.
-pub fn commit_bytes(bytes: &[u8], path: &Path) -> Result<Saved> {
-    let target = Target::new(path)?;
+/// Writes `bytes` (a model without external data, in any format, or any other file) to
+/// `path`. With an `owner` (a file's name in the same folder), `path` is a file written
+/// beside it, marked as the writer's: a file there that the writer did not make for that
+/// owner is never replaced (see [`check`]).
+pub fn commit_bytes(bytes: &[u8], path: &Path, owner: Option<&str>) -> Result<Saved> {
+    let target = target(path, owner)?;
     let token = new_token();
     let temp = target.temp(&token, "model")?;
     (&temp.file).write_all(bytes).and_then(|_| temp.file.sync_all()).map_err(|e| target.err(e))?;
+    target.mark(&temp.file);
     commit(
         &target,
         &token,
         Model::Written { path: temp.path.clone(), temp: Some(temp), len: bytes.len() as u64 },
         Vec::new(),
     )
+}
+
+fn target(path: &Path, owner: Option<&str>) -> Result<Target> {
+    match owner {
+        Some(owner) => Target::beside(path, owner),
+        None => Target::new(path),
+    }
+}
+
+/// Checks, before anything is computed or written, that a write to `path` (beside `owner`,
+/// as [`commit_bytes`] takes it) can be done: the target's checks, and a temporary file
+/// made and removed beside it under the export lock (a read-only or full folder fails here).
+pub fn check(path: &Path, owner: Option<&str>) -> Result<()> {
+    let target = target(path, owner)?;
+    target.temp(&new_token(), "check").map(drop)
 }
 
 /// A staging folder beside `path` for another program to write a model into, then
@@ -281,9 +300,38 @@ mod tests {
         let err = save(&model(1), &folder, Some(true), false, 0).unwrap_err();
         assert_eq!(err.message, format!("cannot write {}: it is a directory", folder.display()));
         let missing = dir.path().join("nowhere").join("m.onnx");
-        let err = commit_bytes(b"x", &missing).unwrap_err();
+        let err = commit_bytes(b"x", &missing, None).unwrap_err();
         assert!(err.message.starts_with(&format!("cannot write {}: the folder", missing.display())), "{}", err.message);
         assert_eq!(listing(dir.path()), ["m.onnx"]);
+    }
+
+    #[test]
+    fn a_file_beside_an_owner_replaces_only_what_the_writer_made_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join("p.a.onnx");
+        commit_bytes(b"first", &ours, Some("p.toml")).unwrap();
+        if check(&ours, Some("p.toml")).is_err() {
+            return; // no extended attributes here: nothing beside an owner is ever ours
+        }
+        commit_bytes(b"second", &ours, Some("p.toml")).unwrap();
+        assert_eq!(fs::read(&ours).unwrap(), b"second");
+        // The owner's own write keeps it (it is no data file of the owner's).
+        commit_bytes(b"pipeline", &dir.path().join("p.toml"), None).unwrap();
+        assert_eq!(listing(dir.path()), ["p.a.onnx", "p.toml"]);
+        let err = commit_bytes(b"x", &ours, Some("q.toml")).unwrap_err();
+        assert!(err.message.contains("did not write for q.toml"), "{}", err.message);
+        let users = dir.path().join("p.b.onnx");
+        fs::write(&users, b"theirs").unwrap();
+        let link = dir.path().join("p.c.onnx");
+        std::os::unix::fs::symlink(&ours, &link).unwrap();
+        for path in [&users, &link] {
+            let err = commit_bytes(b"x", path, Some("p.toml")).unwrap_err();
+            assert!(err.message.starts_with(&format!("cannot write {}: a file", path.display())), "{}", err.message);
+            assert!(check(path, Some("p.toml")).is_err());
+        }
+        assert_eq!(fs::read(&users).unwrap(), b"theirs");
+        assert_eq!(fs::read(&ours).unwrap(), b"second");
+        assert_eq!(listing(dir.path()), ["p.a.onnx", "p.b.onnx", "p.c.onnx", "p.toml"]);
     }
 
     #[test]

@@ -1,0 +1,57 @@
+"""The ``fastseq`` command: merge, inspect and run ONNX models in build pipelines.
+
+Exit codes: 0 success, 1 a fastseq error (bad model, bad joint, failed download or write),
+2 a usage error (after the command's own usage), 130 interrupted. Every error goes to stderr
+as one ``fastseq: error: ...`` line, never a traceback; fastseq's warnings as one
+``fastseq: warning: ...`` line each. What other libraries log (ONNX Runtime, Ray,
+onnxruntime.quantization) shows only with ``--verbose``.
+
+One module per command group (:mod:`.merge`: merge and quantize, :mod:`.inspect`,
+:mod:`.run`: run and profile, :mod:`.cache`, :mod:`.demo`), each adding its parsers;
+:mod:`.console` holds what they share on the terminal, :mod:`.models` what they share to
+read models and inputs, :mod:`.version` what ``--version`` prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from fastseq.cli import cache, demo, inspect, merge, run
+from fastseq.cli.console import Parser, Quiet, error
+from fastseq.cli.demo import DEMO
+from fastseq.cli.version import Version
+from fastseq.errors import FastseqError
+
+# Each command imports what it uses (numpy, onnxruntime, the loader) itself: `fastseq --help`
+# and `fastseq inspect` stay fast.
+
+__all__ = ["DEMO", "main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
+    p.add_argument("--version", action=Version, help="show the version, the core's build and the runtime's, and exit")
+    sub = p.add_subparsers(dest="command", required=True)
+    for group in (merge, inspect, run, cache, demo):
+        group.add(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    with Quiet(getattr(args, "verbose", False)) as quiet:
+        try:
+            return args.func(args, quiet)
+        except FastseqError as e:
+            return error(e)
+        except ModuleNotFoundError as e:
+            from fastseq.errors import runtime_missing
+
+            return error(runtime_missing(e) or e)
+        except (OSError, ValueError) as e:
+            return error(e)
+        except KeyboardInterrupt:
+            return error("interrupted", 130)
+        except Exception as e:  # noqa: BLE001  (the last resort: still one line, never a traceback)
+            return error(f"unexpected {type(e).__name__}: {e} (a bug in fastseq: please report it)")

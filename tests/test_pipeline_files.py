@@ -1,0 +1,290 @@
+"""Pipeline files as a new user writes them: the chain form (by position and by name),
+stages left unconnected, outputs = [], old-style builtin: names; and Pipeline.to_file
+through the core's writer (a user's file beside it, a folder, links, threads, a full disk,
+a read-only target). Real files, real sessions, compared with each stage run on its own."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import fastseq
+import unprivileged
+from conftest import run, run_chain, scale_model, tmpfs
+from fastseq import ops
+
+X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+
+
+def two_outputs() -> onnx.ModelProto:
+    """x -> (neg = -x, twice = 2x)."""
+    g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["neg"]), helper.make_node("Add", ["x", "x"], ["twice"])], "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 4]) for n in ("neg", "twice")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def sub_model() -> onnx.ModelProto:
+    """(a, b) -> d = a - b."""
+    g = helper.make_graph(
+        [helper.make_node("Sub", ["a", "b"], ["d"])], "sub",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 4]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, ["N", 4])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    onnx.save(scale_model(2.0, shape=("N", 4)), tmp_path / "a.onnx")
+    onnx.save(scale_model(3.0, inp="u", out="v", shape=("N", 4)), tmp_path / "b.onnx")
+    onnx.save(two_outputs(), tmp_path / "two.onnx")
+    onnx.save(sub_model(), tmp_path / "sub.onnx")
+    return tmp_path
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=240)
+
+
+# --- the chain form ---------------------------------------------------------------------------------
+
+def test_a_chain_joins_its_stages_in_order_by_position(folder):
+    (folder / "c.toml").write_text('chain = ["first", "second", "probs"]\n[stages]\nsecond = "b.onnx"\n'
+                                   'first = "a.onnx"\nprobs = "builtin:softmax"\n')
+    pipe = fastseq.Pipeline.from_file(folder / "c.toml")
+    assert pipe.stages == ["first", "second", "probs"]
+    assert [str(e) for e in pipe.edges] == ["first.y -> second.u", "second.v -> probs.input"]
+    reference = run_chain([folder / "a.onnx", folder / "b.onnx", ops.softmax().SerializeToString()], {"x": X})
+    np.testing.assert_allclose(pipe(X)[0], reference["probabilities"], rtol=1e-6)
+    # The same pipeline with each edge spelt out computes the same.
+    (folder / "e.toml").write_text('edges = ["first.y -> second.u", "second.v -> probs.input"]\n[stages]\n'
+                                   'first = "a.onnx"\nsecond = "b.onnx"\nprobs = "builtin:softmax"\n')
+    np.testing.assert_array_equal(fastseq.Pipeline.from_file(folder / "e.toml")(X)[0], pipe(X)[0])
+
+
+def test_a_chain_joins_by_name_where_each_joint_gives_an_io_map(folder):
+    (folder / "c.toml").write_text(
+        'chain = ["split", { stage = "diff", io_map = ["twice:a", "neg:b"] }, { stage = "top", io_map = ["d:input"] }]\n'
+        '[stages]\nsplit = "two.onnx"\ndiff = "sub.onnx"\ntop = "builtin:topk?k=2"\n')
+    pipe = fastseq.Pipeline.from_file(folder / "c.toml")
+    values, indices = pipe(X)
+    d = 3 * X  # 2x - (-x)
+    np.testing.assert_allclose(values, -np.sort(-d, axis=1)[:, :2], rtol=1e-6)
+    np.testing.assert_array_equal(indices, np.argsort(-d, axis=1, kind="stable")[:, :2])
+    # Written back in the same form, and read back to the same pipeline.
+    (folder / "w").mkdir()
+    text = pipe.to_file(folder / "w" / "c.toml").read_text()
+    assert 'chain = ["split", { stage = "diff", io_map = ["twice:a", "neg:b"] }' in text
+    again = fastseq.Pipeline.from_file(folder / "w" / "c.toml")
+    np.testing.assert_array_equal(again(X)[0], values)
+
+
+STAGES = '[stages]\na = "a.onnx"\nb = "b.onnx"\n'
+
+
+@pytest.mark.parametrize("text,says", [
+    ('chain = ["a", "bb"]\n' + STAGES, "chain[1]: no stage named 'bb' (did you mean 'b'"),
+    ('chain = ["a", "b", "a"]\n' + STAGES, "chain[2]: 'a' is in the chain twice (chain[0]); each stage runs once"),
+    ('chain = ["a"]\n' + STAGES, "chain: stage b of [stages] is not in the chain"),
+    ('chain = []\n' + STAGES, "chain: expected the stages in the order they run"),
+    ('chain = "a"\n' + STAGES, "chain: expected the stages in the order they run"),
+    ('chain = ["a", 5]\n' + STAGES, "chain[1]: expected a stage name, got int 5"),
+    ('chain = ["a", { stage = "b", io_mpa = ["y:u"] }]\n' + STAGES, "'io_mpa' is not a key (did you mean 'io_map'?)"),
+    ('chain = ["a", { io_map = ["y:u"] }]\n' + STAGES, "chain[1]: needs a 'stage'"),
+    ('chain = [{ stage = "a", io_map = [] }, "b"]\n' + STAGES, "chain[0].io_map: the first stage has no stage"),
+    ('chain = ["a", { stage = "b", io_map = ["yu"] }]\n' + STAGES, "chain[1].io_map[0]: 'yu': expected OUTPUT:INPUT"),
+    ('chain = ["a", { stage = "b", io_map = "y:u" }]\n' + STAGES, "chain[1].io_map: expected a list"),
+    ('chain = ["a", "b"]\nedges = ["a.y -> b.u"]\n' + STAGES, "edges: belongs to the graph form"),
+    ('chain = ["a", "b"]\noutputs = ["b.v"]\n' + STAGES, "outputs: belongs to the graph form"),
+    ('chain = ["a", "b"]\nadapt = ["a.y -> b.u"]\n' + STAGES, "adapt: a chain's adapters are given as true"),
+    ('chain = ["a", "b", { stage = "c", io_map = ["v:input"] }]\n' + STAGES + 'c = "builtin:softmax"\n',
+     "chain[2].io_map: joins by name, so every joint must (chain[1] join by position)"),
+])
+def test_a_bad_chain_is_a_pipeline_file_error_naming_the_key(folder, text, says):
+    (folder / "c.toml").write_text(text)
+    with pytest.raises(fastseq.PipelineFileError) as info:
+        fastseq.Pipeline.from_file(folder / "c.toml")
+    assert str(info.value).startswith(f"{folder / 'c.toml'}: ") and says in str(info.value), str(info.value)
+
+
+# --- stages left unconnected ---------------------------------------------------------------------------
+
+def test_stages_nothing_connects_are_an_error_naming_them_and_the_forms_that_join_them(folder):
+    (folder / "p.toml").write_text('[stages]\na = "a.onnx"\nsm = "builtin:softmax"\ntop = "builtin:topk?k=2"\n')
+    with pytest.raises(fastseq.CompositionError) as info:
+        fastseq.Pipeline.from_file(folder / "p.toml")
+    text = str(info.value)
+    assert text.startswith(f"{folder / 'p.toml'}: stages a, sm and top are not connected (no edge joins them): ")
+    assert 'chain = ["a", "sm", "top"] runs them one after another' in text and 'edges = ["a.OUTPUT -> sm.INPUT"' in text
+    r = cli("run", "p.toml", cwd=folder)
+    assert r.returncode == 1 and r.stderr.count("fastseq: error:") == 1 and "are not connected" in r.stderr
+    # Outputs that leave a group out: the group would be pruned whole.
+    (folder / "q.toml").write_text('outputs = ["top.values"]\nedges = ["sm.probabilities -> top.input"]\n'
+                                   '[stages]\na = "a.onnx"\nsm = "builtin:softmax"\ntop = "builtin:topk?k=2"\n')
+    with pytest.raises(fastseq.CompositionError, match=r"groups that nothing connects: a; sm, top, and outputs "
+                                                       r"names no output of a"):
+        fastseq.Pipeline.from_file(folder / "q.toml")
+    with pytest.raises(fastseq.CompositionError, match=r"^stages a and b are not connected .*pass edges="):
+        fastseq.Pipeline({"a": folder / "a.onnx", "b": folder / "b.onnx"})
+
+
+def test_stages_side_by_side_are_built_where_the_outputs_or_a_shared_input_say_so(folder):
+    side = fastseq.Pipeline({"a": str(folder / "a.onnx"), "b": str(folder / "b.onnx")}, outputs=["a.y", "b.v"])
+    y, v = side(X, X)
+    np.testing.assert_allclose(y, run(folder / "a.onnx", {"x": X})["y"])
+    np.testing.assert_allclose(v, run(folder / "b.onnx", {"u": X})["v"])
+    shared = fastseq.Pipeline({"a": str(folder / "a.onnx"), "b": str(folder / "b.onnx")},
+                              inputs={"x": ["a.x", "b.u"]})
+    assert [i.name for i in shared.inputs] == ["x"] and len(shared(X)) == 2
+
+
+def test_outputs_that_name_nothing_are_refused(folder):
+    (folder / "p.toml").write_text('outputs = []\nedges = ["a.y -> b.u"]\n' + STAGES)
+    with pytest.raises(fastseq.CompositionError, match=r"p.toml: outputs: empty: the pipeline would compute nothing"):
+        fastseq.Pipeline.from_file(folder / "p.toml")
+    r = cli("merge", "p.toml", "-o", "m.onnx", cwd=folder)
+    assert r.returncode == 1 and "outputs: empty" in r.stderr and not (folder / "m.onnx").exists()
+    with pytest.raises(fastseq.CompositionError, match="outputs: empty"):
+        fastseq.Pipeline({"a": str(folder / "a.onnx")}, outputs=[])
+
+
+# --- builtin: names ---------------------------------------------------------------------------------------
+
+def test_old_style_builtin_names_keep_their_models_with_one_note_each(folder):
+    old = 'chain = ["f", "r", "n", "h"]\n[stages]\nf = "builtin:to_float"\nr = "builtin:resize"\n' \
+          'n = "builtin:normalize"\nh = "builtin:color_head"\n'
+    (folder / "old.toml").write_text(old)
+    (folder / "new.toml").write_text(old.replace("builtin:to_float", "builtin:shipped/to_float")
+                                     .replace("builtin:resize", "builtin:shipped/resize")
+                                     .replace("builtin:normalize", "builtin:shipped/normalize"))
+    image = np.load(fastseq.operators.sample())
+    with pytest.warns(FutureWarning) as caught:
+        before = fastseq.Pipeline.from_file(folder / "old.toml")
+    assert len(caught) == 3 and all("builtin:shipped/" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        after = fastseq.Pipeline.from_file(folder / "new.toml")
+    np.testing.assert_array_equal(before(image)[0], after(image)[0])
+    r = cli("run", "old.toml", "--input", str(fastseq.operators.sample()), cwd=folder)
+    assert r.returncode == 0, r.stderr
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("fastseq: warning:")]
+    assert [ln.split()[2] for ln in notes] == ["builtin:to_float", "builtin:resize", "builtin:normalize"]
+    assert len(r.stderr.splitlines()) == 4  # the three notes and the progress line
+    r = cli("run", "new.toml", "--input", str(fastseq.operators.sample()), cwd=folder)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+
+
+# --- Pipeline.to_file through the writer -----------------------------------------------------------------
+
+def in_memory(folder: Path) -> fastseq.Pipeline:
+    return fastseq.Pipeline({"a": onnx.load(folder / "a.onnx"), "sm": ops.softmax()}, edges=["a.y -> sm.input"])
+
+
+def files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in path.iterdir() if p.is_file() and not p.is_symlink()}
+
+
+def test_to_file_replaces_only_the_stage_files_it_wrote(folder):
+    out = folder / "out"
+    out.mkdir()
+    pipe = in_memory(folder)
+    pipe.to_file(out / "p.toml")
+    first = files(out)
+    assert sorted(first) == ["p.a.onnx", "p.toml"]  # the operator stays a builtin: string
+    assert 'sm = "builtin:softmax?axis=-1&dtype=float32"' in first["p.toml"].decode()
+    pipe.to_file(out / "p.toml")  # its own files, replaced
+    assert files(out) == first
+    np.testing.assert_allclose(fastseq.Pipeline.from_file(out / "p.toml")(X)[0], pipe(X)[0])
+    (out / "q.a.onnx").write_bytes(b"the user's model")
+    with pytest.raises(fastseq.ExportError) as info:
+        pipe.to_file(out / "q.toml")
+    assert str(info.value) == (f"cannot write {out / 'q.a.onnx'}: a file that fastseq did not write for q.toml is "
+                               "there; move it away or write q.toml elsewhere")
+    assert files(out) == {**first, "q.a.onnx": b"the user's model"}, "nothing written, nothing left"
+
+
+def test_to_file_onto_a_folder_or_a_link(folder):
+    out = folder / "out"
+    out.mkdir()
+    (out / "p.toml").mkdir()
+    with pytest.raises(fastseq.ExportError, match=re.escape(f"cannot write {out / 'p.toml'}: it is a directory")):
+        in_memory(folder).to_file(out / "p.toml")
+    assert [p.name for p in out.iterdir()] == ["p.toml"], "no p.*.onnx left behind"
+    victim = folder / "victim.toml"
+    victim.write_text("# the user's\n")
+    (out / "l.toml").symlink_to(victim)
+    in_memory(folder).to_file(out / "l.toml")
+    assert victim.read_text() == "# the user's\n" and not (out / "l.toml").is_symlink()
+    (out / "k.a.onnx").symlink_to(folder / "a.onnx")
+    with pytest.raises(fastseq.ExportError, match="a file that fastseq did not write for k.toml"):
+        in_memory(folder).to_file(out / "k.toml")
+    assert (out / "k.a.onnx").is_symlink() and not (out / "k.toml").exists()
+
+
+def test_threads_writing_one_pipeline_file_leave_it_whole(folder):
+    out = folder / "out"
+    out.mkdir()
+    pipe = in_memory(folder)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for _ in range(5):
+                pipe.to_file(out / "p.toml")
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=write) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(p.name for p in out.iterdir()) == ["p.a.onnx", "p.toml"]
+    np.testing.assert_allclose(fastseq.Pipeline.from_file(out / "p.toml")(X)[0], pipe(X)[0])
+
+
+def test_to_file_on_a_full_disk_keeps_what_was_there(folder, tmp_path):
+    big = fastseq.Pipeline({"a": scale_model(2.0, shape=("N", 1 << 16)), "sm": ops.softmax()},
+                           edges=["a.y -> sm.input"])  # 256 KB of weights beside the file
+    with tmpfs(tmp_path / "disk", "128k") as disk:
+        (disk / "p.toml").write_text("# the last good one\n")
+        with pytest.raises(fastseq.ExportError, match=re.escape(f"cannot write {disk / 'p.a.onnx'}: ") +
+                           "No space left on device"):
+            big.to_file(disk / "p.toml")
+        assert files(disk) == {"p.toml": b"# the last good one\n"}
+
+
+def test_to_file_refuses_a_read_only_pipeline_file_for_an_ordinary_user(folder):
+    shared = unprivileged.shared_folder()
+    try:
+        target = shared / "p.toml"
+        target.write_text("# the user's, read-only\n")
+        target.chmod(0o444)
+        scratch = shared / "scratch"
+        scratch.mkdir()
+        scratch.chmod(0o777)
+        warm = ("import onnx, fastseq\nfrom fastseq import ops\n"
+                f"pipe = fastseq.Pipeline({{'a': onnx.load({str(folder / 'a.onnx')!r}), 'sm': ops.softmax()}}, "
+                "edges=['a.y -> sm.input'])\n"
+                f"pipe.to_file({str(scratch / 'w.toml')!r})\n")
+        code = (f"try:\n    pipe.to_file({str(target)!r})\nexcept fastseq.ExportError as e:\n    print(e)\n"
+                "else:\n    print('written')\n")
+        r = unprivileged.run(code, warm)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == f"cannot write {target}: it is read-only (Permission denied (os error 13))"
+        assert target.read_text() == "# the user's, read-only\n" and sorted(p.name for p in shared.iterdir()) == [
+            "p.toml", "scratch"]
+    finally:
+        subprocess.run(["rm", "-rf", str(shared)], check=False)

@@ -1,0 +1,39 @@
+"""Running code as an ordinary user from tests that run as root (read-only files mean
+nothing to root): a child process imports what it needs as root (the interpreter and its
+packages may live where an ordinary user cannot read), then drops to ``nobody`` and runs
+the code. Where the tests already run as an ordinary user, the code just runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+DROP = """
+import os, pwd
+if os.geteuid() == 0:
+    _nobody = pwd.getpwnam("nobody")
+    os.setgroups([])
+    os.setgid(_nobody.pw_gid)
+    os.setuid(_nobody.pw_uid)
+"""
+
+
+def shared_folder() -> Path:
+    """A fresh folder that an ordinary user may write in (under /tmp, mode 0777)."""
+    folder = Path(tempfile.mkdtemp(prefix="fastseq-user-", dir="/tmp"))
+    folder.chmod(0o777)
+    return folder
+
+
+def run(code: str, warm: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs ``warm`` (imports, a first call that loads every module ``code`` needs) with the
+    test's rights, then ``code`` as ``nobody``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    script = f"import sys\n{warm}\n{DROP}\n{code}\n"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
