@@ -270,7 +270,7 @@ def harmonise(
             ops = {i: _ops_of(proto(i), domain) for i in versions}
             goals[domain] = _settle(domain, versions, ops, labels)
 
-    versions = _converter() if store is not None else None
+    converter = _converter() if store is not None else None
     out = []
     for i, model in enumerate(models):
         moves = {d: g for d, g in goals.items() if imports[i].get(d, g) != g}
@@ -279,10 +279,10 @@ def harmonise(
             out.append(model)
             continue
         parts = None
-        if versions is not None:  # None: onnx's version is unknown, nothing is kept
+        if converter is not None:  # None: onnx's version is unknown, nothing is kept
             parts = {"kind": KIND, "model": hashlib.sha256(weightless(i)).hexdigest(), "keep_bytes": _KEEP_BYTES,
                      "ai.onnx": [defaults[i], default_goal] if convert_default else None,
-                     "domains": dict(sorted(moves.items())), **versions}
+                     "domains": dict(sorted(moves.items())), **converter}
         data = store.get(parts) if store is not None and parts is not None else None
         if data is None:
             edited = proto(i)
