@@ -337,12 +337,12 @@ def test_within_one_file_system_copy_file_range_copies(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(private))
     composed = _core.compose([save(matmul_model(1), tmp_path / "a.onnx")], ["a"])
     with session.PrivateCopy.of(composed) as copy:
-        assert copy.info["copied"] == DIM * DIM * 4
-        assert copy.info["sendfile"] == 0, "copy_file_range within one file system"
+        assert copy.info.copied == DIM * DIM * 4
+        assert copy.info.by_sendfile == 0, "copy_file_range within one file system"
     with tmpfs(tmp_path / "mem", "16m") as mem:
         composed = _core.compose([save(matmul_model(1), mem / "a.onnx")], ["a"])
         with session.PrivateCopy.of(composed) as copy:
-            assert copy.info["copied"] == copy.info["sendfile"] == DIM * DIM * 4
+            assert copy.info.copied == copy.info.by_sendfile == DIM * DIM * 4
 
 
 # --- many pipelines in one process -----------------------------------------------------------

@@ -272,8 +272,13 @@ def test_export_text_format_bad_keywords_and_missing_folder(big_pipe, tmp_path):
     for kwargs in ({}, {"location": "w.bin", "save_as_external_data": True}):
         with pytest.raises(fastseq.ExportError, match=r"the folder .*missing does not exist"):
             big_pipe.export(tmp_path / "missing" / "m.onnx", **kwargs)
-    with pytest.raises(fastseq.ExportError, match="relative path"):
-        big_pipe.export(tmp_path / "y.onnx", save_as_external_data=True, location="../escape.bin")
+    # The loader's rule for a location is the export's: one rule, the core's.
+    from fastseq import _core
+
+    for location in ("../escape.bin", ".", "/abs/w.bin", "a/../../w.bin", "\\w.bin", "w\0.bin"):
+        assert not _core.LAYOUT.allows_location(location)
+        with pytest.raises(fastseq.ExportError, match="relative path"):
+            big_pipe.export(tmp_path / "y.onnx", save_as_external_data=True, location=location)
     assert not (tmp_path / "missing").exists() and not (tmp_path / "x.onnx").exists()
 
 
@@ -496,10 +501,12 @@ def test_written_size_is_exact_inline_and_with_external_data(tmp_path):
     pipe = fastseq.ONNXSequential(scale_model(2.0, shape=(2, 4096)), constant_model(4096))
     inline = pipe._composed.save(str(tmp_path / "i.onnx"), external_data=False)
     # As written: with the stage map in its metadata.
-    assert inline["model_bytes"] == (tmp_path / "i.onnx").stat().st_size == pipe._composed.for_file().encoded_len()
+    assert inline.model_bytes == (tmp_path / "i.onnx").stat().st_size == pipe._composed.for_file().encoded_len()
+    assert (inline.data_bytes, inline.data_files) == (0, [])
     ext = pipe._composed.save(str(tmp_path / "e.onnx"), external_data=True)
-    assert ext["model_bytes"] == (tmp_path / "e.onnx").stat().st_size
-    assert ext["data_bytes"] == (tmp_path / ext["data_file"]).stat().st_size
+    assert ext.model_bytes == (tmp_path / "e.onnx").stat().st_size
+    assert ext.data_files == [_core.LAYOUT.data_file("e.onnx")] == ["e.onnx.data"]
+    assert ext.data_bytes == (tmp_path / ext.data_files[0]).stat().st_size
     assert isinstance(_core.PROTOBUF_LIMIT, int)
 
 

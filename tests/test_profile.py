@@ -151,10 +151,10 @@ def test_a_graph_pipeline_of_unnamed_stages():
 
 
 def test_a_pipeline_files_builtin_stage_is_profiled(tmp_path):
-    # The shipped builtin:normalize has unnamed nodes; the torch backbone's are named.
+    # The shipped normalize file has unnamed nodes; the torch backbone's are named.
     (tmp_path / "pipeline.toml").write_text(
         'edges = ["pre.output -> backbone.image"]\n'
-        f'[stages]\npre = "builtin:normalize"\nbackbone = "{FIXTURES / "torch_cnn_backbone.onnx"}"\n')
+        f'[stages]\npre = "builtin:shipped/normalize"\nbackbone = "{FIXTURES / "torch_cnn_backbone.onnx"}"\n')
     pipe = fastseq.Pipeline.from_file(tmp_path / "pipeline.toml")
     x = np.random.default_rng(0).standard_normal((32, 3, 32, 32)).astype(np.float32)
     p = pipe.profile(x, runs=5, warmup=1)

@@ -190,6 +190,8 @@ def workspace(root: Path, web: Path, hub: Path, web_url: str) -> Path:
     shutil.copy(ws / "seg.onnx", hub / "org" / "repo" / "seg.onnx")
     np.save(ws / "x.npy", RNG.random((1, 3, 32, 32), np.float32))
     (ws / "pipeline.toml").write_text(pipeline_file(ws, web_url))
+    (chain,) = [b for b in BLOCKS if b.lang == "toml" and b.code.startswith("chain = ")]
+    (ws / "chain.toml").write_text(chain.code)  # the chain form, run by the block after it
     # Ray: rows of 12 uint8 pixels in a column "pixels", and a classifier of such rows.
     classifier(ws / "classifier.onnx", "features", "logits", ["N", 12], 10)
     import pyarrow as pa
@@ -208,8 +210,9 @@ def workspace(root: Path, web: Path, hub: Path, web_url: str) -> Path:
 
 
 def pipeline_file(ws: Path, web_url: str) -> str:
-    """The docs' TOML block (the pipeline file), with the real digest of its backbone."""
-    (toml,) = [b for b in BLOCKS if b.lang == "toml"]
+    """The docs' TOML block of the graph form (the pipeline file), with the real digest of its
+    backbone."""
+    (toml,) = [b for b in BLOCKS if b.lang == "toml" and '"9f2c..."' in b.code]
     digest = hashlib.sha256((ws / "models" / "resnet.onnx").read_bytes()).hexdigest()
     assert '"9f2c..."' in toml.code
     return toml.code.replace('"9f2c..."', f'"{digest}"').replace(EXAMPLE_ORG, f"{web_url}/")

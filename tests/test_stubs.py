@@ -1,16 +1,61 @@
-"""``_core.pyi`` is written by hand: this compares it with the built extension, so that a
-function, method, class or parameter added, removed or renamed in Rust without the stub
-(or the other way round) fails the tests."""
+"""``_core.pyi`` is written by ``tools/gen_stubs.py`` from the built extension (the
+signatures, types and docstrings PyO3 records in it): the stub must be what the tool writes
+today, so that a function, method, class, parameter, type or docstring changed in Rust
+without the stub fails the tests. The runtime checks below hold on any platform (the tool
+reads ELF files only)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
+import sys
 from pathlib import Path
+
+import pytest
 
 from fastseq import _core
 
-STUB = Path(__file__).resolve().parent.parent / "python" / "fastseq" / "_core.pyi"
+ROOT = Path(__file__).resolve().parent.parent
+STUB = ROOT / "python" / "fastseq" / "_core.pyi"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_stubs", ROOT / "tools" / "gen_stubs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_stubs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_stub_is_what_the_extension_says():
+    if Path(_core.__file__).read_bytes()[:4] != b"\x7fELF":
+        pytest.skip("tools/gen_stubs.py reads ELF extensions only")
+    gen = _generator()
+    assert STUB.read_text() == gen.render(), "run: python tools/gen_stubs.py"
+    assert gen.main(["--check"]) == 0
+
+
+def test_the_tool_renders_types_from_the_records():
+    """The records' expressions as the stub writes them: qualified names, builtins bare,
+    unions flattened, classes by their introspection id, the Source alias where it fits."""
+    gen = _generator()
+    records = [{"type": "class", "id": "7", "name": "Composed"}]
+    r = gen.Renderer(records, _core)
+    name = lambda m, a: {"type": "attribute", "value": {"type": "name", "id": m}, "attr": a}  # noqa: E731
+    path = {"type": "binop", "op": "bitor", "left": name("builtins", "str"),
+            "right": {"type": "subscript", "value": name("os", "PathLike"), "slice": name("builtins", "str")}}
+    union = {"type": "binop", "op": "bitor", "left": name("builtins", "bytes"), "right": {
+        "type": "binop", "op": "bitor", "left": path, "right": {
+            "type": "binop", "op": "bitor",
+            "left": {"type": "subscript", "value": name("builtins", "tuple"),
+                     "slice": {"type": "tuple", "elts": [path, path]}},
+            "right": {"type": "id", "id": "7"}}}}
+    assert r.annotation(union) == "Source"
+    optional = {"type": "binop", "op": "bitor", "left": name("typing", "SupportsIndex"),
+                "right": {"type": "constant", "kind": "none"}}
+    assert r.annotation(optional) == "typing.SupportsIndex | None"
+    assert r.expr({"type": "constant", "kind": "str", "value": "fastseq"}, annotation=False) == "'fastseq'"
 
 
 def _params(args: ast.arguments) -> list[tuple[str, object]]:
@@ -74,4 +119,60 @@ def test_classes_and_their_methods_match():
             continue
         assert _public(cls) == sorted(m for m in methods if not m.startswith("_")), f"_core.{cls_name}"
         for m, params in methods.items():
-            assert _signature(getattr(cls, m)) == params, f"_core.{cls_name}.{m}"
+            member = getattr(cls, m)
+            if not callable(member):  # a property: its getter takes self alone
+                assert params == [], f"_core.{cls_name}.{m}"
+                continue
+            assert _signature(member) == params, f"_core.{cls_name}.{m}"
+
+
+def test_sources_take_every_form_the_stub_names(tmp_path):
+    """``Source`` in the stub: bytes, a path (str or PathLike), (path, root folder), a Composed."""
+    import onnx
+
+    from conftest import scale_model
+
+    onnx.save(scale_model(2.0), str(tmp_path / "m.onnx"))
+    data = (tmp_path / "m.onnx").read_bytes()
+    stub = STUB.read_text()
+    assert "Source = bytes | str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | " \
+           "Composed" in stub
+    loaded = _core.load_model(data)
+    for source in (data, str(tmp_path / "m.onnx"), tmp_path / "m.onnx", (str(tmp_path / "m.onnx"), tmp_path),
+                   loaded):
+        assert _core.load_model(source).to_bytes() == loaded.to_bytes()
+
+
+def test_every_writer_returns_the_same_typed_result(tmp_path):
+    """``Saved``: model_bytes, data_bytes and data_files (never a dict, never one data file
+    under another name), from a save, a commit of bytes and a staged commit alike."""
+    import onnx
+
+    from conftest import scale_model
+
+    composed = _core.load_model(scale_model(2.0, shape=(2, 4096)).SerializeToString())
+    results = [
+        composed.save(str(tmp_path / "a.onnx"), external_data=True),
+        _core.commit_bytes(composed.to_bytes(), str(tmp_path / "b.onnx")),
+    ]
+    with _core.stage(str(tmp_path / "c.onnx")) as stage:
+        onnx.save(onnx.load_from_string(composed.to_bytes()), str(stage.folder() / "c.onnx"),
+                  save_as_external_data=True, location="w.bin", size_threshold=0)
+        results.append(stage.commit("c.onnx"))
+    for saved, name, data in zip(results, "abc", (["a.onnx.data"], [], ["w.bin"])):
+        assert type(saved) is _core.Saved
+        assert saved.model_bytes == (tmp_path / f"{name}.onnx").stat().st_size
+        assert saved.data_files == data
+        assert saved.data_bytes == sum((tmp_path / d).stat().st_size for d in data)
+        assert "data_files=" in repr(saved)
+
+
+def test_the_layout_is_the_cores():
+    layout = _core.LAYOUT
+    assert (layout.threshold, layout.data_suffix) == (1024, ".data")
+    assert layout.data_file("m.onnx") == "m.onnx.data"
+    assert layout.allows_location("weights/w.bin")
+    for bad in ("", ".", "../w", "/abs", "a/../../w", "a\0b"):
+        assert not layout.allows_location(bad), bad
+        with pytest.raises(_core.LoadError, match="is refused"):
+            layout.check_location(bad)

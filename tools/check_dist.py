@@ -31,7 +31,7 @@ MAX_GLIBC = (2, 17)
 #: what the sdist must hold to build the wheel, relative to its top folder
 SDIST_NEEDS = [
     "Cargo.toml", "Cargo.lock", "pyproject.toml", "README.md", "PKG-INFO",
-    "rust/src/lib.rs", "rust/proto/onnx-ml.proto",
+    "crates/fastseq/src/lib.rs", "crates/fastseq/proto/onnx-ml.proto", "crates/fastseq-python/src/lib.rs",
     "python/fastseq/__init__.py", "python/fastseq/_core.pyi", "python/fastseq/py.typed",
     "python/fastseq/ops/shipped/digits.onnx",
 ]

@@ -1,35 +1,136 @@
-"""Type stubs for the Rust extension module ``fastseq._core``."""
+"""Type stubs for the Rust extension module ``fastseq._core``, written by
+``tools/gen_stubs.py`` from the extension itself (the signatures, types and docstrings
+PyO3 records in it, and the module's own names): do not edit by hand; run the tool after
+changing the bindings (``tests/test_stubs.py`` fails when this file drifts)."""
 
-from collections.abc import Callable, Sequence
-from os import PathLike
-from pathlib import Path
-from typing import Any
+import _typeshed
+import collections.abc
+import os
+import pathlib
+import typing
 
 MAX_IR_VERSION: int
 PROTOBUF_LIMIT: int
 __version__: str
-#: what the extension was built for: "<arch>-<os>[-<env>] <profile>", e.g. "x86_64-linux-gnu release"
 __build__: str
+LAYOUT: Layout
 
 # The error classes are defined in fastseq/errors.py (so that they print and pickle as
-# fastseq.<Name>); the core raises them and re-exports these five.
-from fastseq.errors import CompositionError as CompositionError
-from fastseq.errors import ExportError as ExportError
+# fastseq.<Name>); the core raises them and re-exports these.
 from fastseq.errors import FastseqError as FastseqError
 from fastseq.errors import LoadError as LoadError
+from fastseq.errors import CompositionError as CompositionError
 from fastseq.errors import OpsetMismatchError as OpsetMismatchError
+from fastseq.errors import ExportError as ExportError
 
-Source = bytes | str | PathLike[str] | Composed
+Source = bytes | str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | Composed
 
+
+@typing.final
 class Composed:
-    """A model held by the core: large weights as ranges of the source files (copied in the
-    kernel when the model is written, read where its bytes are asked for), the rest as
-    slices of the sources' bytes read into memory the core owns; or slices of a private
-    copy's data file once :func:`write_private_copy` has spilled them."""
+    """A model held by the core (`fastseq::Composed`): decoded once, large weights as ranges of
+    the source files until a session's private copy holds them, the rest as slices of the
+    sources' bytes read into memory the core owns, with its composition's plan, report and
+    origins (a loaded model is a composition of one).
+    """
 
-    def encoded_len(self) -> int: ...
-    def to_bytes(self) -> bytes: ...
-    def graph_bytes(self) -> bytes: ...
+    def check_sources(self) -> None:
+        """Raises LoadError naming the file if a source file this model still refers to (weights
+        left in it, external data kept for `external_data="reuse"`) is no longer the file
+        loaded. Other sources were read into memory and cannot change. For the runtime to
+        call before it creates a session.
+        """
+
+    def encoded_len(self) -> int:
+        """Size of the serialized model in bytes (weights inline)."""
+
+    def for_file(self) -> Composed:
+        """A copy with the model as fastseq writes it to a file: its stage map in its metadata
+        (two stages or more; see the core's `merge::stage_map`), for the writes that go
+        through onnx.save.
+        """
+
+    def graph_bytes(self) -> bytes:
+        """The model's graph alone, serialized (a `GraphProto`)."""
+
+    def inserted_nodes(self) -> list[int]:
+        """Per stage, how many nodes at the start of its range in :meth:`origins` the merge
+        inserted (adapters on its incoming edges; 0 for a loaded model).
+        """
+
+    def metadata(self) -> list[tuple[str, str]]:
+        """The model's metadata_props, as (key, value) pairs in order."""
+
+    def nodes(self) -> list[tuple[str, str, str, int]]:
+        """Every top-level node of the graph, in order: (name, op_type, domain, stage), the
+        stage an index into :meth:`origins`' stages, -1 for a node the merge inserted between
+        stages (an adapter) or of a model without stages (loaded, without a stage map that
+        fits). How a profile attributes ONNX Runtime's kernels to the stages.
+        """
+
+    def origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
+        """Where the merged graph came from: a list, per stage, of (label, first node index,
+        end node index) in the merged graph, and a dict from every renamed value or node
+        name of the merged graph to (stage index, original name).
+        """
+
+    def plan(self) -> dict[str, typing.Any]:
+        """The plan as the core decided it, as plain data: `form` ("graph" or "chain");
+        `stages` in graph order, dicts of `label`, `given` (position in the given order),
+        `inputs` and `outputs` (the stage's own, as :meth:`summary` gives them) and `pruned`;
+        `edges` in the caller's order, (from, output, to, input, edge index); `inputs`, the
+        merged model's graph inputs in order, (name, [(stage, input), ...]); `outputs`, its
+        graph outputs, (name, stage, output); `pruned` (stage labels); `unused_outputs`
+        ([(stage, output)], in the given order); `adapters` ([(edge index, description)]).
+        A loaded model is a plan of one stage.
+        """
+
+    def report(self) -> dict[str, typing.Any]:
+        """What the composition did besides merging: `pruned` (dict: `stages` (labels),
+        `nodes`, `initializers`, `inputs`), `deduped_initializers`, `deduped_bytes`,
+        `adapters` (list of (edge index, description)) and `unused_outputs` (list of
+        (stage index, output name)).
+        """
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        external_data: bool | None = None,
+        threshold: typing.SupportsIndex | None = None,
+    ) -> Saved:
+        """Writes the model to `path` atomically. `external_data`: True puts tensors of at
+        least `threshold` bytes in a data file beside it, False keeps them inline, None
+        decides by size (external above the 2 GB protobuf limit); a model composed with
+        `link_external` links its sources' data files beside it. `threshold`: None stands for
+        `LAYOUT.threshold`. Returns what was written.
+        """
+
+    def stage_map_note(self) -> str | None:
+        """Why the stage map in the model's metadata was ignored (it does not fit its nodes: the
+        file was changed after fastseq wrote it), or None.
+        """
+
+    def stripped_bytes(self, threshold: typing.SupportsIndex | None = None) -> bytes:
+        """The model serialized without its initializers of at least `threshold` bytes (None:
+        `LAYOUT.threshold`).
+        """
+
+    def summary(self) -> dict[str, typing.Any]:
+        """Inputs, outputs, opsets, counts and sizes. Element types use numpy's spelling
+        (float32, as `TensorInfo` prints them); dimensions are ints when static, the
+        parameter's name when symbolic, None when unknown (as `TensorInfo.shape`): `ir_version`,
+        `producer`, `opsets` ([(domain, version)]), `inputs` and `outputs` ([(name, dtype,
+        dims)]), `nodes`, `initializers`, `weight_bytes`, `functions`, `encoded_len`.
+        """
+
+    def to_bytes(self) -> bytes:
+        """The serialized model."""
+
+    def with_metadata(self, pairs: _typeshed.SupportsGetItem[int, tuple[str, str]]) -> Composed:
+        """A copy with `pairs` (key, value) set in its metadata_props: a key keeps its first
+        position and takes its last value. Nodes and weights are shared, not copied.
+        """
+
     def with_prefix(
         self,
         prefix: str,
@@ -41,144 +142,233 @@ class Composed:
         value_infos: bool = True,
         functions: bool = True,
     ) -> tuple[Composed, list[tuple[str, str]]]:
-        """A copy with the names ``onnx.compose.add_prefix`` would prefix prefixed, every
-        reference in every scope renamed, and the value names renamed (old, new)."""
-    def with_renamed(self, mapping: Sequence[tuple[str, str]]) -> Composed:
-        """A copy with values renamed (old, new) in every scope but a subgraph's own."""
-    def save(self, path: str, external_data: bool | None = None, threshold: int = 1024) -> dict[str, Any]: ...
-    def check_sources(self) -> None: ...
-    def stripped_bytes(self, threshold: int = 1024) -> bytes: ...
-    def with_weights(self, stripped: bytes, label: str) -> Composed: ...
-    def with_metadata(self, pairs: Sequence[tuple[str, str]]) -> Composed: ...
-    def metadata(self) -> list[tuple[str, str]]: ...
-    def summary(self) -> dict[str, Any]: ...
-    def plan(self) -> dict[str, Any]:
-        """The plan as the core decided it, as plain data: ``form`` ("graph" or "chain");
-        ``stages`` in graph order, dicts of ``label``, ``given`` (position in the given
-        order), ``inputs`` and ``outputs`` (the stage's own, as :meth:`summary` gives them)
-        and ``pruned``; ``edges`` in the caller's order, (from, output, to, input, edge
-        index); ``inputs``, the merged model's graph inputs in order, (name, [(stage,
-        input), ...]); ``outputs``, its graph outputs, (name, stage, output); ``pruned``
-        (stage labels); ``unused_outputs`` ([(stage, output)], in the given order);
-        ``adapters`` ([(edge index, description)]). A loaded model is a plan of one stage."""
-    def report(self) -> dict[str, Any]:
-        """What the composition did besides merging: ``pruned`` (``stages`` (labels),
-        ``nodes``, ``initializers``, ``inputs``), ``deduped_initializers``, ``deduped_bytes``,
-        ``adapters`` ([(edge index, description)]) and ``unused_outputs`` ([(stage, output)])."""
-    def origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
-        """Per stage (label, first node, end node) in the merged graph, and every renamed
-        value or node name of the merged graph -> (stage index, original name)."""
+        """A copy with the names `onnx.compose.add_prefix` would prefix prefixed (its flags),
+        every reference renamed in every scope, and the value names renamed as (old, new).
+        """
 
-    def inserted_nodes(self) -> list[int]:
-        """Per stage, how many nodes at the start of its range in :meth:`origins` the merge
-        inserted (adapters on its incoming edges; 0 for a loaded model)."""
+    def with_renamed(self, mapping: _typeshed.SupportsGetItem[int, tuple[str, str]]) -> Composed:
+        """A copy with values renamed as `mapping` says (old, new): see `rename::rename_values`."""
 
-    def nodes(self) -> list[tuple[str, str, str, int]]:
-        """Every top-level node in order: (name, op_type, domain, stage index into
-        :meth:`origins`' stages, or -1 for an adapter the merge inserted between stages, or a
-        model without stages)."""
+    def with_weights(self, stripped: bytes, label: str) -> Composed:
+        """`stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back."""
 
-    def stage_map_note(self) -> str | None:
-        """Why the stage map in the model's metadata was ignored (it does not fit its nodes),
-        or None."""
 
-    def for_file(self) -> Composed:
-        """A copy with the model as fastseq writes it to a file: its stage map in its
-        metadata (two stages or more)."""
-
-def compose(
-    sources: Sequence[Source],
-    labels: Sequence[str],
-    io_maps: Sequence[Sequence[tuple[str, str]]] | None = None,
-    edges: Sequence[tuple[int, str, int, str]] | None = None,
-    graph_inputs: Sequence[tuple[str, Sequence[tuple[int, str]]]] | None = None,
-    graph_outputs: Sequence[tuple[str, int, str]] | None = None,
-    keep_outputs: bool | Sequence[str] | None = None,
-    prefixes: Sequence[str | None] | None = None,
-    inputs: Sequence[str] | None = None,
-    outputs: Sequence[str] | None = None,
-    ir_version: int | None = None,
-    meta: dict[str, str] | None = None,
-    model_version: int | None = None,
-    link_external: bool = False,
-    prune: bool | None = None,
-    dedupe: bool | None = None,
-    adapt: bool | Sequence[int] | None = None,
-    rules: str = "fastseq",
-    adapt_remedy: str | None = None,
-) -> Composed:
-    """Loads and composes ``sources`` (``labels`` name them in errors). The linear form:
-    ``io_maps[i]`` joins model i to i + 1 (by position without it). The graph form:
-    ``edges`` (from stage, output, to stage, input), stages and edges in any order (the
-    stages are put in an order where every edge goes forward, the given one where the edges
-    allow; a cycle is an error); ``graph_inputs`` (name, [(stage, input), ...]) and
-    ``graph_outputs`` (name, stage, output) expose values under the caller's names (without
-    ``graph_outputs``: every output no edge consumes, under its own name when unique among
-    them, else ``stage.output``). Errors name the caller's keys (``edges[2]: ...``).
-    ``prune`` and ``dedupe`` default to on in the graph form, off in the linear one;
-    ``adapt``: True or a list of edge indices; ``rules="onnx.compose"``: two models as
-    ``onnx.compose.merge_models`` merges them; ``adapt_remedy``: what an edge an adapter
-    would fix says to do where adapters are off (the entry point's own remedy, ``{}``
-    standing for the adapter). :meth:`Composed.plan` says what was decided."""
-def load_model(source: Source, label: str | None = None) -> Composed: ...
-def load_models(sources: Sequence[Source], labels: Sequence[str]) -> list[Composed]: ...
-def decode(data: bytes, label: str = "model", graph: bool = False) -> Composed:
-    """A serialized model (a GraphProto with ``graph=True``) as it is: external tensors
-    stay references."""
-def overlapping_names(g1: Composed, g2: Composed, io_map_inputs: Sequence[str]) -> list[tuple[str, list[str]]]: ...
-def external_data_locations(path: str) -> list[str]: ...
-def did_you_mean(name: str, candidates: Sequence[str]) -> str: ...
-def check_external_location(location: str) -> None: ...
-def file_digest(path: str | PathLike[str]) -> str: ...
-def model_digest(model: Composed) -> str:
-    """The digest of ``model`` as :func:`write_private_copy` would write it for a session
-    (the session cache's key), read where its weights are (memory, the sources, a private
-    copy) without writing or keeping them."""
-def commit_bytes(data: bytes, path: str | PathLike[str], owner: str | None = None) -> dict[str, Any]:
-    """Writes ``data`` (a model without external data, in any format, or any other file) to
-    ``path`` with the core's writer: atomically, under the export lock, never through a
-    link. With ``owner`` (the name of a file in the same folder: a pipeline file), ``path``
-    is a file written beside it: marked as the writer's, and a file there that the writer
-    did not make for that owner is an ExportError, never replaced. Returns ``model_bytes``,
-    ``data_bytes`` (0) and ``data_files`` ([])."""
-
-def check_target(path: str | PathLike[str], owner: str | None = None) -> None:
-    """An ExportError naming ``path`` unless :func:`commit_bytes` (with ``owner``) could write
-    it now: the folder exists, the target is no folder, device, read-only file or (beside an
-    owner) another's file, and a temporary file can be made beside it. Called before the
-    work whose result is written."""
-
-def stage(target: str | PathLike[str]) -> Staging:
-    """A staging folder beside ``target`` for another program (onnx, ONNX Runtime) to write
-    a model into, for :meth:`Staging.commit` to put in place."""
-
+@typing.final
 class Staging:
-    """A staging folder beside a target, held by this process (a killed process's is
-    removed by the next write into that folder). A context manager: leaving it removes the
-    folder and what it still holds."""
+    """A staging folder beside a target (made by `stage`) for another program to write a model
+    into; `commit` puts that model in place. Removed on `close()` or leaving a `with` block
+    (or by the next write into that folder if the process is killed).
+    """
 
-    def folder(self) -> Path: ...
+    def __enter__(self) -> Staging: ...
+
+    def __exit__(self, _exc_type: typing.Any, _exc: typing.Any, _tb: typing.Any) -> None: ...
+
+    def close(self) -> None:
+        """Removes the folder and what it holds."""
+
     def commit(
         self,
         model_file: str,
-        metadata: Sequence[tuple[str, str]] | None = None,
-        encode: Callable[[bytes], bytes] | None = None,
-    ) -> dict[str, Any]:
-        """Commits the protobuf model ``model_file`` (relative to the folder) and the external
-        data files it refers to beside it to the target: each data file under the name it
-        has here when that name is free or holds a file the writer made for this target,
-        else under a token name, the model last, its locations rewritten to match.
-        ``metadata`` pairs are set in its metadata_props; ``encode`` turns the final model's
-        protobuf bytes into another format (a text format). Returns ``model_bytes``,
-        ``data_bytes`` and ``data_files`` (relative to the target's folder)."""
-    def close(self) -> None: ...
-    def __enter__(self) -> Staging: ...
-    def __exit__(self, _exc_type: object, _exc: object, _tb: object) -> None: ...
+        metadata: _typeshed.SupportsGetItem[int, tuple[str, str]] | None = None,
+        encode: collections.abc.Callable[[bytes], bytes] | None = None,
+    ) -> Saved:
+        """Commits the protobuf model `model_file` of the folder (and the external data files it
+        refers to there) to the target; `metadata` pairs are set in its metadata_props;
+        `encode(bytes) -> bytes` turns the final model into another format. Returns what was
+        written.
+        """
 
-def memory_bytes(models: Sequence[Composed]) -> int:
-    """The bytes ``models`` hold in memory of their own (not mapped from a private copy), each
-    slice counted once: what :func:`write_private_copy` spills from ``spill_min`` on."""
+    def folder(self) -> pathlib.Path:
+        """The folder to write into."""
+
+
+@typing.final
+class Saved:
+    """What a write produced: the model's size, its data files' sizes together, and the data
+    files it refers to, relative to its folder (`fastseq::Saved`). Every writer returns one.
+    """
+
+    def __repr__(self) -> str: ...
+
+    @property
+    def data_bytes(self) -> int: ...
+
+    @property
+    def data_files(self) -> list[str]: ...
+
+    @property
+    def model_bytes(self) -> int: ...
+
+
+@typing.final
+class PrivateCopyInfo:
+    """What a private copy moved: `copied`, the bytes the kernel copied from the sources (of
+    those, `by_sendfile` across file systems); `written`, the bytes written from memory;
+    `mapped`, the bytes the spilled copies map (see `fastseq::private_copy`).
+    """
+
+    def __repr__(self) -> str: ...
+
+    @property
+    def by_sendfile(self) -> int: ...
+
+    @property
+    def copied(self) -> int: ...
+
+    @property
+    def mapped(self) -> int: ...
+
+    @property
+    def written(self) -> int: ...
+
+
+@typing.final
+class Layout:
+    """How fastseq lays out a model with external data (`fastseq::LAYOUT`): tensors of at
+    least `threshold` bytes go to the data file, which is named after the model
+    (`data_file`), and a tensor's location must stay inside the model's folder
+    (`allows_location`).
+    """
+
+    def __repr__(self) -> str: ...
+
+    def allows_location(self, location: str) -> bool:
+        """Whether `location` may name a data file: a relative path inside the model's folder."""
+
+    def check_location(self, location: str) -> None:
+        """Raises LoadError unless `location` may name a data file (see `allows_location`)."""
+
+    def data_file(self, model_file: str) -> str:
+        """The data file's name for the model file named `model_file`."""
+
+    @property
+    def data_suffix(self) -> str:
+        """The data file of a model file is its name followed by this."""
+
+    @property
+    def threshold(self) -> int:
+        """Tensors of at least this many bytes go to the data file."""
+
+
+def compose(
+    sources: _typeshed.SupportsGetItem[int, Source],
+    labels: _typeshed.SupportsGetItem[int, str],
+    io_maps: _typeshed.SupportsGetItem[int, _typeshed.SupportsGetItem[int, tuple[str, str]]] | None = None,
+    edges: _typeshed.SupportsGetItem[int, tuple[typing.SupportsIndex, str, typing.SupportsIndex, str]] | None = None,
+    graph_inputs: _typeshed.SupportsGetItem[int, tuple[str, _typeshed.SupportsGetItem[int, tuple[typing.SupportsIndex, str]]]] | None = None,
+    graph_outputs: _typeshed.SupportsGetItem[int, tuple[str, typing.SupportsIndex, str]] | None = None,
+    keep_outputs: bool | collections.abc.Sequence[str] | None = None,
+    prefixes: _typeshed.SupportsGetItem[int, str | None] | None = None,
+    inputs: _typeshed.SupportsGetItem[int, str] | None = None,
+    outputs: _typeshed.SupportsGetItem[int, str] | None = None,
+    ir_version: typing.SupportsIndex | None = None,
+    meta: dict[str, str] | None = None,
+    model_version: typing.SupportsIndex | None = None,
+    link_external: bool = False,
+    prune: bool | None = None,
+    dedupe: bool | None = None,
+    adapt: bool | collections.abc.Sequence[int] | None = None,
+    rules: str = 'fastseq',
+    adapt_remedy: str | None = None,
+) -> Composed:
+    """Loads and composes `sources` (`labels` name them in errors). The linear form:
+    `io_maps[i]` joins model i to i + 1 (by position without it). The graph form: `edges`
+    (from stage, output, to stage, input), stages and edges in any order (the stages are put
+    in an order where every edge goes forward, the given one where the edges allow; a cycle
+    is an error); `graph_inputs` (name, [(stage, input), ...]) and `graph_outputs` (name,
+    stage, output) expose values under the caller's names (without `graph_outputs`: every
+    output no edge consumes, under its own name when unique among them, else
+    `stage.output`). Errors name the caller's keys (`edges[2]: ...`). `prune` and `dedupe`
+    default to on in the graph form, off in the linear one; `adapt`: True or a list of edge
+    indices; `rules="onnx.compose"`: two models as `onnx.compose.merge_models` merges them;
+    `adapt_remedy`: what an edge an adapter would fix says to do where adapters are off (the
+    entry point's own remedy, `{}` standing for the adapter); `link_external`: external
+    tensors keep pointing at their files, which a save links. :meth:`Composed.plan` says
+    what was decided.
+    """
+
+
+def load_model(source: Source, label: str | None = None) -> Composed:
+    """Loads one model (external data resolved) without composing it."""
+
+
+def load_models(
+    sources: _typeshed.SupportsGetItem[int, Source],
+    labels: _typeshed.SupportsGetItem[int, str],
+) -> list[Composed]:
+    """Loads several models in parallel (external data resolved), one Composed each: the
+    stages a pipeline keeps so that it can be composed again without reading its sources.
+    """
+
+
+def decode(data: bytes, label: str = 'model', graph: bool = False) -> Composed:
+    """Decodes a serialized model (a `GraphProto` with `graph=True`) as it is: tensors in
+    external data stay references, nothing is read from disk.
+    """
+
+
+def overlapping_names(
+    g1: Composed,
+    g2: Composed,
+    io_map_inputs: _typeshed.SupportsGetItem[int, str],
+) -> list[tuple[str, list[str]]]:
+    """The names the graphs of `g1` and `g2` share, by kind: see `Composed::overlapping_names`."""
+
+
+def external_data_locations(path: str | os.PathLike[str]) -> list[str]:
+    """The external-data files that the model at `path` refers to (not opened)."""
+
+
+def did_you_mean(name: str, candidates: _typeshed.SupportsGetItem[int, str]) -> str:
+    """The hint ` (did you mean 'x'?)` for `name` among `candidates`, or an empty string."""
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """The XXH3-128 digest of a file's bytes, as hex."""
+
 
 def write_private_copy(
-    models: Sequence[Composed], path: str | PathLike[str], spill_min: int | None = None
-) -> tuple[dict[str, int], list[Composed] | None]: ...
+    models: _typeshed.SupportsGetItem[int, Composed],
+    path: str | os.PathLike[str],
+    spill_min: typing.SupportsIndex | None = None,
+) -> tuple[PrivateCopyInfo, list[Composed] | None]:
+    """Writes the session's private copy of `models[0]` at `path`; with `spill_min`, also the
+    copies of `models` spilled onto it, or None (see `fastseq::private_copy`).
+    """
+
+
+def model_digest(model: Composed) -> str:
+    """The digest of the composed model as it is written for a session (the session cache's
+    key), read where its weights are without writing or keeping them: see
+    `Composed::digest`. A source file that is no longer the one loaded is a LoadError.
+    """
+
+
+def memory_bytes(models: _typeshed.SupportsGetItem[int, Composed]) -> int:
+    """The bytes `models` hold in memory of their own (see `fastseq::memory_bytes`)."""
+
+
+def merge_metadata(
+    existing: _typeshed.SupportsGetItem[int, tuple[str, str]],
+    pairs: _typeshed.SupportsGetItem[int, tuple[str, str]],
+) -> list[tuple[str, str]]:
+    """`existing` metadata pairs with `pairs` set: each key once, where it first appeared, with
+    its last value (see `fastseq::merge_metadata`).
+    """
+
+
+def commit_bytes(data: bytes, path: str | os.PathLike[str], owner: str | None = None) -> Saved:
+    """Writes `data` (a model without external data, in any format, or any other file) to
+    `path`; `owner`: the name of the file it is written beside (see `fastseq::commit_bytes`).
+    """
+
+
+def stage(target: str | os.PathLike[str]) -> Staging:
+    """A staging folder beside `target` (see `Staging`)."""
+
+
+def check_target(path: str | os.PathLike[str], owner: str | None = None) -> None:
+    """Checks that `path` can be written (see `fastseq::check_target`): an ExportError naming
+    it if not.
+    """

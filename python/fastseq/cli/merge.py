@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq.cli.console import Quiet, check_output, fail, make_folders, progress, verbose_option
 from fastseq.cli.inspect import print_cleanups
 from fastseq.cli.models import check_io_maps, io_map_option, is_pipeline_file, parse_opset, providers_option
 from fastseq.errors import human_size
+
+if TYPE_CHECKING:
+    from fastseq import _core
 
 
 def add(sub: Any) -> None:
@@ -52,12 +55,10 @@ def add(sub: Any) -> None:
     q.set_defaults(func=cmd_quantize)
 
 
-def written(result: Any) -> tuple[int, int, list[str]]:
-    """The writer's account of a write: model bytes, data bytes, data files (the one place
-    that reads the core's results: ``Composed.save``'s ``data_file``, the staged writes'
-    ``data_files``)."""
-    files = result["data_files"] if "data_files" in result else [result["data_file"]] if result["data_file"] else []
-    return result["model_bytes"], result["data_bytes"], list(files)
+def written(result: _core.Saved) -> tuple[int, int, list[str]]:
+    """The writer's account of a write: model bytes, data bytes, data files (every writer of
+    the core returns a ``_core.Saved``)."""
+    return result.model_bytes, result.data_bytes, list(result.data_files)
 
 
 def cmd_merge(args: argparse.Namespace, quiet: Quiet) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastseq import _core
 from fastseq.errors import CompositionError, human_size
@@ -78,9 +78,10 @@ def compose_to_file(
     return target
 
 
-def save(composed, target: Path, external_data: bool | Literal["reuse"] | None) -> dict[str, Any]:
+def save(composed, target: Path, external_data: bool | Literal["reuse"] | None) -> _core.Saved:
     """Writes ``composed`` to ``target`` in the spec's external-data mode ("reuse" was
-    decided at build time: the model already refers to the sources' data files)."""
+    decided at build time: the model already refers to the sources' data files); returns
+    what the core's writer wrote."""
     return composed.save(str(target), external_data=True if external_data == "reuse" else external_data)
 
 

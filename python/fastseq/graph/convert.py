@@ -33,9 +33,6 @@ from fastseq.errors import ConversionError, OpsetMismatchError
 if TYPE_CHECKING:
     import onnx
 
-# Tensors smaller than this stay in place: shape and axes constants that adapters read.
-_KEEP_BYTES = 1024
-
 #: What each entry point lets its caller do about differing opsets (the core's message is
 #: neutral: only the entry point knows which of its parameters converts).
 HINTS = {
@@ -250,8 +247,10 @@ def harmonise(
     stripped: dict[int, onnx.ModelProto] = {}
 
     def weightless(i: int) -> bytes:
+        # The tensors the core's layout keeps in a model stay: shape and axes constants that
+        # adapters read; the weights go.
         if i not in raw:
-            raw[i] = models[i].stripped_bytes(_KEEP_BYTES)
+            raw[i] = models[i].stripped_bytes()
         return raw[i]
 
     def proto(i: int) -> onnx.ModelProto:
@@ -280,7 +279,8 @@ def harmonise(
             continue
         parts = None
         if converter is not None:  # None: onnx's version is unknown, nothing is kept
-            parts = {"kind": KIND, "model": hashlib.sha256(weightless(i)).hexdigest(), "keep_bytes": _KEEP_BYTES,
+            parts = {"kind": KIND, "model": hashlib.sha256(weightless(i)).hexdigest(),
+                     "keep_bytes": _core.LAYOUT.threshold,
                      "ai.onnx": [defaults[i], default_goal] if convert_default else None,
                      "domains": dict(sorted(moves.items())), **converter}
         data = store.get(parts) if store is not None and parts is not None else None

@@ -48,11 +48,10 @@ def add_metadata(onnx_model, additional_metadata: Sequence[tuple[str, Any]] | No
     ``("source", "fastseq")`` and fastseq's version. A key already present (or repeated)
     keeps its first position and takes the last value, so the model has one entry per key,
     as ``onnx.checker`` requires. Values are stored as ``str(value)``."""
-    entries: dict[str, str] = {p.key: p.value for p in onnx_model.metadata_props}
-    for key, value in metadata_pairs(additional_metadata):
-        entries[key] = value
+    existing = [(p.key, p.value) for p in onnx_model.metadata_props]
+    entries = _core.merge_metadata(existing, metadata_pairs(additional_metadata))  # the core's rule
     del onnx_model.metadata_props[:]
-    for key, value in entries.items():
+    for key, value in entries:
         entry = onnx_model.metadata_props.add()
         entry.key, entry.value = key, value
     return onnx_model

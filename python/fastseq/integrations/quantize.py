@@ -145,9 +145,9 @@ def quantize(
                        "per_channel=False may avoid this)"
             raise ConversionError(f"{name}: quantization failed: {_first_line(e)}{hint}") from e
         written = stage.commit(f"out/{target.name}")
-    data = written["data_files"]
+    data = written.data_files
     return QuantizeResult(target, target.parent / data[0] if data else None, size_before,
-                          written["model_bytes"] + written["data_bytes"])
+                          written.model_bytes + written.data_bytes)
 
 
 def quantize_composed(composed: Any, output: str | os.PathLike[str], label: str, **options: Any) -> QuantizeResult:

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 from fastseq import _core
 from fastseq.errors import ExportError
 
-#: onnx.save's keywords and their defaults there (onnx 1.16 to 1.23).
+#: onnx.save's keywords and their defaults there (onnx 1.16 to 1.23); its size_threshold
+#: (1024) is the core's layout's, which fastseq's own writes use.
 ONNX_SAVE_DEFAULTS: dict[str, Any] = {
     "format": None,
     "save_as_external_data": False,
     "all_tensors_to_one_file": True,
     "location": None,
-    "size_threshold": 1024,
+    "size_threshold": _core.LAYOUT.threshold,
     "convert_attribute": False,
 }
 
@@ -80,10 +81,8 @@ def _export_with_onnx(
     import onnx
 
     location = kwargs.get("location")
-    if location is not None:
-        parts = PurePath(location).parts
-        if PurePath(location).is_absolute() or ".." in parts or not parts:
-            raise ExportError(f"export(location={location!r}): expected a relative path inside {target.parent}")
+    if location is not None and not _core.LAYOUT.allows_location(location):  # the loader's rule
+        raise ExportError(f"export(location={location!r}): expected a relative path inside {target.parent}")
     if external is None:
         external = composed.encoded_len() >= _core.PROTOBUF_LIMIT
     encode = _encoder(kwargs.get("format"), target)
@@ -103,7 +102,7 @@ def _export_with_onnx(
                 format="protobuf",  # the core reads it; `encode` writes the format asked for
                 save_as_external_data=True,
                 all_tensors_to_one_file=one_file,
-                location=(location or f"{target.name}.data") if one_file else None,
+                location=(location or _core.LAYOUT.data_file(target.name)) if one_file else None,
                 size_threshold=threshold,
                 convert_attribute=bool(kwargs.get("convert_attribute", False)),
             )

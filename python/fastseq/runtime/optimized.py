@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import onnxruntime as ort
 
@@ -21,7 +20,7 @@ def export_optimized(
     target: Path,
     providers: Sequence[Provider] | None,
     session_options: ort.SessionOptions | None,
-) -> dict[str, Any]:
+) -> _core.Saved:
     """Writes the model ONNX Runtime makes of ``composed`` after its graph optimisations,
     with what it was optimised for in its metadata; returns what the core wrote (see
     ``_core.Staging.commit``). Its weights are in a data file beside it (``<name>.data``
@@ -36,7 +35,7 @@ def export_optimized(
     with _core.stage(str(target)) as stage:
         staged = stage.folder() / target.name
         with PrivateCopy.of(composed) as copy:
-            new_session(copy.path, options, usable, save_to=staged, data_name=f"{target.name}.data")
+            new_session(copy.path, options, usable, save_to=staged, data_name=_core.LAYOUT.data_file(target.name))
         made_for = json.dumps({
             "onnxruntime": ort.__version__,
             "providers": [provider_name(p) for p in usable],

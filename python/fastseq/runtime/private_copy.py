@@ -26,12 +26,12 @@ class PrivateCopy:
     the session no longer depends on the source files. The weights go from the sources into
     the data file in the kernel (``copy_file_range``, or ``sendfile`` across file systems),
     never through this process's memory; only weights that exist in memory alone are
-    written. ``info`` says how many bytes each way (``copied``, ``written``) and how many the
-    spilled models map (``mapped``)."""
+    written. ``info`` (the core's :class:`fastseq._core.PrivateCopyInfo`) says how many bytes
+    each way (``copied``, ``written``) and how many the spilled models map (``mapped``)."""
 
     folder: str
     path: str
-    info: dict[str, int]
+    info: _core.PrivateCopyInfo
     #: with ``spill_min``: copies of the models given that map the copy's data file, or None
     spilled: list[_core.Composed] | None = None
 
@@ -59,7 +59,7 @@ class PrivateCopy:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(folder, path, dict(info), copies)
+        return cls(folder, path, info, copies)
 
     def take_spilled(self) -> list[_core.Composed] | None:
         """The spilled copies (see :meth:`of`), handed over: the copy keeps no reference."""

@@ -116,9 +116,9 @@ class Runnable:
         def adopt(copy: PrivateCopy) -> None:
             spilled = self._take_spilled(copy)
             if info is not None:
-                info["copied"] = copy.info["copied"]
+                info["copied"] = copy.info.copied
                 if spilled:
-                    info["spilled"] = copy.info["mapped"]
+                    info["spilled"] = copy.info.mapped
 
         try:
             # The list is built in the call: no name here keeps the models it replaces alive.

@@ -222,7 +222,7 @@ def hub_download(
         # Untrusted: checked by the core's rule before it becomes a download (and a path in
         # the cache).
         try:
-            _core.check_external_location(location)
+            _core.LAYOUT.check_location(location)
         except LoadError as e:
             raise LoadError(f"{ref}: {e}") from None
         repo.download(f"{folder}/{location}" if folder else location, force_download)

@@ -6,12 +6,12 @@ use prost_types::field_descriptor_proto::Type;
 
 fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let proto_dir = root.join("rust/proto");
-    let out_dir = root.join("rust/src/codec/proto");
+    let proto_dir = root.join("crates/fastseq/proto");
+    let out_dir = root.join("crates/fastseq/src/codec/proto");
     let mut fds = protox::compile([proto_dir.join("onnx-ml.proto")], [&proto_dir]).expect("compile onnx-ml.proto");
     // Graph nodes are kept as their encoded bytes (the wire format of an embedded message and
     // of `bytes` is the same): decoding a graph then allocates nothing per node, and
-    // `fastseq::node` reads and rewrites them in place. See rust/src/node.rs.
+    // `fastseq::node` reads and rewrites them in place. See crates/fastseq/src/codec/node.rs.
     let node = fds
         .file
         .iter_mut()
