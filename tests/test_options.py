@@ -208,3 +208,88 @@ def test_a_custom_operator_library_cannot_be_copied_and_says_so(tmp_path):
     assert any("custom operator libraries" in str(w.message) for w in caught)
     with pytest.raises(fastseq.RunError, match="custom operator libraries"):
         pipe.profile(np.array(["AbC"]), runs=1, warmup=0)
+
+
+# --- options that would make ONNX Runtime write a file (issue 26, item 3) -------------------------
+FILE_CASES = [
+    ("optimized_model_filepath", '"notes.txt"', "export(path, optimized=True)"),
+    ("profile_file_prefix", '"notes"', "profile()"),
+    ("enable_profiling", "true", "profile()"),
+    ('"session.optimized_model_external_initializers_file_name"', '"notes.txt"', "export(path, optimized=True)"),
+    ('"session.collect_node_memory_stats_to_file"', '"notes.txt"', "export the model"),
+    ('"ep.context_enable"', '"1"', "export the model"),
+    ('"ep.context_file_path"', '"notes.txt"', "export the model"),
+    ('"session.debug_layout_transformation"', '"1"', "export the model"),
+]
+
+
+@pytest.mark.parametrize("key,value,instead", FILE_CASES, ids=[c[0].strip('"') for c in FILE_CASES])
+def test_a_pipeline_file_cannot_make_onnx_runtime_write_a_file(tmp_path, monkeypatch, key, value, instead):
+    """A pipeline file is input that people share: an option naming a file for ONNX Runtime
+    to write (or read) is a PipelineFileError naming the option and what to use instead, in
+    Python and from the CLI, and nothing is written: before, ``optimized_model_filepath =
+    "notes.txt"`` overwrote notes.txt and ``profile_file_prefix`` dropped JSON files."""
+    import subprocess
+    import sys
+
+    onnx.save(matmul_model(), str(tmp_path / "m.onnx"))
+    (tmp_path / "notes.txt").write_text("the user's notes")
+    (tmp_path / "p.toml").write_text(f'[stages]\nm = "m.onnx"\n\n[session_options]\n{key} = {value}\n')
+    monkeypatch.chdir(tmp_path)
+    name = key.strip('"')
+    with pytest.raises(fastseq.PipelineFileError) as e:
+        fastseq.Pipeline.from_file(tmp_path / "p.toml", session_cache=False)
+    assert f"session_options: {name}: a pipeline file cannot name a file" in str(e.value) and instead in str(e.value)
+    np.save(tmp_path / "x.npy", np.ones((2, 64), np.float32))
+    for args in (["run", "p.toml", "--input", "x=x.npy"], ["merge", "p.toml", "-o", "out.onnx"]):
+        r = subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and name in lines[0] and instead in lines[0], r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "notes.txt", "p.toml", "x.npy"]
+    assert (tmp_path / "notes.txt").read_text() == "the user's notes"
+
+
+def test_a_callers_options_naming_a_file_are_an_input_error_naming_the_option(tmp_path, monkeypatch):
+    """The Python API decides as pipeline files do (SECURITY.md, "Files that ONNX Runtime
+    would write"): a session may start many times (the session cache, pickling, Ray actors),
+    each writing the same file, and fastseq writes files through its writer only; the error
+    names the option and the call that writes the file through fastseq's writer."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("the user's notes")
+    for attribute, value, instead in [("optimized_model_filepath", "notes.txt", "export(path, optimized=True)"),
+                                      ("enable_profiling", True, "profile()"),
+                                      ("profile_file_prefix", "notes", "profile()")]:
+        options = ort.SessionOptions()
+        setattr(options, attribute, value)
+        makers = [
+            lambda: fastseq.ONNXSequential(matmul_model(), session_options=options, session_cache=False),
+            lambda: fastseq.ONNXSequential(matmul_model(), session_options=options, session_cache=tmp_path / "c"),
+            lambda: fastseq.Pipeline({"m": matmul_model()}, session_options=options, session_cache=False),
+            lambda: fastseq.Pipeline({"m": matmul_model()}, session_options={attribute: value}, session_cache=False),
+            lambda: fastseq.ONNXSequential(matmul_model(), session_cache=False).create_session(session_options=options),
+        ]
+        for make in makers:
+            with pytest.raises(fastseq.InputError, match=re.escape(f"session_options.{attribute}")) as e:
+                make()
+            assert instead in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "c") == ["notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "the user's notes"
+
+
+def test_to_file_will_not_write_such_options_into_a_pipeline_file(tmp_path):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    pipe = fastseq.Pipeline({"m": matmul_model()}, session_options=options, session_cache=False)
+    pipe.to_file(tmp_path / "ok.toml")  # harmless options travel
+    assert "intra_op_num_threads = 1" in (tmp_path / "ok.toml").read_text()
+    spec = pipe.spec
+    from dataclasses import replace
+
+    bad = ort.SessionOptions()
+    bad.optimized_model_filepath = "notes.txt"
+    from fastseq.graph import pipefile
+
+    with pytest.raises(fastseq.ExportError, match="optimized_model_filepath"):
+        pipefile.write(replace(spec, session_options=bad), tmp_path / "bad.toml")
+    assert not (tmp_path / "bad.toml").exists()

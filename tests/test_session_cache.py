@@ -595,3 +595,137 @@ def test_the_cache_and_its_limit_travel_with_a_pickled_pipeline(tmp_path):
     assert repr(cache) == f"SessionCache({str(cache.path)!r}, max_size='100.0 MB')"
     with pytest.raises(fastseq.FastseqError, match="expected a size"):
         fastseq.SessionCache(tmp_path, max_size="huge")
+
+
+def test_a_hit_whose_copy_differs_from_the_key_is_not_used(tmp_path, monkeypatch):
+    """A hit is as safe as a store: the copy the pipeline keeps (``pipe.model``, exports) is
+    read back against the key on a hit too. A copy that differs (a source rewritten between
+    the key's read and the copy's, unseen by the identity checks) fails the start: no
+    session over the entry's weights beside a pipeline that holds others."""
+    cache, source, n = tmp_path / "cache", str(tmp_path / "wide.onnx"), 1 << 15  # left in the file: mapped
+    onnx.save(scale_model(2.0, shape=("N", n)), source)
+    assert start(source, cache).session_info["cache"] == "stored"
+    real, calls = fastseq._core.model_digest, []
+
+    def second_differs(model):
+        calls.append(model)
+        digest = real(model)
+        return digest if len(calls) == 1 else "0" * len(digest)
+
+    monkeypatch.setattr(fastseq._core, "model_digest", second_differs)
+    with pytest.raises(fastseq.LoadError, match="changed while the pipeline was built"):
+        start(source, cache)
+    assert len(calls) == 2  # the key's read, and the copy's read back
+    monkeypatch.setattr(fastseq._core, "model_digest", real)
+    assert start(source, cache).session_info["cache"] == "hit"  # read back equal: used
+
+
+def test_hits_run_what_the_pipeline_holds_while_a_source_changes_through_a_shared_mapping(tmp_path):
+    """Another process rewrites a source's weights through a shared mapping as fast as it can
+    (no size change; a page kept dirty gets no new mtime, so identity checks see nothing)
+    while pipelines start from the cache: each start either fails with a LoadError or runs
+    exactly what it holds (its result equals ONNX Runtime's on ``pipe.model``). Before, a
+    hostile pass saw 21 of 23 hits run the entry's old weights beside a torn copy."""
+    import onnxruntime as ort
+
+    cache, n = tmp_path / "cache", 1 << 15
+    source = tmp_path / "wide.onnx"
+    onnx.save(scale_model(2.0, shape=("N", n)), str(source))
+    assert start(str(source), cache).session_info["cache"] == "stored"
+    two, three = np.full(n, 2.0, np.float32).tobytes(), np.full(n, 3.0, np.float32).tobytes()
+    offset = source.read_bytes().find(two)
+    assert offset > 0
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import mmap, os
+        fd = os.open({str(source)!r}, os.O_RDWR)
+        m = mmap.mmap(fd, 0)
+        two, three = {two[:4]!r} * {n}, {three[:4]!r} * {n}
+        while not os.path.exists({str(stop)!r}):
+            for k in range(0, {4 * n}, 4096):  # one page flipped and put back: mostly the stored weights
+                m[{offset} + k:{offset} + k + 4096] = three[k:k + 4096]
+                m[{offset} + k:{offset} + k + 4096] = two[k:k + 4096]
+    """)])
+    x = np.linspace(-1, 1, 2 * n, dtype=np.float32).reshape(2, n)
+    results = {"hit": 0, "other": 0, "refused": 0}
+    try:
+        for _ in range(30):
+            try:
+                pipe = start(str(source), cache)
+            except fastseq.LoadError as e:
+                assert "changed" in str(e)
+                results["refused"] += 1
+                continue
+            results["hit" if pipe.session_info["cache"] == "hit" else "other"] += 1
+            held = ort.InferenceSession(pipe.model.SerializeToString(), providers=["CPUExecutionProvider"])
+            np.testing.assert_array_equal(pipe(x)[0], held.run(None, {"x": x})[0])
+    finally:
+        stop.touch()
+        writer.wait(timeout=30)
+    assert sum(results.values()) == 30, results
+
+
+# --- leftovers that no live process holds (issue 26, item 11) ----------------------------------
+def test_a_disk_full_before_the_tag_leaves_no_temporary_file(tmp_path):
+    """The tag is written to a temporary file and renamed into place: a full disk stopped
+    that write and kept its `.tmp-<pid>-<hex>` file (two, with the second try to open the
+    cache) for ever, since the sweep removed folders only. Now the failed write removes its
+    file, and the sweep removes such a file that no live process holds. Needs root for the
+    tmpfs."""
+    source = model_file(tmp_path, 2.0)
+    with tmpfs(tmp_path / "full", "64k") as mount:
+        filler = mount / "filler"
+        with open(filler, "wb", buffering=0) as f:  # the disk full to its last block
+            try:
+                while True:
+                    f.write(b"\0" * 512)
+            except OSError:
+                pass
+        cache = mount / "c"
+        with pytest.warns(RuntimeWarning):
+            pipe = start(source, cache)
+        assert pipe.session_info["cache"] is None
+        np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+        assert not cache.exists() or [p.name for p in cache.iterdir()] == [], "a temporary file was left"
+        filler.unlink()
+        # What an earlier version left: a tag's temporary file, its writer gone.
+        old = time.time() - 3600
+        cache.mkdir(mode=0o700, exist_ok=True)
+        (cache / ".tmp-1-aaaaaaaaaaaa").write_bytes(b"Signature: 8a477f597d28d172789f0688")
+        os.utime(cache / ".tmp-1-aaaaaaaaaaaa", (old, old))
+        assert start(source, cache).session_info["cache"] == "stored"  # the cache is adopted, then swept
+        assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_killed_writers_folder_goes_as_soon_as_its_lock_is_free(tmp_path):
+    """A killed store's folder stayed 10 minutes although its lock was free: the lock says
+    whether its maker lives, and the age only covers the instant before the maker locks it.
+    A folder half a minute old whose lock is free goes with the next store; one just made,
+    or one still held, stays."""
+    from fastseq.runtime import cachedir
+
+    cache = tmp_path / "cache"
+    source = model_file(tmp_path, 2.0)
+    code = textwrap.dedent(f"""
+        import os, signal, fastseq
+        from fastseq.runtime import cache_entry
+        cache_entry._seal = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+        fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
+    """)
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+    (killed,) = [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+    assert cachedir.STALE_S <= 10
+    half_a_minute = time.time() - 30
+    os.utime(killed, (half_a_minute, half_a_minute))
+    held = cache / ".tmp-2-bbbbbbbbbbbb"
+    held.mkdir()
+    os.utime(held, (half_a_minute, half_a_minute))
+    fresh = cache / ".tmp-3-cccccccccccc"
+    fresh.mkdir()
+    lock = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        assert start(model_file(tmp_path, 3.0), cache).session_info["cache"] == "stored"
+    finally:
+        os.close(lock)
+    assert not killed.exists() and held.exists() and fresh.exists()

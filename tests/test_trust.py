@@ -7,6 +7,7 @@ stage, whatever the node names, without ONNX Runtime's own copy of them on stder
 from __future__ import annotations
 
 import pickle
+import re
 import threading
 
 import numpy as np
@@ -309,6 +310,31 @@ def test_operator_parameters_out_of_range_are_operator_errors(spec, says):
         fastseq.ONNXSequential(f"builtin:{spec}")
     with pytest.raises(OperatorError, match=says):
         fastseq.ops.from_string(spec)
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("normalize?std=1e-46", "std must not be zero: 1e-46 is 0 in float32"),
+    ("normalize?std=1e-8&dtype=float16", "std must not be zero: 1e-08 is 0 in float16"),
+    ("normalize?mean=1e5&dtype=float16", "mean must be within float16's range"),
+    ("to_float?scale=1e-46", "scale must not be zero: 1e-46 is 0 in float32"),
+    ("to_float?scale=1e5&to=float16", "scale must be within float16's range"),
+])
+def test_parameters_that_the_constants_dtype_cannot_hold_are_operator_errors(spec, says):
+    """A std of 1e-46 is 0 in float32: the model divided by zero and output inf (issue 26,
+    item 12). A value must keep its meaning in the dtype of the constant that holds it."""
+    from fastseq.ops import OperatorError
+
+    with pytest.raises(OperatorError, match=re.escape(says)):
+        fastseq.ops.from_string(spec)
+    with pytest.raises(OperatorError, match=re.escape(says)):
+        fastseq.ONNXSequential(f"builtin:{spec}")
+
+
+
+def test_a_tiny_std_that_float64_holds_is_kept():
+    x = np.ones((1, 3, 2, 2))
+    pipe = fastseq.ONNXSequential(fastseq.ops.normalize(mean=0.0, std=1e-300, dtype="float64"), session_cache=False)
+    np.testing.assert_allclose(pipe(x)[0], x / 1e-300)
 
 
 # --- runtime errors name the stage ------------------------------------------------------------

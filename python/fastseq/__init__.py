@@ -46,6 +46,9 @@ _LAZY = {
     "Profile": "fastseq.runtime.profile",
     # made on first use: its base class, urllib's ContentTooShortError, is slow to import
     "TruncatedDownloadError": "fastseq.errors",
+    # made on first use: they derive from onnx's checker errors (fastseq.onnx_compose raises them)
+    "InvalidModelError": "fastseq.errors",
+    "InvalidShapesError": "fastseq.errors",
 }
 # public submodules, imported when first read as attributes (``fastseq.operators`` is the
 # shipped models; each is a module of its own, so ``import fastseq.operators`` works too)
@@ -66,7 +69,7 @@ if TYPE_CHECKING:
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.profile import Profile
     from fastseq.runtime.tensors import TensorInfo
-    from fastseq.errors import TruncatedDownloadError
+    from fastseq.errors import InvalidModelError, InvalidShapesError, TruncatedDownloadError
 
 
 def __getattr__(name: str) -> Any:

@@ -61,6 +61,12 @@ class Composed:
     def metadata(self) -> list[tuple[str, str]]:
         """The model's metadata_props, as (key, value) pairs in order."""
 
+    def naming_problem(self) -> str | None:
+        """The first naming rule of `onnx.checker` the model breaks (a name defined twice, read
+        before it is defined, an undefined graph output), or None: what a rename or a merge
+        can break in models that pass the checker.
+        """
+
     def nodes(self) -> list[tuple[str, str, str, int]]:
         """Every top-level node of the graph, in order: (name, op_type, domain, stage), the
         stage an index into :meth:`origins`' stages, -1 for a node the merge inserted between
@@ -88,8 +94,9 @@ class Composed:
     def report(self) -> dict[str, typing.Any]:
         """What the composition did besides merging: `pruned` (dict: `stages` (labels),
         `nodes`, `initializers`, `inputs`), `deduped_initializers`, `deduped_bytes`,
-        `adapters` (list of (edge index, description)) and `unused_outputs` (list of
-        (stage index, output name)).
+        `adapters` (list of (edge index, description)), `unused_outputs` (list of
+        (stage index, output name)) and, under onnx.compose's rules, `unproven` (why the
+        merge cannot vouch that the result passes onnx's checker; empty when it can).
         """
 
     def save(
@@ -326,6 +333,14 @@ def did_you_mean(name: str, candidates: _typeshed.SupportsGetItem[int, str]) -> 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
     """The XXH3-128 digest of a file's bytes, as hex."""
+
+
+def open_input(path: str | os.PathLike[str]) -> int:
+    """Opens a file named by input for reading (`fastseq::open_input`: what is not a regular
+    file is refused without blocking) and returns its descriptor, for `os.fdopen`. A FIFO, a
+    device, a socket or a directory is a LoadError naming it; an OS error an `OSError` with
+    its errno and the path, as Python's `open` raises it.
+    """
 
 
 def write_private_copy(

@@ -168,8 +168,42 @@ def _truncated_download_error() -> type:
     return TruncatedDownloadError
 
 
-#: classes made on first use, by name
-_LAZY = {"TruncatedDownloadError": _truncated_download_error}
+def _invalid_model_error() -> type:
+    from onnx.checker import ValidationError
+
+    class InvalidModelError(FastseqError, ValidationError):
+        """A model that ``onnx.checker`` refuses, where ``fastseq.onnx_compose`` would have to
+        return it: an ``onnx.checker.ValidationError``, as onnx.compose raises for the same
+        models. The checker's own error is the ``__cause__``."""
+
+        __module__ = "fastseq"
+        __qualname__ = "InvalidModelError"
+
+    return InvalidModelError
+
+
+def _invalid_shapes_error() -> type:
+    from onnx.shape_inference import InferenceError
+
+    class InvalidShapesError(FastseqError, InferenceError):
+        """A model whose types or shapes ``onnx.checker.check_model(full_check=True)`` finds
+        inconsistent, where ``fastseq.onnx_compose`` would have to return it: an
+        ``onnx.shape_inference.InferenceError``, what that check raises. The checker's own
+        error is the ``__cause__``."""
+
+        __module__ = "fastseq"
+        __qualname__ = "InvalidShapesError"
+
+    return InvalidShapesError
+
+
+#: classes made on first use, by name (those deriving from another package's class import
+#: it only then)
+_LAZY = {
+    "TruncatedDownloadError": _truncated_download_error,
+    "InvalidModelError": _invalid_model_error,
+    "InvalidShapesError": _invalid_shapes_error,
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -197,6 +231,8 @@ __all__ = [
     "ExportError",
     "FastseqError",
     "InputError",
+    "InvalidModelError",
+    "InvalidShapesError",
     "LoadError",
     "OperatorError",
     "OpsetMismatchError",

@@ -79,6 +79,13 @@ impl Composed {
         (Composed(model), renamed)
     }
 
+    /// The first naming rule of `onnx.checker` the model breaks (a name defined twice, read
+    /// before it is defined, an undefined graph output), or None: what a rename or a merge
+    /// can break in models that pass the checker.
+    fn naming_problem(&self, py: Python<'_>) -> Option<String> {
+        py.detach(|| self.0.naming_problem())
+    }
+
     /// A copy with values renamed as `mapping` says (old, new): see `rename::rename_values`.
     fn with_renamed(&self, py: Python<'_>, mapping: Vec<(String, String)>) -> PyResult<Composed> {
         py.detach(|| self.0.with_renamed(&mapping)).map(Composed).map_err(to_py)
@@ -155,8 +162,9 @@ impl Composed {
 
     /// What the composition did besides merging: `pruned` (dict: `stages` (labels),
     /// `nodes`, `initializers`, `inputs`), `deduped_initializers`, `deduped_bytes`,
-    /// `adapters` (list of (edge index, description)) and `unused_outputs` (list of
-    /// (stage index, output name)).
+    /// `adapters` (list of (edge index, description)), `unused_outputs` (list of
+    /// (stage index, output name)) and, under onnx.compose's rules, `unproven` (why the
+    /// merge cannot vouch that the result passes onnx's checker; empty when it can).
     #[pyo3(signature = () -> "dict[str, typing.Any]")]
     fn report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.0.composition();
@@ -173,6 +181,7 @@ impl Composed {
         d.set_item("deduped_bytes", r.deduped.bytes)?;
         d.set_item("adapters", &r.adapters)?;
         d.set_item("unused_outputs", &r.unused_outputs)?;
+        d.set_item("unproven", &r.unproven)?;
         Ok(d)
     }
 

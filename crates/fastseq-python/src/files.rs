@@ -4,12 +4,32 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 
 use crate::composed::Composed;
-use crate::errors::to_py;
+use crate::errors::{to_py, LoadError};
 
 /// The external-data files that the model at `path` refers to (not opened).
 #[pyfunction]
 pub(crate) fn external_data_locations(py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
     py.detach(|| fastseq::external_data_locations(&path)).map_err(to_py)
+}
+
+/// Opens a file named by input for reading (`fastseq::open_input`: what is not a regular
+/// file is refused without blocking) and returns its descriptor, for `os.fdopen`. A FIFO, a
+/// device, a socket or a directory is a LoadError naming it; an OS error an `OSError` with
+/// its errno and the path, as Python's `open` raises it.
+#[pyfunction]
+pub(crate) fn open_input(py: Python<'_>, path: PathBuf) -> PyResult<i32> {
+    use std::os::fd::IntoRawFd;
+    match py.detach(|| fastseq::open_input(&path)) {
+        Ok((file, _)) => Ok(file.into_raw_fd()),
+        Err(e) => Err(match fastseq::NotRegular::of(&e) {
+            Some(refused) => LoadError::new_err(format!("{}: {refused}", path.display())),
+            None => {
+                let errno = e.raw_os_error().unwrap_or(0);
+                let strerror: String = py.import("os")?.call_method1("strerror", (errno,))?.extract()?;
+                pyo3::exceptions::PyOSError::new_err((errno, strerror, path.into_os_string()))
+            }
+        }),
+    }
 }
 
 /// The XXH3-128 digest of a file's bytes, as hex.

@@ -18,7 +18,7 @@ use crate::compose::{compose_sources, decode, load_model, load_models, overlappi
 use crate::composed::Composed;
 use crate::errors::{composition_error, opset_mismatch_error, ExportError, FastseqError, LoadError};
 use crate::files::{
-    external_data_locations, file_digest, memory_bytes, model_digest, write_private_copy, PrivateCopyInfo,
+    external_data_locations, file_digest, memory_bytes, model_digest, open_input, write_private_copy, PrivateCopyInfo,
 };
 use crate::layout::{merge_metadata, PyLayout};
 use crate::writer::{check_target, commit_bytes, stage, Saved, Staging};
@@ -73,6 +73,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
     m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
     m.add_function(wrap_pyfunction!(file_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(open_input, m)?)?;
     m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;
     m.add_function(wrap_pyfunction!(model_digest, m)?)?;
     m.add_function(wrap_pyfunction!(memory_bytes, m)?)?;

@@ -25,6 +25,10 @@ pub mod merge;
 pub mod pipeline;
 pub mod storage;
 
+// The vendored prost-derive calls this module by this path (codec::fidelity's doc).
+#[doc(hidden)]
+pub use codec::fidelity as __prost_fidelity;
+
 #[doc(hidden)]
 pub mod fuzzing;
 
@@ -45,5 +49,6 @@ pub use pipeline::write::{memory_bytes, private_copy, Encoded, PrivateCopy};
 pub use storage::digest::file_digest;
 pub use storage::external::{locations_in_file as external_data_locations, Mode};
 pub use storage::layout::{Layout, LAYOUT};
+pub use storage::read::{open_input, NotRegular};
 pub use storage::source::Source;
 pub use storage::writer::{check as check_target, commit_bytes, commit_staged, stage, Encoder, Saved, Staging};

@@ -14,11 +14,15 @@ use fastseq::codec::proto::{
 use fastseq::{compose, load, load_all, private_copy, Kind, Mode, Options, Source, LAYOUT};
 
 fn vi(name: &str) -> ValueInfoProto {
-    let dim = Dimension { value: Some(Dim::DimValue(16384)), denotation: None };
-    let tensor = type_proto::Tensor { elem_type: Some(1), shape: Some(TensorShapeProto { dim: vec![dim] }) };
+    let dim = Dimension { value: Some(Dim::DimValue(16384)), ..Default::default() };
+    let tensor = type_proto::Tensor {
+        elem_type: Some(1),
+        shape: Some(TensorShapeProto { dim: vec![dim], ..Default::default() }),
+        ..Default::default()
+    };
     ValueInfoProto {
         name: Some(name.into()),
-        r#type: Some(TypeProto { value: Some(type_proto::Value::TensorType(tensor)), denotation: None }),
+        r#type: Some(TypeProto { value: Some(type_proto::Value::TensorType(tensor)), ..Default::default() }),
         ..Default::default()
     }
 }
@@ -41,7 +45,7 @@ fn scale(seed: u8) -> ModelProto {
     };
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17), ..Default::default() }],
         graph: Some(GraphProto {
             name: Some("scale".into()),
             node: vec![Bytes::from(node.encode_to_vec())],

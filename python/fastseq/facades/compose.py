@@ -142,6 +142,11 @@ def merge_models(
     spec.metadata = {k: v for k, v in spec.metadata.items() if v is not None}
     spec.model_version = model_version
     composed = build(spec).composed
+    # The core merges a joint whose sides disagree under onnx.compose's rules (onnx's
+    # checker decides in fastseq.onnx_compose); this merge_models refuses it, naming both.
+    mismatch = [u for u in composed.report()["unproven"] if "type mismatch" in u or "shape mismatch" in u]
+    if mismatch:
+        raise CompositionError(mismatch[0])
     if composed.encoded_len() >= _core.PROTOBUF_LIMIT:
         raise CompositionError(
             f"the merged model is {human_size(composed.encoded_len())}, more than an onnx.ModelProto can "
@@ -153,7 +158,9 @@ def merge_models(
 def _stage(model: ModelSource, index: int) -> Stage:
     """A stage of merge_models. An ``onnx.ModelProto`` is decoded as it is: tensors in
     external data stay references (there is no folder to read them from), as onnx.compose
-    keeps them."""
+    keeps them. A ``Stage`` (a model held by the core, labelled) is taken as it is."""
+    if isinstance(model, Stage):
+        return model
     if not is_model_proto(model):
         return Stage(None, model)
     label = f"{model.graph.name or 'model'} (#{index})"

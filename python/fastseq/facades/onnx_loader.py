@@ -27,6 +27,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
 from fastseq.sources import download as downloads
 from fastseq.sources import resolve as loader
@@ -299,8 +300,23 @@ class ONNXLoader:
     def _load(source: str, path: str | Path):
         import onnx
 
+        from onnx.external_data_helper import load_external_data_for_model
+
         try:
-            return onnx.load(os.fspath(path))
+            # The core's opens: a FIFO or a device in the cache is refused without blocking
+            # (onnx.load's plain open would wait on a FIFO for ever), for the model file and
+            # for each external data file onnx will read.
+            with os.fdopen(_core.open_input(path), "rb") as f:
+                model = onnx.load_model_from_string(f.read())
+            locations = _core.external_data_locations(os.fspath(path))
+            folder = Path(path).parent
+            for location in locations:
+                os.close(_core.open_input(folder / location))
+            if locations:
+                load_external_data_for_model(model, os.fspath(folder))
+            return model
+        except LoadError as e:
+            raise LoadError(f"{source}: {e}") from None
         except Exception as e:  # onnx raises DecodeError, OSError or its own
             raise LoadError(
                 f"{source}: the file at {path} does not load ({e}); if it is a damaged cached copy, "
@@ -335,8 +351,10 @@ class ONNXLoader:
             if not path.is_file():
                 raise LoadError(f"{text}: neither an http(s) URL nor an existing local file")
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(_core.open_input(path), "rb") as f:  # a FIFO is refused, never waited on
                 return json.load(f)
+        except LoadError as e:
+            raise LoadError(f"{text}: {e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise LoadError(f"{text}: not valid JSON ({e}); if it is a damaged cached copy, pass force_download=True") from e
 

@@ -83,6 +83,57 @@ _ATTRIBUTES = (
 )
 
 
+_PROFILE = "pipe.profile() (fastseq profile), which profiles into a folder of fastseq's own"
+_OPTIMISED = "pipe.export(path, optimized=True) (fastseq merge --optimize), which writes through fastseq's writer"
+_NO_FILES = "fastseq lets ONNX Runtime write no file of its own; export the model and run ONNX Runtime on it yourself"
+
+#: Options that make ONNX Runtime write (or read) a file at a path they name, or in the
+#: working folder: the value is what to use instead. Switches count only when on, paths
+#: when not empty. Never taken from a pipeline file or a caller (see SECURITY.md, "Files
+#: that ONNX Runtime would write"): fastseq sets some on copies of its own (runtime/options.py).
+FILE_OPTIONS = {
+    "optimized_model_filepath": _OPTIMISED,
+    "session.optimized_model_filepath": _OPTIMISED,
+    "session.optimized_model_external_initializers_file_name": _OPTIMISED,
+    "enable_profiling": _PROFILE,
+    "profile_file_prefix": _PROFILE,
+    "session.enable_profiling": _PROFILE,
+    "session.collect_node_memory_stats_to_file": _NO_FILES,
+    "session.debug_layout_transformation": _NO_FILES,
+    "ep.context_enable": _NO_FILES,
+    "ep.context_file_path": _NO_FILES,
+    "ep.context_model_external_initializers_file_name": _NO_FILES,
+    "session.moe_expert_counter_state_file": _NO_FILES,
+    "session.moe.offload.derived_cache_dir": _NO_FILES,
+    "session.moe.offload.popularity_file": _NO_FILES,
+    "session.node_partition_config_file": _NO_FILES,
+}
+
+
+def file_option(options: Any) -> tuple[str, str] | None:
+    """The first of :data:`FILE_OPTIONS` that ``options`` (a dict as pipeline files give it,
+    an ``ort.SessionOptions`` or None) sets, and what to use instead; None when it sets none
+    (of an ``ort.SessionOptions``, attributes count where they differ from the defaults)."""
+    if options is None:
+        return None
+    values = dict(options) if isinstance(options, Mapping) else session_options_dict(options)
+    for key, value in values.items():
+        if key not in FILE_OPTIONS:
+            continue
+        text = str(value).strip().lower()
+        if text in ("", "0", "false", "off", "none"):
+            continue
+        return key, FILE_OPTIONS[key]
+    return None
+
+
+def refuse_file_options(options: Any, error: type[Exception] = ValueError) -> None:
+    """An ``error`` naming the first of :data:`FILE_OPTIONS` that ``options`` for a pipeline
+    file (shared input) set, and what to use instead."""
+    if found := file_option(options):
+        raise error(f"{found[0]}: a pipeline file cannot name a file for ONNX Runtime to write or read; use {found[1]}")
+
+
 def _enums() -> dict[str, dict[str, Any]]:
     import onnxruntime as ort
 

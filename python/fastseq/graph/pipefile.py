@@ -39,7 +39,7 @@ from typing import Any
 
 from fastseq import _core
 from fastseq.errors import ExportError, LoadError, PipelineFileError
-from fastseq.graph.options import session_options, session_options_dict
+from fastseq.graph.options import refuse_file_options, session_options, session_options_dict
 from fastseq.graph.parts import META_KEYS, Stage
 from fastseq.graph.spec import PipelineSpec
 
@@ -144,6 +144,7 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
         # Checked now, so that a typo is an error about this file, not at session start.
         try:
             session_options(table)
+            refuse_file_options(table)  # a pipeline file is shared input: it names no file for ONNX Runtime
         except (LoadError, TypeError, ValueError, OverflowError) as e:
             raise bad("session_options", str(e)) from None
         options["session_options"] = dict(table)
@@ -249,11 +250,13 @@ def _load(file: Path, origin: str) -> dict[str, Any]:
     import tomllib
 
     try:
-        raw = file.read_bytes()
+        with os.fdopen(_core.open_input(file), "rb") as f:  # the core's open: a FIFO is refused, never waited on
+            raw = f.read()
     except FileNotFoundError:
         raise PipelineFileError(f"{origin}: no such file") from None
-    except OSError as e:
-        raise PipelineFileError(f"{origin}: cannot be read: {e.strerror or e}") from None
+    except (OSError, LoadError) as e:  # a LoadError: not a regular file
+        why = getattr(e, "strerror", None) or str(e).removeprefix(f"{file}: ")
+        raise PipelineFileError(f"{origin}: cannot be read: {why}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -447,6 +450,7 @@ def _stage_source(st: Stage, target: Path, folder: Path, beside: list[tuple[Path
 
 
 def _options_dict(options: Any) -> dict[str, Any]:
+    refuse_file_options(options, ExportError)  # the pipeline file would not load
     if options is None or isinstance(options, Mapping):
         return dict(options or {})
     return session_options_dict(options)

@@ -104,15 +104,17 @@ def quantize(
         data = loader.resolve(model, 0).data  # downloaded into the cache; a local path
         model = data[0] if isinstance(data, tuple) else data
     from fastseq import _core
+    from fastseq.runtime.export import utf8_folder, utf8_name
 
-    with _core.stage(str(target)) as stage:
-        work = stage.folder()
+    staged_name = utf8_name(target.name)  # ONNX Runtime's quantizer takes UTF-8 paths only
+    with _core.stage(str(target)) as stage, utf8_folder(stage.folder()) as folder:
+        work = Path(folder)
         source, size_before = _as_file(model, work)
         big = size_before > _LIMIT
         current = source
         if preprocess:
             current = _preprocess(q, source, work / "pre.onnx", big, name)
-        quantized = work / "out" / target.name  # beside the inputs' files, whatever the target's name
+        quantized = work / "out" / staged_name  # beside the inputs' files, whatever the target's name
         quantized.parent.mkdir()
         try:
             if static:
@@ -144,7 +146,7 @@ def quantize(
                 hint = " (onnxruntime quantizes per channel reliably only in QDQ form: format='qdq' or " \
                        "per_channel=False may avoid this)"
             raise ConversionError(f"{name}: quantization failed: {_first_line(e)}{hint}") from e
-        written = stage.commit(f"out/{target.name}")
+        written = stage.commit(f"out/{staged_name}")
     data = written.data_files
     return QuantizeResult(target, target.parent / data[0] if data else None, size_before,
                           written.model_bytes + written.data_bytes)
@@ -158,8 +160,10 @@ def quantize_composed(composed: Any, output: str | os.PathLike[str], label: str,
     target = Path(output).expanduser()
     if not target.parent.is_dir():
         raise InputError(f"cannot write {target}: the folder {target.parent} does not exist")
-    with _core.stage(str(target)) as stage:
-        source = stage.folder() / "pipeline.onnx"
+    from fastseq.runtime.export import utf8_folder
+
+    with _core.stage(str(target)) as stage, utf8_folder(stage.folder()) as folder:
+        source = Path(folder) / "pipeline.onnx"
         composed.save(str(source), external_data=None)
         return quantize(source, target, label=label, **options)
 
@@ -188,11 +192,18 @@ def _size_with_data(path: Path) -> int:
     """The model file plus the external data files it names."""
     from fastseq import _core
 
-    total = path.stat().st_size
-    for location in set(_core.external_data_locations(str(path))):
-        data = path.parent / location
-        if data.is_file():
-            total += data.stat().st_size
+    total = 0
+    # Opened through the core: a FIFO or a device (the model or its data) is a LoadError
+    # naming it here, never a quantizer waiting on it for ever.
+    for file in [path, *(path.parent / loc for loc in set(_core.external_data_locations(str(path))))]:
+        try:
+            fd = _core.open_input(file)
+        except FileNotFoundError:
+            continue  # a missing data file: the quantizer says so
+        try:
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
     return total
 
 
@@ -314,13 +325,21 @@ def _batches(calibration: Calibration, inputs: list[str], name: str) -> list | I
         files = sorted(p for p in folder.iterdir() if p.suffix in (".npy", ".npz"))
         if not files:
             raise InputError(f"calibration: {folder} holds no .npy or .npz file")
+        from fastseq import _core
+        from fastseq.errors import LoadError
+
         out = []
         for f in files:
-            if f.suffix == ".npy":
-                out.append(feed(np.load(f, allow_pickle=False), str(f)))
-            else:
-                with np.load(f, allow_pickle=False) as z:
-                    out.append(feed({k: z[k] for k in z.files}, str(f)))
+            try:  # the core's open: a FIFO named x.npy is refused, never waited on
+                handle = os.fdopen(_core.open_input(f), "rb")
+            except (OSError, LoadError) as e:
+                raise InputError(f"calibration: {f}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
+            with handle:
+                if f.suffix == ".npy":
+                    out.append(feed(np.load(handle, allow_pickle=False), str(f)))
+                else:
+                    with np.load(handle, allow_pickle=False) as z:
+                        out.append(feed({k: z[k] for k in z.files}, str(f)))
         return out
     if isinstance(calibration, (list, tuple)):
         if not calibration:

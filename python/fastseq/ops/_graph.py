@@ -184,6 +184,25 @@ def flag(op: str, param: str, value: Any) -> bool:
     return value
 
 
+def held_in(op: str, param: str, values: Sequence[float], dtype: str, *, nonzero: bool = False) -> None:
+    """Checks that ``values`` keep their meaning as ``dtype`` constants: finite there (1e5 is
+    inf in float16) and, with ``nonzero`` (a divisor), not rounded to 0 (``1e-46`` is 0 in
+    float32): a model of ``inf`` or ``nan`` constants computes nothing useful."""
+    import struct
+
+    code = {"float16": "e", "float32": "f"}.get(dtype)
+    if code is None:  # float64 holds every Python float
+        return
+    for v in values:
+        try:
+            held = struct.unpack(code, struct.pack(code, v))[0]
+        except OverflowError:
+            raise fail(op, f"{param} must be within {dtype}'s range, got {v!r}") from None
+        if nonzero and held == 0:
+            raise fail(op, f"{param} must not be zero: {v!r} is 0 in {dtype} (its smallest positive value is "
+                           f"{struct.unpack(code, bytes([1]) + bytes(struct.calcsize(code) - 1))[0]:.4g})")
+
+
 def numbers(op: str, param: str, value: Any, **checks: bool) -> list[float]:
     """One number or a sequence of them, as a non-empty list."""
     items = list(value) if isinstance(value, (list, tuple)) else [value]

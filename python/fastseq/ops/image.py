@@ -45,6 +45,7 @@ def to_float(
     shape = g.rank_dims(op, rank)
     name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     out_name, out_elem = g.dtype(op, to, g.FLOATS)
+    g.held_in(op, "scale", [factor], out_name, nonzero=True)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     cast = graph.node("Cast", ["input"], to=out_elem)
@@ -143,6 +144,8 @@ def normalize(
     if "C" not in order:
         raise g.fail(op, f"layout must have a channel axis 'C', got {order!r}")
     name, _ = g.dtype(op, dtype, g.FLOATS)
+    g.held_in(op, "mean", m, name)
+    g.held_in(op, "std", s, name, nonzero=True)
     version = g.opset(op, opset)
     channels = max(len(m), len(s))
     bshape = [channels if a == "C" else 1 for a in order]

@@ -14,6 +14,7 @@ Layout::
                                  while entries are added or removed
     <root>/<32 hex>/             an entry: model.onnx, model.data, manifest.json, usage
     <root>/.tmp-<pid>-<12 hex>/  an entry being built, or links for a load; locked by its maker
+    <root>/.tmp-<pid>-<12 hex>   the tag being written; locked by its maker
     <root>/.del-<12 hex>/        an entry being removed (renamed aside first)
 """
 
@@ -41,8 +42,10 @@ TAG_TEXT = (
 )
 ENTRY = re.compile(r"[0-9a-f]{32}")
 TEMP = re.compile(r"\.(?:tmp-[0-9]+|del)-[0-9a-f]{12}")
-#: A temporary folder whose maker is gone (its lock is free) is removed once this old.
-STALE_S = 600.0
+#: A temporary folder or file whose lock is free is its maker's no more (killed, or done) and
+#: is removed once this old: the age covers only the instant between its creation and its
+#: maker's ``flock``, not the maker's life (the lock does that).
+STALE_S = 10.0
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO planted under a file's name returns at once instead of hanging.
@@ -105,10 +108,13 @@ def read_file(dir_fd: int, name: str, what: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def write_file(dir_fd: int, name: str, data: bytes) -> None:
-    """A new private file (never an existing one, never through a link), synced."""
+def write_file(dir_fd: int, name: str, data: bytes, lock: bool = False) -> None:
+    """A new private file (never an existing one, never through a link), synced; with
+    ``lock``, ``flock``ed while it is written (a temporary file, see :meth:`Root.sweep`)."""
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
+        if lock:
+            fcntl.flock(fd, fcntl.LOCK_EX)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -310,8 +316,9 @@ class Root(Folder):
         return True
 
     def sweep(self, now: float | None = None, dry_run: bool = False) -> list[str]:
-        """Removes temporary folders that nobody holds (their maker was killed) once they are
-        :data:`STALE_S` old; returns their names."""
+        """Removes the temporary folders and files (a tag being written) that no live
+        process holds: their lock is free (their maker was killed, or a full disk stopped
+        it) and they are :data:`STALE_S` old; returns their names."""
         now = time.time() if now is None else now
         removed = []
         for name in os.listdir(self.fd):
@@ -319,17 +326,21 @@ class Root(Folder):
                 continue
             try:
                 st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-                if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or now - st.st_mtime < STALE_S:
+                folder = stat.S_ISDIR(st.st_mode)
+                if not (folder or stat.S_ISREG(st.st_mode)) or st.st_uid != os.geteuid() or now - st.st_mtime < STALE_S:
                     continue
-                fd = open_dir(name, name, dir_fd=self.fd)
+                fd = open_dir(name, name, dir_fd=self.fd) if folder else open_file(self.fd, name, name)[0]
             except (OSError, Refused):
                 continue
             try:
-                if not try_lock(fd) or not set(os.listdir(fd)) <= FILES:
+                if not try_lock(fd) or (folder and not set(os.listdir(fd)) <= FILES):
                     continue
                 if not dry_run:
-                    _empty(fd)
-                    os.rmdir(name, dir_fd=self.fd)
+                    if folder:
+                        _empty(fd)
+                        os.rmdir(name, dir_fd=self.fd)
+                    else:
+                        os.unlink(name, dir_fd=self.fd)
                 removed.append(name)
             except OSError:
                 continue
@@ -340,13 +351,18 @@ class Root(Folder):
 
 def _mark(fd: int) -> None:
     """Writes the tag whole, then renames it into place: a process opening the root at the
-    same moment never reads half of it (two that mark it at once write the same bytes)."""
+    same moment never reads half of it (two that mark it at once write the same bytes). Its
+    temporary file is locked while it is written (a sweep leaves it) and removed when the
+    write fails (a full disk)."""
     temp = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    write_file(fd, temp, TAG_TEXT.encode())
     try:
+        write_file(fd, temp, TAG_TEXT.encode(), lock=True)
         os.rename(temp, TAG, src_dir_fd=fd, dst_dir_fd=fd)
     except BaseException:
-        os.unlink(temp, dir_fd=fd)
+        try:
+            os.unlink(temp, dir_fd=fd)
+        except FileNotFoundError:
+            pass
         raise
 
 

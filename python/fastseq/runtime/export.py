@@ -12,8 +12,9 @@ itself is never changed.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ def _export_with_onnx(
     import onnx
 
     location = kwargs.get("location")
+    if location is not None and utf8_name(location) != location:
+        raise ExportError(f"export(location={location!r}): a location is text in the model, which must be UTF-8")
     if location is not None and not _core.LAYOUT.allows_location(location):  # the loader's rule
         raise ExportError(f"export(location={location!r}): expected a relative path inside {target.parent}")
     if external is None:
@@ -91,26 +94,49 @@ def _export_with_onnx(
         _core.commit_bytes(encode(data) if encode else data, str(target))
         return target
     one_file = kwargs.get("all_tensors_to_one_file", True)
-    with _core.stage(str(target)) as stage:
+    name = utf8_name(target.name)
+    with _core.stage(str(target)) as stage, utf8_folder(stage.folder()) as folder:
         try:
             if location is not None:  # onnx.save makes no folder; the core makes it beside the target
-                (stage.folder() / location).parent.mkdir(parents=True, exist_ok=True)
-            model = _as_proto(composed, stage.folder())
+                (Path(folder) / location).parent.mkdir(parents=True, exist_ok=True)
+            model = _as_proto(composed, Path(folder))
             onnx.save(
                 model,
-                os.path.join(stage.folder(), target.name),
+                os.path.join(folder, name),
                 format="protobuf",  # the core reads it; `encode` writes the format asked for
                 save_as_external_data=True,
                 all_tensors_to_one_file=one_file,
-                location=(location or _core.LAYOUT.data_file(target.name)) if one_file else None,
+                location=(location or _core.LAYOUT.data_file(name)) if one_file else None,
                 size_threshold=threshold,
                 convert_attribute=bool(kwargs.get("convert_attribute", False)),
             )
         except (OSError, ValueError, RuntimeError, onnx.checker.ValidationError) as e:
             raise ExportError(f"cannot write {target}: {e}") from e
         del model
-        stage.commit(target.name, encode=encode)
+        stage.commit(name, encode=encode)
     return target
+
+
+def utf8_name(name: str) -> str:
+    """A file name as other programs' bindings take it (onnx's and ONNX Runtime's take UTF-8
+    only), and as an external data ``location`` must be (a protobuf string): a name that is
+    not UTF-8 (``b"\\xff.onnx"``) gets U+FFFD for its bad bytes, as the core names it."""
+    return os.fsencode(name).decode("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def utf8_folder(folder: Path) -> Iterator[str]:
+    """``folder`` as a path other programs' bindings take: itself, or, when its path is not
+    UTF-8 (a parent named ``b"\\xff"``), ``/proc/self/fd/N`` of it held open meanwhile."""
+    text = str(folder)
+    if utf8_name(text) == text or not os.path.isdir("/proc/self/fd"):
+        yield text
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def _encoder(fmt: str | None, target: Path) -> Callable[[bytes], bytes] | None:

@@ -92,6 +92,10 @@ class PendingCopy:
         #: once adopted: the first model spilled onto the copy (it reads the copy's weights), or
         #: None when nothing was spilled (the weights stayed in memory)
         self.mapped: _core.Composed | None = None
+        #: the model digest of what the copy holds (read back from the copy's data file on
+        #: this thread, beside whatever the caller does meanwhile), or None when nothing was
+        #: spilled: weights held in memory cannot have changed since the key read them
+        self.digest: str | None = None
         self._thread = threading.Thread(target=self._write, name="fastseq-copy", daemon=True)
         self._thread.start()
 
@@ -100,6 +104,8 @@ class PendingCopy:
             models, spill_min = self._args
             self._args = None  # the caller decides how long the models live
             self._copy = PrivateCopy.of(models, spill_min)
+            if self._copy.spilled:
+                self.digest = _core.model_digest(self._copy.spilled[0])
         except BaseException as e:
             self._error = e
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from fastseq import _core
-from fastseq.errors import human_size
+from fastseq.errors import InputError, human_size
 from fastseq.runtime import session
 from fastseq.runtime.options import check_log_level, run_copy
 from fastseq.runtime.private_copy import PrivateCopy
@@ -60,6 +60,7 @@ class Runnable:
         longer has them (a model rebuilt from its bytes: pickling, :meth:`from_portable`)."""
         from fastseq.runtime import cache
 
+        _caller_options(session_options)
         self._origins = origins
         self._providers = list(providers) if providers else None
         self._session_options = session_options
@@ -110,6 +111,7 @@ class Runnable:
     ) -> ort.InferenceSession:
         """A new session over the composed model (the pipeline's own is left as it is), from
         the session cache when the pipeline has one."""
+        _caller_options(session_options)
         return self._new_session(providers, session_options, None)
 
     def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
@@ -481,3 +483,13 @@ class Runnable:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._restore(state)
+
+
+def _caller_options(options: ort.SessionOptions | None) -> None:
+    """A caller's options never make ONNX Runtime write a file (SECURITY.md, "Files that ONNX
+    Runtime would write"); fastseq's own copies do (a cache entry, a profile)."""
+    from fastseq.graph.options import file_option
+
+    if found := file_option(options):
+        raise InputError(f"session_options.{found[0]}: fastseq writes files only through its own writer, and a "
+                         f"session may start many times (the session cache, pickling, Ray actors); use {found[1]}")

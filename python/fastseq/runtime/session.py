@@ -65,15 +65,19 @@ def open_cached(
     pending = PendingCopy(models, spill_min, adopt)
 
     def checked() -> str:
-        """The copy, for a start that may store an entry under the key: the key and the copy
-        read the sources apart (each checking the files are the ones loaded), so before an
-        entry outlives this start the copy is read back against the key. Weights held in
-        memory (nothing mapped) cannot have changed between the two."""
+        """The copy, read back against the key: the key and the copy read the sources apart
+        (each checking the files are the ones loaded), and a rewrite that no identity check
+        sees (a write through a shared mapping) can fall between them. A store must not keep
+        an entry under a key its weights do not have, and a hit must not run the key's
+        weights while the pipeline keeps (``pipe.model``, exports) a copy that differs: what
+        runs is what the key says, on a hit as on a store. The copy's digest is read on the
+        copy's own thread, beside ONNX Runtime's load of the entry on a hit. Weights held in
+        memory (nothing spilled) cannot have changed between the two."""
         path = pending.result().path
-        if pending.mapped is not None and _core.model_digest(pending.mapped) != digest:
+        if pending.digest is not None and pending.digest != digest:
             raise LoadError(
                 "a source file changed while the pipeline was built (the weights copied differ from those the "
-                "session cache's key read); nothing was cached: build the pipeline again"
+                "session cache's key read); nothing was cached or used from the cache: build the pipeline again"
             )
         return path
 
@@ -89,7 +93,9 @@ def open_cached(
         del models
         parts = session_cache.key_parts(digest, usable, options)
         made = session_cache.start(cache, parts, labels, info, make, checked)
-        pending.result()  # a hit: the pipeline still takes the copy, or fails as the copy failed
+        # A hit: the pipeline still takes the copy, or fails as the copy failed, or as the
+        # copy differs from the key (checked() ran already where the copy was asked for).
+        checked() if info.get("cache") == "hit" else pending.result()
         return made
     finally:
         pending.close()

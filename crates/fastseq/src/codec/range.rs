@@ -29,7 +29,7 @@ fn entry<'a>(t: &'a TensorProto, key: &str) -> Option<&'a str> {
 }
 
 fn kv(key: &str, value: String) -> StringStringEntryProto {
-    StringStringEntryProto { key: Some(key.into()), value: Some(value) }
+    StringStringEntryProto { key: Some(key.into()), value: Some(value), ..Default::default() }
 }
 
 impl FileRange {

@@ -59,12 +59,14 @@ fn clone_without_graph(m: &ModelProto) -> ModelProto {
         training_info: m.training_info.clone(),
         functions: m.functions.clone(),
         configuration: m.configuration.clone(),
+        unknown_fields: m.unknown_fields.clone(),
     }
 }
 
 /// Every field of `g` but its nodes and initializers, as prost would encode them.
 fn encode_graph_fields(g: &GraphProto, buf: &mut Vec<u8>) {
-    use prost::encoding::{message, string};
+    use crate::codec::fidelity::string;
+    use prost::encoding::message;
     if let Some(name) = &g.name {
         string::encode(2, name, buf);
     }
@@ -77,6 +79,7 @@ fn encode_graph_fields(g: &GraphProto, buf: &mut Vec<u8>) {
     message::encode_repeated(14, &g.quantization_annotation, buf);
     message::encode_repeated(15, &g.sparse_initializer, buf);
     message::encode_repeated(16, &g.metadata_props, buf);
+    buf.extend_from_slice(&g.unknown_fields);
 }
 
 fn field_len(tag: u32, len: usize) -> usize {

@@ -12,15 +12,20 @@ use crate::codec::proto::{
 };
 
 pub(crate) fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
-    let dim = dims.iter().map(|d| Dimension { value: Some(Dim::DimValue(*d)), denotation: None }).collect();
+    let dim = dims
+        .iter()
+        .map(|d| Dimension { value: Some(Dim::DimValue(*d)), denotation: None, ..Default::default() })
+        .collect();
     ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(TypeProto {
             value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                 elem_type: Some(1),
-                shape: Some(TensorShapeProto { dim }),
+                shape: Some(TensorShapeProto { dim, ..Default::default() }),
+                ..Default::default()
             })),
             denotation: None,
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -79,8 +84,12 @@ pub(crate) fn sample_model() -> ModelProto {
     ModelProto {
         ir_version: Some(8),
         producer_name: Some("fastseq tests".into()),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
-        metadata_props: vec![StringStringEntryProto { key: Some("k".into()), value: Some("v".into()) }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17), ..Default::default() }],
+        metadata_props: vec![StringStringEntryProto {
+            key: Some("k".into()),
+            value: Some("v".into()),
+            ..Default::default()
+        }],
         functions: vec![FunctionProto {
             name: Some("f".into()),
             domain: Some("local".into()),

@@ -11,6 +11,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::codec::model::MAX_IR_VERSION;
 use crate::codec::node;
 use crate::codec::proto::ModelProto;
+use crate::codec::structure::naming_problem;
 use crate::error::{Error, Result};
 use crate::merge::assemble::assemble;
 use crate::merge::dedupe::{dedupe, Deduped};
@@ -39,6 +40,10 @@ pub struct Report {
     pub adapters: Vec<(usize, String)>,
     /// (stage, output) pairs that no edge consumes and no graph output exposes.
     pub unused_outputs: Vec<(usize, String)>,
+    /// onnx.compose's rules: why the merge cannot vouch that the result passes onnx's
+    /// checker although the models do (a joint whose sides disagree, differing IR
+    /// versions, a naming rule broken); empty when it can. See `codec::structure`.
+    pub unproven: Vec<String>,
 }
 
 /// Where the merged graph's parts come from, to translate runtime errors back.
@@ -215,6 +220,7 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     let prefixed = apply_prefixes(&mut models, opts);
     let opts = prefixed.as_ref().unwrap_or(opts);
     let opset_import = merge_opsets(&models, labels)?;
+    let ir_versions: FxHashSet<i64> = models.iter().map(|m| m.ir_version.unwrap_or(0)).collect();
     let ir_version = match opts.ir_version {
         Some(v) if v <= 0 || v > MAX_IR_VERSION => {
             return Err(Error::composition(format!("target IR version {v} is out of range (1..={})", MAX_IR_VERSION)))
@@ -289,14 +295,23 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
 
     let (mut model, ranges, inserted) =
         assemble(models, &plan, &adapters, dropped_functions, opset_import, ir_version, opts);
+    let mut unproven = Vec::new();
     if let Some(frame) = frame {
         frame.apply(&mut model);
+        unproven = std::mem::take(&mut plan.mismatches);
+        if ir_versions.len() > 1 {
+            let mut v: Vec<i64> = ir_versions.into_iter().collect();
+            v.sort_unstable();
+            unproven.push(format!("the models' IR versions differ ({v:?}): merged at {ir_version}"));
+        }
+        unproven.extend(naming_problem(&model));
     }
     let report = Report {
         pruned: plan.pruned.clone(),
         deduped,
         adapters: plan.adapters.iter().map(|a| (a.edge, a.describe())).collect(),
         unused_outputs: plan.unused.clone(),
+        unproven,
     };
     let mut origins = Origins {
         nodes: ranges,
@@ -340,6 +355,9 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Options> 
                         (key, new)
                     })
                     .collect(),
+                // onnx.compose's add_prefix sets every node's name, an unnamed one's to ""
+                // (present, empty); fastseq's own prefixes leave unnamed nodes unnamed.
+                name_unnamed: opts.rules == Rules::OnnxCompose,
             };
             walk_model(m, &mut r);
         }

@@ -38,7 +38,7 @@ pub fn with_metadata(model: &ModelProto, pairs: &[(String, String)]) -> ModelPro
         out.metadata_props.iter().map(|p| (p.key.clone().unwrap_or_default(), p.value.clone().unwrap_or_default()));
     out.metadata_props = merged(existing.collect::<Vec<_>>(), pairs)
         .into_iter()
-        .map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v) })
+        .map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v), ..Default::default() })
         .collect();
     out
 }
@@ -48,7 +48,7 @@ mod tests {
     use super::*;
 
     fn entry(k: &str, v: &str) -> StringStringEntryProto {
-        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) }
+        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()), ..Default::default() }
     }
 
     fn pairs(m: &ModelProto) -> Vec<(String, String)> {

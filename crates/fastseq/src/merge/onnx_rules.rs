@@ -99,7 +99,10 @@ pub fn merged_metadata(models: &[ModelProto], labels: &[String]) -> Result<Vec<S
             }
         }
     }
-    Ok(entries.into_iter().map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v) }).collect())
+    Ok(entries
+        .into_iter()
+        .map(|(k, v)| StringStringEntryProto { key: Some(k), value: Some(v), ..Default::default() })
+        .collect())
 }
 
 /// The non-empty input and output names of a graph's nodes (its own level only).
@@ -269,6 +272,8 @@ pub fn prefix_names(model: &mut ModelProto, prefix: &str, what: Prefixed) -> Vec
         } else {
             FxHashMap::default()
         },
+        // Only with rename_nodes does add_prefix touch node names (and walk subgraphs).
+        name_unnamed: what.nodes,
     };
     let renamed = r.values.iter().map(|(&old, &new)| (old.to_string(), new.to_string())).collect();
     if !r.is_identity() {
@@ -280,10 +285,11 @@ pub fn prefix_names(model: &mut ModelProto, prefix: &str, what: Prefixed) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::proto::NodeProto;
     use crate::merge::testing::*;
 
     fn prop(k: &str, v: &str) -> StringStringEntryProto {
-        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) }
+        StringStringEntryProto { key: Some(k.into()), value: Some(v.into()), ..Default::default() }
     }
 
     #[test]
@@ -339,5 +345,29 @@ mod tests {
         assert_eq!(node_at(&g, 0).output, ["p/t"]);
         assert_eq!(node_at(&g, 1).input, ["p/t"]);
         assert_eq!(node_at(&g, 0).name.as_deref(), Some("mul"));
+    }
+
+    #[test]
+    fn prefixing_node_names_gives_unnamed_nodes_an_empty_one_as_add_prefix_does() {
+        let mut m = scale(1);
+        let g = m.graph.as_mut().unwrap();
+        g.node[0] = crate::codec::node::encode(&NodeProto { name: None, ..node_at(g, 0) });
+        let all = Prefixed {
+            nodes: true,
+            edges: true,
+            inputs: true,
+            outputs: true,
+            initializers: true,
+            value_infos: true,
+            functions: true,
+        };
+        let mut prefixed = m.clone();
+        prefix_names(&mut prefixed, "p/", all);
+        let g = prefixed.graph.unwrap();
+        assert_eq!(node_at(&g, 0).name.as_deref(), Some(""), "present and empty");
+        assert_eq!(node_at(&g, 1).name.as_deref(), Some("p/relu"));
+        // Without node names, add_prefix leaves an unnamed node unnamed.
+        prefix_names(&mut m, "p/", Prefixed { nodes: false, ..all });
+        assert_eq!(node_at(m.graph.as_ref().unwrap(), 0).name, None);
     }
 }

@@ -50,7 +50,7 @@ pub fn merge_opsets(models: &[ModelProto], labels: &[String]) -> Result<Vec<Oper
             conflicts.push(format!("domain '{}': {}", shown(domain), parts.join("; ")));
         }
         let version = *versions.keys().next_back().expect("non-empty");
-        merged.push(OperatorSetIdProto { domain: Some(domain.clone()), version: Some(version) });
+        merged.push(OperatorSetIdProto { domain: Some(domain.clone()), version: Some(version), ..Default::default() });
     }
     if !conflicts.is_empty() {
         // Neutral on purpose: how to convert depends on the entry point (ONNXSequential,
@@ -73,7 +73,11 @@ mod tests {
         ModelProto {
             opset_import: ops
                 .iter()
-                .map(|(d, v)| OperatorSetIdProto { domain: Some(d.to_string()), version: Some(*v) })
+                .map(|(d, v)| OperatorSetIdProto {
+                    domain: Some(d.to_string()),
+                    version: Some(*v),
+                    ..Default::default()
+                })
                 .collect(),
             ..Default::default()
         }

@@ -34,6 +34,11 @@ pub trait Visitor {
     fn node_name(&mut self, _name: &str) -> Option<&str> {
         None
     }
+    /// Whether a node without a name gets an empty one (present, ""), as onnx.compose's
+    /// `add_prefix` leaves it: protobuf then writes the field, and the bytes are onnx's.
+    fn name_unnamed(&self) -> bool {
+        false
+    }
     /// Whether [`Visitor::op_type`] can rename anything (when not, calls are not looked at).
     fn renames_calls(&self) -> bool {
         false
@@ -179,6 +184,9 @@ fn rename_plain(raw: &[u8], v: &mut impl Visitor, calls_only: bool, out: &mut Ve
     let call = if v.renames_calls() { Some(node::call_of(raw)) } else { None };
     let start = out.len();
     let mut renamed = false;
+    // An empty name goes before the first field after NAME (fields are in tag order as
+    // protobuf writes them; anywhere would parse the same).
+    let mut unnamed = !calls_only && v.name_unnamed() && !node::fields(raw).flatten().any(|f| f.tag == node::NAME);
     let give_up = |out: &mut Vec<u8>| {
         out.truncate(start);
         Plain::No
@@ -187,6 +195,18 @@ fn rename_plain(raw: &[u8], v: &mut impl Visitor, calls_only: bool, out: &mut Ve
         let Ok(f) = f else { return give_up(out) };
         if !node::is_plain_field(&f) {
             return give_up(out);
+        }
+        if unnamed && f.tag > node::NAME {
+            unnamed = false;
+            if !renamed {
+                if out.capacity() == 0 {
+                    out.reserve(room);
+                }
+                let at = f.raw.as_ptr() as usize - raw.as_ptr() as usize;
+                out.extend_from_slice(&raw[..at]);
+                renamed = true;
+            }
+            node::write_string(node::NAME, "", out);
         }
         let new = match (f.tag, f.text()) {
             (node::INPUT | node::OUTPUT, Some(s)) if !calls_only && !s.is_empty() => v.value(s),
@@ -213,6 +233,14 @@ fn rename_plain(raw: &[u8], v: &mut impl Visitor, calls_only: bool, out: &mut Ve
             (None, false) => {}
         }
     }
+    if unnamed {
+        // Only inputs and outputs (or nothing): the name goes last.
+        if !renamed {
+            out.extend_from_slice(raw);
+            renamed = true;
+        }
+        node::write_string(node::NAME, "", out);
+    }
     if renamed {
         Plain::Renamed
     } else {
@@ -225,10 +253,14 @@ fn walk_node(node: &mut NodeProto, v: &mut impl Visitor) -> bool {
     for n in node.input.iter_mut().chain(node.output.iter_mut()) {
         changed |= value(n, v);
     }
-    if let Some(n) = node.name.as_mut() {
-        if !n.is_empty() {
-            changed |= set(n, v.node_name(n));
+    match node.name.as_mut() {
+        Some(n) if !n.is_empty() => changed |= set(n, v.node_name(n)),
+        Some(_) => {}
+        None if v.name_unnamed() => {
+            node.name = Some(String::new());
+            changed = true;
         }
+        None => {}
     }
     changed |= visit_op_type(node, v);
     for dc in &mut node.device_configurations {
@@ -391,11 +423,14 @@ pub struct Renamer<'a> {
     pub values: FxHashMap<&'a str, &'a str>,
     pub nodes: FxHashMap<&'a str, &'a str>,
     pub functions: FxHashMap<FunctionKey, String>,
+    /// onnx.compose's `add_prefix` only: unnamed nodes get an empty name (see
+    /// [`Visitor::name_unnamed`]); fastseq's own compositions never set it.
+    pub name_unnamed: bool,
 }
 
 impl Renamer<'_> {
     pub fn is_identity(&self) -> bool {
-        self.values.is_empty() && self.nodes.is_empty() && self.functions.is_empty()
+        self.values.is_empty() && self.nodes.is_empty() && self.functions.is_empty() && !self.name_unnamed
     }
 }
 
@@ -408,6 +443,9 @@ impl Visitor for Renamer<'_> {
     }
     fn renames_calls(&self) -> bool {
         !self.functions.is_empty()
+    }
+    fn name_unnamed(&self) -> bool {
+        self.name_unnamed
     }
     fn op_type(&mut self, domain: &str, overload: &str, op_type: &str) -> Option<&str> {
         let key = (domain.to_string(), op_type.to_string(), overload.to_string());

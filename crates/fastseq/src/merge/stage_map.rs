@@ -322,7 +322,11 @@ mod tests {
     }
 
     fn with_map(mut m: ModelProto, value: &str) -> ModelProto {
-        m.metadata_props.push(StringStringEntryProto { key: Some(KEY.into()), value: Some(value.into()) });
+        m.metadata_props.push(StringStringEntryProto {
+            key: Some(KEY.into()),
+            value: Some(value.into()),
+            ..Default::default()
+        });
         m
     }
 

@@ -17,8 +17,13 @@ pub(crate) fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
     let shape = TensorShapeProto {
         dim: dims
             .iter()
-            .map(|d| tensor_shape_proto::Dimension { value: Some(Dim::DimValue(*d)), denotation: None })
+            .map(|d| tensor_shape_proto::Dimension {
+                value: Some(Dim::DimValue(*d)),
+                denotation: None,
+                ..Default::default()
+            })
             .collect(),
+        ..Default::default()
     };
     ValueInfoProto {
         name: Some(name.into()),
@@ -26,8 +31,10 @@ pub(crate) fn vi(name: &str, elem: i32, dims: &[i64]) -> ValueInfoProto {
             value: Some(type_proto::Value::TensorType(type_proto::Tensor {
                 elem_type: Some(elem),
                 shape: Some(shape),
+                ..Default::default()
             })),
             denotation: None,
+            ..Default::default()
         }),
         ..Default::default()
     }
@@ -51,7 +58,7 @@ pub(crate) fn node_proto(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
 pub(crate) fn scale(elem: i32) -> ModelProto {
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17), ..Default::default() }],
         graph: Some(GraphProto {
             name: Some("scale".into()),
             node: vec![node("Mul", &["x", "c"], &["t"]), node("Relu", &["t"], &["y"])],

@@ -123,6 +123,12 @@ impl Composed {
     pub fn overlapping_names(&self, other: &Composed, io_map_inputs: &[String]) -> Vec<(&'static str, Vec<String>)> {
         overlapping_names(graph(self.model()), graph(other.model()), io_map_inputs)
     }
+
+    /// The first naming rule of onnx.checker that the model breaks (see
+    /// `codec::structure`), or `None`.
+    pub fn naming_problem(&self) -> Option<String> {
+        crate::codec::structure::naming_problem(self.model())
+    }
 }
 
 impl Drop for Composed {

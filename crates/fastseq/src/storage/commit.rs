@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::storage::export_lock::ExportLock;
 use crate::storage::ownership::{is_ours, mark};
 use crate::storage::temp::{remove_stale, Staging, Temp};
-use crate::storage::token::token_named;
+use crate::storage::token::{token_named, token_stem};
 
 /// Turns the protobuf encoding of the model to commit into the bytes to write (a text
 /// format); called under the export lock.
@@ -188,6 +188,13 @@ pub(crate) fn commit(target: &Target, token: &str, mut model: Model<'_, '_>, mut
         for (i, d) in data.iter_mut().enumerate() {
             let mut name = d.fallback.clone();
             if let Some(p) = d.preferred.as_ref().filter(|p| **p != target.name) {
+                if let Some(link) = linked_folder(folder, p) {
+                    return Err(target.err(format!(
+                        "its data file {p} would be written through {}, a symbolic link: fastseq writes no file \
+                         through a link (the export would leave its folder); give a location in real folders",
+                        link.display()
+                    )));
+                }
                 if fs::symlink_metadata(folder.join(p)).is_err() && make_parent(folder, p) {
                     name = p.clone();
                 } else if is_ours(folder, p, &target.name) {
@@ -290,6 +297,22 @@ fn take_plain_names(
             None
         }
     }
+}
+
+/// The first folder of `location` (`sub/w.bin`: `sub`) that is a symbolic link in `folder`,
+/// if one is: a data file placed through it would lie outside the model's folder, where the
+/// loader (rightly) refuses to follow it.
+fn linked_folder(folder: &Path, location: &str) -> Option<PathBuf> {
+    let mut at = folder.to_path_buf();
+    for part in Path::new(location).parent()?.components() {
+        at.push(part);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => return Some(at),
+            Ok(_) => {}
+            Err(_) => return None, // made fresh below
+        }
+    }
+    None
 }
 
 /// Creates the folders of a location with a folder in it (`weights/w.bin`); false if it cannot.
@@ -450,7 +473,7 @@ pub(crate) fn link_sources(model: &mut ModelProto, path: &Path, token: &str) -> 
                 check_identity(Path::new(&source), recorded)?;
             }
             let base = Path::new(&source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let link_name = format!("{name}.{token}.{}.{base}", links.len());
+            let link_name = format!("{}.{token}.{}.{base}", token_stem(&name), links.len());
             let link_path = path.with_file_name(&link_name);
             let hard = fs::hard_link(&source, &link_path).is_ok();
             if !hard {

@@ -110,7 +110,8 @@ pub fn model_digest(model: &ModelProto) -> Result<String> {
 /// it: a large data file is never held in memory whole).
 pub fn file_digest(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
+    // A FIFO under an entry's file name must not hang the start.
+    let (mut file, _) = crate::storage::read::open_input(path)?;
     let mut digest = Digest::default();
     let mut buf = vec![0u8; 1 << 20];
     loop {

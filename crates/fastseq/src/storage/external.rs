@@ -18,7 +18,7 @@ use crate::codec::tensor::{elem_type_name, expected_bytes, for_each_tensor, is_e
 use crate::error::{Error, Result};
 use crate::storage::layout::LAYOUT;
 use crate::storage::ranges::RANGE_MIN;
-use crate::storage::read::{changed, read_path, read_range, Identity};
+use crate::storage::read::{changed, open_regular, read_path, read_range, Identity};
 
 fn type_and_dims(t: &TensorProto) -> String {
     format!("{} {:?}", elem_type_name(t.data_type.unwrap_or(0)), t.dims)
@@ -158,11 +158,7 @@ fn resolve_one(
     t.double_data.clear();
     t.uint64_data.clear();
     if !files.contains_key(&path) {
-        let file = File::open(&path).map_err(|e| Error::load(format!("{shown} cannot be opened: {e}")))?;
-        let meta = file.metadata().map_err(|e| Error::load(format!("{shown} cannot be read: {e}")))?;
-        if meta.is_dir() {
-            return Err(Error::load(format!("{shown} is a directory")));
-        }
+        let (file, meta) = open_regular(&path, &shown)?;
         files.insert(path.clone(), (file, Identity::of(&meta)));
     }
     let (file, identity) = &files[&path];
@@ -248,5 +244,5 @@ pub(crate) fn check_identity(path: &Path, recorded: &str) -> Result<()> {
 }
 
 pub(crate) fn kv(key: &str, value: String) -> StringStringEntryProto {
-    StringStringEntryProto { key: Some(key.into()), value: Some(value) }
+    StringStringEntryProto { key: Some(key.into()), value: Some(value), ..Default::default() }
 }

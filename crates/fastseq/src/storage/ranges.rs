@@ -7,7 +7,7 @@
 //! LoadError naming it; nothing is ever mapped from a source, so a truncation under a copy is
 //! a short copy, never SIGBUS.
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -18,7 +18,7 @@ use crate::codec::range::{set_inline, FileRange};
 use crate::codec::tensor::is_external;
 use crate::error::{Error, Result};
 use crate::storage::copy::{Copied, Copier};
-use crate::storage::read::{changed, read_range, Identity, LeftInFile};
+use crate::storage::read::{changed, open_regular, read_range, Identity, LeftInFile};
 
 /// Inline weights of at least this many bytes are left in their source file; smaller ones
 /// are read with the rest of the model (reading them costs no more than recording them).
@@ -54,7 +54,7 @@ pub fn attach(
         // what it says: its bytes are read, as they would have been with the rest.
         let f = match &mut file {
             Some(f) => f,
-            None => file.insert(File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?),
+            None => file.insert(open_regular(path, &shown)?.0),
         };
         let (data, seen) = read_range(f, &shown, l.offset, Some(l.len))?;
         if seen != *identity {
@@ -76,7 +76,11 @@ impl Source {
     pub fn open(range: &FileRange) -> Result<Source> {
         let shown = range.path.clone();
         let gone = |e: io::Error| Error::load(format!("{shown}: gone since the model was loaded: {e}"));
-        let file = File::open(&range.path).map_err(gone)?;
+        // Not a plain open: the path may name a FIFO by now, which would block it.
+        let file = match fs::metadata(&range.path) {
+            Err(e) => return Err(gone(e)),
+            Ok(_) => open_regular(Path::new(&range.path), &shown)?.0,
+        };
         let identity = Identity::decode(&range.identity)
             .ok_or_else(|| Error::load(format!("{shown}: no identity recorded for its weights")))?;
         let source = Source { file, identity, shown };

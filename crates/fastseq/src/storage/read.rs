@@ -62,6 +62,65 @@ pub fn changed(shown: &dyn std::fmt::Display, when: &str) -> Error {
     ))
 }
 
+/// What a file named by input is when it is not a regular file (a FIFO, a device, a socket,
+/// a directory): the error [`open_input`] refuses it with.
+#[derive(Debug)]
+pub struct NotRegular(pub &'static str);
+
+impl std::fmt::Display for NotRegular {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "is {}, not a regular file", self.0)
+    }
+}
+
+impl std::error::Error for NotRegular {}
+
+impl NotRegular {
+    fn check(meta: &fs::Metadata) -> std::io::Result<()> {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        let kind = match () {
+            () if t.is_file() => return Ok(()),
+            () if t.is_dir() => "a directory",
+            () if t.is_fifo() => "a FIFO (named pipe)",
+            () if t.is_char_device() => "a character device",
+            () if t.is_block_device() => "a block device",
+            () if t.is_socket() => "a socket",
+            () => "something other than a file",
+        };
+        Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, NotRegular(kind)))
+    }
+
+    /// The refusal inside `e`, if `e` is one.
+    pub fn of(e: &std::io::Error) -> Option<&NotRegular> {
+        e.get_ref().and_then(|inner| inner.downcast_ref::<NotRegular>())
+    }
+}
+
+/// Opens a file named by input (a model, an external data file, a source's weights, a
+/// pipeline file, a cached download) for reading: the one way fastseq opens them, the
+/// Python side too (`_core.open_input`). What is not a regular file is refused without
+/// blocking: a FIFO's plain `open` waits for a writer for ever, a device (`/dev/zero`) reads
+/// without end. `stat` first, for the error to say what the file is (a socket cannot be
+/// opened at all), then `open` with `O_NONBLOCK` and `fstat` of what was opened, for a file
+/// swapped for a FIFO between the two. `O_NONBLOCK` changes nothing for a regular file.
+pub fn open_input(path: &Path) -> std::io::Result<(File, fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    NotRegular::check(&fs::metadata(path)?)?;
+    let file = fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path)?;
+    let meta = file.metadata()?;
+    NotRegular::check(&meta)?;
+    Ok((file, meta))
+}
+
+/// [`open_input`], its errors a `LoadError` naming the file as `shown`.
+pub fn open_regular(path: &Path, shown: &dyn std::fmt::Display) -> Result<(File, fs::Metadata)> {
+    open_input(path).map_err(|e| match NotRegular::of(&e) {
+        Some(refused) => Error::load(format!("{shown}: {refused}")),
+        None => Error::load(format!("{shown}: cannot open: {e}")),
+    })
+}
+
 /// Reads a whole file into memory that fastseq owns. Sources are read rather than mapped:
 /// a mapped file that another program truncates (as `onnx.save` does when it rewrites a
 /// model in place) turns the next access into SIGBUS, and a same-size rewrite would change
@@ -69,14 +128,10 @@ pub fn changed(shown: &dyn std::fmt::Display, when: &str) -> Error {
 /// the same as a mapping's (touched file pages count too). Measured in SECURITY.md.
 pub fn read_path(path: &Path) -> Result<Bytes> {
     let shown = path.display();
-    let meta = fs::metadata(path).map_err(|e| Error::load(format!("{shown}: cannot read: {e}")))?;
-    if meta.is_dir() {
-        return Err(Error::load(format!("{shown}: is a directory, not an ONNX file")));
-    }
+    let (file, meta) = open_regular(path, &shown)?;
     if meta.len() == 0 {
         return Err(Error::load(format!("{shown}: empty file (0 bytes), not an ONNX model")));
     }
-    let file = File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?;
     read_range(&file, &shown, 0, None).map(|(data, _)| data)
 }
 
@@ -170,14 +225,10 @@ pub struct LeftInFile {
 /// judge.
 pub fn read_model_file(path: &Path, min: u64) -> Result<(Bytes, Vec<LeftInFile>, Identity)> {
     let shown = path.display();
-    let meta = fs::metadata(path).map_err(|e| Error::load(format!("{shown}: cannot read: {e}")))?;
-    if meta.is_dir() {
-        return Err(Error::load(format!("{shown}: is a directory, not an ONNX file")));
-    }
+    let (file, meta) = open_regular(path, &shown)?;
     if meta.len() == 0 {
         return Err(Error::load(format!("{shown}: empty file (0 bytes), not an ONNX model")));
     }
-    let file = File::open(path).map_err(|e| Error::load(format!("{shown}: cannot open: {e}")))?;
     let io = |e: std::io::Error| Error::load(format!("{shown}: cannot read: {e}"));
     let before = Identity::of(&file.metadata().map_err(io)?);
     let mut walk = Walk { reader: std::io::BufReader::with_capacity(256 << 10, &file), pos: 0, min, left: Vec::new() };
@@ -417,6 +468,28 @@ mod tests {
         assert_eq!(Identity::decode(&id.encode()), Some(id));
         assert_eq!(Identity::decode("1:2:3"), None);
         assert_eq!(Identity::decode("1:2:3:4:5:6"), None);
+    }
+
+    #[test]
+    fn what_is_not_a_regular_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let sock = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        for (path, kind) in [
+            (fifo.as_path(), "a FIFO"),
+            (Path::new("/dev/zero"), "a character device"),
+            (dir.path(), "a directory"),
+            (sock.as_path(), "a socket"),
+        ] {
+            let err = open_regular(path, &path.display()).unwrap_err();
+            assert!(err.message.contains(kind) && err.message.contains("not a regular file"), "{}", err.message);
+            assert!(read_path(path).is_err() && read_model_file(path, 1).is_err());
+        }
+        std::fs::write(dir.path().join("f"), b"x").unwrap();
+        assert!(open_regular(&dir.path().join("f"), &"f").is_ok());
     }
 
     fn model_with(weights: &[usize]) -> crate::codec::proto::ModelProto {

@@ -117,10 +117,15 @@ mod tests {
     };
 
     fn with_external(location: &str, length: usize) -> ModelProto {
-        let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+        let entry =
+            |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v), ..Default::default() };
         ModelProto {
             ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+                ..Default::default()
+            }],
             graph: Some(GraphProto {
                 name: Some("g".into()),
                 initializer: vec![TensorProto {

@@ -24,8 +24,7 @@ pub(crate) struct Temp {
 impl Temp {
     /// Creates and locks `.{name}.{token}.{what}.tmp` beside `target`. Call under the export lock.
     pub(crate) fn create(target: &Path, token: &str, what: &str) -> std::io::Result<Temp> {
-        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let path = target.with_file_name(format!(".{name}.{token}.{what}.tmp"));
+        let path = target.with_file_name(temp_name(target, token, &format!("{what}.tmp")));
         let file = fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
         let temp = Temp { file, path, armed: true };
         flock(&temp.file, LOCK_EX)?;
@@ -58,8 +57,7 @@ pub struct Staging {
 impl Staging {
     /// Creates and locks `.{name}.{token}.staging` beside `target`. Call under the export lock.
     pub(crate) fn create(target: &Path, token: &str) -> std::io::Result<Staging> {
-        let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let path = target.with_file_name(format!(".{name}.{token}.staging"));
+        let path = target.with_file_name(temp_name(target, token, "staging"));
         fs::create_dir(&path)?;
         // Held through a file inside: the folder itself is the export lock of what is
         // written into it (the core's own writes into a staging folder take it).
@@ -89,14 +87,30 @@ impl Drop for Staging {
     }
 }
 
+/// The longest file name the file systems fastseq writes to take, in bytes (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// `.{name}.{token}.{suffix}` beside `target` (the target's name shows what is being
+/// written), or `.{token}.{suffix}` when that would be longer than a file name may be: a
+/// target of a legal name of up to 255 bytes can always be written.
+fn temp_name(target: &Path, token: &str, suffix: &str) -> String {
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let long = format!(".{name}.{token}.{suffix}");
+    if long.len() <= NAME_MAX {
+        long
+    } else {
+        format!(".{token}.{suffix}")
+    }
+}
+
 /// Whether `file` is named like a writer's temporary file or staging folder (a dot, a
-/// token, `.tmp` or `.staging` at the end).
+/// token, `.tmp` or `.staging` at the end; see [`temp_name`]).
 fn is_temp_name(file: &str) -> bool {
     let Some(rest) = file.strip_prefix('.') else { return false };
     if !(rest.ends_with(".tmp") || rest.ends_with(".staging")) {
         return false;
     }
-    rest.match_indices(".fastseq-").any(|(i, _)| leading_token(&rest[i + 1..]).is_some())
+    leading_token(rest).is_some() || rest.match_indices(".fastseq-").any(|(i, _)| leading_token(&rest[i + 1..]).is_some())
 }
 
 /// Removes the temporary files and staging folders in `folder` that no live writer holds.
@@ -131,8 +145,10 @@ mod tests {
         let live = Temp::create(&target, "fastseq-0000000a", "data").unwrap();
         let staging = Staging::create(&target, "fastseq-0000000b").unwrap();
         fs::write(staging.path().join("inside"), b"x").unwrap();
-        // A killed writer's: nobody holds them.
+        // A killed writer's: nobody holds them (the short names are a long target's).
         fs::write(dir.path().join(".m.onnx.fastseq-0000000c.model.tmp"), b"x").unwrap();
+        fs::write(dir.path().join(".fastseq-0000000f.model.tmp"), b"x").unwrap();
+        fs::create_dir(dir.path().join(".fastseq-00000010.staging")).unwrap();
         fs::create_dir(dir.path().join(".m.onnx.fastseq-0000000d.staging")).unwrap();
         let theirs = [".m.onnx.tmp", ".m.onnx.fastseq-zz.tmp", "m.onnx.fastseq-0000000e.tmp", ".hidden.staging"];
         for t in theirs {
@@ -149,5 +165,25 @@ mod tests {
         assert_eq!(left, want);
         drop((live, staging));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), theirs.len(), "a writer's own are removed when dropped");
+    }
+
+    #[test]
+    fn a_target_of_the_longest_legal_name_gets_short_temporary_names() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [200, 227, 228, 255] {
+            let target = dir.path().join("m".repeat(len));
+            let temp = Temp::create(&target, "fastseq-0000000a", "model").unwrap();
+            let staging = Staging::create(&target, "fastseq-0000000b").unwrap();
+            for made in [&temp.path, staging.path()] {
+                let name = made.file_name().unwrap().to_string_lossy().into_owned();
+                assert!(name.len() <= NAME_MAX && is_temp_name(&name), "{name}");
+                if len == 200 {
+                    assert!(name.starts_with(&format!(".{}.fastseq-", "m".repeat(len))), "{name}");
+                }
+                if len == 255 {
+                    assert!(name.starts_with(".fastseq-"), "{name}");
+                }
+            }
+        }
     }
 }

@@ -30,10 +30,31 @@ pub(crate) fn leading_token(text: &str) -> Option<&str> {
     (hex.bytes().all(|b| b.is_ascii_hexdigit()) && (text.len() == n || text.as_bytes()[n] == b'.')).then_some(token)
 }
 
-/// `{name}.fastseq-{8 hex digits}.…`: the names the writer gives the data files of `name`
-/// when it cannot give them their plain name, and the links of a reuse export.
+/// The longest target name that the token names of its data files keep whole.
+const STEM_MAX: usize = 200;
+
+/// What the token names of `name`'s data files start with: `name` itself, or, for a name
+/// longer than [`STEM_MAX`] bytes (a legal file name has up to 255), its first bytes and a
+/// digest of the whole (`{cut}~{8 hex digits}`), so that `{stem}.fastseq-0a1b2c3d.data` is
+/// a legal name too and two long names that share their first bytes keep apart.
+pub(crate) fn token_stem(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.len() <= STEM_MAX {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut cut = STEM_MAX - 9;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let digest = xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32;
+    std::borrow::Cow::Owned(format!("{}~{digest:08x}", &name[..cut]))
+}
+
+/// `{stem}.fastseq-{8 hex digits}.…` (see [`token_stem`]): the names the writer gives the
+/// data files of `name` when it cannot give them their plain name, and the links of a reuse
+/// export.
 pub(crate) fn token_named(name: &str, file: &str) -> bool {
-    let Some(rest) = file.strip_prefix(name).and_then(|r| r.strip_prefix('.')) else { return false };
+    let stem = token_stem(name);
+    let Some(rest) = file.strip_prefix(&*stem).and_then(|r| r.strip_prefix('.')) else { return false };
     !file.contains('/') && leading_token(rest).is_some_and(|t| rest.len() > t.len() + 1)
 }
 
@@ -56,6 +77,14 @@ mod tests {
         ] {
             assert!(!token_named("m.onnx", theirs), "{theirs}");
         }
+        // A long name's stem: a legal name with room for the token, apart from a look-alike's.
+        let long = format!("{}.onnx", "é".repeat(120));
+        let stem = token_stem(&long);
+        assert!(stem.len() <= STEM_MAX && stem.len() + 22 <= 255);
+        assert!(token_named(&long, &format!("{stem}.fastseq-0a1b2c3d.data")));
+        let other = format!("{}.onnx", "é".repeat(121));
+        assert!(!token_named(&other, &format!("{stem}.fastseq-0a1b2c3d.data")));
+        assert_eq!(token_stem("m.onnx"), "m.onnx");
         let a = new_token();
         assert!(a.starts_with(TOKEN_MARK) && a.len() == TOKEN_MARK.len() + 8 && a != new_token());
     }

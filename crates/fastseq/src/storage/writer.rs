@@ -29,7 +29,7 @@ use crate::storage::ownership::mark;
 use crate::storage::ranges::inline;
 use crate::storage::read::read_path;
 pub use crate::storage::temp::Staging;
-use crate::storage::token::new_token;
+use crate::storage::token::{new_token, token_stem};
 
 /// Writes `model` to `path`. `external`: Some(true) puts tensors of at least `threshold`
 /// bytes in a data file beside it (`<name>.data` when that name is free or the writer's),
@@ -43,7 +43,7 @@ pub fn save(model: &ModelProto, path: &Path, external: Option<bool>, linked: boo
     let size = inline_len(model) as u64;
     if linked || external.unwrap_or(size >= PROTOBUF_LIMIT) {
         let temp = target.temp(&token, "data")?;
-        let fallback = format!("{}.{token}.data", target.name);
+        let fallback = format!("{}.{token}.data", token_stem(&target.name));
         let mut header = model.clone();
         let mut no_graph = GraphProto::default();
         // One data file: weights in memory written once, those in a source copied by the kernel.
@@ -156,8 +156,8 @@ pub fn commit_staged(
         file.sync_all().map_err(|e| target.err(e))?;
         let len = file.metadata().map_err(|e| target.err(e))?.len();
         let fallback = match found.len() {
-            1 => format!("{}.{token}.data", target.name),
-            _ => format!("{}.{token}.{k}.data", target.name),
+            1 => format!("{}.{token}.data", token_stem(&target.name)),
+            _ => format!("{}.{token}.{k}.data", token_stem(&target.name)),
         };
         let marked = mark(&file, &target.name, &[location, &fallback]);
         let preferred = marked.then(|| location.clone());
@@ -166,9 +166,11 @@ pub fn commit_staged(
     for (key, value) in metadata {
         match model.metadata_props.iter_mut().find(|p| p.key.as_deref() == Some(key)) {
             Some(p) => p.value = Some(value.clone()),
-            None => {
-                model.metadata_props.push(StringStringEntryProto { key: Some(key.clone()), value: Some(value.clone()) })
-            }
+            None => model.metadata_props.push(StringStringEntryProto {
+                key: Some(key.clone()),
+                value: Some(value.clone()),
+                ..Default::default()
+            }),
         }
     }
     commit(&target, &token, Model::Header { model: Box::new(model), encode, link: false }, data)

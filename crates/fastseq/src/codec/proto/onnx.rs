@@ -7,6 +7,8 @@
 /// following content fields, effectively enforcing a C/C++ union equivalent.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AttributeProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// The name field MUST be present for this version of the IR.
     ///
     /// namespace Attribute
@@ -163,6 +165,8 @@ pub mod attribute_proto {
 /// the shape of the value.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ValueInfoProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// This field MUST be present in this version of the IR.
     ///
     /// namespace Value
@@ -188,6 +192,8 @@ pub struct ValueInfoProto {
 /// tensor and a bias tensor, and produces the convolved output.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NodeProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// namespace Value
     #[prost(string, repeated, tag = "1")]
     pub input: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
@@ -230,6 +236,8 @@ pub struct NodeProto {
 /// See <https://developers.google.com/protocol-buffers/docs/proto3#maps>
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IntIntListEntryProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     #[prost(int64, optional, tag = "1")]
     pub key: ::core::option::Option<i64>,
     #[prost(int64, repeated, packed = "false", tag = "2")]
@@ -238,6 +246,8 @@ pub struct IntIntListEntryProto {
 /// Multi-device configuration proto for NodeProto.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct NodeDeviceConfigurationProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// This field MUST be present for this version of the IR.
     /// ID of the configuration. MUST match the name of a DeviceConfigurationProto.
     #[prost(string, optional, tag = "1")]
@@ -253,6 +263,8 @@ pub struct NodeDeviceConfigurationProto {
 /// input or output tensor of a node.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ShardingSpecProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// This field MUST be present for this version of the IR.
     /// Identifies the input or output of the node that is being sharded.
     /// Required to match a name specified in the node's input or output list of ValueInfoProtos.
@@ -280,6 +292,8 @@ pub struct ShardingSpecProto {
 /// axis of a sharded tensor.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ShardedDimProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// This field MUST be present for this version of the IR.
     /// The axis this sharding corresponds to. Must be in the range of
     /// \[-r, r - 1\], where r is the rank of the tensor. Negative axis values means
@@ -297,6 +311,8 @@ pub struct ShardedDimProto {
 /// N is allowed to be symbolic where M is required to be a constant.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct SimpleShardedDimProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// This field MUST be present for this version of the IR.
     /// Number of shards to split dim into.
     #[prost(int64, optional, tag = "3")]
@@ -337,6 +353,8 @@ pub mod simple_sharded_dim_proto {
 /// the user needs to create a TrainingInfoProto for each step.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct TrainingInfoProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// This field describes a graph to compute the initial tensors
     /// upon starting the training process. Initialization graph has no input
     /// and can have multiple outputs. Usually, trainable tensors in neural
@@ -443,6 +461,8 @@ pub struct TrainingInfoProto {
 /// The semantics of the model are described by the associated GraphProto's.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ModelProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// The version of the IR this model targets. See Version enum above.
     /// This field MUST be present.
     #[prost(int64, optional, tag = "1")]
@@ -524,6 +544,8 @@ pub struct ModelProto {
 /// DeviceConfigurationProto describes a multi-device configuration for a model.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DeviceConfigurationProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// This field MUST be present for this version of the IR.
     /// Name of the configuration.
     #[prost(string, optional, tag = "1")]
@@ -540,6 +562,8 @@ pub struct DeviceConfigurationProto {
 /// See <https://developers.google.com/protocol-buffers/docs/proto3#maps>
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StringStringEntryProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     #[prost(string, optional, tag = "1")]
     pub key: ::core::option::Option<::prost::alloc::string::String>,
     #[prost(string, optional, tag = "2")]
@@ -547,6 +571,8 @@ pub struct StringStringEntryProto {
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct TensorAnnotation {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     #[prost(string, optional, tag = "1")]
     pub tensor_name: ::core::option::Option<::prost::alloc::string::String>,
     /// <key, value> pairs to annotate tensor specified by <tensor_name> above.
@@ -564,6 +590,8 @@ pub struct TensorAnnotation {
 /// frameworks.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct GraphProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// The nodes in the graph, sorted topologically.
     #[prost(bytes = "bytes", repeated, tag = "1")]
     pub node: ::prost::alloc::vec::Vec<::prost::bytes::Bytes>,
@@ -608,6 +636,8 @@ pub struct GraphProto {
 /// A serialized tensor value.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct TensorProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// The shape of the tensor.
     #[prost(int64, repeated, packed = "false", tag = "1")]
     pub dims: ::prost::alloc::vec::Vec<i64>,
@@ -731,8 +761,10 @@ pub mod tensor_proto {
     /// For very large tensors, we may want to store them in chunks, in which
     /// case the following fields will specify the segment that is stored in
     /// the current TensorProto.
-    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct Segment {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         #[prost(int64, optional, tag = "1")]
         pub begin: ::core::option::Option<i64>,
         #[prost(int64, optional, tag = "2")]
@@ -941,6 +973,8 @@ pub mod tensor_proto {
 /// A serialized sparse-tensor value
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct SparseTensorProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// The sequence of non-default values are encoded as a tensor of shape \[NNZ\].
     /// The default-value is zero for numeric tensors, and empty-string for string tensors.
     /// values must have a non-empty name present which serves as a name for SparseTensorProto
@@ -968,6 +1002,8 @@ pub struct SparseTensorProto {
 /// dimension.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct TensorShapeProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     #[prost(message, repeated, tag = "1")]
     pub dim: ::prost::alloc::vec::Vec<tensor_shape_proto::Dimension>,
 }
@@ -975,6 +1011,8 @@ pub struct TensorShapeProto {
 pub mod tensor_shape_proto {
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct Dimension {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         /// Standard denotation can optionally be used to denote tensor
         /// dimensions with standard semantic descriptions to ensure
         /// that operations are applied to the correct axis of a tensor.
@@ -1002,6 +1040,8 @@ pub mod tensor_shape_proto {
 /// The standard ONNX data types.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct TypeProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// An optional denotation can be used to denote the whole
     /// type with a standard semantic description as to what is
     /// stored inside. Refer to <https://github.com/onnx/onnx/blob/main/docs/TypeDenotation.md#type-denotation-definition>
@@ -1015,6 +1055,8 @@ pub struct TypeProto {
 pub mod type_proto {
     #[derive(Clone, PartialEq, ::prost::Message)]
     pub struct Tensor {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         /// This field MUST NOT have the value of UNDEFINED
         /// This field MUST have a valid TensorProto.DataType value
         /// This field MUST be present for this version of the IR.
@@ -1026,6 +1068,8 @@ pub mod type_proto {
     /// repeated T
     #[derive(Clone, PartialEq, ::prost::Message)]
     pub struct Sequence {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         /// The type and optional shape of each element of the sequence.
         /// This field MUST be present for this version of the IR.
         #[prost(message, optional, boxed, tag = "1")]
@@ -1036,6 +1080,8 @@ pub mod type_proto {
     /// map<K,V>
     #[derive(Clone, PartialEq, ::prost::Message)]
     pub struct Map {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         /// This field MUST have a valid TensorProto.DataType value
         /// This field MUST be present for this version of the IR.
         /// This field MUST refer to an integral type (\[U\]INT{8|16|32|64}) or STRING
@@ -1050,6 +1096,8 @@ pub mod type_proto {
     /// wrapper for Tensor, Sequence, or Map
     #[derive(Clone, PartialEq, ::prost::Message)]
     pub struct Optional {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         /// The type and optional shape of the element wrapped.
         /// This field MUST be present for this version of the IR.
         /// Possible values correspond to OptionalProto.DataType enum
@@ -1060,6 +1108,8 @@ pub mod type_proto {
     }
     #[derive(Clone, PartialEq, ::prost::Message)]
     pub struct SparseTensor {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         /// This field MUST NOT have the value of UNDEFINED
         /// This field MUST have a valid TensorProto.DataType value
         /// This field MUST be present for this version of the IR.
@@ -1070,6 +1120,8 @@ pub mod type_proto {
     }
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct Opaque {
+        /// Fields this schema does not know, as read (see `codec::fidelity`).
+        pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
         /// When missing, the domain is the same as the model's.
         #[prost(string, optional, tag = "1")]
         pub domain: ::core::option::Option<::prost::alloc::string::String>,
@@ -1103,6 +1155,8 @@ pub mod type_proto {
 /// OperatorSets are uniquely identified by a (domain, opset_version) pair.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct OperatorSetIdProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// The domain of the operator set being identified.
     /// The empty string ("") or absence of this field implies the operator
     /// set that is defined as part of the ONNX specification.
@@ -1116,6 +1170,8 @@ pub struct OperatorSetIdProto {
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct FunctionProto {
+    /// Fields this schema does not know, as read (see `codec::fidelity`).
+    pub unknown_fields: ::prost::alloc::vec::Vec<u8>,
     /// The name of the function, similar to op_type in NodeProto.
     /// This is part of the unique-id (domain, name, overload) of FunctionProtos in a model.
     #[prost(string, optional, tag = "1")]

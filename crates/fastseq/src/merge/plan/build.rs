@@ -54,13 +54,14 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
     let mut fed_by_edge: Vec<FxHashMap<&str, usize>> = vec![FxHashMap::default(); n];
     let mut consumed: Vec<FxHashSet<&str>> = vec![FxHashSet::default(); n];
     let mut adapters = Vec::new();
+    let mut mismatches = Vec::new();
     for (x, e) in edges.iter().enumerate() {
         let where_ = &wheres[x];
         let (_, out_vi) = stage_io(models, labels, where_, e.from, &e.output, true)?;
         let (_, in_vi) = stage_io(models, labels, where_, e.to, &e.input, false)?;
         // The wiring put the stages in graph order; the linear form joins j to j + 1.
         debug_assert!(e.from < e.to, "edges go forward");
-        if let Some(&prev) = fed_by_edge[e.to].get(e.input.as_str()) {
+        if let Some(&prev) = fed_by_edge[e.to].get(e.input.as_str()).filter(|_| !onnx) {
             let p = &edges[prev];
             return Err(Error::composition(if p == e {
                 format!("{where_}: the connection '{}' -> '{}' is listed twice", e.output, e.input)
@@ -76,9 +77,11 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
                 )
             }));
         }
+        // (onnx.compose: an input listed twice is fed by its last pair, as its reversed io_map
+        // keeps it; the earlier output still counts as consumed.)
         fed_by_edge[e.to].insert(&e.input, x);
         consumed[e.from].insert(&e.output);
-        let target = match check_edge(
+        let checked = check_edge(
             where_,
             x,
             &e.output,
@@ -87,7 +90,16 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
             in_vi,
             opts.adapt.covers(x),
             opts.adapt_remedy.as_deref(),
-        )? {
+        );
+        let target = match checked {
+            // onnx.compose joins them as they are; whether that holds is its checker's call.
+            Err(e) if onnx => {
+                mismatches.push(e.message);
+                None
+            }
+            other => other?,
+        };
+        let target = match target {
             Some(a) => {
                 adapters.push(a);
                 Target::Adapter(x)
@@ -149,6 +161,7 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
         pruned: PruneReport::default(),
         unused,
         extracted: Vec::new(),
+        mismatches,
     };
     if onnx {
         extract(&mut plan, models, labels)?;

@@ -230,6 +230,7 @@ mod tests {
                 .map(|d| tensor_shape_proto::Dimension {
                     value: Some(d.parse().map(Dim::DimValue).unwrap_or_else(|_| Dim::DimParam(d.to_string()))),
                     denotation: None,
+                    ..Default::default()
                 })
                 .collect();
         }

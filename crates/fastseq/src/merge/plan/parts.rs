@@ -85,6 +85,9 @@ pub struct Plan {
     pub unused: Vec<(usize, String)>,
     /// Per stage (onnx.compose's rules): cut down as `onnx.utils.Extractor` cuts a graph.
     pub extracted: Vec<bool>,
+    /// onnx.compose's rules: joints whose two sides disagree (element type, shape), which
+    /// onnx.compose merges as they are: only onnx's checker can say whether the result holds.
+    pub mismatches: Vec<String>,
 }
 
 impl Plan {
