@@ -176,12 +176,16 @@ def test_failed_write_leaves_no_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.onnx"]
 
 
-def test_node_names_that_are_not_utf8_are_load_errors():
-    """Nodes are read as bytes, so the UTF-8 check prost made is made when the model loads."""
+def test_node_names_that_are_not_utf8_are_kept_byte_for_byte():
+    """Nodes are read as bytes and strings of any bytes are kept (codec::fidelity), as
+    protobuf and onnx keep them: a name that is not UTF-8 is renamed like any other, its
+    bytes intact, never refused and never replaced."""
     node = field(1, b"x") + field(2, b"\xff\xfe") + field(4, b"Relu")
     data = varint(1 << 3) + varint(8) + field(7, field(1, node))
-    with pytest.raises(fastseq.LoadError, match="node 0 of graph '': .*UTF-8"):
-        fastseq.compose([data])
+    assert b"\xff\xfe" in fastseq.compose_bytes([data])
+    twice = onnx.ModelProto.FromString(fastseq.compose_bytes([data, data]))
+    outputs = [n.output[0] for n in twice.graph.node]
+    assert len(set(outputs)) == 2 and fastseq.compose_bytes([data, data]).count(b"\xff\xfe") == 2
 
 
 def test_unknown_node_fields_do_not_break_renaming():

@@ -67,10 +67,18 @@ def test_odd_unicode_names_survive_clashes_and_run(name):
     np.testing.assert_allclose(run(merged, {name: x})[name + "_out"], run_chain([a, b], {name: x})[name + "_out"])
 
 
-def test_invalid_utf8_in_a_name_is_a_load_error():
+def test_invalid_utf8_in_a_name_is_kept_and_runs_as_the_source_does():
+    """protobuf and onnx accept any bytes in a string; fastseq keeps them (issue 27), so the
+    composed model runs in ONNX Runtime exactly as the source does."""
+    import onnxruntime as ort
+
     data = scale_model(2.0).SerializeToString().replace(b"relu", b"\xff\xfe\x80u")
-    with pytest.raises(fastseq.LoadError, match=r"model #0 \(bytes\): not a valid ONNX model .*UTF-8"):
-        fastseq.compose([data])
+    composed = fastseq.compose_bytes([data])
+    assert b"\xff\xfe\x80u" in composed
+    x = np.random.default_rng(0).standard_normal((2, 4), dtype=np.float32)
+    ours, = ort.InferenceSession(composed).run(None, {"x": x})
+    theirs, = ort.InferenceSession(data).run(None, {"x": x})
+    np.testing.assert_array_equal(ours, theirs)
 
 
 def test_interrupted_exports_leave_the_old_file_or_the_new_one(tmp_path):

@@ -363,7 +363,9 @@ def test_pickled_pipeline_keeps_its_cache(tmp_path):
 # --- optimised exports ------------------------------------------------------------------------
 def test_export_optimized_records_its_setup_and_warns_elsewhere(tmp_path):
     pipe = fastseq.ONNXSequential(*chain(tmp_path))
-    (tmp_path / "out").mkdir()  # a missing folder is an ExportError (tests/test_export_edges.py)
+    with pytest.raises(fastseq.ExportError, match="does not exist"):  # as every other path (issue 26)
+        pipe.export(tmp_path / "out" / "opt.onnx", optimized=True)
+    (tmp_path / "out").mkdir()
     target = pipe.export(tmp_path / "out" / "opt.onnx", optimized=True)
     model = onnx.load(str(target), load_external_data=False)
     meta = json.loads({p.key: p.value for p in model.metadata_props}["fastseq.optimized_for"])

@@ -89,10 +89,9 @@ def feeds(args: argparse.Namespace, pipe: Any) -> dict[str, Any]:
     one-input pipeline; each as its input's dtype where that changes no value (int32 to
     int64, float16 to float32, bool to a number: the pipeline converts), or with ``--cast``
     where it does (float64 to float32)."""
-    import numpy as np
-
     from fastseq import _core
     from fastseq.errors import InputError
+    from fastseq.runtime.inputs import converts
 
     inputs = {i.name: i for i in pipe.inputs}
     found = {}
@@ -107,7 +106,7 @@ def feeds(args: argparse.Namespace, pipe: Any) -> dict[str, Any]:
                              f"{', '.join(inputs)}")
         array = load_npy(name, file)
         want = inputs[name].dtype
-        if want is not None and array.dtype != want and not np.can_cast(array.dtype, want, "safe"):
+        if not converts(want, array.dtype):  # the one input rule; --cast goes past it on purpose
             if not args.cast:
                 raise fail(
                     f"--input {name}={file} holds {array.dtype}, input '{name}' expects {want}, and converting loses "
