@@ -11,6 +11,8 @@
 //!
 //! Nothing is trusted: [`check`] validates every node when a model is decoded, as prost
 //! would have, and the scanners here return "not plain" instead of panicking on bad bytes.
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
@@ -189,19 +191,26 @@ pub fn call_of(raw: &[u8]) -> (&str, &str) {
     (domain, overload)
 }
 
-/// A node's (name, op_type, domain) read on its bytes, "" for an absent one; the last
-/// occurrence of a field wins, as in protobuf.
-pub fn head(raw: &[u8]) -> (&str, &str, &str) {
-    let (mut name, mut op, mut domain) = ("", "", "");
+/// A node's (name, op_type, domain) as their bytes, empty for an absent one; the last
+/// occurrence of a field wins, as in protobuf. Strings may hold any bytes (protobuf and onnx
+/// take them, and fastseq keeps them): a name that is not UTF-8 is still a name.
+pub fn head_bytes(raw: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let (mut name, mut op, mut domain): (&[u8], &[u8], &[u8]) = (b"", b"", b"");
     for f in fields(raw).flatten() {
-        match f.tag {
-            NAME => name = f.text().unwrap_or(""),
-            OP_TYPE => op = f.text().unwrap_or(""),
-            DOMAIN => domain = f.text().unwrap_or(""),
+        match (f.tag, f.wire) {
+            (NAME, LEN) => name = f.value,
+            (OP_TYPE, LEN) => op = f.value,
+            (DOMAIN, LEN) => domain = f.value,
             _ => {}
         }
     }
     (name, op, domain)
+}
+
+/// [`head_bytes`] as text, for people and Python: bytes that are not UTF-8 read as U+FFFD.
+pub fn head(raw: &[u8]) -> (Cow<'_, str>, Cow<'_, str>, Cow<'_, str>) {
+    let (name, op, domain) = head_bytes(raw);
+    (String::from_utf8_lossy(name), String::from_utf8_lossy(op), String::from_utf8_lossy(domain))
 }
 
 /// Appends to `out` the node `raw` with `name` as its name: an empty name field is dropped,
@@ -308,7 +317,7 @@ mod tests {
         unnamed.name = None;
         unnamed.domain = Some("ai.onnx".into());
         let raw = encode(&unnamed);
-        assert_eq!(head(&raw), ("", "Add", "ai.onnx"));
+        assert_eq!(head_bytes(&raw), (&b""[..], &b"Add"[..], &b"ai.onnx"[..]));
         let mut out = Vec::new();
         write_named(&raw, "stage/Add_0", &mut out);
         let named = NodeProto { name: Some("stage/Add_0".into()), ..unnamed.clone() };
@@ -318,6 +327,11 @@ mod tests {
         let mut out = Vec::new();
         write_named(&empty, "n", &mut out);
         assert_eq!(head(&out).0, "n");
+        // A name that is not UTF-8 is a name all the same (kept byte for byte), and reads
+        // as U+FFFD where it is shown.
+        let odd = [(NAME << 3) as u8 | LEN, 2, 0xff, 0xfe];
+        assert_eq!(head_bytes(&odd).0, b"\xff\xfe");
+        assert_eq!(head(&odd).0, "\u{fffd}\u{fffd}");
         assert_eq!(fields(&out).flatten().filter(|f| f.tag == NAME).count(), 1);
     }
 

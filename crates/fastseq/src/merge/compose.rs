@@ -143,7 +143,7 @@ impl Composition {
             .zip(stage)
             .map(|(raw, stage)| {
                 let (name, op, domain) = node::head(raw);
-                NodeOrigin { name: name.into(), op_type: op.into(), domain: domain.into(), stage }
+                NodeOrigin { name: name.into_owned(), op_type: op.into_owned(), domain: domain.into_owned(), stage }
             })
             .collect()
     }

@@ -225,8 +225,9 @@ pub fn unnamed_nodes(models: &[ModelProto], kept: Option<&[Vec<bool>]>) -> Vec<V
                 .enumerate()
                 .filter(|(i, _)| keep.is_none_or(|mask| mask.get(*i).copied().unwrap_or(true)))
                 .filter_map(|(i, raw)| {
-                    let (name, op, _) = node::head(raw);
-                    name.is_empty().then(|| (i, op.to_string()))
+                    // Any bytes make a name (one that is not UTF-8 included): kept as it is.
+                    let (name, op, _) = node::head_bytes(raw);
+                    name.is_empty().then(|| (i, String::from_utf8_lossy(op).into_owned()))
                 })
                 .collect()
         })

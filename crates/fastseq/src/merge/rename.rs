@@ -313,7 +313,7 @@ pub fn name_unnamed(g: &mut GraphProto, given: &[String]) {
     let mut spans: Vec<(usize, usize)> = Vec::with_capacity(given.len());
     let mut names = given.iter();
     for (i, raw) in g.node.iter().enumerate() {
-        if !node::head(raw).0.is_empty() {
+        if !node::head_bytes(raw).0.is_empty() {
             continue;
         }
         let Some(name) = names.next() else { break };

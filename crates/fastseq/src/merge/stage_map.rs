@@ -48,9 +48,9 @@ pub struct Stage {
 pub fn digest(g: &GraphProto, stages: &[Stage]) -> String {
     let mut h = Xxh3::new();
     for raw in &g.node {
-        let (name, op, domain) = node::head(raw);
+        let (name, op, domain) = node::head_bytes(raw);
         for part in [name, op, domain] {
-            h.update(part.as_bytes());
+            h.update(part);
             h.update(&[0]);
         }
         h.update(&[0x1e]);
