@@ -88,8 +88,10 @@ class Runnable:
         from fastseq.runtime.explain import explain, node_names
 
         stages, renamed = self._stage_origins()
+        # The origins' stages: the pipeline's, or those of the stage map of a file it loaded.
+        labels = [label for label, _, _ in stages] if len(stages) > 1 else self._labels
         return explain(
-            error, self._labels, renamed, [(first, end) for _, first, end in stages],
+            error, labels, renamed, [(first, end) for _, first, end in stages],
             lambda: node_names(self._composed),
         )
 

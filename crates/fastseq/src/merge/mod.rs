@@ -3,7 +3,7 @@
 //! What the caller asks ([`options`]); the plan ([`plan`]: edges, checks, exposure,
 //! pruning, adapters); the final name of every value and node ([`final_names`]); the walk
 //! that renames them ([`rename`]); weights stored once ([`dedupe`]); the merged graph laid
-//! out ([`assemble`]); opset imports ([`opsets`]); metadata ([`metadata`]); onnx.compose's
+//! out ([`assemble`]); opset imports ([`opsets`]); metadata ([`metadata`]); the stage map files keep ([`stage_map`]); onnx.compose's
 //! rules where they differ ([`onnx_rules`]); and the entry point that runs these steps in
 //! order ([`compose`]).
 //!
@@ -21,5 +21,6 @@ pub mod opsets;
 pub mod options;
 pub mod plan;
 pub mod rename;
+pub mod stage_map;
 #[cfg(test)]
 pub(crate) mod testing;
