@@ -158,11 +158,16 @@ def test_add_metadata_one_entry_per_key_kept_through_export_model_and_pickling(t
     onnx.checker.check_model(returned)  # refuses repeated keys
     assert pipe.metadata == want
     out = pipe.export(tmp_path / "m.onnx")
-    assert {p.key: p.value for p in onnx.load(str(out)).metadata_props} == want
+    # A file also keeps which stage each node is (fastseq.stages, after the user's entries).
+    written = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert list(written) == [*want, "fastseq.stages"]
+    assert json.loads(written.pop("fastseq.stages"))["stages"] == [["scale (#0)", 0, 2, 0], ["scale (#1)", 2, 4, 0]]
+    assert written == want
     s = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    assert s.get_modelmeta().custom_metadata_map == want
+    assert {k: v for k, v in s.get_modelmeta().custom_metadata_map.items() if k != "fastseq.stages"} == want
     ext = pipe.export(tmp_path / "e.onnx", save_as_external_data=True, size_threshold=0)
-    assert {p.key: p.value for p in onnx.load(str(ext)).metadata_props} == want
+    written = {p.key: p.value for p in onnx.load(str(ext)).metadata_props}
+    assert written.pop("fastseq.stages") and written == want
     assert pickle.loads(pickle.dumps(pipe)).metadata == want
     np.testing.assert_allclose(pipe(X)[0], np.maximum(np.maximum(2 * X, 0) * 3, 0))
     with pytest.raises(TypeError, match="pairs"):
@@ -256,7 +261,10 @@ def test_export_convert_attribute(tmp_path):
 
 def test_export_text_format_bad_keywords_and_missing_folder(big_pipe, tmp_path):
     path = big_pipe.export(tmp_path / "m.txtpb", format="textproto")
-    assert onnx.load(str(path), format="textproto").SerializeToString() == big_pipe.model_bytes
+    written = onnx.load(str(path), format="textproto")
+    assert [p.key for p in written.metadata_props] == ["fastseq.stages"]  # which stage each node is
+    del written.metadata_props[:]
+    assert written.SerializeToString() == big_pipe.model_bytes
     with pytest.raises(TypeError, match="unexpected keyword argument 'external'"):
         big_pipe.export(tmp_path / "x.onnx", external=True)
     with pytest.raises(TypeError, match="disagree"):
@@ -492,7 +500,8 @@ def test_written_size_is_exact_inline_and_with_external_data(tmp_path):
 
     pipe = fastseq.ONNXSequential(scale_model(2.0, shape=(2, 4096)), constant_model(4096))
     inline = pipe._composed.save(str(tmp_path / "i.onnx"), external_data=False)
-    assert inline.model_bytes == (tmp_path / "i.onnx").stat().st_size == pipe._composed.encoded_len()
+    # As written: with the stage map in its metadata.
+    assert inline.model_bytes == (tmp_path / "i.onnx").stat().st_size == pipe._composed.for_file().encoded_len()
     assert (inline.data_bytes, inline.data_files) == (0, [])
     ext = pipe._composed.save(str(tmp_path / "e.onnx"), external_data=True)
     assert ext.model_bytes == (tmp_path / "e.onnx").stat().st_size

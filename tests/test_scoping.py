@@ -197,7 +197,10 @@ def test_compose_accepts_paths_bytes_and_protos_and_writes_files(tmp_path, x24):
     out = fastseq.compose_to_file([str(tmp_path / "a.onnx"), b.SerializeToString(), c], tmp_path / "m.onnx")
     from_file = onnx.load(str(out))
     as_bytes = fastseq.compose_bytes([tmp_path / "a.onnx", b.SerializeToString(), c])
-    # The streamed file and the in-memory encoding hold the same model.
+    # The streamed file and the in-memory encoding hold the same model; the file also says
+    # which stage each node is (its stage map).
+    assert [p.key for p in from_file.metadata_props] == ["fastseq.stages"]
+    del from_file.metadata_props[:]
     assert onnx.ModelProto.FromString(as_bytes) == from_file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.onnx", "m.onnx"]  # no temporary left
     np.testing.assert_allclose(run(from_file, {"x": x24})["y"], np.maximum(x24 * 3, 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import warnings
 
@@ -110,7 +111,12 @@ def test_export_is_atomic_does_not_mutate_and_supports_external_data(tmp_path):
     pipe = fastseq.ONNXSequential(scale_model(2.0, shape=(2, 512)), scale_model(3.0, shape=(2, 512)))
     before = pipe.model_bytes
     inline = pipe.export(tmp_path / "inline.onnx")
-    assert onnx.load(str(inline)).SerializeToString() == before
+    # The file is the model with its stage map in its metadata (which stage each node is).
+    written = onnx.load(str(inline))
+    assert [(e.key, json.loads(e.value)["stages"]) for e in written.metadata_props] == [
+        ("fastseq.stages", [["scale (#0)", 0, 2, 0], ["scale (#1)", 2, 4, 0]])]
+    del written.metadata_props[:]
+    assert written.SerializeToString() == before
     ext = pipe.export(tmp_path / "ext.onnx", external_data=True)
     data_files = [p for p in tmp_path.iterdir() if p.name.startswith("ext.onnx.") and p.name.endswith(".data")]
     assert len(data_files) == 1

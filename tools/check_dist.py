@@ -32,6 +32,7 @@ MAX_GLIBC = (2, 17)
 SDIST_NEEDS = [
     "Cargo.toml", "Cargo.lock", "pyproject.toml", "README.md", "PKG-INFO",
     "crates/fastseq/src/lib.rs", "crates/fastseq/proto/onnx-ml.proto", "crates/fastseq-python/src/lib.rs",
+    "crates/vendor/prost-derive/Cargo.toml", "crates/vendor/prost-derive/src/lib.rs",  # Cargo.toml's [patch]
     "python/fastseq/__init__.py", "python/fastseq/_core.pyi", "python/fastseq/py.typed",
     "python/fastseq/ops/shipped/digits.onnx",
 ]

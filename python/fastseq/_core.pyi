@@ -44,6 +44,12 @@ class Composed:
     def encoded_len(self) -> int:
         """Size of the serialized model in bytes (weights inline)."""
 
+    def for_file(self) -> Composed:
+        """A copy with the model as fastseq writes it to a file: its stage map in its metadata
+        (two stages or more; see the core's `merge::stage_map`), for the writes that go
+        through onnx.save.
+        """
+
     def graph_bytes(self) -> bytes:
         """The model's graph alone, serialized (a `GraphProto`)."""
 
@@ -59,6 +65,13 @@ class Composed:
         """The first naming rule of `onnx.checker` the model breaks (a name defined twice, read
         before it is defined, an undefined graph output), or None: what a rename or a merge
         can break in models that pass the checker.
+        """
+
+    def nodes(self) -> list[tuple[str, str, str, int]]:
+        """Every top-level node of the graph, in order: (name, op_type, domain, stage), the
+        stage an index into :meth:`origins`' stages, -1 for a node the merge inserted between
+        stages (an adapter) or of a model without stages (loaded, without a stage map that
+        fits). How a profile attributes ONNX Runtime's kernels to the stages.
         """
 
     def origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
@@ -104,6 +117,11 @@ class Composed:
         decides by size (external above the 2 GB protobuf limit); a model composed with
         `link_external` links its sources' data files beside it. `threshold`: None stands for
         `LAYOUT.threshold`. Returns what was written.
+        """
+
+    def stage_map_note(self) -> str | None:
+        """Why the stage map in the model's metadata was ignored (it does not fit its nodes: the
+        file was changed after fastseq wrote it), or None.
         """
 
     def stripped_bytes(self, threshold: typing.SupportsIndex | None = None) -> bytes:

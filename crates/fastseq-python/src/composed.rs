@@ -193,12 +193,8 @@ impl Composed {
     fn origins<'py>(&self, py: Python<'py>) -> PyResult<(Vec<(String, usize, usize)>, Bound<'py, PyDict>)> {
         let c = self.0.composition();
         let o = &c.origins;
-        let stages = o
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(k, &(a, b))| (c.labels.get(k).cloned().unwrap_or_default(), a, b))
-            .collect();
+        // The composition's stages, or those of the stage map of a model written by fastseq.
+        let stages = c.stages().into_iter().map(|s| (s.label, s.first, s.end)).collect();
         let names = PyDict::new(py);
         for (new, stage, old) in o.renamed() {
             names.set_item(new, (stage, old))?;
@@ -216,6 +212,32 @@ impl Composed {
             .into_iter()
             .map(|f| (f.node, f.name, f.op_type, f.inner, f.reason))
             .collect()
+    }
+
+    /// Every top-level node of the graph, in order: (name, op_type, domain, stage), the
+    /// stage an index into :meth:`origins`' stages, -1 for a node the merge inserted between
+    /// stages (an adapter) or of a model without stages (loaded, without a stage map that
+    /// fits). How a profile attributes ONNX Runtime's kernels to the stages.
+    #[pyo3(signature = () -> "list[tuple[str, str, str, int]]")]
+    fn nodes(&self, py: Python<'_>) -> Vec<(String, String, String, i64)> {
+        py.detach(|| {
+            let nodes = self.0.composition().nodes();
+            nodes.into_iter().map(|n| (n.name, n.op_type, n.domain, n.stage.map_or(-1, |k| k as i64))).collect()
+        })
+    }
+
+    /// Why the stage map in the model's metadata was ignored (it does not fit its nodes: the
+    /// file was changed after fastseq wrote it), or None.
+    #[pyo3(signature = () -> "str | None")]
+    fn stage_map_note(&self) -> Option<String> {
+        self.0.composition().origins.note.clone()
+    }
+
+    /// A copy with the model as fastseq writes it to a file: its stage map in its metadata
+    /// (two stages or more; see the core's `merge::stage_map`), for the writes that go
+    /// through onnx.save.
+    fn for_file(&self, py: Python<'_>) -> Composed {
+        Composed(py.detach(|| self.0.for_file()))
     }
 
     /// Per stage, how many nodes at the start of its range in :meth:`origins` the merge

@@ -82,8 +82,10 @@ def describe(e: dict[str, Any], short: bool = False) -> str:
     stages = " -> ".join(e["labels"] or []) or "?"
     providers = ", ".join(p.removesuffix("ExecutionProvider") for p in e["providers"] or [])
     digest = (e.get("model") or "?")[:12]
+    made_by = f"onnx {e.get('onnx')}" if e.get("kind") == "converted stage" else \
+        f"{providers}; onnxruntime {e['onnxruntime']}"
     head += (f"  created {when(e['created'])}, last used {when(e['used'])}, {e['hits']} hit{'s' * (e['hits'] != 1)}"
-             f"  model {digest}  [{providers}; onnxruntime {e['onnxruntime']}]")
+             f"  model {digest}  [{made_by}]")
     if short:
         return f"{head}  {stages if len(stages) <= 60 else stages[:57] + '...'}"
     return f"{head}\n  {stages}"

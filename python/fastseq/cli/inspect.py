@@ -31,10 +31,26 @@ def cmd_inspect(args: argparse.Namespace, quiet: Quiet) -> int:
     if args.svg or args.dot:
         raise fail("--svg and --dot draw a pipeline file (pipeline.toml)")
     src = loader.resolve(args.model, 0)
-    info = _core.load_model(src.data, src.label).summary()
+    model = _core.load_model(src.data, src.label)
     print(f"{src.label}")
-    print_summary(info)
+    print_summary(model.summary())
+    _print_stages(model)
     return 0
+
+
+def _print_stages(model: Any) -> None:
+    """The stages of a model that fastseq composed and wrote (its stage map), or why its map
+    was ignored."""
+    stages, _ = model.origins()
+    if len(stages) > 1:
+        print("stages (from its stage map):")
+        for label, first, end in stages:
+            count = end - first
+            where = "" if not count else f" (#{first})" if count == 1 else f" (#{first}-#{end - 1})"
+            print(f"  {label}: {count} node{'' if count == 1 else 's'}{where}")
+    note = model.stage_map_note()
+    if note:
+        print(f"note: {note}")
 
 
 def _io(items: Any) -> str:

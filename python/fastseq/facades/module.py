@@ -11,7 +11,7 @@ import onnxruntime as ort
 
 from fastseq.sources import resolve as loader
 from fastseq.runtime.providers import Provider
-from fastseq.facades.base import Facade
+from fastseq.facades.base import Facade, build_cached
 from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
 
@@ -64,7 +64,7 @@ class ONNXModule(Facade):
             force_download=force_download,
             entry="sequential",
         )
-        built = build(spec)
+        built = build_cached(spec, None)
         self._composed, self._labels = built.composed, built.labels
         self._described = built.described  # what a session-cache entry records
         del built  # only the module holds the model now, so that it can be spilled

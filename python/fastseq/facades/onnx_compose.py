@@ -83,8 +83,7 @@ def _digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _known_valid(data: bytes) -> bool:
-    key = _digest(data)
+def _known_valid(key: bytes) -> bool:
     with _VALID_LOCK:
         if key in _VALID:
             _VALID.move_to_end(key)
@@ -92,8 +91,7 @@ def _known_valid(data: bytes) -> bool:
     return False
 
 
-def _remember_valid(data: bytes) -> None:
-    key = _digest(data)
+def _remember_valid(key: bytes) -> None:
     with _VALID_LOCK:
         _VALID[key] = None
         _VALID.move_to_end(key)
@@ -120,11 +118,12 @@ def _checker_error(model: onnx.ModelProto, plain_first: bool = False) -> Excepti
 def _source_error(model: onnx.ModelProto, data: bytes) -> Exception | None:
     """What the full check raises for a source model (serialized as ``data``), or None:
     remembered, or checked once."""
-    if _known_valid(data):
+    key = _digest(data)  # once: a digest of a large model costs as much as a merge's renaming
+    if _known_valid(key):
         return None
     error = _checker_error(model)
     if error is None:
-        _remember_valid(data)
+        _remember_valid(key)
     return error
 
 
@@ -155,7 +154,7 @@ def _vouched(
             if plain is not None and not isinstance(error, onnx.checker.ValidationError):
                 error = plain
             raise _refuse(error, f"{what}: the result fails onnx.checker") from error
-    _remember_valid(data)
+    _remember_valid(_digest(data))
 
 
 def _result(given, data: bytes, inplace: bool | None):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastseq.graph import drawing
 from fastseq.graph import pipefile
-from fastseq.facades.base import Facade
+from fastseq.facades.base import Facade, build_cached
 from fastseq.graph.build import build
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import Edge
@@ -112,7 +112,7 @@ class Pipeline(Facade):
         return pipefile.write(self.spec, path)
 
     def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
-        built = build(spec)
+        built = build_cached(spec, session_cache)
         self.spec = spec
         self._composed, self._labels = built.composed, built.labels
         self._described = built.described  # what a session-cache entry records

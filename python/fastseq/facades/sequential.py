@@ -11,7 +11,7 @@ import onnxruntime as ort
 from fastseq.sources import resolve as loader
 from fastseq.runtime.providers import Provider
 from fastseq.errors import CompositionError
-from fastseq.facades.base import Facade
+from fastseq.facades.base import Facade, build_cached
 from fastseq.runtime.tensors import TensorInfo
 from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
@@ -126,7 +126,7 @@ class ONNXSequential(Facade):
             keep_stages=True,
             adapt=adapt if isinstance(adapt, bool) else list(adapt),
         )
-        built = build(spec)
+        built = build_cached(spec, session_cache)
         self._composed, self._labels = built.composed, built.labels
         self._described = built.described  # what a session-cache entry records
         # The loaded models share their weights with the composed one: combine() composes

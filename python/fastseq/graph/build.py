@@ -7,13 +7,16 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
 from fastseq.errors import CompositionError, FastseqError, OpsetMismatchError
 from fastseq.graph.parts import META_KEYS
 from fastseq.graph.spec import PipelineSpec
 from fastseq.sources import resolve as loader
+
+if TYPE_CHECKING:
+    from fastseq.graph.convert import Store
 
 
 @dataclass
@@ -35,15 +38,17 @@ class Built:
     described: list[str] = field(default_factory=list)
 
 
-def build(spec: PipelineSpec) -> Built:
+def build(spec: PipelineSpec, converted: Store | None = None) -> Built:
     """Resolves every source (downloading where needed), converts opsets when asked and
-    composes the stages in the core. What every entry point runs."""
+    composes the stages in the core. What every entry point runs. ``converted``: where
+    converted stages are kept between starts (the session cache's, from an entry point that
+    has one; see :func:`fastseq.graph.convert.harmonise`)."""
     if not spec.stages:
         raise CompositionError("no models to compose")
     link = spec.external_data == "reuse"
     try:
         try:
-            return _build(spec, link)
+            return _build(spec, link, converted)
         except OpsetMismatchError as e:
             from fastseq.graph import convert  # imports onnx: only on this error path
 
@@ -66,7 +71,7 @@ _NO_ADAPT = {
 }
 
 
-def _build(spec: PipelineSpec, link: bool) -> Built:
+def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
     resolved, loaded = [], []
     load = spec.opset is not None or spec.keep_stages
     for i, st in enumerate(spec.stages):
@@ -93,7 +98,7 @@ def _build(spec: PipelineSpec, link: bool) -> Built:
     if spec.opset is not None:
         from fastseq.graph import convert
 
-        loaded = convert.harmonise(loaded, labels, None if spec.opset == "highest" else int(spec.opset))
+        loaded = convert.harmonise(loaded, labels, None if spec.opset == "highest" else int(spec.opset), converted)
         sources = list(loaded)
     elif load and not link:
         # The core reads the decoded models rather than decoding the sources again. (To

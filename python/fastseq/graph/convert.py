@@ -9,19 +9,29 @@ model already imports the same version.
 
 Neither step needs the weights, so both work on a copy without them: large tensors are
 taken out before and put back after, which keeps the protobuf small (and under the 2 GB
-limit) whatever the model's size."""
+limit) whatever the model's size.
+
+A caller with a store of converted stages (the session cache) keeps each converted copy
+there, under a key made of what the conversion reads and does: the copy without the weights,
+byte for byte, the versions it goes to, and the converter (onnx's version and this module's
+own code). Which stages need converting, and to what, is read from the core's summaries,
+and the key needs no onnx either: a start whose converted stages are all in the store never
+imports onnx (1-2 s). Only domains other than ai.onnx that differ between stages need
+onnx's schemas to settle on a version."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterator
-
-import onnx
-import onnx.version_converter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastseq import _core
 from fastseq.errors import ConversionError, OpsetMismatchError
 
+if TYPE_CHECKING:
+    import onnx
 
 #: What each entry point lets its caller do about differing opsets (the core's message is
 #: neutral: only the entry point knows which of its parameters converts).
@@ -50,6 +60,8 @@ def _shown(domain: str) -> str:
 
 
 def _convert_default(stripped: onnx.ModelProto, source: int, target: int, label: str) -> onnx.ModelProto:
+    import onnx.version_converter
+
     try:
         converted = onnx.version_converter.convert_version(stripped, target)
     except Exception as e:  # the converter raises RuntimeError, ValueError or its own
@@ -62,6 +74,8 @@ def _convert_default(stripped: onnx.ModelProto, source: int, target: int, label:
 
 
 def _raise_ir_version(model: onnx.ModelProto) -> None:
+    import onnx
+
     # A newer opset may need a newer IR version than the model had.
     needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
     model.ir_version = max(model.ir_version, needed)
@@ -81,6 +95,8 @@ def _blocking_op(model: onnx.ModelProto, message: str) -> str | None:
 
 def _nodes(nodes) -> Iterator[onnx.NodeProto]:
     """Every node of ``nodes``, their If/Loop/Scan bodies included."""
+    import onnx
+
     for node in nodes:
         yield node
         for attr in node.attribute:
@@ -119,6 +135,8 @@ def _ops_of(model: onnx.ModelProto, domain: str) -> set[str]:
 def _since(op: str, version: int, domain: str) -> int | None:
     """The version at which ``op`` as seen by ``domain`` ``version`` last changed; None when
     onnx has no schema for it (an unknown domain or operator)."""
+    import onnx
+
     try:
         return onnx.defs.get_schema(op, version, domain).since_version
     except onnx.defs.SchemaError:
@@ -196,26 +214,50 @@ def _dedupe_imports(model: onnx.ModelProto) -> None:
         model.opset_import.extend(kept)
 
 
+class Store(Protocol):
+    """Where converted stages are kept between starts (the session cache's
+    :class:`~fastseq.runtime.cache_entry.ConvertedStages`): ``get`` gives the converted copy
+    kept under ``parts`` (verified) or None, ``put`` keeps one."""
+
+    def get(self, parts: dict[str, Any]) -> bytes | None: ...
+
+    def put(self, parts: dict[str, Any], label: str, data: bytes) -> None: ...
+
+
+#: What a converted stage's key says it is (the key's format: change it to leave old entries).
+KIND = "converted stage 1"
+
+
 def harmonise(
-    models: list[_core.Composed], labels: list[str], target: int | None
+    models: list[_core.Composed], labels: list[str], target: int | None, store: Store | None = None
 ) -> list[_core.Composed]:
     """Brings every domain to one version across ``models``: ai.onnx to ``target`` (else the
     highest) through onnx.version_converter, every other domain to the highest version that
     no model's operators object to. Raises :class:`ConversionError` naming the model, the
-    operator and the versions when that cannot be done."""
+    operator and the versions when that cannot be done. With a ``store``, a stage converted
+    before (the same copy without its weights, to the same versions, by the same converter)
+    is taken from it, and one converted now is kept there."""
     imports: list[dict[str, int]] = []
     for m in models:
         first: dict[str, int] = {}
         for d, v in m.summary()["opsets"]:
             first.setdefault(_domain(d), v)  # the import _dedupe_imports keeps
         imports.append(first)
+    raw: dict[int, bytes] = {}
     stripped: dict[int, onnx.ModelProto] = {}
 
+    def weightless(i: int) -> bytes:
+        # The tensors the core's layout keeps in a model stay: shape and axes constants that
+        # adapters read; the weights go.
+        if i not in raw:
+            raw[i] = models[i].stripped_bytes()
+        return raw[i]
+
     def proto(i: int) -> onnx.ModelProto:
+        import onnx
+
         if i not in stripped:
-            # The tensors the core's layout keeps in a model stay: shape and axes constants
-            # that adapters read; the weights go.
-            stripped[i] = onnx.ModelProto.FromString(models[i].stripped_bytes())
+            stripped[i] = onnx.ModelProto.FromString(weightless(i))
         return stripped[i]
 
     defaults = [imp.get("", 0) for imp in imports]
@@ -227,6 +269,7 @@ def harmonise(
             ops = {i: _ops_of(proto(i), domain) for i in versions}
             goals[domain] = _settle(domain, versions, ops, labels)
 
+    converter = _converter() if store is not None else None
     out = []
     for i, model in enumerate(models):
         moves = {d: g for d, g in goals.items() if imports[i].get(d, g) != g}
@@ -234,12 +277,45 @@ def harmonise(
         if not moves and not convert_default:
             out.append(model)
             continue
-        edited = proto(i)
-        _dedupe_imports(edited)
-        if convert_default:
-            edited = _convert_default(edited, defaults[i], default_goal, labels[i])
-        for domain, goal in moves.items():
-            _set_version(edited, domain, goal)
-        _raise_ir_version(edited)
-        out.append(model.with_weights(edited.SerializeToString(), labels[i]))
+        parts = None
+        if converter is not None:  # None: onnx's version is unknown, nothing is kept
+            parts = {"kind": KIND, "model": hashlib.sha256(weightless(i)).hexdigest(),
+                     "keep_bytes": _core.LAYOUT.threshold,
+                     "ai.onnx": [defaults[i], default_goal] if convert_default else None,
+                     "domains": dict(sorted(moves.items())), **converter}
+        data = store.get(parts) if store is not None and parts is not None else None
+        if data is None:
+            edited = proto(i)
+            _dedupe_imports(edited)
+            if convert_default:
+                edited = _convert_default(edited, defaults[i], default_goal, labels[i])
+            for domain, goal in moves.items():
+                _set_version(edited, domain, goal)
+            _raise_ir_version(edited)
+            data = edited.SerializeToString()
+            if store is not None and parts is not None:
+                store.put(parts, labels[i], data)
+        out.append(model.with_weights(data, labels[i]))
     return out
+
+
+def _converter() -> dict[str, str] | None:
+    """What the converter is: onnx's version (read from its distribution's metadata, without
+    importing it) and this module's code; None when onnx's version cannot be read."""
+    import importlib.util
+
+    version = None
+    spec = importlib.util.find_spec("onnx")
+    if spec is not None and spec.origin:
+        # Beside the package: onnx-<version>.dist-info (one of them, else importlib decides).
+        found = list(Path(spec.origin).parent.parent.glob("onnx-*.dist-info"))
+        if len(found) == 1:
+            version = found[0].name[len("onnx-"):-len(".dist-info")]
+    if version is None:
+        import importlib.metadata  # 0.1-0.2 s (it imports the email package): only when needed
+
+        try:
+            version = importlib.metadata.version("onnx")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    return {"onnx": version, "converter": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()}

@@ -88,14 +88,14 @@ def _new_own_runner(pipe: Any, base: Runner) -> Runner:
         return base
     # The pipeline's own options (the caller's), not the session's: those may hold what the
     # session cache set for that one session (the optimised model's file), which a caller's
-    # options may not name.
+    # options may not name. The runner checks and names errors as the pipeline's own does.
     options = session_copy(pipe._session_options)
     key = "session.intra_op.allow_spinning"
     try:
         options.get_session_config_entry(key)  # the caller's own choice stands
     except Exception:  # onnxruntime raises for an entry that was never set
         options.add_session_config_entry(key, "0")
-    return pipe.runner_for(pipe.create_session(providers, options))
+    return pipe._runner_for(pipe.create_session(providers, options))
 
 
 def run(runner: Runner, requests: list[Request]) -> None:

@@ -120,6 +120,8 @@ class SessionCache:
         seconds since the epoch), ``hits``, ``damaged`` (True for an entry whose manifest
         cannot be read) and, for an entry that is not used (a link, another user's),
         ``refused`` (why). Raises FastseqError if the folder is not a fastseq session cache."""
+        # Also ``kind``: "session", or "converted stage" (a stage kept converted to another
+        # opset, see graph/convert.py) with the ``onnx`` version that converted it.
         with _maintained(self.path) as root:
             return [] if root is None else _listing(root)
 
@@ -194,7 +196,7 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
                 times.append(st.st_mtime)
         out: dict[str, Any] = {"key": key, "bytes": sizes, "used": max(times, default=None), "hits": 0,
                                "labels": None, "providers": None, "onnxruntime": None, "created": None,
-                               "model": None, "damaged": False}
+                               "model": None, "damaged": False, "kind": "session"}
         try:
             check_own(os.fstat(fd), "the entry")
             for name, st in files:
@@ -203,9 +205,15 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
                 check_own(st, name)
             manifest = json.loads(read_file(fd, MANIFEST, MANIFEST, MANIFEST_LIMIT))
             parts = manifest["key"]
-            out.update(labels=manifest.get("labels"), created=manifest.get("created"),
-                       providers=[p if isinstance(p, str) else p[0] for p in parts["providers"]],
-                       onnxruntime=parts["onnxruntime"], model=parts.get("model"))
+            out.update(labels=manifest.get("labels"), created=manifest.get("created"), model=parts.get("model"))
+            if str(parts.get("kind", "")).startswith("converted stage"):  # see graph/convert.py
+                goals = ([f"ai.onnx {parts['ai.onnx'][1]}"] if parts.get("ai.onnx") else []) + [
+                    f"{d} {v}" for d, v in (parts.get("domains") or {}).items()]
+                out.update(kind="converted stage", onnx=parts.get("onnx"), providers=[],
+                           labels=[f"{label} (converted to {', '.join(goals)})" for label in out["labels"] or []])
+            else:
+                out.update(providers=[p if isinstance(p, str) else p[0] for p in parts["providers"]],
+                           onnxruntime=parts["onnxruntime"])
         except Refused as e:
             out["refused"] = str(e)
         except (OSError, ValueError, RecursionError, KeyError, TypeError, IndexError):

@@ -349,5 +349,72 @@ def _seal(root: Root, temp: Temp, key: str, parts: dict[str, Any], labels: Seque
     return root.path / key
 
 
+class ConvertedStages:
+    """Stages converted to other opsets (:func:`fastseq.graph.convert.harmonise`) kept in the
+    session cache, so that a later start of the same pipeline neither converts them again
+    nor imports onnx. Each is an entry like a session's, held and verified the same way
+    (:func:`_lookup`): its ``model.onnx`` is the converted stage without its large weights,
+    its key what the conversion read and did (see ``harmonise``), its labels the stage's.
+    Reading or writing failures are warnings, and the stage is converted as without a cache.
+    Use it as a context manager: the root is opened once, on first use."""
+
+    #: the largest converted stage read (a stage without its weights: graphs, small tensors)
+    LIMIT = 2 << 30
+
+    def __init__(self, cache: SessionCache) -> None:
+        self.cache = cache
+        self._root: Root | None = None
+        self._opened = False
+
+    def _open(self) -> Root | None:
+        if not self._opened:
+            self._opened = True
+            self._root = _open_root(self.cache.path)
+        return self._root
+
+    def get(self, parts: dict[str, Any]) -> bytes | None:
+        """The converted stage kept under ``parts``, verified, or None."""
+        root = self._open()
+        if root is None:
+            return None
+        key = key_of(parts)
+        try:
+            found = _lookup(root, key, parts)
+            if found is None:
+                return None
+            with found:
+                data = read_file(found.folder.fd, MODEL, f"session cache entry {root.path / key}", self.LIMIT)
+                if not found.verified():
+                    return None
+                found.count_hit()
+            return data
+        except (Refused, OSError) as e:
+            warn(f"{e}; not using the session cache for a converted stage (remove the entry by hand if it is not "
+                 "yours)" if isinstance(e, Refused) else
+                 f"session cache {root.path}: could not read a converted stage ({e}); converting it")
+            return None
+
+    def put(self, parts: dict[str, Any], label: str, data: bytes) -> None:
+        """Keeps ``data``, the stage ``label`` converted, under ``parts``."""
+        root = self._open()
+        if root is None:
+            return
+        try:
+            root.sweep()  # what killed writers left
+            with root.temp() as temp:
+                write_file(temp.fd, MODEL, data)
+                _seal(root, temp, key_of(parts), parts, [label], self.cache.max_size)
+        except (OSError, Refused) as e:
+            warn(f"session cache {root.path}: could not keep a converted stage ({e}); not caching it")
+
+    def __enter__(self) -> ConvertedStages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._root is not None:
+            self._root.close()
+            self._root = None
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

@@ -72,7 +72,8 @@ def export(
     if not needs_onnx:
         composed.save(str(target), external_data=external, threshold=threshold)
         return target
-    return _export_with_onnx(composed, target, external, threshold, kwargs)
+    # The model as the core writes files (its stage map in its metadata), for onnx.save.
+    return _export_with_onnx(composed.for_file(), target, external, threshold, kwargs)
 
 
 def _export_with_onnx(

@@ -1,10 +1,13 @@
 """Where a pipeline spends its time, in the stages' own names.
 
 ONNX Runtime's profiler runs on a profiling session of the composed model (the pipeline's
-own session is untouched) and reports every kernel under its merged node name; the core's
-origins map each of them back to its stage and its own name. Time that no stage's node
-spent (the executor between nodes, copies, adapters the merge inserted) is the
-``unassigned`` rest: stage times plus the rest make up the run."""
+own session is untouched) and reports every kernel under its merged node name and its node
+index. The core attributes every node of the composed model to its stage by position (its
+origins, or the stage map of a file it wrote), and gives every node that had no name one
+that says its stage (``heavy/MatMul_3``), so a kernel is found by its node index where ONNX
+Runtime loaded the node as it is, else by its name (fused kernels keep the first node's).
+Time that no stage's node spent (the executor between nodes, copies, adapters the merge
+inserted) is the ``unassigned`` rest: stage times plus the rest make up the run."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,11 +74,16 @@ class Profile:
     runs: int
     session_s: float
     providers: tuple[str, ...]
+    #: why the stages could not be told apart (a file whose stage map does not fit its
+    #: nodes), set by the profiler
+    note: str | None = field(default=None, init=False)
 
     @property
     def hottest(self) -> StageTime | None:
         """The stage with the most time (None for a pipeline without nodes)."""
-        return max(self.stages, key=lambda s: s.ms, default=None)
+        # The largest share, and none when no stage took any time (nothing to point at).
+        best = max(self.stages, key=lambda s: s.share, default=None)
+        return best if best is not None and best.share > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain data (JSON-ready)."""
@@ -96,6 +104,7 @@ class Profile:
             ],
             "unassigned": {"ms": self.unassigned_ms, "share": self.unassigned_share,
                            "nodes": nodes(self.unassigned_nodes)},
+            "note": self.note,
         }
 
     def stage_labels(self) -> dict[str, str]:
@@ -110,6 +119,8 @@ class Profile:
             f"on {', '.join(self.providers)}",
             f"{'stage':<{width}}  {'ms/run':>9}  {'share':>6}  {'nodes':>6}",
         ]
+        if self.note:
+            lines.insert(1, f"note: {self.note}")
 
         def node_lines(items: tuple[NodeTime, ...]) -> None:
             for n in items:
@@ -169,26 +180,22 @@ def check_runs(runs: Any, warmup: Any) -> None:
 
 
 class _Graph:
-    """The merged graph's top-level nodes, each with its stage and its own name."""
+    """The composed model's top-level nodes, each with its stage (the core's attribution)
+    and its own name."""
 
     def __init__(self, composed: _core.Composed) -> None:
-        import onnx
-
         stages, renamed = composed.origins()
-        inserted = composed.inserted_nodes()
-        nodes = onnx.ModelProto.FromString(composed.stripped_bytes()).graph.node
+        nodes = composed.nodes()
         self.labels = [label for label, _, _ in stages]
-        self.names = [n.name for n in nodes]
-        self.ops = [n.op_type for n in nodes]
+        self.names = [name for name, _, _, _ in nodes]
+        self.ops = [op for _, op, _, _ in nodes]
+        self.stage = [stage for _, _, _, stage in nodes]  # -1: inserted between stages (an adapter)
         self.size = len(nodes)
-        self.stage = [-1] * self.size  # -1: inserted between stages (an adapter)
         self.counts = [0] * len(stages)
-        for k, (_, first, end) in enumerate(stages):
-            # The adapters the core inserts on an edge (a Cast, an (Un)squeeze) come first in
-            # the range of the stage they feed: glue between stages, not the stage's work.
-            first = min(first + inserted[k], end)
-            self.stage[first:end] = [k] * (end - first)
-            self.counts[k] = end - first
+        for k in self.stage:
+            if k >= 0:
+                self.counts[k] += 1
+        self.note = composed.stage_map_note()
         self.renamed = renamed
         self.by_name: dict[str, int] = {}
         for i, name in enumerate(self.names):
@@ -196,7 +203,7 @@ class _Graph:
                 self.by_name.setdefault(name, i)
         # ONNX Runtime numbers the nodes it loads in order, but turns Constant nodes into
         # initializers: its node_index k is the k-th other node.
-        self.loaded = [i for i, n in enumerate(nodes) if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))]
+        self.loaded = [i for i, (_, op, domain, _) in enumerate(nodes) if not (op == "Constant" and domain in ("", "ai.onnx"))]
         self._found: dict[tuple[str, int | None, str | None], tuple[int, str, str]] = {}
 
     def resolve(self, name: str, node_index: int | None, op: str | None) -> tuple[int, str, str]:
@@ -204,23 +211,26 @@ class _Graph:
         key = (name, node_index, op)
         found = self._found.get(key)
         if found is None:
-            hit = self._locate(name, node_index)
+            hit = self._locate(name, node_index, op)
             if hit is None:  # a node ONNX Runtime made that no merged node's name leads to
                 found = (-1, name, op or "?")
             else:
                 i, merged = hit
-                found = (self.stage[i], self.own_name(merged, name), op or self.ops[i])
+                found = (self.stage[i], self.own_name(merged, name) if merged else name, op or self.ops[i])
             self._found[key] = found
         return found
 
-    def _locate(self, name: str, node_index: int | None) -> tuple[int, str] | None:
+    def _locate(self, name: str, node_index: int | None, op: str | None) -> tuple[int, str] | None:
+        # The node as loaded: its index, where its name agrees (a node without a name gets
+        # one from ONNX Runtime, "<op_type>_<n>"; a fused node gets an index of its own).
+        if node_index is not None and node_index < len(self.loaded):
+            i = self.loaded[node_index]
+            if self.names[i] == name or (not self.names[i] and (op or self.ops[i]) == self.ops[i]
+                                         and name.startswith(self.ops[i])):
+                return i, self.names[i]
         hit = self.by_name.get(name)
         if hit is not None:
             return hit, name
-        if node_index is not None and node_index < len(self.loaded):
-            i = self.loaded[node_index]
-            if not name or self.names[i] == name:
-                return i, self.names[i]
         # Fused nodes keep the first node's name, decorated: "fused X", "X/MatMulAddFusion",
         # "X_token_3", ...
         candidate = name.split(" ", 1)[1] if " " in name else name
@@ -339,5 +349,7 @@ def _summarise(
         if graph.counts[k]
     )
     rest = total - sum(per_stage) / n
-    return Profile(stages, total / 1000, rest / 1000, rest / total if total else 0.0, slowest(-1), n, session_s,
-                   providers)
+    profile = Profile(stages, total / 1000, rest / 1000, rest / total if total else 0.0, slowest(-1), n, session_s,
+                      providers)
+    object.__setattr__(profile, "note", graph.note)  # frozen: set once, here
+    return profile

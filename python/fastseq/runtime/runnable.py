@@ -66,11 +66,10 @@ class Runnable:
         self._session_options = session_options
         self._cache = cache.root_from(session_cache)
         self.session_info: dict[str, Any] = {}
-        self._runner = self.runner_for(self._new_session(providers, session_options, self.session_info))
+        self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
         check_provider_options(providers, self._runner.session)  # options a provider does not have
 
-    def runner_for(self, new_session: ort.InferenceSession) -> Runner:
-        """A runner over ``new_session`` (from :meth:`create_session`), checked and named as the pipeline's own."""
+    def _runner_for(self, new_session: ort.InferenceSession) -> Runner:
         undeclared = unshaped(new_session.get_inputs(), new_session.get_outputs(), self._composed.stripped_bytes)
         return Runner(new_session, explain=self._explain, reader=self._reader, unshaped=undeclared)
 
@@ -89,8 +88,10 @@ class Runnable:
         from fastseq.runtime.explain import explain, node_names
 
         stages, renamed = self._stage_origins()
+        # The origins' stages: the pipeline's, or those of the stage map of a file it loaded.
+        labels = [label for label, _, _ in stages] if len(stages) > 1 else self._labels
         return explain(
-            error, self._labels, renamed, [(first, end) for _, first, end in stages],
+            error, labels, renamed, [(first, end) for _, first, end in stages],
             lambda: node_names(self._composed),
         )
 
@@ -161,7 +162,7 @@ class Runnable:
 
     def set_session(self, new_session: ort.InferenceSession) -> None:
         """Runs calls on ``new_session`` from now on (its inputs are read again)."""
-        self._runner = self.runner_for(new_session)
+        self._runner = self._runner_for(new_session)
 
     def _switch(self, providers: list[Provider]) -> Runnable:
         self._providers = providers
@@ -279,9 +280,8 @@ class Runnable:
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
-    def batcher(
-        self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False, share_session: bool = False
-    ) -> Batcher:
+    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False,
+                share_session: bool = False) -> Batcher:
         """Dynamic batching for many concurrent callers (``batcher(x)`` from threads, ``await
         batcher.run_async(x)`` from coroutines): one worker joins everything queued along the batch
         axis and runs it once, on the CPU on a session of its own (``share_session=True``: on this one);

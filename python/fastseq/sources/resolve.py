@@ -61,7 +61,10 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
     if isinstance(model, str) and model.startswith("builtin:"):
         return resolve_builtin(model)
     if isinstance(model, _core.Composed):
-        return Resolved(model, f"model #{index}")
+        # A model the core holds keeps the label it was loaded under (a pipeline's stages,
+        # composed again by combine(): the same stages, the same names for their nodes).
+        labels = [st["label"] for st in model.plan()["stages"]]
+        return Resolved(model, labels[0] if len(labels) == 1 and labels[0] else f"model #{index}")
     if isinstance(model, (str, os.PathLike)):
         path = Path(os.fspath(model)).expanduser()
         try:

@@ -11,6 +11,8 @@
 //!
 //! Nothing is trusted: [`check`] validates every node when a model is decoded, as prost
 //! would have, and the scanners here return "not plain" instead of panicking on bad bytes.
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
@@ -189,6 +191,48 @@ pub fn call_of(raw: &[u8]) -> (&str, &str) {
     (domain, overload)
 }
 
+/// A node's (name, op_type, domain) as their bytes, empty for an absent one; the last
+/// occurrence of a field wins, as in protobuf. Strings may hold any bytes (protobuf and onnx
+/// take them, and fastseq keeps them): a name that is not UTF-8 is still a name.
+pub fn head_bytes(raw: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let (mut name, mut op, mut domain): (&[u8], &[u8], &[u8]) = (b"", b"", b"");
+    for f in fields(raw).flatten() {
+        match (f.tag, f.wire) {
+            (NAME, LEN) => name = f.value,
+            (OP_TYPE, LEN) => op = f.value,
+            (DOMAIN, LEN) => domain = f.value,
+            _ => {}
+        }
+    }
+    (name, op, domain)
+}
+
+/// [`head_bytes`] as text, for people and Python: bytes that are not UTF-8 read as U+FFFD.
+pub fn head(raw: &[u8]) -> (Cow<'_, str>, Cow<'_, str>, Cow<'_, str>) {
+    let (name, op, domain) = head_bytes(raw);
+    (String::from_utf8_lossy(name), String::from_utf8_lossy(op), String::from_utf8_lossy(domain))
+}
+
+/// Appends to `out` the node `raw` with `name` as its name: an empty name field is dropped,
+/// and the new one goes where protobuf writes it (after the outputs, before the op_type);
+/// every other field is copied as it is. For a node without a name (see [`head`]).
+pub fn write_named(raw: &[u8], name: &str, out: &mut Vec<u8>) {
+    let mut placed = false;
+    for f in fields(raw).flatten() {
+        if f.tag == NAME {
+            continue;
+        }
+        if !placed && f.tag > NAME {
+            write_string(NAME, name, out);
+            placed = true;
+        }
+        out.extend_from_slice(f.raw);
+    }
+    if !placed {
+        write_string(NAME, name, out);
+    }
+}
+
 /// Appends a length-delimited string field.
 pub fn write_string(tag: u32, s: &str, out: &mut Vec<u8>) {
     encode_key(tag, WireType::LengthDelimited, out);
@@ -265,6 +309,30 @@ mod tests {
         let raw = encode(&ints);
         assert!(is_plain(&raw));
         assert!(!has_tensors_or_graphs(&raw));
+    }
+
+    #[test]
+    fn a_name_goes_where_protobuf_writes_it() {
+        let mut unnamed = node(&["a"], &["b"]);
+        unnamed.name = None;
+        unnamed.domain = Some("ai.onnx".into());
+        let raw = encode(&unnamed);
+        assert_eq!(head_bytes(&raw), (&b""[..], &b"Add"[..], &b"ai.onnx"[..]));
+        let mut out = Vec::new();
+        write_named(&raw, "stage/Add_0", &mut out);
+        let named = NodeProto { name: Some("stage/Add_0".into()), ..unnamed.clone() };
+        assert_eq!(out, encode(&named).to_vec(), "the bytes prost writes for the named node");
+        // An empty name field is replaced, not repeated.
+        let empty = encode(&NodeProto { name: Some(String::new()), ..unnamed });
+        let mut out = Vec::new();
+        write_named(&empty, "n", &mut out);
+        assert_eq!(head(&out).0, "n");
+        // A name that is not UTF-8 is a name all the same (kept byte for byte), and reads
+        // as U+FFFD where it is shown.
+        let odd = [(NAME << 3) as u8 | LEN, 2, 0xff, 0xfe];
+        assert_eq!(head_bytes(&odd).0, b"\xff\xfe");
+        assert_eq!(head(&odd).0, "\u{fffd}\u{fffd}");
+        assert_eq!(fields(&out).flatten().filter(|f| f.tag == NAME).count(), 1);
     }
 
     #[test]

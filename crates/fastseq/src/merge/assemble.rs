@@ -11,6 +11,7 @@ use crate::codec::proto::tensor_shape_proto::dimension::Value as Dim;
 use crate::codec::proto::{
     AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, ValueInfoProto,
 };
+use crate::merge::metadata::kept_in_merge;
 use crate::merge::options::Options;
 use crate::merge::plan::adapters::Adapter;
 use crate::merge::plan::parts::Plan;
@@ -219,6 +220,9 @@ pub fn assemble(
         out.training_info.extend(m.training_info);
         out.configuration.extend(m.configuration);
         for p in m.metadata_props {
+            if !kept_in_merge(p.key.as_deref().unwrap_or(""), opts.rules) {
+                continue;
+            }
             let key = (p.key.clone().unwrap_or_default(), p.value.clone().unwrap_or_default());
             if meta_seen.insert(key) {
                 out.metadata_props.push(p);

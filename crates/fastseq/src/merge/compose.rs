@@ -2,19 +2,24 @@
 //! says what connects to what, [`crate::merge::final_names`] gives every value and node its
 //! final name, [`crate::merge::rename`] renames, and [`crate::merge::assemble`] lays the
 //! result out.
+use std::borrow::Cow;
+
 use bumpalo::Bump;
 use rayon::prelude::*;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::codec::model::MAX_IR_VERSION;
+use crate::codec::node;
 use crate::codec::proto::ModelProto;
 use crate::codec::structure::naming_problem;
 use crate::error::{Error, Result};
 use crate::merge::assemble::assemble;
 use crate::merge::dedupe::{dedupe, Deduped};
 use crate::merge::final_names::{
-    assign_function_names, assign_node_names, assign_value_names, name_adapter_nodes, Renamed, ValueNames,
+    assign_function_names, assign_node_names, assign_value_names, name_adapter_nodes, name_unnamed_nodes,
+    unnamed_nodes, Renamed, ValueNames,
 };
+use crate::merge::metadata::with_metadata;
 use crate::merge::onnx_rules::Frame;
 use crate::merge::opsets::{merge_opsets, merged_ir_version};
 use crate::merge::options::{Edge, Options, Rules};
@@ -23,7 +28,8 @@ use crate::merge::plan::parts::PruneReport;
 use crate::merge::plan::prune::leave_out;
 use crate::merge::plan::view::PlanView;
 use crate::merge::plan::wiring::{check_wiring, in_graph_order};
-use crate::merge::rename::{function_key, walk_model, NameSet, Renamer};
+use crate::merge::rename::{function_key, name_unnamed, walk_model, NameSet, Renamer};
+use crate::merge::stage_map::{self, Stage};
 
 /// What the composition did besides merging.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,6 +58,11 @@ pub struct Origins {
     /// Per stage: its values' renames, then its nodes'.
     pub values: Vec<Renamed>,
     pub node_names: Vec<Renamed>,
+    /// The stages' labels, in the order of `nodes`: the composition's, or those of the
+    /// stage map of the one model composed (see [`crate::merge::stage_map`]).
+    pub labels: Vec<String>,
+    /// Why the stage map the model holds was ignored (it does not fit its nodes), if it was.
+    pub note: Option<String>,
 }
 
 impl Origins {
@@ -88,10 +99,96 @@ pub struct Composition {
 
 impl Composition {
     /// One model on its own, as a composition of one stage: its plan exposes its inputs
-    /// and outputs as they are.
+    /// and outputs as they are. A stage map in its metadata that fits its nodes gives the
+    /// origins its stages (a model that fastseq composed and wrote); one that does not fit is
+    /// ignored, with a note.
     pub fn single(model: ModelProto, label: &str) -> Composition {
         let plan = PlanView::single(&model, label);
-        Composition { model, labels: vec![label.to_string()], plan, ..Default::default() }
+        let mut origins = Origins::default();
+        if let Some(parsed) = stage_map::parse(&model) {
+            take_stage_map(&mut origins, parsed, &model);
+        }
+        Composition { model, labels: vec![label.to_string()], plan, origins, ..Default::default() }
+    }
+
+    /// The stages, in graph order, as the stage map writes them.
+    pub fn stages(&self) -> Vec<Stage> {
+        let o = &self.origins;
+        o.nodes
+            .iter()
+            .enumerate()
+            .map(|(k, &(first, end))| Stage {
+                label: o.labels.get(k).or(self.labels.get(k)).cloned().unwrap_or_default(),
+                first,
+                end,
+                inserted: o.inserted.get(k).copied().unwrap_or(0),
+            })
+            .collect()
+    }
+
+    /// Every top-level node of the model, in order, with the stage it belongs to by
+    /// position (see [`Composition::stages`]): None for the nodes the merge inserted between
+    /// stages (adapters) and for a model without stages.
+    pub fn nodes(&self) -> Vec<NodeOrigin> {
+        let Some(g) = self.model.graph.as_ref() else { return Vec::new() };
+        let mut stage = vec![None; g.node.len()];
+        for (k, s) in self.stages().iter().enumerate() {
+            let first = (s.first + s.inserted).min(s.end);
+            for x in stage.iter_mut().take(s.end).skip(first) {
+                *x = Some(k);
+            }
+        }
+        g.node
+            .iter()
+            .zip(stage)
+            .map(|(raw, stage)| {
+                let (name, op, domain) = node::head(raw);
+                NodeOrigin { name: name.into_owned(), op_type: op.into_owned(), domain: domain.into_owned(), stage }
+            })
+            .collect()
+    }
+
+    /// The model as fastseq writes it to a file: its stage map in its metadata (see
+    /// [`crate::merge::stage_map`]) when it has two stages or more; a map it holds otherwise
+    /// (read with it, and ignored) is left out, since it does not fit.
+    pub fn for_file(&self) -> Cow<'_, ModelProto> {
+        let map = stage_map::encode(&self.stages(), &self.model);
+        let held = self.model.metadata_props.iter().any(|p| p.key.as_deref() == Some(stage_map::KEY));
+        match map {
+            Some(map) => Cow::Owned(with_metadata(&self.model, &[(stage_map::KEY.to_string(), map)])),
+            None if held => {
+                let mut model = self.model.clone();
+                model.metadata_props.retain(|p| p.key.as_deref() != Some(stage_map::KEY));
+                Cow::Owned(model)
+            }
+            None => Cow::Borrowed(&self.model),
+        }
+    }
+}
+
+/// One top-level node of a composed model: its name, op_type and domain, and its stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeOrigin {
+    pub name: String,
+    pub op_type: String,
+    pub domain: String,
+    /// The index of its stage in [`Composition::stages`]; None for an adapter or a model
+    /// without stages.
+    pub stage: Option<usize>,
+}
+
+/// Origins from a parsed stage map that fits `model`'s nodes, or the note saying why not.
+fn take_stage_map(origins: &mut Origins, parsed: stage_map::Parsed, model: &ModelProto) {
+    let Some(g) = model.graph.as_ref() else { return };
+    match parsed.and_then(|p| stage_map::fit(p, g)) {
+        Ok(stages) => {
+            origins.nodes = stages.iter().map(|s| (s.first, s.end)).collect();
+            origins.inserted = stages.iter().map(|s| s.inserted).collect();
+            origins.values = vec![Renamed::default(); stages.len()];
+            origins.node_names = vec![Renamed::default(); stages.len()];
+            origins.labels = stages.into_iter().map(|s| s.label).collect();
+        }
+        Err(note) => origins.note = Some(note),
     }
 }
 
@@ -149,6 +246,14 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         Deduped::default()
     };
     let declared = PlanView::declared_io(&models);
+    // The stage map of a model composed on its own (the merged graph drops the stages' maps).
+    let one_map = if n == 1 && opts.rules == Rules::Fastseq { stage_map::parse(&models[0]) } else { None };
+    // fastseq's own compositions name the nodes that have none (onnx.compose leaves them
+    // unnamed, and its drop-in does as it does).
+    let unnamed = match opts.rules {
+        Rules::Fastseq => unnamed_nodes(&models, plan.kept.as_ref().map(|k| &k.nodes[..])),
+        Rules::OnnxCompose => vec![Vec::new(); n],
+    };
     leave_out(&mut plan, &mut models);
     let frame = match opts.rules {
         Rules::OnnxCompose => Some(Frame::of(&models, labels, opts)?),
@@ -170,17 +275,19 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     let view = PlanView::of(&models, labels, &given, &plan, graph_form, &values.maps).with_declared(declared);
     let ValueNames { maps: value_maps, adapters, renamed: value_renamed } = values;
     let (node_maps, node_renamed): (Vec<_>, Vec<_>) = nodes.into_iter().unzip();
-    let adapters = name_adapter_nodes(adapters, &plan, &names);
+    let given = name_unnamed_nodes(&unnamed, labels, &names, &node_maps);
+    let adapters = name_adapter_nodes(adapters, &plan, &names, &given);
     let mut renamers: Vec<Renamer> = value_maps
         .into_iter()
         .zip(node_maps)
         .map(|(values, nodes)| Renamer { values, nodes, ..Default::default() })
         .collect();
     let dropped_functions = assign_function_names(&models, &mut renamers);
-    models.par_iter_mut().zip(renamers.par_iter_mut()).for_each(|(m, r)| {
+    models.par_iter_mut().zip(renamers.par_iter_mut()).zip(&given).for_each(|((m, r), given)| {
         if !r.is_identity() {
             walk_model(m, r)
         }
+        name_unnamed(m.graph.as_mut().expect("checked on entry"), given);
     });
     drop((renamers, names));
     // Freeing the arenas is off the caller's path.
@@ -206,7 +313,21 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
         unused_outputs: plan.unused.clone(),
         unproven,
     };
-    let origins = Origins { nodes: ranges, inserted, values: value_renamed, node_names: node_renamed };
+    let mut origins = Origins {
+        nodes: ranges,
+        inserted,
+        values: value_renamed,
+        node_names: node_renamed,
+        labels: labels.to_vec(),
+        note: None,
+    };
+    // One model composed on its own keeps the stages its map names, when the map fits what
+    // the composition made of it (nothing renamed, pruned or named).
+    if let Some(parsed) = one_map {
+        if origins.values.iter().chain(&origins.node_names).all(|r| r.iter().next().is_none()) {
+            take_stage_map(&mut origins, parsed, &model);
+        }
+    }
     Ok(Composition { model, labels: labels.to_vec(), plan: view, report, origins })
 }
 
@@ -383,6 +504,36 @@ mod tests {
         assert_eq!(node_at(&g, 6).output, ["out"]);
         assert!(c.report.unused_outputs.is_empty() && c.report.pruned == PruneReport::default());
         assert_eq!(c.origins.nodes, [(0, 2), (2, 4), (4, 6), (6, 7)]);
+    }
+
+    #[test]
+    fn a_written_model_keeps_its_stages_and_a_merge_drops_a_stages_map() {
+        use crate::merge::compose::Composition;
+        use crate::merge::stage_map::KEY;
+        let c = compose(vec![scale(1), scale(1), scale(1)], &labels(3), &Options::default()).unwrap();
+        assert!(c.model.metadata_props.is_empty(), "only a file gets the map");
+        let written = c.for_file().into_owned();
+        let has_map = |m: &ModelProto| m.metadata_props.iter().any(|p| p.key.as_deref() == Some(KEY));
+        assert!(has_map(&written));
+        // Read back on its own, loaded or composed alone: its three stages.
+        let loaded = Composition::single(written.clone(), "merged.onnx");
+        assert_eq!(loaded.stages(), c.stages());
+        assert_eq!(loaded.origins.labels, labels(3));
+        let alone = compose(vec![written.clone()], &["merged.onnx".into()], &Options::default()).unwrap();
+        assert_eq!(alone.stages(), c.stages());
+        assert!(!has_map(&alone.model) && has_map(&alone.for_file()));
+        // A stage of a larger composition: its map says nothing of the merged graph.
+        let opts = Options { io_maps: Some(vec![vec![("y".into(), "x".into())]]), ..Default::default() };
+        let larger = compose(vec![written.clone(), scale(1)], &labels(2), &opts).unwrap();
+        assert!(!has_map(&larger.model));
+        assert_eq!(larger.stages().iter().map(|s| s.label.as_str()).collect::<Vec<_>>(), ["m0.onnx", "m1.onnx"]);
+        // Edited elsewhere (a node dropped): ignored with a note, and not written again.
+        let mut edited = written;
+        edited.graph.as_mut().unwrap().node.pop();
+        let loaded = Composition::single(edited, "edited.onnx");
+        assert!(loaded.stages().is_empty());
+        assert!(loaded.origins.note.as_deref().unwrap().contains("is of 6 nodes, the graph has 5"));
+        assert!(!has_map(&loaded.for_file()));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use rayon::prelude::*;
 
 use crate::codec::graph::{graph, vi_name};
+use crate::codec::node;
 use crate::codec::proto::ModelProto;
 use crate::merge::assemble::AdapterNames;
 use crate::merge::plan::parts::{Plan, Target};
@@ -209,15 +210,80 @@ pub fn assign_node_names<'a>(
         .collect()
 }
 
-/// The adapters' names: values from the naming step, nodes fresh among every node name.
+/// Per model, the (index, op_type) of each top-level node that has no name, in order. Read
+/// before anything is left out (`kept`, the nodes pruning keeps, when it left some out): the
+/// index is the node's position in the stage's own graph, what the stage's author can find.
+pub fn unnamed_nodes(models: &[ModelProto], kept: Option<&[Vec<bool>]>) -> Vec<Vec<(usize, String)>> {
+    models
+        .par_iter()
+        .enumerate()
+        .map(|(k, m)| {
+            let keep = kept.and_then(|masks| masks.get(k));
+            graph(m)
+                .node
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| keep.is_none_or(|mask| mask.get(*i).copied().unwrap_or(true)))
+                .filter_map(|(i, raw)| {
+                    // Any bytes make a name (one that is not UTF-8 included): kept as it is.
+                    let (name, op, _) = node::head_bytes(raw);
+                    name.is_empty().then(|| (i, String::from_utf8_lossy(op).into_owned()))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Names for the top-level nodes that have none (see [`unnamed_nodes`]), per model in order:
+/// `<stage label>/<op_type>_<index>`, which says the stage, the operator and where the node
+/// sits in the stage's own graph, so that ONNX Runtime's profiles and errors, which name
+/// nodes, name the stage too. Never any node's name in any stage (subgraphs included), nor a
+/// renamed node's new name, nor another such name (a clash takes a `_1`, `_2`, ... suffix);
+/// the same composition gives the same names.
+pub fn name_unnamed_nodes(
+    unnamed: &[Vec<(usize, String)>],
+    labels: &[String],
+    names: &[NameSet],
+    node_maps: &[FxHashMap<&str, &str>],
+) -> Vec<Vec<String>> {
+    if unnamed.iter().all(Vec::is_empty) {
+        return vec![Vec::new(); unnamed.len()];
+    }
+    let renamed: FxHashSet<&str> = node_maps.iter().flat_map(|m| m.values().copied()).collect();
+    let mut used: FxHashSet<String> = FxHashSet::default();
+    unnamed
+        .iter()
+        .zip(labels)
+        .map(|(nodes, label)| {
+            nodes
+                .iter()
+                .map(|(i, op)| {
+                    let op = if op.is_empty() { "node" } else { op.as_str() };
+                    let name = fresh(&format!("{label}/"), &format!("{op}_{i}"), |c| {
+                        !used.contains(c) && !renamed.contains(c) && names.iter().all(|s| !s.nodes.contains(c))
+                    });
+                    used.insert(name.clone());
+                    name
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The adapters' names: values from the naming step, nodes fresh among every node name
+/// (`given`: the names given to nodes that had none).
 pub fn name_adapter_nodes(
     adapters: Vec<(String, String, String, String)>,
     plan: &Plan,
     names: &[NameSet],
+    given: &[Vec<String>],
 ) -> Vec<AdapterNames> {
+    let given: FxHashSet<&str> = given.iter().flatten().map(String::as_str).collect();
     let mut used: FxHashSet<String> = FxHashSet::default();
     let mut pick = |base: String| {
-        let name = fresh("fastseq/", &base, |c| !used.contains(c) && names.iter().all(|s| !s.nodes.contains(c)));
+        let name = fresh("fastseq/", &base, |c| {
+            !used.contains(c) && !given.contains(c) && names.iter().all(|s| !s.nodes.contains(c))
+        });
         used.insert(name.clone());
         name
     };
@@ -283,6 +349,58 @@ pub fn assign_function_names(models: &[ModelProto], renamers: &mut [Renamer]) ->
 #[cfg(test)]
 mod tests {
     use crate::merge::testing::*;
+
+    fn unnamed(mut m: ModelProto) -> ModelProto {
+        for raw in &mut m.graph.as_mut().unwrap().node {
+            let mut n = crate::codec::node::decode(raw).unwrap();
+            n.name = None;
+            *raw = crate::codec::node::encode(&n);
+        }
+        m
+    }
+
+    fn node_names(g: &GraphProto) -> Vec<String> {
+        (0..g.node.len()).map(|k| node_at(g, k).name.unwrap_or_default()).collect()
+    }
+
+    #[test]
+    fn unnamed_nodes_are_named_after_their_stage_never_as_another_node() {
+        // Stage 0's own node is called what stage 1's unnamed Mul would be.
+        let mut first = unnamed(scale(1));
+        let g = first.graph.as_mut().unwrap();
+        let mut relu = node_at(g, 1);
+        relu.name = Some("m1.onnx/Mul_0".into());
+        g.node[1] = crate::codec::node::encode(&relu);
+        let c = compose(vec![first, unnamed(scale(1)), scale(1)], &labels(3), &Options::default()).unwrap();
+        let g = c.model.graph.as_ref().unwrap();
+        assert_eq!(
+            node_names(g),
+            ["m0.onnx/Mul_0", "m1.onnx/Mul_0", "m1.onnx/Mul_0_1", "m1.onnx/Relu_1", "mul", "relu"]
+        );
+        // The same composition gives the same names.
+        let again = compose(vec![unnamed(scale(1)), unnamed(scale(1))], &labels(2), &Options::default()).unwrap();
+        let twice = compose(vec![unnamed(scale(1)), unnamed(scale(1))], &labels(2), &Options::default()).unwrap();
+        assert_eq!(node_names(again.model.graph.as_ref().unwrap()), node_names(twice.model.graph.as_ref().unwrap()));
+        // onnx.compose's rules leave them unnamed, as onnx.compose does.
+        let opts = Options { rules: crate::merge::options::Rules::OnnxCompose, ..Default::default() };
+        let c = compose(vec![unnamed(scale(1)), unnamed(scale(1))], &labels(2), &opts).unwrap();
+        assert!(node_names(c.model.graph.as_ref().unwrap()).iter().all(String::is_empty));
+    }
+
+    #[test]
+    fn an_unnamed_nodes_index_is_its_place_in_its_own_graph_whatever_pruning_leaves() {
+        // A graph: stage 1 has a branch nothing uses (pruned) before the Mul it keeps.
+        let mut second = unnamed(distinct(2.0));
+        let g = second.graph.as_mut().unwrap();
+        g.node
+            .insert(0, crate::codec::node::encode(&NodeProto { name: None, ..node_proto("Neg", &["x"], &["unused"]) }));
+        g.output.push(vi("unused", 1, &[2, 4]));
+        let opts = graph_opts(vec![edge(0, "y", 1, "x")], &[("out", 1, "y")]);
+        let c = compose(vec![unnamed(distinct(1.0)), second], &labels(2), &opts).unwrap();
+        assert_eq!(c.report.pruned.nodes, 1);
+        let g = c.model.graph.as_ref().unwrap();
+        assert_eq!(node_names(g), ["m0.onnx/Mul_0", "m0.onnx/Relu_1", "m1.onnx/Mul_1", "m1.onnx/Relu_2"]);
+    }
 
     #[test]
     fn a_graph_input_feeds_several_stages_under_the_callers_name() {

@@ -1,5 +1,15 @@
 //! Model metadata (`ModelProto.metadata_props`): key/value pairs added after composition.
 use crate::codec::proto::{ModelProto, StringStringEntryProto};
+use crate::merge::options::Rules;
+use crate::merge::stage_map;
+
+/// Whether a stage's metadata entry goes into the merged model: under fastseq's rules every
+/// entry but a stage map, which tells the stages of that model's own nodes, not of the
+/// merged graph (a merged model written to a file gets its own); under onnx.compose's, every
+/// entry, as onnx.compose keeps them.
+pub fn kept_in_merge(key: &str, rules: Rules) -> bool {
+    rules == Rules::OnnxCompose || key != stage_map::KEY
+}
 
 /// `existing` metadata pairs with `pairs` set in them. Each key appears once: `onnx.checker`
 /// refuses repeated keys, and ONNX Runtime reads only the last entry of one. A key keeps the

@@ -303,6 +303,30 @@ fn walk_function_calls(nodes: &mut [NodeProto], v: &mut impl Visitor) -> bool {
     changed
 }
 
+/// Gives the top-level nodes of `g` that have no name the names `given`, in order (see
+/// `final_names::name_unnamed_nodes`); the nodes are rewritten into one buffer.
+pub fn name_unnamed(g: &mut GraphProto, given: &[String]) {
+    if given.is_empty() {
+        return;
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    let mut spans: Vec<(usize, usize)> = Vec::with_capacity(given.len());
+    let mut names = given.iter();
+    for (i, raw) in g.node.iter().enumerate() {
+        if !node::head_bytes(raw).0.is_empty() {
+            continue;
+        }
+        let Some(name) = names.next() else { break };
+        spans.push((i, buf.len()));
+        node::write_named(raw, name, &mut buf);
+    }
+    let shared = Bytes::from(buf);
+    let ends = spans.iter().skip(1).map(|&(_, start)| start).chain([shared.len()]);
+    for (&(i, start), end) in spans.iter().zip(ends) {
+        g.node[i] = shared.slice(start..end);
+    }
+}
+
 /// `f` encoded with its calls renamed by `functions` (its own name left as it is): what
 /// decides whether two local functions are the same.
 pub fn function_body(f: &FunctionProto, functions: &FxHashMap<FunctionKey, String>) -> Vec<u8> {

@@ -59,9 +59,16 @@ impl Composed {
     /// Some(true) puts tensors of at least `threshold` bytes in a data file beside it (the
     /// name [`LAYOUT`](crate::storage::layout::LAYOUT) gives it, when that is free or the
     /// writer's), Some(false) keeps them inline, None decides by size (external at the 2 GB
-    /// protobuf limit). A linked model links its sources' data files beside it.
+    /// protobuf limit). A linked model links its sources' data files beside it. The file
+    /// keeps the composition's stage map in its metadata (see `merge::stage_map`).
     pub fn save(&self, path: &Path, external: Option<bool>, threshold: usize) -> Result<Saved> {
-        save(self.model(), path, external, self.is_linked(), threshold)
+        save(&self.composition().for_file(), path, external, self.is_linked(), threshold)
+    }
+
+    /// The same pipeline over its model as [`Composed::save`] writes it (its stage map in its
+    /// metadata), for a writer that is not the core's (onnx.save with its own keywords).
+    pub fn for_file(&self) -> Composed {
+        self.with_model(self.composition().for_file().into_owned())
     }
 
     /// The model with its weights inline, ready to encode: weights still in their source
