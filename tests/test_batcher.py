@@ -57,18 +57,38 @@ def test_threads_and_coroutines_of_two_loops_share_one_batcher_and_get_their_own
 
 
 def interrupt_main_when(ready, timeout: float = 30) -> threading.Thread:
-    """Sends SIGINT to the main thread (a real signal: a waiting lock wakes) once ready()."""
+    """Sends SIGINT to the main thread (a real signal: a waiting lock wakes) once ready(), and
+    again every 20 ms until it has raised KeyboardInterrupt there once: a signal that lands
+    just before the main thread blocks on a lock is handled only once the lock is released.
+    Later ones are ignored until join() restores the handler (call it from the main thread)."""
     main = threading.main_thread().ident
+    raised = threading.Event()
 
-    def watch():
-        deadline = time.monotonic() + timeout
-        while not ready() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        signal.pthread_kill(main, signal.SIGINT)
+    def once(signum, frame):
+        if not raised.is_set():
+            raised.set()
+            raise KeyboardInterrupt
 
-    t = threading.Thread(target=watch, daemon=True)
-    t.start()
-    return t
+    previous = signal.signal(signal.SIGINT, once)
+
+    class Watcher(threading.Thread):
+        def run(self):
+            deadline = time.monotonic() + timeout
+            while not ready() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            while not raised.is_set() and time.monotonic() < deadline + timeout:
+                signal.pthread_kill(main, signal.SIGINT)
+                raised.wait(0.02)
+
+        def join(self, timeout=None):
+            super().join(timeout)
+            for _ in range(5):  # a signal still pending is handled (and ignored) here
+                time.sleep(0.01)
+            signal.signal(signal.SIGINT, previous)
+
+    watcher = Watcher(daemon=True)
+    watcher.start()
+    return watcher
 
 
 def test_a_thread_interrupted_while_it_waits_leaves_the_others_their_answers(monkeypatch):

@@ -127,8 +127,8 @@ class Batcher:
         request = self._request(inputs, named)
         done = request.done = threading.Lock()
         done.acquire()
-        self._put(request)
-        try:
+        try:  # from the put on: an interrupt before the wait must not stop the chain either
+            self._put(request)
             done.acquire()  # released once the answer is set (see Chain)
         except BaseException:  # interrupted while waiting: the caller after it is woken anyway
             request.gone = True
