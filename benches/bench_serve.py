@@ -11,8 +11,10 @@ and p50/p99 latency over a measured window after a warm-up, and the process's CP
 row, beside the pipeline's ceiling (its own rows per second at ``max_batch_size`` rows per
 call from one thread). The five are measured in turns, ``REPEATS`` times, and the medians
 reported, so that a busy spell of a shared machine does not land on one of them only. Then
-the profile's overhead: creating the profiling session, and a profiled run against a plain
-one.
+what starting a batcher costs (the core's row check, and the batcher's own session), the
+profile's overhead (creating the profiling session, and a profiled run against a plain
+one), and a pipeline whose rows mix (Softmax over the batch axis): refused by the batcher,
+and what joining its requests anyway would do to the callers' values.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ FIXTURES = HERE.parent / "tests" / "fixtures"
 RESULTS = bench.OUT / "serve.json"
 CALLERS = 64
 MAX_BATCH = 32
-MAX_DELAY_MS = 2.0
+MAX_DELAY_MS = 0.0  # the batcher's default: its worker runs what is queued whenever it is free
 WARM_S, MEASURE_S = 0.3, 1.0
 REPEATS = 3
 MODES = {
@@ -204,7 +206,51 @@ def measure(name: str, pipe, row) -> dict:
 
     print(f"{name}: profile ...", file=sys.stderr, flush=True)
     return {"ceiling": median(runs.pop("ceiling")), "modes": {m: median(r) for m, r in runs.items()},
-            "profile": profile_overhead(pipe, row)}
+            "start": batcher_start(pipe), "profile": profile_overhead(pipe, row)}
+
+
+def batcher_start(pipe, runs: int = 5) -> dict:
+    """What ``pipe.batcher()`` costs before the first request: the core's row check alone,
+    and the whole start (the check and the batcher's own session)."""
+    def best(call) -> float:
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        return min(times) * 1000
+
+    return {"row_check_ms": best(pipe.check_rows), "start_ms": best(lambda: pipe.batcher().close())}
+
+
+def mixing() -> dict:
+    """Softmax over the batch axis: the batcher refuses it; forced (row_independent=True),
+    joining 8 one-row requests gives each caller values computed from the others' rows."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import fastseq
+
+    g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=0, name="over_rows")], "mix",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    pipe = fastseq.ONNXSequential(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    try:
+        pipe.batcher()
+        refused = ""
+    except fastseq.CompositionError as e:
+        refused = str(e).splitlines()[1]
+    xs = [np.full((1, 4), k, np.float32) for k in range(8)]
+    got: list = [None] * 8
+    with pipe.batcher(max_batch_size=8, max_delay_ms=10_000, row_independent=True) as b:
+        threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, b(xs[k])[0])) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    alone = [pipe(x)[0] for x in xs]
+    return {"refused": refused, "alone": float(alone[0][0, 0]), "joined": float(got[0][0, 0]),
+            "worst_error": float(max(abs(g - a).max() for g, a in zip(got, alone)))}
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -225,6 +271,15 @@ def tables(report: dict) -> str:
             m = r["modes"][mode]
             cells.append(f"{m['rows_s']:,.0f} ({m['p50_ms']:.1f} / {m['p99_ms']:.1f} ms; {m['cpu_us']:.0f} µs)")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| starting a batcher | the core's row check | pipe.batcher() (the check and its own session) |",
+              "|---|---|---|"]
+    for r in report["pipelines"].values():
+        lines.append(f"| {r['description']} | {r['start']['row_check_ms']:.2f} ms | {r['start']['start_ms']:.1f} ms |")
+    m = report.get("mixing")
+    if m:
+        lines += ["", f"Rows that mix (Softmax over the batch axis): pipe.batcher() refuses it "
+                      f"({m['refused'].lstrip('- ')}); forced with row_independent=True, 8 joined one-row requests "
+                      f"get {m['joined']:.4g} where pipe(x) alone gives {m['alone']:.4g} (worst error {m['worst_error']:.3g})."]
     lines += ["", "| profile overhead | profiling session created | profiled run | plain run (pipe(x), 32 rows) |",
               "|---|---|---|---|"]
     for r in report["pipelines"].values():
@@ -250,10 +305,13 @@ def targets(report: dict) -> list[str]:
         out.append(f"- tabular: (b) {x:.1f}x the rows/s of (a) (target >= 3x): {'met' if x >= 3 else 'missed'}")
     for name, r in runs.items():
         x = rate(name, "d") / rate(name, "a")
+        p99_a, p99_d = r["modes"]["a"]["p99_ms"], r["modes"]["d"]["p99_ms"]
+        verdict = "met (goal > 1x: met)" if x > 1 else "met (goal > 1x: missed)" if x >= 0.9 else "missed"
+        out.append(f"- {name}: (d) {x:.2f}x the rows/s of (a) (target >= 0.9x): {verdict}; (d) p99 {p99_d:.1f} ms "
+                   f"against (a)'s {p99_a:.1f} ms (target lower): {'met' if p99_d < p99_a else 'missed'}")
         bound = MAX_DELAY_MS + 2 * r["ceiling"]["batch_ms"]
-        p99 = max(r["modes"]["b"]["p99_ms"], r["modes"]["d"]["p99_ms"])
-        out.append(f"- {name}: (d) {x:.1f}x the rows/s of (a) (target >= 1x): {'met' if x >= 1 else 'missed'}; "
-                   f"batcher p99 {p99:.1f} ms against max_delay_ms + two batch runs = {bound:.1f} ms: "
+        p99 = r["modes"]["b"]["p99_ms"]
+        out.append(f"- {name}: (b) p99 {p99:.1f} ms against max_delay_ms + two batch runs = {bound:.1f} ms: "
                    f"{'met' if p99 <= bound else 'missed'}")
     return out
 
@@ -272,6 +330,7 @@ def main() -> None:
     for name, (description, pipe, row) in pipelines().items():
         if name in chosen:
             report["pipelines"][name] = {"description": description, **measure(name, pipe, row)}
+    report["mixing"] = mixing()
     report["load"] = (start_load, os.getloadavg()[0])
     bench.OUT.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))

@@ -99,6 +99,13 @@ class Composed:
         merge cannot vouch that the result passes onnx's checker; empty when it can).
         """
 
+    def row_mixing(self) -> list[tuple[int | None, str, str, str | None, str]]:
+        """Why the rows of a batch run through this model may depend on other rows (see the
+        core's `merge::rows`): per reason, (top-level node index or None, the node's name in
+        the merged graph, its op type, the node inside it at fault (a function's or a
+        branch's) or None, the reason). Empty when every output keeps each row apart.
+        """
+
     def save(
         self,
         path: str | os.PathLike[str],

@@ -202,6 +202,18 @@ impl Composed {
         Ok((stages, names))
     }
 
+    /// Why the rows of a batch run through this model may depend on other rows (see the
+    /// core's `merge::rows`): per reason, (top-level node index or None, the node's name in
+    /// the merged graph, its op type, the node inside it at fault (a function's or a
+    /// branch's) or None, the reason). Empty when every output keeps each row apart.
+    #[allow(clippy::type_complexity)]
+    fn row_mixing(&self, py: Python<'_>) -> Vec<(Option<usize>, String, String, Option<String>, String)> {
+        py.detach(|| self.0.row_findings())
+            .into_iter()
+            .map(|f| (f.node, f.name, f.op_type, f.inner, f.reason))
+            .collect()
+    }
+
     /// Every top-level node of the graph, in order: (name, op_type, domain, stage), the
     /// stage an index into :meth:`origins`' stages, -1 for a node the merge inserted between
     /// stages (an adapter) or of a model without stages (loaded, without a stage map that

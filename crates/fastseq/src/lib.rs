@@ -42,6 +42,7 @@ pub use merge::metadata::merged as merge_metadata;
 pub use merge::onnx_rules::Prefixed;
 pub use merge::options::{Adapt, Edge, Keep, Options, Rules};
 pub use merge::plan::view::PlanView;
+pub use merge::rows::Finding;
 pub use near_miss::did_you_mean;
 pub use pipeline::composed::Composed;
 pub use pipeline::load::{compose, decode, load, load_all};

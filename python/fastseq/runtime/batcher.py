@@ -1,61 +1,39 @@
 """Dynamic batching: many callers' small requests joined along the batch axis into one run.
 
 A service receives many small requests at once; run one by one, a small machine spends its
-time on per-call overhead and small matrix products. The batcher joins the requests that
-arrive within ``max_delay_ms`` of the first waiting one (up to ``max_batch_size`` rows),
-runs the pipeline once and hands each caller its own rows.
+time on per-call overhead and small matrix products. The batcher queues every request
+(threads' and coroutines' alike) and one worker thread of its own runs them: whenever it is
+free it takes everything queued, up to ``max_batch_size`` rows of requests whose other axes
+agree, joins them, runs the pipeline once and hands each caller its own rows. Under load the
+queue fills while a batch runs, so batches grow with the load without anyone waiting for
+them; a caller thread sleeps on a lock of its own until its answer is set, a coroutine awaits
+a future of its loop, which one call per batch and loop resolves. (A leader thread that
+waited for its batch to fill and ran it itself measured 0.57x the rows/s of threads calling
+the pipeline directly on two cores; this design measured 0.94-1.01x: benches/bench_serve.py.)
 
-Threads join a batch under a lock and the first of them (the leader) runs it in its own
-thread: a request costs no hand-over to another thread. Each waiting thread sleeps on a
-lock of its own, which the leader releases once its answer is set (no shared condition
-for the woken threads to queue on again). Coroutines join a batch of their own loop, which
-hands it to the batcher's one worker thread (started with the first such batch, ended by
-``close()``): the loop stays free while ONNX Runtime runs, and one call back to the loop
-resolves the batch's futures. That worker was measured faster than ONNX Runtime's own
-``run_async`` (whose callback, on a pool thread that Python does not know, pays for a new
-thread state and runs the model without that pool's other threads) and than running the
-batch on the loop itself, which would also stall everything else on the loop
-(benches/bench_serve.py)."""
+Joining is only right when each row's outputs depend on that row alone: the core decides it
+from the composed graph (``crates/fastseq/src/merge/rows``), and a pipeline whose rows may mix is
+refused unless the user says otherwise (``row_independent=True``). A joint run that fails is
+run again per request, so that only the caller whose request fails gets the error."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
+from fastseq.runtime.batches import Request, deliver, own_runner, run
 from fastseq.runtime.runner import Runner
 
-
-class _Request:
-    """One caller's checked arrays (in input order), its rows, and its answer once run; a
-    thread waits on ``done`` (held until answered), a coroutine on ``future``."""
-
-    __slots__ = ("arrays", "rows", "done", "future", "answer")
-
-    def __init__(self, arrays: list[np.ndarray], rows: int) -> None:
-        self.arrays, self.rows, self.answer = arrays, rows, None
-        self.done: Any = None
-        self.future: Any = None
-
-
-class _Batch:
-    """Requests with the same non-batch axes, from one group (the threads, or one loop)."""
-
-    __slots__ = ("requests", "rows", "loop", "sealed", "full")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.requests: list[_Request] = []
-        self.rows = 0
-        self.loop = loop
-        self.sealed = False  # no request joins any more
-        if loop is None:  # the threads' batches: released when sealed, which wakes the leader
-            self.full = threading.Lock()
-            self.full.acquire()
+#: A worker that finds nothing to do for this long ends; the next request starts another.
+IDLE_S = 5.0
 
 
 class Batcher:
@@ -63,105 +41,123 @@ class Batcher:
     :meth:`fastseq.ONNXSequential.batcher`).
 
     ``batcher(x)`` from any thread, ``await batcher.run_async(x)`` from coroutines (any
-    loop); both return what ``pipe(x)`` returns for that request's rows (views of its own
-    rows of the joint run's outputs: no copy, and no other caller's rows). Threads are
-    batched with threads, and coroutines with the coroutines of their own loop; a thread's
-    batch runs in the thread of its first request, a loop's batch on the batcher's worker
-    thread (one, so a loop's batches run one after the other, each with the session's
-    intra-op threads).
+    loop, any number of them, and threads, on one batcher); both return what ``pipe(x)``
+    returns for that request's rows (views of its own rows of the joint run's outputs: no
+    copy, and no other caller's rows). One worker thread of the batcher runs the batches:
+    whenever it is free, it takes everything queued (up to ``max_batch_size`` rows of
+    requests whose other axes agree; the others form the next batches, and one of more than
+    ``max_batch_size`` rows runs alone). With ``max_delay_ms`` > 0 a free worker that finds
+    fewer rows waits for more, at most until the oldest request has waited that long;
+    with 0 (the default) it runs what is queued at once: under load, requests pile up while
+    a batch runs, so batches grow with the load and nobody waits for them.
 
-    Every input's and output's first axis is the batch axis: a pipeline with one whose first
-    axis is fixed, or whose first axes carry different names, is refused with
-    :class:`fastseq.CompositionError` (joining would be wrong). A request is checked in its
-    caller before it is joined: a wrong dtype, rank, size or name, or inputs with different
-    row counts, is an :class:`fastseq.InputError` for that caller only. Requests join when
-    their other axes agree (others form their own batch); one of more than
-    ``max_batch_size`` rows runs alone. An error in a joint run reaches every caller of that
-    run (each gets its own copy); an output that does not keep its inputs' rows is a
-    :class:`fastseq.RunError` rather than a wrong split. A cancelled coroutine's request is
-    left out of its batch if that has not run yet.
+    Only pipelines whose rows are independent are batched: every input's and output's
+    first axis is the batch axis (a pipeline with one whose first axis is fixed, or whose
+    first axes carry different names, is refused with :class:`fastseq.CompositionError`),
+    and no node may compute one row's outputs from other rows (a Softmax, reduction, sort,
+    MatMul or Reshape across the batch axis, an operator the analysis does not know...):
+    the core decides it from the composed graph, and a pipeline whose rows may mix is
+    refused with a :class:`fastseq.CompositionError` naming the stage and the node.
+    ``row_independent=True`` skips that check, for a pipeline known to keep rows apart.
 
-    A request waits at most ``max_delay_ms`` for others to join, plus the batches ahead of
-    it (0: it joins only requests already waiting). A ``max_batch_size`` that is not an int
-    >= 1, or a ``max_delay_ms`` that is not a finite number >= 0, is an
-    :class:`fastseq.InputError`. ``close()`` (or leaving ``with pipe.batcher() as b:``) refuses new requests with
-    :class:`fastseq.RunError`, runs those already taken at once and waits for them (those
-    of the loop it is called from, if any, finish once it returns and the loop goes on).
-    Each batch runs on the pipeline's session of the moment (``as_cuda`` and the like may
-    switch it meanwhile).
+    A request is checked in its caller before it is joined: a wrong dtype, rank, size or
+    name, or inputs with different row counts, is an :class:`fastseq.InputError` for that
+    caller only. A joint run that fails is run again for each of its requests alone, so that
+    only the callers whose own requests fail get an error (their own); the others get their
+    rows. An output that does not keep its inputs' rows is a :class:`fastseq.RunError`
+    rather than a wrong split. A cancelled coroutine's request (``asyncio.wait_for``'s
+    timeout included) is left out of its batch if that has not run yet, and its answer
+    dropped if it has.
+
+    A ``max_batch_size`` that is not an int >= 1, or a ``max_delay_ms`` that is not a finite
+    number >= 0, is an :class:`fastseq.InputError`. ``close()`` (or leaving ``with
+    pipe.batcher() as b:``) refuses new requests with :class:`fastseq.RunError`, runs those
+    already taken at once and waits for them (those of the loop it is called from, if any,
+    are answered once it returns and the loop goes on).
+
+    On the CPU, batches run on a session of the batcher's own: the pipeline's session
+    options with ONNX Runtime's spinning off (its pool threads would otherwise busy-wait on
+    the cores the callers' Python needs), unless the options set spinning themselves;
+    ``share_session=True`` runs them on the pipeline's session instead (no second copy of
+    the weights). Batches follow the pipeline's session of the moment (``as_cuda`` and the
+    like may switch it meanwhile; on a GPU the pipeline's session is used as it is).
     """
 
-    def __init__(self, pipe: Any, max_batch_size: int = 32, max_delay_ms: float = 2.0) -> None:
+    def __init__(
+        self,
+        pipe: Any,
+        max_batch_size: int = 32,
+        max_delay_ms: float = 0.0,
+        *,
+        row_independent: bool = False,
+        share_session: bool = False,
+    ) -> None:
         _check_settings(max_batch_size, max_delay_ms)
+        for name, flag in (("row_independent", row_independent), ("share_session", share_session)):
+            if not isinstance(flag, bool):
+                raise InputError(f"{name} must be True or False, got {flag!r}")
+        if not row_independent:  # the core's verdict first: it names the node at fault
+            pipe.check_rows()
         _check_batch_axis(pipe.runner)
         self.max_batch_size = int(max_batch_size)
         self.max_delay_ms = float(max_delay_ms)
+        self.row_independent = row_independent
+        self.share_session = share_session
         self._delay = self.max_delay_ms / 1000
         self._pipe = pipe
-        # The state below; taken as the plain lock (a C call) on the hot paths, and as the
-        # condition it is the lock of where close() waits.
+        # The runner batches run on, for the pipeline's runner of the moment (_base).
+        self._base: Runner = pipe.runner
+        self._serving = self._base if share_session else own_runner(pipe, self._base)
+        # The queue and the worker's state, under _lock (a plain lock: a C call on the hot
+        # paths). The worker sleeps on _wake (held while it does not), which the first
+        # caller to find it sleeping releases once.
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._open: dict[tuple, _Batch] = {}  # (loop or None, non-batch axes) -> the batch taking requests
-        self._leading = 0  # the threads' batches not yet run by their leaders
-        self._looping: dict[asyncio.AbstractEventLoop, int] = {}  # per loop: its batches not yet answered
+        self._queue: deque[Request] = deque()
+        self._rows = 0  # rows queued
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._sleeping = False  # the worker waits on _wake ...
+        self._filling = False  # ... for a full batch (with a delay), rather than any request
+        self._worker: threading.Thread | None = None
         self._closed = False
-        # Runs the loops' batches; its thread starts with the first one.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastseq-batcher")
 
     # --- callers ---------------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
-        """``pipe(x)`` for this request's rows, run in a batch with other threads' rows."""
-        request, key = self._request(inputs, named)
-        request.done = threading.Lock()
-        request.done.acquire()
-        with self._lock:
-            batch, leader = self._join(request, (None, key), None)
-        if leader:
-            try:
-                batch.full.acquire(timeout=self._delay)  # until sealed (full, or close()), at most the delay
-            finally:  # interrupted or not, the others get their answers
-                try:
-                    with self._lock:
-                        self._seal(batch, (None, key))
-                    _run(self._pipe.runner, batch.requests)
-                finally:
-                    for r in batch.requests[1:]:
-                        if r.answer is None:  # the run itself was interrupted (KeyboardInterrupt)
-                            r.answer = RunError("the batched run was interrupted in the thread running it")
-                        r.done.release()
-                    with self._lock:
-                        self._leading -= 1
-                        self._cond.notify_all()
-        else:
-            request.done.acquire()
-        if isinstance(request.answer, BaseException):
-            raise request.answer
-        return request.answer
+        """``pipe(x)`` for this request's rows, run in a batch with other callers' rows."""
+        request = self._request(inputs, named)
+        done = request.done = threading.Lock()
+        done.acquire()
+        try:  # from the put on: an interrupt before the wait must not stop the chain either
+            self._put(request)
+            done.acquire()  # released once the answer is set (see Chain)
+        except BaseException:  # interrupted while waiting: the caller after it is woken anyway
+            request.gone = True
+            if request.chain is not None:
+                request.chain.wake()
+            raise
+        request.chain.wake()
+        answer = request.answer
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     async def run_async(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
-        """``await batcher.run_async(x)``: as :meth:`__call__`, from a coroutine, batched
-        with the coroutines of the same loop."""
+        """``await batcher.run_async(x)``: as :meth:`__call__`, from a coroutine."""
         loop = asyncio.get_running_loop()
-        request, key = self._request(inputs, named)
-        request.future = loop.create_future()
-        with self._lock:
-            batch, new = self._join(request, (loop, key), loop)
-        if new and not batch.sealed:
-            loop.call_later(self._delay, self._expire, batch, (loop, key))
-        return await request.future
+        request = self._request(inputs, named)
+        request.loop = loop
+        future = request.future = loop.create_future()
+        self._put(request)
+        return await future
 
     def close(self) -> None:
         """Refuses new requests; runs those already taken at once and waits for them."""
-        here = asyncio._get_running_loop()
-        with self._cond:
+        with self._lock:
             self._closed = True
-            for where, batch in list(self._open.items()):
-                self._seal(batch, where)
-            while self._leading or any(n and loop is not here for loop, n in self._looping.items()):
-                self._cond.wait()
-            if not self._looping:  # else the last of this loop's batches ends the worker (_ran)
-                self._worker.shutdown(wait=False)
+            worker = self._worker
+            self._wake_worker()
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
 
     def __enter__(self) -> Batcher:
         return self
@@ -171,120 +167,162 @@ class Batcher:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}; {state})"
+        return (f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}"
+                f"{', row_independent=True' if self.row_independent else ''}; {state})")
 
-    # --- batches (under self._lock) -----------------------------------------------------------
-    def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[_Request, tuple]:
-        """The request, checked in its caller, and the key of the batches it may join."""
+    def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> Request:
+        """The request, checked in its caller, with the key of the batches it may join."""
         runner = self._pipe.runner
         feeds = runner.feeds(inputs, named)
-        arrays = [feeds[i.name] for i in runner.inputs]
+        if len(feeds) == 1:  # one input (the common case): its rows and other axes are the key
+            (a,) = feeds.values()
+            if a.ndim:
+                return Request(feeds, a.shape[0], (a.dtype, a.shape[1:]))
         rows = None
         key: list[Any] = []  # what the batches it may join share: dtypes and the other axes
-        for info, a in zip(runner.inputs, arrays):
+        for info in runner.inputs:
+            a = feeds[info.name]
             if a.ndim == 0:
                 raise InputError(f"input '{info.name}' of a batched request needs a batch axis (axis 0); got a scalar")
             if rows is None:
                 rows = a.shape[0]
             elif a.shape[0] != rows:
-                sizes = ", ".join(f"'{i.name}' {x.shape[0]}" for i, x in zip(runner.inputs, arrays))
+                sizes = ", ".join(f"'{i.name}' {feeds[i.name].shape[0]}" for i in runner.inputs)
                 raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
             key += (a.dtype, a.shape[1:])
-        return _Request(arrays, rows), tuple(key)
+        return Request(feeds, rows or 0, tuple(key))
 
-    def _join(self, request: _Request, where: tuple, loop: Any) -> tuple[_Batch, bool]:
-        """Adds ``request`` to the open batch at ``where`` or a new one; True if new."""
-        if self._closed:
-            raise RunError("the batcher is closed: it takes no new requests")
-        batch = self._open.get(where)
-        new = batch is None or batch.rows + request.rows > self.max_batch_size
-        if new:
-            if batch is not None:
-                self._seal(batch, where)  # full enough: it runs now, this request starts the next
-            batch = self._open[where] = _Batch(loop)
-            if loop is None:
-                self._leading += 1
-            else:
-                self._looping[loop] = self._looping.get(loop, 0) + 1
-        batch.requests.append(request)
-        batch.rows += request.rows
-        if batch.rows >= self.max_batch_size:
-            self._seal(batch, where)
-        return batch, new
-
-    def _seal(self, batch: _Batch, where: tuple) -> None:
-        """Closes ``batch`` to new requests and sets it running."""
-        if batch.sealed:
-            return
-        batch.sealed = True
-        if self._open.get(where) is batch:
-            del self._open[where]
-        loop = batch.loop
-        if loop is None:
-            batch.full.release()  # its leader runs it
-        else:  # straight to the worker, from the loop or from close() in another thread
-            self._submit(batch)
-
-    def _expire(self, batch: _Batch, where: tuple) -> None:
-        """A loop's batch at its deadline (on the loop)."""
+    def _put(self, request: Request) -> None:
+        """Queues a request and wakes the worker where it sleeps (or starts it)."""
+        if self._delay:
+            request.since = time.monotonic()
         with self._lock:
-            self._seal(batch, where)
+            if self._closed:
+                raise RunError("the batcher is closed: it takes no new requests")
+            self._queue.append(request)
+            self._rows += request.rows
+            if self._sleeping and (not self._filling or self._rows >= self.max_batch_size):
+                self._sleeping = False
+                self._wake.release()
+            elif self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="fastseq-batcher", daemon=_DAEMON)
+                self._worker.start()
+                _LIVE.add(self)
 
-    # --- a loop's batch: sealed on the loop, run on the worker, answered on the loop ----------
-    # A batch is counted in _looping from its first request until the worker has run it and
-    # handed its answers to the loop (or found the loop closed): the count never waits on a
-    # callback that a stopped loop may drop.
-    def _submit(self, batch: _Batch) -> None:
-        """Gives a sealed batch's requests, less the cancelled ones, to the worker (under the
-        lock)."""
-        loop = batch.loop
-        requests = [r for r in batch.requests if not r.future.done()]  # done: cancelled
-        if requests:
+    def _wake_worker(self) -> None:
+        """Wakes a sleeping worker (under the lock)."""
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.release()
+
+    # --- the worker ------------------------------------------------------------------------------
+    def _work(self) -> None:
+        """The worker thread: batch after batch until closed, or idle for IDLE_S."""
+        while (batch := self._next()) is not None:
             try:
-                self._worker.submit(self._work, loop, requests)
-                return
-            except RuntimeError as e:  # the interpreter is shutting down: fail them, never drop them
-                _fail(requests, RunError(f"the batcher could not run this batch: {e}"))
-                self._deliver(loop, requests)
-        self._ran(loop)
+                # Left out: cancelled coroutines, and threads that stopped waiting.
+                run(self._runner(), [r for r in batch if not r.gone and (r.future is None or not r.future.done())])
+            except BaseException as e:  # noqa: BLE001 - no caller may be left waiting
+                for r in batch:
+                    if r.answer is None:
+                        r.answer = RunError(f"the batched run failed: {e!r}")
+            deliver(batch)
 
-    def _work(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
-        """On the worker: runs the batch and calls its loop back with the answers."""
-        try:
-            _run(self._pipe.runner, requests)
-            self._deliver(loop, requests)
-        finally:
+    def _runner(self) -> Runner:
+        """The runner for the next batch: the batcher's own session follows the pipeline's
+        (``as_cuda`` and the like switch it)."""
+        base = self._pipe.runner
+        if base is not self._base:
+            self._serving = base if self.share_session else own_runner(self._pipe, base)
+            self._base = base
+        return self._serving
+
+    def _next(self) -> list[Request] | None:
+        """The next batch, sleeping while there is none (or, with a delay, while it fills);
+        None when the worker is to end (closed and drained, or idle)."""
+        while True:
             with self._lock:
-                self._ran(loop)
+                queue = self._queue
+                if queue:
+                    wait = 0.0
+                    if self._delay and not self._closed and self._rows < self.max_batch_size:
+                        wait = queue[0].since + self._delay - time.monotonic()
+                    if wait <= 0:
+                        return self._take()
+                    self._filling = True
+                elif self._closed:
+                    self._worker = None
+                    return None
+                else:
+                    self._filling, wait = False, IDLE_S
+                self._sleeping = True
+            woken = self._wake.acquire(timeout=wait)
+            with self._lock:
+                if not woken:
+                    if self._sleeping:  # nobody released _wake: it is still held
+                        self._sleeping = False
+                        if not self._queue and not self._filling:  # idle that long: end
+                            self._worker = None
+                            return None
+                    else:  # released just after the timeout: take it back
+                        self._wake.acquire()
+                self._filling = False
 
-    def _deliver(self, loop: asyncio.AbstractEventLoop, requests: list[_Request]) -> None:
-        """Hands a batch's answers to its loop; a closed loop has nobody awaiting them."""
-        try:
-            loop.call_soon_threadsafe(self._answer, requests)
-        except RuntimeError:
-            pass
+    def _take(self) -> list[Request]:
+        """Takes the next batch off the queue (under the lock): the first request and those
+        after it with the same key, up to max_batch_size rows, in order."""
+        queue = self._queue
+        while len(queue) > 1 and _dropped(queue[0]):  # their callers stopped waiting
+            self._rows -= queue.popleft().rows
+        first = queue.popleft()
+        batch, rows, limit = [first], first.rows, self.max_batch_size
+        if rows < limit and queue:
+            key, other = first.key, []
+            while queue:
+                r = queue[0]
+                if _dropped(r):
+                    self._rows -= queue.popleft().rows
+                elif r.key is not key and r.key != key:
+                    other.append(queue.popleft())  # another batch's: stays ahead of those after it
+                elif rows + r.rows > limit:
+                    break
+                else:
+                    batch.append(queue.popleft())
+                    rows += r.rows
+                    if rows == limit:
+                        break
+            if other:
+                queue.extendleft(reversed(other))
+        self._rows -= sum(r.rows for r in batch)
+        return batch
 
-    def _answer(self, requests: list[_Request]) -> None:
-        """On the loop: resolves the callers' futures (but those cancelled meanwhile)."""
-        for r in requests:
-            if r.future.done():
-                continue
-            if isinstance(r.answer, BaseException):
-                r.future.set_exception(r.answer)
-            else:
-                r.future.set_result(r.answer)
 
-    def _ran(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A loop's batch is done with (under the lock); the last one after close() ends the
-        worker."""
-        self._looping[loop] -= 1
-        if not self._looping[loop]:
-            del self._looping[loop]
-        if self._closed and not self._looping:
-            self._worker.shutdown(wait=False)
-        self._cond.notify_all()
+def _dropped(r: Request) -> bool:
+    """A request whose caller stopped waiting: a thread interrupted, a coroutine cancelled."""
+    return r.gone or (r.future is not None and r.future.done())
 
 
+# --- batchers still working when the interpreter exits ------------------------------------------
+_LIVE: weakref.WeakSet[Batcher] = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    """Before the interpreter waits for its threads: every batcher drains and stops."""
+    for batcher in list(_LIVE):
+        batcher.close()
+
+
+# The hook that concurrent.futures uses for its own workers: it runs before the interpreter
+# joins its threads, so a worker never outlives it; without it, a daemon worker that the
+# interpreter does not wait for.
+try:
+    threading._register_atexit(_close_all)  # type: ignore[attr-defined]
+    _DAEMON = False
+except (AttributeError, RuntimeError):
+    _DAEMON = True
+
+
+# --- settings ------------------------------------------------------------------------------------
 def _check_settings(max_batch_size: Any, max_delay_ms: Any) -> None:
     """The batcher's settings, each checked (an InputError naming it, as for a call's
     arguments): a NaN or infinite delay would never end a batch, or fail in a timer."""
@@ -307,8 +345,8 @@ def _check_batch_axis(runner: Runner) -> None:
     named: dict[str, str] = {}  # first axis name -> the first input or output that has it
     for kind, infos in (("input", runner.inputs), ("output", runner.outputs)):
         for info in infos:
-            if info.shape is None:
-                continue  # not described: the rows of each run are checked instead
+            if info.shape is None or info.dtype is None:
+                continue  # not described, or a sequence: the rows of each run are checked instead
             if not info.shape or isinstance(info.shape[0], int):
                 what = "is a scalar" if not info.shape else f"has a fixed first axis {info}"
                 raise CompositionError(
@@ -323,48 +361,3 @@ def _check_batch_axis(runner: Runner) -> None:
             + ", ".join(f"'{axis}' on {where}" for axis, where in named.items())
             + "), so they need not be one batch axis"
         )
-
-
-# --- running a batch ------------------------------------------------------------------------
-def _joined(runner: Runner, requests: list[_Request]) -> dict[str, np.ndarray]:
-    """The requests' arrays joined along the batch axis, by input name."""
-    if len(requests) == 1:
-        return {i.name: a for i, a in zip(runner.inputs, requests[0].arrays)}
-    return {i.name: np.concatenate([r.arrays[k] for r in requests]) for k, i in enumerate(runner.inputs)}
-
-
-def _hand_out(runner: Runner, requests: list[_Request], outputs: list[np.ndarray]) -> None:
-    """Gives each request its own rows of a joint run's ``outputs``."""
-    if len(requests) == 1:
-        requests[0].answer = outputs
-        return
-    rows = sum(r.rows for r in requests)
-    for info, out in zip(runner.outputs, outputs):
-        if out.ndim == 0 or out.shape[0] != rows:
-            raise RunError(
-                f"output '{info.name}' has shape {list(out.shape)} for {rows} rows of input: it does not keep "
-                "the batch axis, so the batcher cannot split it between callers; call the pipeline directly"
-            )
-    start = 0
-    for r in requests:  # views: each caller's rows, disjoint from the others', without a copy
-        r.answer = [out[start:start + r.rows] for out in outputs]
-        start += r.rows
-
-
-def _run(runner: Runner, requests: list[_Request]) -> None:
-    """Runs a threads' batch in the calling thread; sets each request's answer."""
-    try:
-        _hand_out(runner, requests, runner.run_checked(runner.output_names(None), _joined(runner, requests)))
-    except Exception as e:
-        _fail(requests, e)
-
-
-def _fail(requests: list[_Request], error: Exception) -> None:
-    """Each request of a failed joint run gets its own copy of the error to raise."""
-    for r in requests:
-        try:
-            copy = type(error)(*error.args)
-        except Exception:
-            copy = RunError(f"the batched run failed: {error}")
-        copy.__cause__ = error.__cause__ if error.__cause__ is not None else error
-        r.answer = copy

@@ -280,16 +280,21 @@ class Runnable:
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
-    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 2.0) -> Batcher:
-        """Dynamic batching for many concurrent callers: ``batcher(x)`` from threads,
-        ``await batcher.run_async(x)`` from coroutines. Requests arriving within
-        ``max_delay_ms`` of the first waiting one are joined along the batch axis (up to
-        ``max_batch_size`` rows), run once, and each caller gets its own rows back. See
-        :class:`fastseq.Batcher`; a pipeline whose inputs share no dynamic
-        first axis is a :class:`fastseq.CompositionError`."""
+    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False,
+                share_session: bool = False) -> Batcher:
+        """Dynamic batching for many concurrent callers (``batcher(x)`` from threads, ``await
+        batcher.run_async(x)`` from coroutines): one worker joins everything queued along the batch
+        axis and runs it once, on the CPU on a session of its own (``share_session=True``: on this one);
+        a pipeline whose rows may mix is refused unless ``row_independent=True``. See :class:`fastseq.Batcher`."""
         from fastseq.runtime.batcher import Batcher
 
-        return Batcher(self, max_batch_size, max_delay_ms)
+        return Batcher(self, max_batch_size, max_delay_ms, row_independent=row_independent, share_session=share_session)
+
+    def check_rows(self) -> None:
+        """Raises :class:`fastseq.CompositionError` naming the stage and node if a batch's rows may mix (the core's verdict)."""
+        from fastseq.runtime.rows import check_rows
+
+        check_rows(self._composed.row_mixing(), *self._stage_origins(), self._composed.inserted_nodes())
 
     def profile(self, *inputs: Any, runs: int = 20, warmup: int = 3, **named: Any) -> Profile:
         """Where the time goes, per stage: ONNX Runtime's profiler on a profiling session of

@@ -14,6 +14,7 @@ use crate::merge::compose::Composition;
 use crate::merge::metadata::with_metadata;
 use crate::merge::onnx_rules::{overlapping_names, prefix_names, Prefixed};
 use crate::merge::rename::rename_values;
+use crate::merge::rows::{row_findings, Finding};
 use crate::storage::external::check_sources;
 
 /// See the module's notes.
@@ -108,6 +109,12 @@ impl Composed {
     /// Inputs, outputs, opsets, counts and sizes.
     pub fn summary(&self) -> Summary {
         summary(self.model())
+    }
+
+    /// Why the rows of a batch run through this model may depend on other rows (see
+    /// [`crate::merge::rows`]): empty when every output keeps each row apart.
+    pub fn row_findings(&self) -> Vec<Finding> {
+        row_findings(self.model())
     }
 
     /// A load error naming the file if a source file this model still refers to (weights

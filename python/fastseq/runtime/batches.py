@@ -1,0 +1,195 @@
+"""A batch of requests: each caller's checked feeds and answer (``Request``), a batch joined
+along the batch axis, run once (a joint run that fails run again per request, so that only
+a failing request's caller gets an error), split into each caller's rows, and delivered (a
+thread woken, a loop called back); and the batchers' own session on the CPU. What
+:class:`fastseq.Batcher`'s worker does with each batch it takes."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from fastseq.errors import RunError
+from fastseq.runtime.runner import Runner
+
+
+class Request:
+    """One caller's checked feeds, its rows, the key of the batches it may join, and its
+    answer once run (outputs or the exception to raise). A thread waits on ``done`` (held
+    until answered); a coroutine on ``future``, of ``loop``."""
+
+    __slots__ = ("feeds", "rows", "key", "since", "done", "loop", "future", "answer", "chain", "gone")
+
+    def __init__(self, feeds: dict[str, np.ndarray], rows: int, key: tuple) -> None:
+        self.feeds, self.rows, self.key = feeds, rows, key
+        self.since = 0.0
+        self.done: Any = None
+        self.loop: Any = None
+        self.future: Any = None
+        self.answer: Any = None
+        self.chain: Chain | None = None
+        self.gone = False  # its thread stopped waiting (interrupted)
+
+
+class Chain:
+    """A batch's thread callers, woken one after the other: the worker wakes the first, and
+    each, once woken, the next (one that stopped waiting is passed over). Woken all at once
+    by the worker, they would all wait for the GIL together: measured 5 context switches a
+    request against 2, and 30 µs of system time against 13."""
+
+    __slots__ = ("lock", "waiting")
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.lock = threading.Lock()
+        self.waiting = deque(requests)
+
+    def wake(self) -> None:
+        with self.lock:
+            while self.waiting:
+                r = self.waiting.popleft()
+                if not r.gone:
+                    r.done.release()
+                    return
+
+
+# --- running a batch (on the worker) -----------------------------------------------------------
+#: Per pipeline: its runner of the moment and the batchers' runner for it (made once, shared
+#: by the pipeline's batchers, dropped with the pipeline).
+_OWN: weakref.WeakKeyDictionary[Any, tuple[Runner, Runner]] = weakref.WeakKeyDictionary()
+_OWN_LOCK = threading.Lock()
+
+
+def own_runner(pipe: Any, base: Runner) -> Runner:
+    """A runner over a session of the batchers' own, on the CPU: the pipeline's options with
+    ONNX Runtime's spinning off. Between the parallel parts of a run, spinning pool threads
+    busy-wait on the cores that the callers' Python needs while the worker runs a batch; off,
+    the batcher measured 1.4-2.5x the rows/s on two cores (benches/bench_serve.py). Elsewhere
+    (a GPU) the pipeline's session, which a second one would hold the weights twice beside.
+    Made once per pipeline session and kept with the pipeline for its later batchers."""
+    with _OWN_LOCK:
+        known = _OWN.get(pipe)
+        if known is not None and known[0] is base:
+            return known[1]
+        own = _new_own_runner(pipe, base)
+        _OWN[pipe] = (base, own)
+        return own
+
+
+def _new_own_runner(pipe: Any, base: Runner) -> Runner:
+    from fastseq.runtime.options import session_copy
+
+    session = base.session
+    providers = session.get_providers()
+    if providers != ["CPUExecutionProvider"]:
+        return base
+    # The pipeline's own options (the caller's), not the session's: those may hold what the
+    # session cache set for that one session (the optimised model's file), which a caller's
+    # options may not name. The runner checks and names errors as the pipeline's own does.
+    options = session_copy(pipe._session_options)
+    key = "session.intra_op.allow_spinning"
+    try:
+        options.get_session_config_entry(key)  # the caller's own choice stands
+    except Exception:  # onnxruntime raises for an entry that was never set
+        options.add_session_config_entry(key, "0")
+    return pipe._runner_for(pipe.create_session(providers, options))
+
+
+def run(runner: Runner, requests: list[Request]) -> None:
+    """Runs the requests as one batch; sets each one's answer. A joint run that fails is run
+    again for each request alone: only a failing request's caller gets an error."""
+    if not requests:
+        return
+    names = runner.output_names(None)
+    if len(requests) == 1:
+        _alone(runner, names, requests[0])
+        return
+    try:
+        outputs = runner.run_checked(names, _joined(requests))
+    except Exception:  # noqa: BLE001 - which request failed is found by running each alone
+        for r in requests:
+            _alone(runner, names, r)
+        return
+    _hand_out(runner, requests, outputs)
+
+
+def _alone(runner: Runner, names: list[str], request: Request) -> None:
+    try:
+        request.answer = runner.run_checked(names, request.feeds)
+    except Exception as e:  # noqa: BLE001 - the caller raises it
+        request.answer = e
+
+
+def _joined(requests: list[Request]) -> dict[str, np.ndarray]:
+    """The requests' feeds joined along the batch axis, by input name."""
+    return {name: np.concatenate([r.feeds[name] for r in requests]) for name in requests[0].feeds}
+
+
+def _rows_of(out: Any) -> int | None:
+    """How many rows an output has (a sequence output: its length)."""
+    if isinstance(out, np.ndarray):
+        return out.shape[0] if out.ndim else None
+    return len(out) if isinstance(out, list) else None
+
+
+def _hand_out(runner: Runner, requests: list[Request], outputs: list[Any]) -> None:
+    """Gives each request its own rows of a joint run's ``outputs``."""
+    rows = sum(r.rows for r in requests)
+    for info, out in zip(runner.outputs, outputs):
+        if _rows_of(out) != rows:
+            shape = list(out.shape) if isinstance(out, np.ndarray) else type(out).__name__
+            error = RunError(
+                f"output '{info.name}' has shape {shape} for {rows} rows of input: it does not keep the batch "
+                "axis, so the batcher cannot split it between callers; call the pipeline directly"
+            )
+            for r in requests:  # each caller raises its own
+                r.answer = RunError(*error.args)
+            return
+    # Views: each caller's rows, disjoint from the others', without a copy.
+    if rows == len(requests) and all(isinstance(out, np.ndarray) for out in outputs):
+        # One row each (the common case): numpy's iteration makes the views three times
+        # faster than slicing one by one.
+        for r, *mine in zip(requests, *(out[:, None] for out in outputs)):
+            r.answer = mine
+        return
+    start = 0
+    for r in requests:
+        end = start + r.rows
+        r.answer = [out[start:end] for out in outputs]
+        start = end
+
+
+def deliver(batch: list[Request]) -> None:
+    """Resolves the coroutines' futures with one call to each loop (a closed loop has
+    nobody awaiting them), and wakes the batch's threads one after the other (Chain)."""
+    loops: dict[Any, list[Request]] = {}
+    threads = []
+    for r in batch:
+        if r.loop is None:
+            threads.append(r)
+        else:
+            loops.setdefault(r.loop, []).append(r)
+    for loop, requests in loops.items():
+        try:
+            loop.call_soon_threadsafe(_settle, requests)
+        except RuntimeError:
+            pass
+    if threads:
+        chain = Chain(threads)
+        for r in threads:
+            r.chain = chain
+        chain.wake()
+
+
+def _settle(requests: list[Request]) -> None:
+    """On the loop: resolves the callers' futures (but those cancelled meanwhile)."""
+    for r in requests:
+        if r.future.done() or r.answer is None:
+            continue
+        if isinstance(r.answer, BaseException):
+            r.future.set_exception(r.answer)
+        else:
+            r.future.set_result(r.answer)

@@ -1,0 +1,254 @@
+"""The batcher's worker, its queue and its callers: threads and coroutines on one batcher,
+a caller interrupted while it waits, a worker that ends when idle and at interpreter exit,
+a failing worker, the batcher's own session and the pipeline's of the moment. Real
+sessions, real threads, real loops (tests/test_serve.py has the rest of the batcher's
+guarantees)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import fastseq
+from fastseq.runtime import batcher as batcher_module
+from fastseq.runtime import batches
+from test_serve import light_heavy, matmuls, rows, same, slow_model
+
+
+def test_threads_and_coroutines_of_two_loops_share_one_batcher_and_get_their_own_rows():
+    pipe = light_heavy()
+    inputs = [rows(1 + k % 4, seed=k) for k in range(96)]
+    expected = [pipe(x) for x in inputs]
+    got: dict = {}
+    errors: list = []
+
+    def thread(k):
+        try:
+            for _ in range(3):
+                got[k] = b(inputs[k])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def loop(first):
+        async def main():
+            return await asyncio.gather(*(b.run_async(inputs[k]) for k in range(first, first + 32)))
+
+        for k, g in enumerate(asyncio.run(main()), first):
+            got[k] = g
+
+    with pipe.batcher(max_batch_size=16) as b:
+        workers = [threading.Thread(target=thread, args=(k,)) for k in range(32)]
+        workers += [threading.Thread(target=loop, args=(first,)) for first in (32, 64)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+    assert not errors
+    for k, e in enumerate(expected):
+        same(got[k], e)
+
+
+def interrupt_main_when(ready, timeout: float = 30) -> threading.Thread:
+    """Sends SIGINT to the main thread (a real signal: a waiting lock wakes) once ready(), and
+    again every 20 ms until it has raised KeyboardInterrupt there once: a signal that lands
+    just before the main thread blocks on a lock is handled only once the lock is released.
+    Later ones are ignored until join() restores the handler (call it from the main thread)."""
+    main = threading.main_thread().ident
+    raised = threading.Event()
+
+    def once(signum, frame):
+        if not raised.is_set():
+            raised.set()
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, once)
+
+    class Watcher(threading.Thread):
+        def run(self):
+            deadline = time.monotonic() + timeout
+            while not ready() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            while not raised.is_set() and time.monotonic() < deadline + timeout:
+                signal.pthread_kill(main, signal.SIGINT)
+                raised.wait(0.02)
+
+        def join(self, timeout=None):
+            super().join(timeout)
+            for _ in range(5):  # a signal still pending is handled (and ignored) here
+                time.sleep(0.01)
+            signal.signal(signal.SIGINT, previous)
+
+    watcher = Watcher(daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_a_thread_interrupted_while_it_waits_leaves_the_others_their_answers(monkeypatch):
+    """A caller interrupted (KeyboardInterrupt) while its batch runs, or while it is still
+    queued: it raises, every other caller of the batch is still woken with its rows (the
+    callers wake each other one after the other; the interrupted one is passed over), and
+    a queued one is left out of its batch."""
+    pipe = light_heavy()
+    inputs = [rows(1, seed=k) for k in range(4)]
+    got: dict = {}
+    running, release = threading.Event(), threading.Event()
+    real = batcher_module.run
+
+    def held(runner, requests):  # a long run: the interrupt lands while it runs
+        running.set()
+        release.wait(60)
+        real(runner, requests)
+
+    monkeypatch.setattr(batcher_module, "run", held)
+
+    def call(k):
+        got[k] = b(inputs[k])
+
+    with pipe.batcher(max_batch_size=4, max_delay_ms=60_000) as b:
+        others = [threading.Thread(target=call, args=(k,)) for k in (1, 2, 3)]
+        for t in others:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(b._queue) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)  # (peeks: the three wait for a fourth)
+        watcher = interrupt_main_when(running.is_set)
+        with pytest.raises(KeyboardInterrupt):
+            b(inputs[0])  # fills the batch, which runs; interrupted while it does
+        watcher.join()
+        release.set()
+        for t in others:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in others)
+        for k in (1, 2, 3):
+            same(got[k], pipe(inputs[k]))
+        # Interrupted while still queued (its batch waits to fill): left out of the batch.
+        running.clear()
+        watcher = interrupt_main_when(lambda: len(b._queue) == 1)
+        with pytest.raises(KeyboardInterrupt):
+            b(inputs[0])
+        watcher.join()
+        assert b._queue[0].gone
+        got.clear()
+        others = [threading.Thread(target=call, args=(k,)) for k in (1, 2, 3)]  # its rows still count: full
+        for t in others:
+            t.start()
+        for t in others:
+            t.join(timeout=60)
+        assert sorted(got) == [1, 2, 3]
+        for k in (1, 2, 3):
+            same(got[k], pipe(inputs[k]))
+
+
+def test_the_worker_ends_when_idle_and_the_next_request_starts_another(monkeypatch):
+    monkeypatch.setattr(batcher_module, "IDLE_S", 0.1)
+    pipe = light_heavy()
+    with pipe.batcher() as b:
+        same(b(rows(2)), pipe(rows(2)))
+        first = b._worker
+        assert first is not None and first.name == "fastseq-batcher"
+        first.join(timeout=30)
+        assert not first.is_alive() and b._worker is None
+        same(b(rows(3, seed=1)), pipe(rows(3, seed=1)))
+        assert b._worker is not first
+
+
+def test_a_failure_in_the_worker_reaches_the_callers_and_the_worker_goes_on(monkeypatch):
+    pipe = light_heavy()
+    real = batches.run
+    calls = []
+
+    def broken(runner, requests):
+        calls.append(len(requests))
+        if len(calls) == 1:
+            raise MemoryError("no memory for this batch")
+        real(runner, requests)
+
+    monkeypatch.setattr(batcher_module, "run", broken)
+    with pipe.batcher() as b:
+        with pytest.raises(fastseq.RunError, match="the batched run failed: MemoryError"):
+            b(rows(1))
+        same(b(rows(1)), pipe(rows(1)))
+
+
+def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
+    pipe = light_heavy()
+    with pipe.batcher() as b, pipe.batcher() as again, pipe.batcher(share_session=True) as shared:
+        own = b._serving.session
+        assert own is not pipe.get_session()
+        assert own.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert again._serving is b._serving  # made once for the pipeline's session
+        assert shared._serving is pipe.runner
+        same(b(rows(2)), pipe(rows(2)))
+        pipe.as_cpu()  # a new session for the pipeline: the batcher follows it
+        same(b(rows(2)), pipe(rows(2)))
+        assert b._base is pipe.runner and b._serving.session is not own
+        same(shared(rows(2)), pipe(rows(2)))
+        assert shared._serving is pipe.runner
+    spinning = ort.SessionOptions()
+    spinning.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    with light_heavy(session_options=spinning).batcher() as b:  # the caller's own choice stands
+        assert b._serving.session.get_session_options().get_session_config_entry(
+            "session.intra_op.allow_spinning") == "1"
+    with pytest.raises(fastseq.InputError, match="share_session must be True or False"):
+        pipe.batcher(share_session="yes")
+
+
+def test_the_batchers_own_session_starts_from_the_session_cache(tmp_path):
+    """A pipeline's session stored in the session cache carries options the cache set for it
+    (the optimised model's file); the batcher's own session starts from the pipeline's options."""
+    pipe = light_heavy(session_cache=tmp_path / "cache")
+    assert pipe.session_info["cache"] == "stored"
+    with pipe.batcher() as b:
+        assert b._serving.session is not pipe.get_session()
+        assert b._serving.session.get_session_options().get_session_config_entry(
+            "session.intra_op.allow_spinning") == "0"
+        same(b(rows(3)), pipe(rows(3)))
+    again = light_heavy(session_cache=tmp_path / "cache")  # a hit: its own session too
+    assert again.session_info["cache"] == "hit"
+    with again.batcher() as b:
+        same(b(rows(2)), again(rows(2)))
+
+
+def test_a_process_that_never_closes_its_batcher_exits_cleanly(tmp_path):
+    """The worker is a thread the interpreter waits for; an exit hook closes every batcher
+    first (as concurrent.futures does for its workers): the queued request runs, the worker
+    ends, and the process exits without an error (several times: no race at exit)."""
+    import onnx
+
+    onnx.save(matmuls(2, dim=8), tmp_path / "m.onnx")
+    script = (
+        "import threading, numpy as np, fastseq\n"
+        f"pipe = fastseq.ONNXSequential({str(tmp_path / 'm.onnx')!r})\n"
+        "b = pipe.batcher(max_delay_ms=1_000)\n"
+        "x = np.ones((2, 8), np.float32)\n"
+        "print(b(x)[0].shape)\n"
+        "t = threading.Thread(target=lambda: print('late', b(x)[0].shape), daemon=True)\n"
+        "t.start()\n"
+    )
+    for _ in range(4):
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        assert "(2, 8)" in r.stdout
+
+
+def test_closing_twice_and_from_several_threads_is_fine():
+    pipe = light_heavy()
+    b = pipe.batcher()
+    same(b(rows(1)), pipe(rows(1)))
+    closers = [threading.Thread(target=b.close) for _ in range(4)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(timeout=30)
+    b.close()
+    assert "closed" in repr(b)
+    with pytest.raises(fastseq.RunError, match="closed"):
+        b(rows(1))
