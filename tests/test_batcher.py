@@ -201,6 +201,32 @@ def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
         pipe.batcher(share_session="yes")
 
 
+def test_batches_of_threads_run_on_the_own_session_and_batches_of_coroutines_on_the_pipelines(monkeypatch):
+    """Threads' batches on the spinning-off session (spinning threads take the waiting
+    threads' cores); a batch of coroutines alone on the pipeline's (its loop waits on the one
+    worker, which spinning serves sooner). Either way each caller gets pipe(x)'s rows."""
+    pipe = light_heavy()
+    used = []
+
+    def recording(runner, requests):
+        used.append((runner.session, all(r.future is not None for r in requests)))
+        return batches.run(runner, requests)
+
+    monkeypatch.setattr(batcher_module, "run", recording)
+    with pipe.batcher() as b:
+        same(b(rows(2)), pipe(rows(2)))
+
+        async def coroutines():
+            return await asyncio.gather(*(b.run_async(rows(k + 1)) for k in range(4)))
+
+        for k, got in enumerate(asyncio.run(coroutines())):
+            same(got, pipe(rows(k + 1)))
+        own = b._serving.session
+    assert own is not pipe.get_session()
+    assert used[0] == (own, False)
+    assert used[1:] and all(session is pipe.get_session() and only for session, only in used[1:])
+
+
 def test_the_batchers_own_session_starts_from_the_session_cache(tmp_path):
     """A pipeline's session stored in the session cache carries options the cache set for it
     (the optimised model's file); the batcher's own session starts from the pipeline's options."""
