@@ -202,3 +202,22 @@ def tmpfs(mount: Path, size: str) -> Iterator[Path]:
         # so that no mount outlives the test.
         if subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+# --- loopback servers and folders, for the loaders' tests --------------------------------------
+@pytest.fixture
+def www(tmp_path):
+    """A plain HTTP server on 127.0.0.1 serving one model, ``a.onnx``: (server, its folder)."""
+    from servers import serve_files
+
+    root = tmp_path / "www"
+    root.mkdir()
+    onnx.save(scale_model(2.0), root / "a.onnx")
+    server = serve_files(root)
+    yield server, root
+    server.close()
+
+
+def files_under(folder: Path) -> list[str]:
+    """Every file under ``folder``, relative, sorted: what a download or a cache left there."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())

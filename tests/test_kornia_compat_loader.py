@@ -17,8 +17,7 @@ import onnx
 import pytest
 
 import fastseq
-from conftest import scale_model
-from servers import serve_files
+from conftest import files_under, scale_model
 
 pytestmark = pytest.mark.torch
 
@@ -37,20 +36,6 @@ SIDES = {"kornia": kornia_onnx.ONNXLoader, "fastseq": fastseq.ONNXLoader}
 def no_settings(monkeypatch):
     for name in ("KORNIA_DOWNLOAD_TIMEOUT", "HF_HUB_OFFLINE", "FASTSEQ_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def www(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    onnx.save(scale_model(2.0), root / "a.onnx")
-    server = serve_files(root)
-    yield server, root
-    server.close()
-
-
-def files_under(folder: Path) -> list[str]:
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
 def raised(call) -> BaseException:

@@ -22,7 +22,7 @@ import onnx
 import pytest
 
 import fastseq
-from conftest import scale_model
+from conftest import files_under, scale_model
 from fastseq.sources import resolve as loader
 from servers import serve_files, serve_hub
 
@@ -42,16 +42,6 @@ def no_kornia_settings(monkeypatch):
 
 
 @pytest.fixture
-def www(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    onnx.save(scale_model(2.0), root / "a.onnx")
-    server = serve_files(root)
-    yield server, root
-    server.close()
-
-
-@pytest.fixture
 def hub(tmp_path, monkeypatch):
     root = tmp_path / "hub"
     (root / "kornia" / "ONNX_models" / "operators").mkdir(parents=True)
@@ -61,10 +51,6 @@ def hub(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     yield server, root
     server.close()
-
-
-def files_under(folder: Path) -> list[str]:
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
 # --- the classes kornia's callers catch --------------------------------------------------------

@@ -349,13 +349,9 @@ def test_a_hit_takes_its_own_copy_and_changed_sources_are_a_new_key(tmp_path):
     np.testing.assert_allclose(again(x)[0], np.maximum(3 * x, 0))
 
 
-def test_a_copy_that_differs_from_the_key_stores_nothing(tmp_path, monkeypatch):
-    """The key and the copy read the sources apart; a source rewritten between the two in a
-    way its identity check cannot see (the same size within one timestamp tick) would store
-    the copy's weights under the old weights' key. The copy is read back against the key
-    before an entry is stored: a difference fails the start and leaves no entry."""
-    cache, source, n = tmp_path / "cache", str(tmp_path / "wide.onnx"), 1 << 15  # left in the file: mapped
-    onnx.save(scale_model(2.0, shape=("N", n)), source)
+def second_digest_differs(monkeypatch):
+    """``_core.model_digest`` as it is on its first call and different on later ones (a
+    source rewritten between the key's read and the copy's): (the calls, the real one)."""
     real, calls = fastseq._core.model_digest, []
 
     def second_differs(model):
@@ -364,6 +360,17 @@ def test_a_copy_that_differs_from_the_key_stores_nothing(tmp_path, monkeypatch):
         return digest if len(calls) == 1 else "0" * len(digest)
 
     monkeypatch.setattr(fastseq._core, "model_digest", second_differs)
+    return calls, real
+
+
+def test_a_copy_that_differs_from_the_key_stores_nothing(tmp_path, monkeypatch):
+    """The key and the copy read the sources apart; a source rewritten between the two in a
+    way its identity check cannot see (the same size within one timestamp tick) would store
+    the copy's weights under the old weights' key. The copy is read back against the key
+    before an entry is stored: a difference fails the start and leaves no entry."""
+    cache, source, n = tmp_path / "cache", str(tmp_path / "wide.onnx"), 1 << 15  # left in the file: mapped
+    onnx.save(scale_model(2.0, shape=("N", n)), source)
+    calls, real = second_digest_differs(monkeypatch)
     with pytest.raises(fastseq.LoadError, match="changed while the pipeline was built"):
         start(source, cache)
     assert len(calls) == 2
@@ -605,14 +612,7 @@ def test_a_hit_whose_copy_differs_from_the_key_is_not_used(tmp_path, monkeypatch
     cache, source, n = tmp_path / "cache", str(tmp_path / "wide.onnx"), 1 << 15  # left in the file: mapped
     onnx.save(scale_model(2.0, shape=("N", n)), source)
     assert start(source, cache).session_info["cache"] == "stored"
-    real, calls = fastseq._core.model_digest, []
-
-    def second_differs(model):
-        calls.append(model)
-        digest = real(model)
-        return digest if len(calls) == 1 else "0" * len(digest)
-
-    monkeypatch.setattr(fastseq._core, "model_digest", second_differs)
+    calls, real = second_digest_differs(monkeypatch)
     with pytest.raises(fastseq.LoadError, match="changed while the pipeline was built"):
         start(source, cache)
     assert len(calls) == 2  # the key's read, and the copy's read back
