@@ -12,9 +12,19 @@ use crate::codec::proto::{
 };
 
 pub(crate) fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
+    let dims: Vec<String> = dims.iter().map(i64::to_string).collect();
+    value_of(name, &dims.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// A float32 value info with dims: numbers, or names for symbolic dims ("N").
+pub(crate) fn value_of(name: &str, dims: &[&str]) -> ValueInfoProto {
     let dim = dims
         .iter()
-        .map(|d| Dimension { value: Some(Dim::DimValue(*d)), denotation: None, ..Default::default() })
+        .map(|d| Dimension {
+            value: Some(d.parse::<i64>().map_or_else(|_| Dim::DimParam(d.to_string()), Dim::DimValue)),
+            denotation: None,
+            ..Default::default()
+        })
         .collect();
     ValueInfoProto {
         name: Some(name.into()),

@@ -110,7 +110,8 @@ fn is_temp_name(file: &str) -> bool {
     if !(rest.ends_with(".tmp") || rest.ends_with(".staging")) {
         return false;
     }
-    leading_token(rest).is_some() || rest.match_indices(".fastseq-").any(|(i, _)| leading_token(&rest[i + 1..]).is_some())
+    leading_token(rest).is_some()
+        || rest.match_indices(".fastseq-").any(|(i, _)| leading_token(&rest[i + 1..]).is_some())
 }
 
 /// Removes the temporary files and staging folders in `folder` that no live writer holds.

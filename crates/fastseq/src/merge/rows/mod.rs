@@ -453,35 +453,8 @@ fn free_names(g: &GraphProto, out: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::proto::{
-        tensor_shape_proto, type_proto, AttributeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
-    };
-
-    /// A value info of float32 with dims: ints, or "N" for a symbolic dim.
-    fn vi(name: &str, dims: &[&str]) -> ValueInfoProto {
-        let dim = dims
-            .iter()
-            .map(|d| tensor_shape_proto::Dimension {
-                value: Some(match d.parse::<i64>() {
-                    Ok(v) => DimValue::DimValue(v),
-                    Err(_) => DimValue::DimParam(d.to_string()),
-                }),
-                ..Default::default()
-            })
-            .collect();
-        ValueInfoProto {
-            name: Some(name.into()),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(TensorShapeProto { dim, ..Default::default() }),
-                    ..Default::default()
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+    use crate::codec::proto::{AttributeProto, OperatorSetIdProto, TensorProto};
+    use crate::codec::testing::value_of as vi;
 
     fn ints(name: &str, v: &[i64], scalar: bool) -> TensorProto {
         TensorProto {
