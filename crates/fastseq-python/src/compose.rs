@@ -81,9 +81,6 @@ pub(crate) fn compose_sources(
     rules: &str,
     adapt_remedy: Option<String>,
 ) -> PyResult<Composed> {
-    if sources.len() != labels.len() {
-        return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
-    }
     let rules = match rules {
         "fastseq" => Rules::Fastseq,
         "onnx.compose" => Rules::OnnxCompose,
@@ -135,9 +132,6 @@ pub(crate) fn load_model(py: Python<'_>, source: PySource, label: Option<String>
 /// stages a pipeline keeps so that it can be composed again without reading its sources.
 #[pyfunction]
 pub(crate) fn load_models(py: Python<'_>, sources: Vec<PySource>, labels: Vec<String>) -> PyResult<Vec<Composed>> {
-    if sources.len() != labels.len() {
-        return Err(pyo3::exceptions::PyValueError::new_err("one label per source"));
-    }
     let sources: Vec<Source> = sources.into_iter().map(|s| s.0).collect();
     let models = py.detach(|| fastseq::load_all(sources, &labels)).map_err(to_py)?;
     Ok(models.into_iter().map(Composed).collect())

@@ -101,8 +101,8 @@ impl Composed {
     }
 
     /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
-    fn with_weights(&self, py: Python<'_>, stripped: &[u8], label: &str) -> PyResult<Composed> {
-        let data = Bytes::copy_from_slice(stripped);
+    fn with_weights(&self, py: Python<'_>, stripped: Bound<'_, PyBytes>, label: &str) -> PyResult<Composed> {
+        let data = crate::sources::shared(&stripped); // not copied
         py.detach(|| self.0.with_weights(data, label)).map(Composed).map_err(to_py)
     }
 
@@ -243,7 +243,6 @@ impl Composed {
     /// Per stage, how many nodes at the start of its range in :meth:`origins` the merge
     /// inserted (adapters on its incoming edges; 0 for a loaded model).
     fn inserted_nodes(&self) -> Vec<usize> {
-        let o = &self.0.composition().origins;
-        (0..o.nodes.len()).map(|k| o.inserted.get(k).copied().unwrap_or(0)).collect()
+        self.0.composition().stages().into_iter().map(|s| s.inserted).collect()
     }
 }

@@ -11,6 +11,11 @@ use crate::codec::proto::{
     StringStringEntryProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 
+/// The default domain at opset 17, as the tests' models import it.
+pub(crate) fn opset17() -> Vec<OperatorSetIdProto> {
+    vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17), ..Default::default() }]
+}
+
 pub(crate) fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
     let dims: Vec<String> = dims.iter().map(i64::to_string).collect();
     value_of(name, &dims.iter().map(String::as_str).collect::<Vec<_>>())
@@ -94,7 +99,7 @@ pub(crate) fn sample_model() -> ModelProto {
     ModelProto {
         ir_version: Some(8),
         producer_name: Some("fastseq tests".into()),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17), ..Default::default() }],
+        opset_import: opset17(),
         metadata_props: vec![StringStringEntryProto {
             key: Some("k".into()),
             value: Some("v".into()),

@@ -4,8 +4,8 @@ pub(crate) use std::collections::HashSet;
 pub(crate) use crate::codec::graph::vi_name;
 pub(crate) use crate::codec::proto::tensor_shape_proto::dimension::Value as Dim;
 pub(crate) use crate::codec::proto::{
-    tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto,
+    tensor_shape_proto, type_proto, GraphProto, ModelProto, NodeProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
 };
 pub(crate) use crate::error::Kind;
 pub(crate) use crate::merge::compose::compose;
@@ -58,7 +58,7 @@ pub(crate) fn node_proto(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
 pub(crate) fn scale(elem: i32) -> ModelProto {
     ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17), ..Default::default() }],
+        opset_import: crate::codec::testing::opset17(),
         graph: Some(GraphProto {
             name: Some("scale".into()),
             node: vec![node("Mul", &["x", "c"], &["t"]), node("Relu", &["t"], &["y"])],

@@ -112,20 +112,14 @@ pub fn load_all(sources: Vec<Source>, labels: &[String], mode: Mode) -> Result<V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::proto::{
-        tensor_proto::DataLocation, GraphProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
-    };
+    use crate::codec::proto::{tensor_proto::DataLocation, GraphProto, StringStringEntryProto, TensorProto};
 
     fn with_external(location: &str, length: usize) -> ModelProto {
         let entry =
             |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v), ..Default::default() };
         ModelProto {
             ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(17),
-                ..Default::default()
-            }],
+            opset_import: crate::codec::testing::opset17(),
             graph: Some(GraphProto {
                 name: Some("g".into()),
                 initializer: vec![TensorProto {

@@ -21,8 +21,9 @@ use crate::codec::node::{decode, subgraphs};
 use crate::codec::proto::tensor_shape_proto::dimension::Value as DimValue;
 use crate::codec::proto::type_proto::Value as TypeValue;
 use crate::codec::proto::{AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
+use crate::merge::opsets::normalize_domain;
 use crate::merge::rows::args::Args;
-use crate::merge::rows::value::{from_tensor, Dim, Val, Why, T};
+use crate::merge::rows::value::{attr, from_tensor, Dim, Val, Why, T};
 
 mod args;
 mod elementwise;
@@ -162,7 +163,7 @@ fn input(vi: &ValueInfoProto) -> Val {
 fn opset_of(imports: &[crate::codec::proto::OperatorSetIdProto]) -> i64 {
     imports
         .iter()
-        .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
+        .find(|o| normalize_domain(o.domain.as_deref().unwrap_or("")).is_empty())
         .and_then(|o| o.version)
         .unwrap_or(1)
 }
@@ -250,7 +251,7 @@ impl Cx<'_> {
             )));
         }
         let graphs: Vec<&GraphProto> = subgraphs(node).collect();
-        if op == "If" && matches!(domain, "" | "ai.onnx") {
+        if op == "If" && normalize_domain(domain).is_empty() {
             return self.if_node(node, at, &ins, scope, site);
         }
         if !graphs.is_empty() {
@@ -276,7 +277,7 @@ impl Cx<'_> {
         if let Some(f) = self.functions.get(&(domain.to_string(), op.to_string())) {
             return Ok(self.call(f, node, at, &ins, site));
         }
-        let opset = if matches!(domain, "" | "ai.onnx") { site.opset } else { 0 };
+        let opset = if normalize_domain(domain).is_empty() { site.opset } else { 0 };
         let outs = ops::step(&Args { node, ins: &ins, opset }).map_err(Fault::Here)?;
         Ok((0..node.output.len())
             .map(|k| match outs.get(k) {
@@ -310,7 +311,7 @@ impl Cx<'_> {
         let name = node.name.as_deref().unwrap_or("");
         let mut results: Vec<Vec<Val>> = Vec::new();
         for branch in ["then_branch", "else_branch"] {
-            let Some(g) = attribute(node, branch).and_then(|a| a.g.as_ref()) else {
+            let Some(g) = attr(node, branch).and_then(|a| a.g.as_ref()) else {
                 return Err(Fault::Here(format!("If has no {branch}")));
             };
             let mut inner = Scope::new(Some(scope));
@@ -410,10 +411,6 @@ enum Fault {
     From(Why),
 }
 
-fn attribute<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
-    node.attribute.iter().find(|a| a.name.as_deref() == Some(name))
-}
-
 /// Two branches' values for one output: what both have in common.
 fn join(a: &T, b: &T) -> T {
     let dims = match (a.dims(), b.dims()) {
@@ -453,7 +450,7 @@ fn free_names(g: &GraphProto, out: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::proto::{AttributeProto, OperatorSetIdProto, TensorProto};
+    use crate::codec::proto::{AttributeProto, TensorProto};
     use crate::codec::testing::value_of as vi;
 
     fn ints(name: &str, v: &[i64], scalar: bool) -> TensorProto {
@@ -484,11 +481,7 @@ mod tests {
     fn model(nodes: Vec<NodeProto>, x: &[&str], y: &[&str], inits: Vec<TensorProto>) -> ModelProto {
         ModelProto {
             ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(17),
-                ..Default::default()
-            }],
+            opset_import: crate::codec::testing::opset17(),
             graph: Some(GraphProto {
                 node: nodes.iter().map(crate::codec::node::encode).collect(),
                 input: vec![vi("x", x)],
@@ -567,11 +560,7 @@ mod tests {
             output: vec!["b".into()],
             attribute: vec!["along".into()],
             node: vec![sm],
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(17),
-                ..Default::default()
-            }],
+            opset_import: crate::codec::testing::opset17(),
             ..Default::default()
         };
         for (along, mixes) in [(1, false), (0, true)] {

@@ -5,6 +5,7 @@
 //! An operator the table does not know keeps nothing: its outputs count as mixed unless
 //! none of its inputs depends on the batch. A wrong "independent" silently computes wrong
 //! results, a wrong "dependent" only asks the user to say so; every rule leans that way.
+use crate::merge::opsets::normalize_domain;
 use crate::merge::rows::args::{each, one, unknown, Args, Outs, R};
 use crate::merge::rows::elementwise::{broadcast, ints_of, BROADCAST, UNARY};
 use crate::merge::rows::value::T;
@@ -13,7 +14,7 @@ use crate::merge::rows::{index, linalg, ml, reduce, shape};
 /// Whether `op` follows rows of unknown rank (see `T::loose`): element-wise operators do,
 /// when their other inputs are scalars that do not depend on the batch.
 pub fn follows_loose(op: &str, domain: &str, ins: &[Option<T>]) -> bool {
-    let plain = matches!(domain, "" | "ai.onnx") && (UNARY.contains(&op) || BROADCAST.contains(&op) || op == "Clip");
+    let plain = normalize_domain(domain).is_empty() && (UNARY.contains(&op) || BROADCAST.contains(&op) || op == "Clip");
     plain && ins.iter().flatten().all(|t| t.loose || (t.fixed() && t.scalar()))
 }
 
@@ -23,8 +24,8 @@ pub fn step(args: &Args) -> R<Outs> {
     let node = args.node;
     let op = args.op();
     let domain = node.domain.as_deref().unwrap_or("");
-    match domain {
-        "" | "ai.onnx" => default_domain(args, op),
+    match normalize_domain(domain) {
+        "" => default_domain(args, op),
         "ai.onnx.ml" => ml::step(args, op),
         _ => unknown(args, &format!("{op} (domain '{domain}')")),
     }
