@@ -227,6 +227,23 @@ def test_batches_of_threads_run_on_the_own_session_and_batches_of_coroutines_on_
     assert used[1:] and all(session is pipe.get_session() and only for session, only in used[1:])
 
 
+def test_a_pipeline_that_made_a_batcher_is_freed_with_its_sessions():
+    """The batchers' own runner is kept with the pipeline, not in a mapping keyed by it whose
+    value (runners referring back to the pipeline) would keep it, and its second session,
+    alive for ever."""
+    import gc
+    import weakref
+
+    pipe = light_heavy()
+    with pipe.batcher() as b:
+        same(b(rows(2)), pipe(rows(2)))
+        assert b._serving.session is not pipe.get_session()
+    gone = weakref.ref(pipe)
+    del pipe, b
+    gc.collect()
+    assert gone() is None
+
+
 def test_the_batchers_own_session_starts_from_the_session_cache(tmp_path):
     """A pipeline's session stored in the session cache carries options the cache set for it
     (the optimised model's file); the batcher's own session starts from the pipeline's options."""

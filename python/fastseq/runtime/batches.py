@@ -7,7 +7,6 @@ thread woken, a loop called back); and the batchers' own session on the CPU. Wha
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import deque
 from typing import Any
 
@@ -57,9 +56,10 @@ class Chain:
 
 
 # --- running a batch (on the worker) -----------------------------------------------------------
-#: Per pipeline: its runner of the moment and the batchers' runner for it (made once, shared
-#: by the pipeline's batchers, dropped with the pipeline).
-_OWN: weakref.WeakKeyDictionary[Any, tuple[Runner, Runner]] = weakref.WeakKeyDictionary()
+#: Guards each pipeline's ``_batch_runner``: its runner of the moment and the batchers' runner
+#: for it (made once, shared by the pipeline's batchers). Kept on the pipeline, not in a weak
+#: mapping keyed by it: the runners refer back to the pipeline, so the mapping's value would
+#: keep its key, and the pipeline and its second session, alive for ever.
 _OWN_LOCK = threading.Lock()
 
 
@@ -71,11 +71,11 @@ def own_runner(pipe: Any, base: Runner) -> Runner:
     (a GPU) the pipeline's session, which a second one would hold the weights twice beside.
     Made once per pipeline session and kept with the pipeline for its later batchers."""
     with _OWN_LOCK:
-        known = _OWN.get(pipe)
+        known = getattr(pipe, "_batch_runner", None)
         if known is not None and known[0] is base:
             return known[1]
         own = _new_own_runner(pipe, base)
-        _OWN[pipe] = (base, own)
+        pipe._batch_runner = (base, own)
         return own
 
 
@@ -93,7 +93,7 @@ def _new_own_runner(pipe: Any, base: Runner) -> Runner:
     key = "session.intra_op.allow_spinning"
     try:
         options.get_session_config_entry(key)  # the caller's own choice stands
-    except Exception:  # onnxruntime raises for an entry that was never set
+    except RuntimeError:  # onnxruntime raises for an entry that was never set
         options.add_session_config_entry(key, "0")
     return pipe._runner_for(pipe.create_session(providers, options))
 
