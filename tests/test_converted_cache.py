@@ -143,6 +143,17 @@ def test_converted_stages_are_kept_only_with_a_session_cache_and_the_key_names_t
     parts = convert._converter()
     assert parts == {"onnx": onnx.__version__,
                      "converter": __import__("hashlib").sha256(Path(convert.__file__).read_bytes()).hexdigest()}
+    # What the key's naming does: another converter's entries are not this one's.
+    cache = tmp_path / "cache"
+    build = lambda: fastseq.ONNXSequential(ops.normalize(), str(model), ops.resize(16, antialias=True),  # noqa: E731
+                                           auto_ir_version_conversion=True, session_cache=cache)
+    build()
+    kept = len(converted_entries(cache))
+    build()
+    assert kept and len(converted_entries(cache)) == kept  # the same converter: hits
+    monkeypatch.setattr(convert, "_converter", lambda: {**parts, "converter": "another"})
+    build()
+    assert len(converted_entries(cache)) == 2 * kept  # another converter: converted again, kept apart
 
 
 def test_cache_list_shows_converted_stages(tmp_path):

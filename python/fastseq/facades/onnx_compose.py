@@ -229,7 +229,7 @@ def merge_models(
     # Both unset: merged as onnx.compose merges them (its ValueErrors first), then refused as
     # its checker refuses the result.
     unset = min(irs) <= 0
-    data = [_decodable(m) if unset else _serialized(m) for m in models]
+    data = [_decodable(m) for m in models]
     stages = [_held_model(d, m, k) for k, (d, m) in enumerate(zip(data, models))]
     spec = _compose.merge_spec(*stages, io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
     spec.metadata.update(producer_name=producer_name, producer_version=producer_version, domain=domain)
@@ -273,17 +273,6 @@ def _as_given(given: onnx.ModelProto, out: onnx.ModelProto) -> onnx.ModelProto:
     elif given.ir_version <= 0:
         out.ir_version = given.ir_version
     return out
-
-
-def _serialized(m: onnx.ModelProto) -> bytes:
-    """``m``'s bytes; a model without a graph as one with an empty graph (onnx.compose reads
-    the field's default)."""
-    if m.HasField("graph"):
-        return m.SerializeToString()
-    copy = type(m)()
-    copy.CopyFrom(m)
-    copy.graph.SetInParent()
-    return copy.SerializeToString()
 
 
 def _held_model(data: bytes, m: onnx.ModelProto, index: int) -> Stage:

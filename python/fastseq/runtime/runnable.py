@@ -293,8 +293,8 @@ class Runnable:
     def check_rows(self) -> None:
         """Raises :class:`fastseq.CompositionError` naming the stage and node if a batch's rows may mix (the core's verdict)."""
         from fastseq.runtime.rows import check_rows
-
-        check_rows(self._composed.row_mixing(), *self._stage_origins(), self._composed.inserted_nodes())
+        if findings := self._composed.row_mixing():  # the stages' names only for a finding to name
+            check_rows(findings, *self._stage_origins(), self._composed.inserted_nodes())
 
     def profile(self, *inputs: Any, runs: int = 20, warmup: int = 3, **named: Any) -> Profile:
         """Where the time goes, per stage: ONNX Runtime's profiler on a profiling session of
