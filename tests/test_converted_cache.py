@@ -163,3 +163,73 @@ def test_cache_list_shows_converted_stages(tmp_path):
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "conv.onnx (converted to ai.onnx 18)" in r.stdout and "damaged" not in r.stdout
+
+
+# --- hostile: a full disk, a read-only cache, two writers at once ------------------------------
+def _fill(mount: Path) -> Path:
+    filler = mount / "filler"
+    with open(filler, "wb", buffering=0) as f:  # the disk full to its last block
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError:
+            pass
+    return filler
+
+
+def test_a_full_disk_keeps_no_converted_stage_and_leaves_nothing_behind(tmp_path):
+    """Keeping a converted stage on a full disk is a warning, never a failed start or a wrong
+    result, and leaves no temporary file. Needs root for the tmpfs."""
+    from conftest import tmpfs
+
+    model = conv_model(tmp_path / "conv.onnx")
+    with tmpfs(tmp_path / "full", "256k") as mount:
+        cache = mount / "c"
+        cache.mkdir(mode=0o700)
+        _fill(mount)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipe = fastseq.ONNXSequential(ops.resize(16, antialias=True), ops.normalize(), str(model),
+                                          auto_ir_version_conversion=True, session_cache=cache)
+        assert any("session cache" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        x = np.random.default_rng(0).random((2, 3, 24, 24), dtype=np.float32)
+        np.testing.assert_array_equal(pipe(x)[0], expected(model))
+        assert [p.relative_to(cache).as_posix() for p in cache.rglob("*")] == []  # nothing kept, nothing left
+
+
+def test_a_read_only_cache_still_starts_right(tmp_path):
+    """A cache remounted read-only after it kept the stages: the start computes what the
+    pipeline computes, whether it reads the entries or converts again. Needs root."""
+    from conftest import tmpfs
+
+    model = conv_model(tmp_path / "conv.onnx")
+    with tmpfs(tmp_path / "ro", "64m") as mount:
+        cache = mount / "c"
+        assert start(model, cache, tmp_path / "cold.npy")["cache"] == "stored"
+        kept = sorted(p.name for p in cache.rglob("*"))
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        try:
+            again = start(model, cache, tmp_path / "again.npy")
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(mount)], check=True)
+        np.testing.assert_array_equal(np.load(tmp_path / "again.npy"), np.load(tmp_path / "cold.npy"))
+        assert sorted(p.name for p in cache.rglob("*")) == kept
+        assert again["cache"] in ("hit", None)
+
+
+def test_two_processes_converting_at_once_keep_one_entry_per_stage(tmp_path):
+    """Two fresh processes start the same pipeline on an empty cache at once: both compute
+    the pipeline's result, each converted stage is kept once, and a third start is a hit
+    that converts nothing."""
+    model, cache = conv_model(tmp_path / "conv.onnx"), tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", START, str(model), str(cache), str(tmp_path / f"{k}.npy")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    want = expected(model)
+    for k in range(2):
+        np.testing.assert_allclose(np.load(tmp_path / f"{k}.npy"), want, rtol=1e-5, atol=1e-5)
+    assert sorted(e["labels"][0] for e in converted_entries(cache)) == [
+        "conv.onnx (converted to ai.onnx 18)", "normalize (#1) (converted to ai.onnx 18)"]
+    assert start(model, cache, tmp_path / "third.npy") == {"cache": "hit", "onnx": False}
