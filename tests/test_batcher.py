@@ -189,7 +189,7 @@ def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
         same(b(rows(2)), pipe(rows(2)))
         pipe.as_cpu()  # a new session for the pipeline: the batcher follows it
         same(b(rows(2)), pipe(rows(2)))
-        assert b._base is pipe.runner and b._serving.session is not own
+        assert b._serving.session is not own and b._serving is batches.own_runner(pipe, pipe.runner)
         same(shared(rows(2)), pipe(rows(2)))
         assert shared._serving is pipe.runner
     spinning = ort.SessionOptions()
@@ -225,6 +225,21 @@ def test_batches_of_threads_run_on_the_own_session_and_batches_of_coroutines_on_
     assert own is not pipe.get_session()
     assert used[0] == (own, False)
     assert used[1:] and all(session is pipe.get_session() and only for session, only in used[1:])
+
+
+def test_a_batcher_of_coroutines_alone_never_makes_a_second_session():
+    """Coroutines' batches run on the pipeline's session, so an asyncio server holds the
+    weights once; the batchers' own session comes with the first batch that has a thread."""
+    pipe = light_heavy()
+    with pipe.batcher() as b:
+        async def coroutines():
+            return await asyncio.gather(*(b.run_async(rows(k + 1)) for k in range(4)))
+
+        for k, got in enumerate(asyncio.run(coroutines())):
+            same(got, pipe(rows(k + 1)))
+        assert getattr(pipe, "_batch_runner", None) is None
+        same(b(rows(2)), pipe(rows(2)))
+        assert pipe._batch_runner[1].session is not pipe.get_session()
 
 
 def test_a_pipeline_that_made_a_batcher_is_freed_with_its_sessions():

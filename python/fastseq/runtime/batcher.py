@@ -106,9 +106,6 @@ class Batcher:
         self.share_session = share_session
         self._delay = self.max_delay_ms / 1000
         self._pipe = pipe
-        # The runner batches run on, for the pipeline's runner of the moment (_base).
-        self._base: Runner = pipe.runner
-        self._serving = self._base if share_session else own_runner(pipe, self._base)
         # The queue and the worker's state, under _lock (a plain lock: a C call on the hot
         # paths). The worker sleeps on _wake (held while it does not), which the first
         # caller to find it sleeping releases once.
@@ -231,16 +228,20 @@ class Batcher:
             deliver(batch)
 
     def _runner(self, coroutines_only: bool) -> Runner:
-        """The runner for the next batch: the batcher's own session follows the pipeline's
-        (``as_cuda`` and the like switch it). A batch of coroutines alone runs on the
-        pipeline's session: their loop waits on this one worker, and ONNX Runtime's spinning
-        threads, which cost waiting threads their cores, start its next batch sooner
-        (benchmarks.md: 1.4x-1.5x the rows/s of coroutines on the spinning-off session)."""
+        """The runner for the next batch, following the pipeline's of the moment (``as_cuda``
+        and the like switch it). A batch of coroutines alone runs on the pipeline's session:
+        their loop waits on this one worker, and ONNX Runtime's spinning threads, which cost
+        waiting threads their cores, start its next batch sooner (benchmarks.md: 1.4x-1.5x
+        the rows/s of coroutines on the spinning-off session). A batch with threads runs on
+        the batchers' own session, made with the first such batch: a batcher of coroutines
+        alone never holds the weights twice."""
         base = self._pipe.runner
-        if base is not self._base:
-            self._serving = base if self.share_session else own_runner(self._pipe, base)
-            self._base = base
-        return base if coroutines_only else self._serving
+        return base if coroutines_only or self.share_session else own_runner(self._pipe, base)
+
+    @property
+    def _serving(self) -> Runner:
+        """The runner a batch with threads runs on (for the tests)."""
+        return self._runner(False)
 
     def _next(self) -> list[Request] | None:
         """The next batch, sleeping while there is none (or, with a delay, while it fills);
