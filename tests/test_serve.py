@@ -494,6 +494,39 @@ def test_a_cancelled_coroutine_is_left_out_of_its_batch():
     assert drop.cancelled()
 
 
+def test_a_cancelled_coroutines_rows_are_not_run(monkeypatch):
+    """The worker leaves a cancelled request out as it takes a batch: the joint runs have the
+    others' rows only, the batch filled up to max_batch_size by the requests after it."""
+    from fastseq.runtime import batcher as batcher_module
+
+    pipe = light_heavy()
+    real = batcher_module.run
+    runs = []
+
+    def recording(runner, requests):
+        runs.append([r.rows for r in requests])
+        return real(runner, requests)
+
+    monkeypatch.setattr(batcher_module, "run", recording)
+
+    async def main(batcher):
+        first = asyncio.ensure_future(batcher.run_async(rows(1, seed=1)))
+        drop = asyncio.ensure_future(batcher.run_async(rows(2, seed=2)))
+        other = asyncio.ensure_future(batcher.run_async(rows(4, seed=4)))
+        last = asyncio.ensure_future(batcher.run_async(rows(3, seed=5)))
+        await asyncio.sleep(0)
+        drop.cancel()
+        return await asyncio.gather(first, other, last), drop
+
+    with pipe.batcher(max_batch_size=5, max_delay_ms=50) as batcher:
+        (a, b, c), drop = asyncio.run(main(batcher))
+    assert drop.cancelled()
+    same(a, pipe(rows(1, seed=1)))
+    same(b, pipe(rows(4, seed=4)))
+    same(c, pipe(rows(3, seed=5)))
+    assert runs == [[1, 4], [3]]
+
+
 @pytest.mark.parametrize("then", ["deadline", "close"])
 def test_a_batch_whose_only_request_was_cancelled_does_not_stall_its_loop(then):
     # A service's request timeout (wait_for) cancels the only request of a batch; its

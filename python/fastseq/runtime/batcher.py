@@ -9,7 +9,10 @@ queue fills while a batch runs, so batches grow with the load without anyone wai
 them; a caller thread sleeps on a lock of its own until its answer is set, a coroutine awaits
 a future of its loop, which one call per batch and loop resolves. (A leader thread that
 waited for its batch to fill and ran it itself measured 0.57x the rows/s of threads calling
-the pipeline directly on two cores; this design measured 0.94-1.01x: benches/bench_serve.py.)
+the pipeline directly on two cores; a throwaway of this design without the checks 0.94-1.01x;
+this batcher 0.76-1.09x on a small tabular pipeline, more on heavier ones:
+docs/benchmarks.md.) The paths every request takes are kept short: on two cores, the loop's
+and the worker's Python per request, which the GIL runs one at a time, bound the rows/s.
 
 Joining is only right when each row's outputs depend on that row alone: the core decides it
 from the composed graph (``crates/fastseq/src/merge/rows``), and a pipeline whose rows may mix is
@@ -30,6 +33,7 @@ import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
 from fastseq.runtime.batches import Request, deliver, own_runner, run
+from fastseq.runtime.inputs import InputCheck
 from fastseq.runtime.runner import Runner
 
 #: A worker that finds nothing to do for this long ends; the next request starts another.
@@ -118,6 +122,7 @@ class Batcher:
         self._filling = False  # ... for a full batch (with a delay), rather than any request
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._one: tuple[tuple[InputCheck, ...] | None, InputCheck | None] = (None, None)  # see _one_input
 
     # --- callers ---------------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
@@ -171,8 +176,22 @@ class Batcher:
     def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> Request:
         """The request, checked in its caller, with the key of the batches it may join."""
         runner = self._pipe.runner
+        one = self._one
+        if one[0] is not runner.checks:  # the pipeline's runner of the moment (as_cuda and the like switch it)
+            one = self._one = _one_input(runner)
+        check = one[1]
+        if check is not None and len(inputs) == 1 and not named:
+            # The common request, checked inline: one array of the input's dtype and rank.
+            a = inputs[0]
+            if (
+                type(a) is np.ndarray
+                and a.dtype is check.dtype
+                and a.ndim == check.ndim
+                and (check.fixed_of is None or check.fixed_of(a.shape) == check.fixed)
+            ):
+                return Request({check.name: a}, a.shape[0], (a.dtype, a.shape[1:]))
         feeds = runner.feeds(inputs, named)
-        if len(feeds) == 1:  # one input (the common case): its rows and other axes are the key
+        if len(feeds) == 1:  # one input: its rows and other axes are the key
             (a,) = feeds.values()
             if a.ndim:
                 return Request(feeds, a.shape[0], (a.dtype, a.shape[1:]))
@@ -216,11 +235,10 @@ class Batcher:
     # --- the worker ------------------------------------------------------------------------------
     def _work(self) -> None:
         """The worker thread: batch after batch until closed, or idle for IDLE_S."""
-        while (batch := self._next()) is not None:
+        while (taken := self._next()) is not None:
+            batch, threads = taken
             try:
-                # Left out: cancelled coroutines, and threads that stopped waiting.
-                live = [r for r in batch if not r.gone and (r.future is None or not r.future.done())]
-                run(self._runner(all(r.future is not None for r in live)), live)
+                run(self._runner(not threads), batch)
             except BaseException as e:  # noqa: BLE001 - no caller may be left waiting
                 for r in batch:
                     if r.answer is None:
@@ -243,7 +261,7 @@ class Batcher:
         """The runner a batch with threads runs on (for the tests)."""
         return self._runner(False)
 
-    def _next(self) -> list[Request] | None:
+    def _next(self) -> tuple[list[Request], bool] | None:
         """The next batch, sleeping while there is none (or, with a delay, while it fills);
         None when the worker is to end (closed and drained, or idle)."""
         while True:
@@ -254,7 +272,10 @@ class Batcher:
                     if self._delay and not self._closed and self._rows < self.max_batch_size:
                         wait = queue[0].since + self._delay - time.monotonic()
                     if wait <= 0:
-                        return self._take()
+                        taken = self._take()
+                        if taken is not None:
+                            return taken
+                        continue  # every request queued was dropped
                     self._filling = True
                 elif self._closed:
                     self._worker = None
@@ -274,38 +295,46 @@ class Batcher:
                         self._wake.acquire()
                 self._filling = False
 
-    def _take(self) -> list[Request]:
+    def _take(self) -> tuple[list[Request], bool] | None:
         """Takes the next batch off the queue (under the lock): the first request and those
-        after it with the same key, up to max_batch_size rows, in order."""
+        after it with the same key, up to max_batch_size rows, in order, leaving out those
+        whose callers stopped waiting; and whether a thread's request is in it. None if all
+        of them had."""
         queue = self._queue
-        while len(queue) > 1 and _dropped(queue[0]):  # their callers stopped waiting
-            self._rows -= queue.popleft().rows
-        first = queue.popleft()
-        batch, rows, limit = [first], first.rows, self.max_batch_size
-        if rows < limit and queue:
-            key, other = first.key, []
-            while queue:
-                r = queue[0]
-                if _dropped(r):
-                    self._rows -= queue.popleft().rows
-                elif r.key is not key and r.key != key:
-                    other.append(queue.popleft())  # another batch's: stays ahead of those after it
-                elif rows + r.rows > limit:
-                    break
-                else:
-                    batch.append(queue.popleft())
-                    rows += r.rows
-                    if rows == limit:
-                        break
-            if other:
-                queue.extendleft(reversed(other))
-        self._rows -= sum(r.rows for r in batch)
-        return batch
+        batch: list[Request] = []
+        other: list[Request] = []  # another batch's: they stay ahead of those after them
+        rows, limit, key, threads = 0, self.max_batch_size, None, False
+        while queue:
+            r = queue[0]
+            if r.gone or (r.future is not None and r.future.done()):  # its caller stopped waiting
+                self._rows -= queue.popleft().rows
+                continue
+            if key is None:
+                key = r.key
+            elif r.key is not key and r.key != key:
+                other.append(queue.popleft())
+                continue
+            elif rows + r.rows > limit:
+                break
+            batch.append(queue.popleft())
+            rows += r.rows
+            threads = threads or r.future is None
+            if rows >= limit:
+                break
+        if other:
+            queue.extendleft(reversed(other))
+        self._rows -= rows
+        return (batch, threads) if batch else None
 
 
-def _dropped(r: Request) -> bool:
-    """A request whose caller stopped waiting: a thread interrupted, a coroutine cancelled."""
-    return r.gone or (r.future is not None and r.future.done())
+def _one_input(runner: Runner) -> tuple[tuple[InputCheck, ...], InputCheck | None]:
+    """The runner's checks (the runner's own tuple, which says whose they are without keeping
+    an old runner's session alive) and those of its one input with a batch axis, for the
+    common request (one array, checked inline); None where a request is checked in full."""
+    checks = runner.checks
+    if len(checks) == 1 and checks[0].ndim and checks[0].dtype is not None:
+        return checks, checks[0]
+    return checks, None
 
 
 # --- batchers still working when the interpreter exits ------------------------------------------

@@ -38,7 +38,9 @@ class Chain:
     """A batch's thread callers, woken one after the other: the worker wakes the first, and
     each, once woken, the next (one that stopped waiting is passed over). Woken all at once
     by the worker, they would all wait for the GIL together: measured 5 context switches a
-    request against 2, and 30 µs of system time against 13."""
+    request against 2, and 30 µs of system time against 13. Two at a time measured no better
+    (0.92x against 0.90x the rows/s of 64 threads calling the pipeline on the tabular
+    pipeline, 0.88x against 0.93x on the convolutional one)."""
 
     __slots__ = ("lock", "waiting")
 
@@ -165,6 +167,10 @@ def _hand_out(runner: Runner, requests: list[Request], outputs: list[Any]) -> No
 def deliver(batch: list[Request]) -> None:
     """Resolves the coroutines' futures with one call to each loop (a closed loop has
     nobody awaiting them), and wakes the batch's threads one after the other (Chain)."""
+    loop = batch[0].loop
+    if loop is not None and all(r.loop is loop for r in batch):  # one loop's coroutines alone
+        _call_soon(loop, batch)
+        return
     loops: dict[Any, list[Request]] = {}
     threads = []
     for r in batch:
@@ -173,10 +179,7 @@ def deliver(batch: list[Request]) -> None:
         else:
             loops.setdefault(r.loop, []).append(r)
     for loop, requests in loops.items():
-        try:
-            loop.call_soon_threadsafe(_settle, requests)
-        except RuntimeError:
-            pass
+        _call_soon(loop, requests)
     if threads:
         chain = Chain(threads)
         for r in threads:
@@ -184,12 +187,20 @@ def deliver(batch: list[Request]) -> None:
         chain.wake()
 
 
+def _call_soon(loop: Any, requests: list[Request]) -> None:
+    try:
+        loop.call_soon_threadsafe(_settle, requests)
+    except RuntimeError:  # the loop is closed: nobody awaits these
+        pass
+
+
 def _settle(requests: list[Request]) -> None:
     """On the loop: resolves the callers' futures (but those cancelled meanwhile)."""
     for r in requests:
-        if r.future.done() or r.answer is None:
+        future, answer = r.future, r.answer
+        if future.done() or answer is None:
             continue
-        if isinstance(r.answer, BaseException):
-            r.future.set_exception(r.answer)
+        if isinstance(answer, BaseException):
+            future.set_exception(answer)
         else:
-            r.future.set_result(r.answer)
+            future.set_result(answer)
