@@ -204,6 +204,18 @@ def tmpfs(mount: Path, size: str) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def fill(mount: Path) -> Path:
+    """Fills the file system at ``mount`` to its last block (a full disk); the filler file."""
+    filler = mount / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError:
+            pass
+    return filler
+
+
 # --- loopback servers and folders, for the loaders' tests --------------------------------------
 @pytest.fixture
 def www(tmp_path):

@@ -55,11 +55,26 @@ def start(model: Path, cache: Path, out: Path) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+X = np.random.default_rng(0).random((2, 3, 24, 24), dtype=np.float32)  # START's input too
+
+
+def build(model: Path, cache: Path | bool) -> fastseq.ONNXSequential:
+    """START's pipeline, built in this process."""
+    return fastseq.ONNXSequential(ops.resize(16, antialias=True), ops.normalize(), str(model),
+                                  auto_ir_version_conversion=True, session_cache=cache)
+
+
+def warned(model: Path, cache: Path) -> tuple[fastseq.ONNXSequential, list[str]]:
+    """START's pipeline built here, with the warnings its start gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipe = build(model, cache)
+    return pipe, [str(w.message) for w in caught]
+
+
 def expected(model: Path) -> np.ndarray:
     """What the pipeline computes, built here without any cache."""
-    pipe = fastseq.ONNXSequential(ops.resize(16, antialias=True), ops.normalize(), str(model),
-                                  auto_ir_version_conversion=True, session_cache=False)
-    return pipe(np.random.default_rng(0).random((2, 3, 24, 24), dtype=np.float32))[0]
+    return build(model, False)(X)[0]
 
 
 def converted_entries(cache: Path) -> list[dict]:
@@ -122,13 +137,9 @@ def test_a_converted_stage_that_is_a_link_is_refused_and_the_stage_converted(tmp
     (tmp_path / "elsewhere.onnx").write_bytes(path.read_bytes())
     path.unlink()
     path.symlink_to(tmp_path / "elsewhere.onnx")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        pipe = fastseq.ONNXSequential(ops.resize(16, antialias=True), ops.normalize(), str(model),
-                                      auto_ir_version_conversion=True, session_cache=cache)
-    assert any("not a regular file" in str(w.message) for w in caught), [str(w.message) for w in caught]
-    x = np.random.default_rng(0).random((2, 3, 24, 24), dtype=np.float32)
-    np.testing.assert_array_equal(pipe(x)[0], np.load(tmp_path / "first.npy"))
+    pipe, said = warned(model, cache)
+    assert any("not a regular file" in m for m in said), said
+    np.testing.assert_array_equal(pipe(X)[0], np.load(tmp_path / "first.npy"))
     assert path.is_symlink()  # a foreign entry is left for its owner
 
 
@@ -166,34 +177,19 @@ def test_cache_list_shows_converted_stages(tmp_path):
 
 
 # --- hostile: a full disk, a read-only cache, two writers at once ------------------------------
-def _fill(mount: Path) -> Path:
-    filler = mount / "filler"
-    with open(filler, "wb", buffering=0) as f:  # the disk full to its last block
-        try:
-            while True:
-                f.write(b"\0" * 512)
-        except OSError:
-            pass
-    return filler
-
-
 def test_a_full_disk_keeps_no_converted_stage_and_leaves_nothing_behind(tmp_path):
     """Keeping a converted stage on a full disk is a warning, never a failed start or a wrong
     result, and leaves no temporary file. Needs root for the tmpfs."""
-    from conftest import tmpfs
+    from conftest import fill, tmpfs
 
     model = conv_model(tmp_path / "conv.onnx")
     with tmpfs(tmp_path / "full", "256k") as mount:
         cache = mount / "c"
         cache.mkdir(mode=0o700)
-        _fill(mount)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            pipe = fastseq.ONNXSequential(ops.resize(16, antialias=True), ops.normalize(), str(model),
-                                          auto_ir_version_conversion=True, session_cache=cache)
-        assert any("session cache" in str(w.message) for w in caught), [str(w.message) for w in caught]
-        x = np.random.default_rng(0).random((2, 3, 24, 24), dtype=np.float32)
-        np.testing.assert_array_equal(pipe(x)[0], expected(model))
+        fill(mount)
+        pipe, said = warned(model, cache)
+        assert any("session cache" in m for m in said), said
+        np.testing.assert_array_equal(pipe(X)[0], expected(model))
         assert [p.relative_to(cache).as_posix() for p in cache.rglob("*")] == []  # nothing kept, nothing left
 
 

@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 import fastseq
-from conftest import scale_model, tmpfs
+from conftest import fill, scale_model, tmpfs
 
 TAG = "CACHEDIR.TAG"
 X = np.linspace(-1, 1, 3 * 512, dtype=np.float32).reshape(3, 512)
@@ -674,13 +674,7 @@ def test_a_disk_full_before_the_tag_leaves_no_temporary_file(tmp_path):
     tmpfs."""
     source = model_file(tmp_path, 2.0)
     with tmpfs(tmp_path / "full", "64k") as mount:
-        filler = mount / "filler"
-        with open(filler, "wb", buffering=0) as f:  # the disk full to its last block
-            try:
-                while True:
-                    f.write(b"\0" * 512)
-            except OSError:
-                pass
+        filler = fill(mount)
         cache = mount / "c"
         with pytest.warns(RuntimeWarning):
             pipe = start(source, cache)
