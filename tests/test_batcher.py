@@ -310,3 +310,21 @@ def test_closing_twice_and_from_several_threads_is_fine():
     assert "closed" in repr(b)
     with pytest.raises(fastseq.RunError, match="closed"):
         b(rows(1))
+
+
+def test_requests_as_users_make_them_get_what_pipe_x_gives():
+    """The common request is checked inline; anything else (another byte order, a strided
+    view, nested lists, float64 where the rule refuses it, a name) takes the full rule, and
+    each gets what pipe(x) gives or raises what it raises."""
+    pipe = light_heavy()
+    x = rows(3, seed=7)
+    with pipe.batcher() as b:
+        for given in (x, x.astype(">f4"), np.repeat(x, 2, axis=1)[:, ::2], x.tolist(), x[:0]):
+            same(b(given), pipe(given))
+        same(b(**{pipe.inputs[0].name: x}), pipe(x))
+        for wrong in (x.astype(np.float64), x[:, :5], x[0]):
+            with pytest.raises(fastseq.InputError) as direct:
+                pipe(wrong)
+            with pytest.raises(fastseq.InputError) as batched:
+                b(wrong)
+            assert str(batched.value) == str(direct.value)
