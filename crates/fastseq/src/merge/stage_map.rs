@@ -346,6 +346,46 @@ mod tests {
     }
 
     #[test]
+    fn text_that_is_not_a_map_never_panics_the_reader() {
+        // Hostile metadata, as a file edited elsewhere may carry: every prefix of a real map,
+        // every byte of it replaced, deep nesting, odd escapes and numbers.
+        let m = scale(1);
+        let text = encode(&stages(&[("pre \"x\" é", 0, 1), ("post", 1, 2)]), &m).unwrap();
+        let bytes = text.as_bytes();
+        let mut tried = 0;
+        for cut in 0..bytes.len() {
+            if let Ok(t) = std::str::from_utf8(&bytes[..cut]) {
+                assert_eq!(parse_value(t), None, "{t}");
+                tried += 1;
+            }
+        }
+        for at in 0..bytes.len() {
+            for b in [b'"', b'\\', b'{', b'[', b']', b'}', b',', b':', b'-', b'9', b' ', b'x'] {
+                let mut v = bytes.to_vec();
+                v[at] = b;
+                if let Ok(t) = std::str::from_utf8(&v) {
+                    let _ = parse_value(t); // a map or None, never a panic
+                    tried += 1;
+                }
+            }
+        }
+        assert!(tried > 1000);
+        for t in [
+            "[".repeat(100_000).as_str(),
+            "{\"a\":".repeat(10_000).as_str(),
+            "\"\\u",
+            "\"\\ud800\"",
+            "\"\\uZZZZ\"",
+            "99999999999999999999999999",
+            "-1",
+            "{\"format\":1e400}",
+            "",
+        ] {
+            assert_eq!(parse_value(t), None, "{t:.40}");
+        }
+    }
+
+    #[test]
     fn a_map_that_does_not_fit_its_nodes_is_ignored_with_a_note() {
         let m = scale(1);
         let text = encode(&stages(&[("a", 0, 1), ("b", 1, 2)]), &m).unwrap();
