@@ -22,6 +22,7 @@ from fastseq.errors import (
     OpsetMismatchError,
     PipelineFileError,
     ProviderError,
+    RequestError,
     RunError,
     RunTimeoutError,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "PipelineSpec",
     "Profile",
     "ProviderError",
+    "RequestError",
     "RunError",
     "RunTimeoutError",
     "SessionCache",

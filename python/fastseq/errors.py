@@ -141,6 +141,19 @@ class RunTimeoutError(RunError, TimeoutError):
     __module__ = "fastseq"
 
 
+class RequestError(InputError):
+    """An inference request to ``fastseq serve`` that the server refuses: not the KServe v2
+    protocol, not the model's inputs, or past a limit. ``status`` is the HTTP status it is
+    answered with (400, 404, 413, 503, ...); the message names the model and the tensors in
+    the pipeline's own names."""
+
+    __module__ = "fastseq"
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class ProviderError(FastseqError, ValueError):
     """An execution provider name that no onnxruntime build knows (a typo)."""
 
@@ -238,6 +251,7 @@ __all__ = [
     "OpsetMismatchError",
     "PipelineFileError",
     "ProviderError",
+    "RequestError",
     "RunError",
     "RunTimeoutError",
     "TruncatedDownloadError",

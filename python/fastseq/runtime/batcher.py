@@ -27,6 +27,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,9 @@ class Batcher:
     otherwise busy-wait on the cores the waiting threads need), unless the options set
     spinning themselves; a batch of coroutines alone runs on the pipeline's session;
     ``share_session=True`` runs them on the pipeline's session instead (no second copy of
-    the weights). Batches follow the pipeline's session of the moment (``as_cuda`` and the
+    the weights). ``on_batch(rows, waits, run_s)``, if given, is called on the worker after
+    each batch: its rows, each request's seconds in the queue and the run's seconds (what
+    ``fastseq serve``'s metrics count). Batches follow the pipeline's session of the moment (``as_cuda`` and the
     like may switch it meanwhile; on a GPU the pipeline's session is used as it is).
     """
 
@@ -96,6 +99,7 @@ class Batcher:
         *,
         row_independent: bool = False,
         share_session: bool = False,
+        on_batch: Callable[[int, list[float], float], None] | None = None,
     ) -> None:
         _check_settings(max_batch_size, max_delay_ms)
         for name, flag in (("row_independent", row_independent), ("share_session", share_session)):
@@ -109,6 +113,8 @@ class Batcher:
         self.row_independent = row_independent
         self.share_session = share_session
         self._delay = self.max_delay_ms / 1000
+        self._on_batch = on_batch
+        self._stamp = bool(self._delay or on_batch)  # requests note when they were queued
         self._pipe = pipe
         # The queue and the worker's state, under _lock (a plain lock: a C call on the hot
         # paths). The worker sleeps on _wake (held while it does not), which the first
@@ -211,7 +217,7 @@ class Batcher:
 
     def _put(self, request: Request) -> None:
         """Queues a request and wakes the worker where it sleeps (or starts it)."""
-        if self._delay:
+        if self._stamp:
             request.since = time.monotonic()
         with self._lock:
             if self._closed:
@@ -235,8 +241,10 @@ class Batcher:
     # --- the worker ------------------------------------------------------------------------------
     def _work(self) -> None:
         """The worker thread: batch after batch until closed, or idle for IDLE_S."""
+        on_batch = self._on_batch
         while (taken := self._next()) is not None:
             batch, threads = taken
+            start = time.monotonic() if on_batch is not None else 0.0
             try:
                 run(self._runner(not threads), batch)
             except BaseException as e:  # noqa: BLE001 - no caller may be left waiting
@@ -244,6 +252,8 @@ class Batcher:
                     if r.answer is None:
                         r.answer = RunError(f"the batched run failed: {e!r}")
             deliver(batch)
+            if on_batch is not None:
+                _observe(on_batch, batch, start)
 
     def _runner(self, coroutines_only: bool) -> Runner:
         """The runner for the next batch, following the pipeline's of the moment (``as_cuda``
@@ -325,6 +335,15 @@ class Batcher:
             queue.extendleft(reversed(other))
         self._rows -= rows
         return (batch, threads) if batch else None
+
+
+def _observe(on_batch: Callable[[int, list[float], float], None], batch: list[Request], start: float) -> None:
+    """Tells ``on_batch`` of a batch run: its rows, each request's time in the queue and the
+    run's time (seconds). A failing observer costs no caller its answer."""
+    try:
+        on_batch(sum(r.rows for r in batch), [start - r.since for r in batch], time.monotonic() - start)
+    except Exception:  # noqa: BLE001 - metrics must never stop the worker
+        pass
 
 
 def _one_input(runner: Runner) -> tuple[tuple[InputCheck, ...], InputCheck | None]:

@@ -280,15 +280,15 @@ class Runnable:
         runner = self._runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
-    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 0.0, *, row_independent: bool = False,
-                share_session: bool = False) -> Batcher:
+    def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 0.0, **options: Any) -> Batcher:
         """Dynamic batching for many concurrent callers (``batcher(x)`` from threads, ``await
         batcher.run_async(x)`` from coroutines): one worker joins everything queued along the batch
         axis and runs it once, on the CPU on a session of its own (``share_session=True``: on this one);
-        a pipeline whose rows may mix is refused unless ``row_independent=True``. See :class:`fastseq.Batcher`."""
+        a pipeline whose rows may mix is refused unless ``row_independent=True``. ``options``:
+        :class:`fastseq.Batcher`'s keywords (``row_independent``, ``share_session``, ``on_batch``)."""
         from fastseq.runtime.batcher import Batcher
 
-        return Batcher(self, max_batch_size, max_delay_ms, row_independent=row_independent, share_session=share_session)
+        return Batcher(self, max_batch_size, max_delay_ms, **options)
 
     def check_rows(self) -> None:
         """Raises :class:`fastseq.CompositionError` naming the stage and node if a batch's rows may mix (the core's verdict)."""

@@ -1,0 +1,75 @@
+"""Serving pipelines over the network on the KServe v2 inference protocol (Triton's, KServe's,
+Seldon MLServer's, OpenVINO Model Server's), so that the clients people have (``tritonclient``)
+call them: requests of many connections batched into one run, limits, metrics and a clean
+shutdown. Needs the ``serve`` extra (``pip install 'fastseq[serve]'``).
+
+- :mod:`.datatypes`: the KServe datatypes of ONNX element types;
+- :mod:`.protocol`: requests and responses to and from arrays (JSON and binary tensors);
+- :mod:`.model`: one pipeline as served (its description, its batcher, its warm-up);
+- :mod:`.metrics`: what is counted, in Prometheus' format;
+- :mod:`.asgi`: the ASGI application (routes, limits, lifecycle);
+- :mod:`.server`: the process on uvicorn (the socket, signals).
+
+``fastseq.serve(pipe)`` blocks serving one pipeline (or a dict of them by name);
+``fastseq.serving.app(pipe)`` is the ASGI application to mount in another; ``fastseq serve``
+is the command."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    "max_batch_size": 32,  # rows joined into one run; 1 turns batching off
+    "max_delay_ms": 0.0,  # how long a free worker waits for a batch to fill
+    "max_queue": 128,  # requests open at once (reading, queued, running) before a 503
+    "max_request_bytes": 32 << 20,  # a body's limit (413)
+    "timeout_s": 60.0,  # a request's limit from its first byte read to its answer (503)
+    "body_timeout_s": 30.0,  # how long a body may take to arrive (408)
+}
+
+#: a model's name, as it appears in a URL path
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False, warm_up: bool = True,
+        **options: Any) -> Any:
+    """The ASGI application serving ``pipelines``: one pipeline (served as ``name``) or a
+    mapping of names to pipelines. ``options``: :data:`DEFAULTS`' keys."""
+    from fastseq.errors import InputError
+    from fastseq.serving.asgi import App
+    from fastseq.serving.metrics import Metrics
+    from fastseq.serving.model import VERSION, ServedModel
+
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        from fastseq import _core
+
+        key = sorted(unknown)[0]
+        raise InputError(f"'{key}' is not a serving option{_core.did_you_mean(key, list(DEFAULTS))}; options: "
+                         + ", ".join(DEFAULTS))
+    settings = {**DEFAULTS, **options}
+    named = dict(pipelines) if isinstance(pipelines, Mapping) else {name: pipelines}
+    if not named:
+        raise InputError("nothing to serve: give a pipeline, or a dict of pipelines by name")
+    metrics = Metrics()
+    models = {}
+    for key, pipe in named.items():
+        if not isinstance(key, str) or not key or not set(key) <= NAME_CHARS:
+            raise InputError(f"a served model's name is letters, digits, '_', '.' and '-', got {key!r}")
+        models[key] = ServedModel(key, pipe, max_batch_size=settings["max_batch_size"],
+                                  max_delay_ms=settings["max_delay_ms"], row_independent=row_independent,
+                                  on_batch=metrics.model(key, VERSION).batch)
+    return App(models, metrics, max_queue=settings["max_queue"], max_request_bytes=settings["max_request_bytes"],
+               timeout_s=settings["timeout_s"], body_timeout_s=settings["body_timeout_s"], warm_up=warm_up)
+
+
+def serve(pipelines: Any, *, host: str = "127.0.0.1", port: int = 8000, name: str = "pipeline",
+          row_independent: bool = False, **options: Any) -> int:
+    """Serves ``pipelines`` (one, as ``name``, or a dict by name) on ``host``:``port`` until
+    SIGTERM or SIGINT; returns the exit status (0 after a clean shutdown). Binds to the
+    loopback interface unless told otherwise: the server has no authentication."""
+    from fastseq.serving.server import Server, say
+
+    return Server(app(pipelines, name=name, row_independent=row_independent, **options), host, port,
+                  announce=say).run()

@@ -1,0 +1,332 @@
+"""The KServe v2 inference protocol (the "Open Inference Protocol" of Triton, KServe, Seldon
+MLServer and OpenVINO Model Server) to and from arrays: pure functions over bytes, testable
+without a socket.
+
+An infer request is a JSON object; with Triton's binary tensor extension the JSON comes
+first, its length in the ``Inference-Header-Content-Length`` header, and each input whose
+``parameters`` say ``binary_data_size`` follows it as raw little-endian bytes, in input
+order (``BYTES`` elements as a 4-byte length and the bytes). Everything a request declares
+is checked against the bytes it brings before anything is allocated for it: a shape that
+claims 10^9 values with one value of data, a binary size past the body's end, a header
+length past the body, are each a :class:`~fastseq.RequestError` (400) naming the model's
+own tensor. Binary inputs are read in place (views of the body, no copy). JSON values are
+checked to keep their meaning in the datatype (300 is no UINT8, 1e39 no FP32)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastseq import _core
+from fastseq.errors import RequestError
+from fastseq.serving.datatypes import DTYPES
+
+#: the most axes a tensor of a request may have (ONNX Runtime's own limit is lower still)
+MAX_RANK = 64
+#: the largest size a request may declare for one axis
+MAX_DIM = 2**62
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One input or output of a served pipeline: its name, KServe datatype and shape (-1
+    for a dynamic axis; None where the model declares no shape)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...] | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape) if self.shape is not None else [-1]}
+
+
+class InferRequest:
+    """A decoded infer request: its id, the input arrays by name, and which outputs to
+    return how (``outputs``: (name, binary) pairs in the order asked, None for every output,
+    each binary where ``binary_output`` says so); ``timeout_s`` from its ``timeout``
+    parameter (microseconds, as Triton's clients send it)."""
+
+    __slots__ = ("id", "inputs", "outputs", "binary_output", "timeout_s")
+
+    def __init__(self, id: str | None, inputs: dict[str, np.ndarray], outputs: list[tuple[str, bool]] | None,
+                 binary_output: bool, timeout_s: float | None) -> None:
+        self.id, self.inputs, self.outputs = id, inputs, outputs
+        self.binary_output, self.timeout_s = binary_output, timeout_s
+
+
+# --- requests -----------------------------------------------------------------------------------
+def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dict[str, Tensor],
+                 outputs: dict[str, Tensor]) -> InferRequest:
+    """The infer request in ``body`` for ``model`` (whose ``inputs`` and ``outputs`` are
+    given by name); ``header_length`` is the ``Inference-Header-Content-Length`` header (None
+    without it: the whole body is JSON)."""
+    size = len(body)
+    if header_length is None:
+        header_length = size
+    elif not 0 <= header_length <= size:
+        raise RequestError(f"Inference-Header-Content-Length is {header_length}, but the body has {size} bytes")
+    try:
+        doc = json.loads(body[:header_length] if header_length != size else body)
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"the request is not valid JSON: {e}") from None
+    if type(doc) is not dict:
+        raise RequestError(f"the request must be a JSON object, got {_kind(doc)}")
+    id = doc.get("id")
+    if id is not None and type(id) is not str:
+        raise RequestError(f"the request's id must be a string, got {_kind(id)}")
+    parameters = _parameters(doc.get("parameters"), "the request's parameters")
+    items = doc.get("inputs")
+    if type(items) is not list or not items:
+        raise RequestError(f"the request needs 'inputs', a list of the tensors of model '{model}': "
+                           + ", ".join(t.name for t in inputs.values()))
+    feeds: dict[str, np.ndarray] = {}
+    offset = header_length
+    for k, item in enumerate(items):
+        if type(item) is not dict:
+            raise RequestError(f"inputs[{k}] must be a JSON object, got {_kind(item)}")
+        name = item.get("name")
+        if type(name) is not str:
+            raise RequestError(f"inputs[{k}] needs a 'name', a string")
+        if name not in inputs:
+            raise RequestError(f"'{name}' is not an input of model '{model}'{_core.did_you_mean(name, list(inputs))}; "
+                               f"inputs: {', '.join(inputs)}")
+        if name in feeds:
+            raise RequestError(f"input '{name}' is given twice")
+        datatype = item.get("datatype")
+        dtype = DTYPES.get(datatype) if type(datatype) is str else None
+        if dtype is None:
+            near = _core.did_you_mean(datatype, list(DTYPES)) if type(datatype) is str else ""
+            raise RequestError(f"input '{name}': {_kind(datatype) if type(datatype) is not str else repr(datatype)} "
+                               f"is not a KServe datatype{near}; model '{model}' takes {inputs[name].datatype}")
+        shape, count = _shape(name, item.get("shape"))
+        params = _parameters(item.get("parameters"), f"input '{name}''s parameters")
+        if "shared_memory_region" in params:
+            raise RequestError(f"input '{name}': shared memory is not supported by fastseq serve; send the data")
+        binary_size = params.get("binary_data_size")
+        if binary_size is not None:
+            if "data" in item:
+                raise RequestError(f"input '{name}' has both 'data' and binary_data_size: give one")
+            if type(binary_size) is not int or binary_size < 0:
+                raise RequestError(f"input '{name}': binary_data_size must be an integer >= 0, got {binary_size!r}")
+            if binary_size > size - offset:
+                raise RequestError(f"input '{name}' has binary_data_size {binary_size}, past the end of the body "
+                                   f"({size - offset} bytes left after the JSON and the inputs before it)")
+            feeds[name] = _from_binary(name, body, offset, binary_size, datatype, dtype, shape, count)
+            offset += binary_size
+        else:
+            if "data" not in item:
+                raise RequestError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+            feeds[name] = _from_json(name, item["data"], datatype, dtype, shape, count)
+    if offset != size:
+        raise RequestError(f"the body has {size - offset} bytes after the binary data of its inputs: "
+                           "each binary input's binary_data_size must give its exact length")
+    binary_output = parameters.get("binary_data_output", False)
+    if type(binary_output) is not bool:
+        raise RequestError(f"the parameter binary_data_output must be true or false, got {binary_output!r}")
+    timeout_s = None
+    if "timeout" in parameters:
+        t = parameters["timeout"]
+        if type(t) is not int or t <= 0:
+            raise RequestError(f"the parameter timeout must be a positive integer of microseconds, got {t!r}")
+        timeout_s = t / 1e6
+    for key in ("sequence_id", "sequence_start", "sequence_end"):
+        if parameters.get(key) not in (None, 0, "", False):
+            raise RequestError(f"the parameter {key}: sequence batching is not supported by fastseq serve")
+    asked = None
+    wanted = doc.get("outputs")
+    if wanted is not None:
+        asked = _outputs(model, wanted, outputs, binary_output)
+    return InferRequest(id, feeds, asked, binary_output, timeout_s)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _parameters(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise RequestError(f"{what} must be a JSON object, got {_kind(value)}")
+    return value
+
+
+def _shape(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
+    """A request's declared shape and the number of values it holds, checked before any
+    allocation: integers from 0 to MAX_DIM, at most MAX_RANK of them."""
+    if type(shape) is not list:
+        raise RequestError(f"input '{name}' needs a 'shape', a list of integers, got {_kind(shape)}")
+    if len(shape) > MAX_RANK:
+        raise RequestError(f"input '{name}' has {len(shape)} axes, more than {MAX_RANK}")
+    count = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= MAX_DIM:
+            raise RequestError(f"input '{name}' has shape {json.dumps(shape)[:200]}: each axis must be an integer "
+                               f"from 0 to {MAX_DIM}")
+        count *= d
+    return tuple(shape), count
+
+
+def _values(count: int) -> str:
+    return f"{count} value{'s' if count != 1 else ''}"
+
+
+def _from_binary(name: str, body: bytes, offset: int, size: int, datatype: str, dtype: np.dtype,
+                 shape: tuple[int, ...], count: int) -> np.ndarray:
+    if datatype == "BYTES":
+        return _strings(name, memoryview(body)[offset:offset + size], shape, count)
+    expected = count * dtype.itemsize
+    if size != expected:
+        raise RequestError(f"input '{name}' has shape {list(shape)}, {_values(count)} of {datatype} ({expected} bytes), "
+                           f"but binary_data_size is {size}")
+    # A view of the body: no copy (read-only; little-endian, as the protocol and numpy here)
+    return np.frombuffer(body, dtype, count, offset).reshape(shape)
+
+
+def _strings(name: str, raw: memoryview, shape: tuple[int, ...], count: int) -> np.ndarray:
+    """BYTES elements: each a 4-byte little-endian length and that many bytes of UTF-8
+    (ONNX strings are text)."""
+    if count * 4 > len(raw):
+        raise RequestError(f"input '{name}' has shape {list(shape)}, {_values(count)} of BYTES, but only {len(raw)} "
+                           "bytes of binary data (each element takes 4 bytes of length at least)")
+    values = []
+    at, end = 0, len(raw)
+    unpack = struct.Struct("<I").unpack_from
+    for _ in range(count):
+        if at + 4 > end:
+            break
+        (n,) = unpack(raw, at)
+        at += 4
+        if n > end - at:
+            raise RequestError(f"input '{name}': a BYTES element of {n} bytes runs past its binary data")
+        try:
+            values.append(str(raw[at:at + n], "utf-8"))
+        except UnicodeDecodeError as e:
+            raise RequestError(f"input '{name}': a BYTES element is not UTF-8 text ({e.reason}); ONNX strings are "
+                               "text") from None
+        at += n
+    if len(values) != count or at != end:
+        raise RequestError(f"input '{name}' has shape {list(shape)}, {_values(count)} of BYTES, but its "
+                           f"{len(raw)} bytes of binary data hold {len(values)}{' and more' if at != end else ''}")
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    return array.reshape(shape)
+
+
+def _from_json(name: str, data: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
+    """JSON ``data`` (flat, or nested as the shape) as an array of ``shape``: its number of
+    values checked before numpy reads it, and each value kept exactly in the datatype."""
+    if type(data) is not list:
+        data = [data]
+    if data and type(data[0]) is list:  # nested as the shape: numpy reads it, its size is checked after
+        try:
+            given = np.array(data, dtype=object if datatype == "BYTES" else None)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise RequestError(f"input '{name}': its data cannot be read as an array: {e}") from None
+        n = given.size
+    else:
+        given, n = None, len(data)
+    if n != count:
+        raise RequestError(f"input '{name}' has shape {list(shape)}, {_values(count)}, but its data holds {_values(n)}")
+    if given is None:
+        given = np.array(data, dtype=object if datatype == "BYTES" else None)
+    flat = given.reshape(-1)
+    if datatype == "BYTES":
+        if not all(type(v) is str for v in flat.tolist()):
+            raise RequestError(f"input '{name}' is BYTES: its JSON data must be strings")
+        return flat.reshape(shape)
+    kind = given.dtype.kind
+    if datatype == "BOOL":
+        if count and kind != "b":
+            raise RequestError(f"input '{name}' is BOOL: its JSON data must be true or false")
+        return flat.astype(np.bool_).reshape(shape)
+    if count and kind not in ("iu" if dtype.kind in "iu" else "iuf"):
+        want = "integers" if dtype.kind in "iu" else "numbers"
+        raise RequestError(f"input '{name}' is {datatype}: its JSON data must be {want}")
+    with np.errstate(all="ignore"):
+        array = flat.astype(dtype)
+    if count and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if int(flat.min()) < info.min or int(flat.max()) > info.max:
+            raise RequestError(f"input '{name}' is {datatype}: a value of its data is outside {info.min}..{info.max}")
+    elif count and not np.array_equal(np.isfinite(array), np.isfinite(flat)):
+        raise RequestError(f"input '{name}' is {datatype}: a value of its data is past {datatype}'s range")
+    return array.reshape(shape)
+
+
+def _outputs(model: str, wanted: Any, outputs: dict[str, Tensor], binary_output: bool) -> list[tuple[str, bool]]:
+    if type(wanted) is not list:
+        raise RequestError(f"the request's 'outputs' must be a list, got {_kind(wanted)}")
+    asked: list[tuple[str, bool]] = []
+    seen = set()
+    for k, item in enumerate(wanted):
+        if type(item) is not dict or type(item.get("name")) is not str:
+            raise RequestError(f"outputs[{k}] must be a JSON object with a 'name'")
+        name = item["name"]
+        if name not in outputs:
+            raise RequestError(f"'{name}' is not an output of model '{model}'{_core.did_you_mean(name, list(outputs))}; "
+                               f"outputs: {', '.join(outputs)}")
+        if name in seen:
+            raise RequestError(f"output '{name}' is asked for twice")
+        seen.add(name)
+        params = _parameters(item.get("parameters"), f"output '{name}''s parameters")
+        if params.get("classification"):
+            raise RequestError(f"output '{name}': the classification extension is not supported by fastseq serve")
+        if "shared_memory_region" in params:
+            raise RequestError(f"output '{name}': shared memory is not supported by fastseq serve")
+        binary = params.get("binary_data", binary_output)
+        if type(binary) is not bool:
+            raise RequestError(f"output '{name}': binary_data must be true or false, got {binary!r}")
+        asked.append((name, binary))
+    return asked
+
+
+# --- responses ----------------------------------------------------------------------------------
+def encode_infer(model: str, version: str, id: str | None, outputs: list[tuple[Tensor, np.ndarray, bool]]
+                 ) -> tuple[bytes, int | None]:
+    """The response body for ``outputs`` ((tensor, array, binary) each) and the length of its
+    JSON header where binary data follows it (None: the body is JSON alone)."""
+    entries = []
+    buffers: list[Any] = []
+    for tensor, array, binary in outputs:
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(array.shape)}
+        if binary:
+            raw = _raw(tensor.datatype, array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            buffers.append(raw)
+        elif tensor.datatype == "BYTES":
+            entry["data"] = [v if type(v) is str else str(v) for v in array.reshape(-1).tolist()]
+        else:
+            entry["data"] = array.reshape(-1).tolist()
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version}
+    if id is not None:
+        doc["id"] = id
+    doc["outputs"] = entries
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not buffers:
+        return head, None
+    return b"".join([head, *buffers]), len(head)
+
+
+def _raw(datatype: str, array: np.ndarray) -> Any:
+    """An output's binary data: its bytes in place where they are contiguous already."""
+    if datatype == "BYTES":
+        parts = []
+        for v in array.reshape(-1).tolist():
+            b = v.encode() if type(v) is str else bytes(v)
+            parts += (struct.pack("<I", len(b)), b)
+        return b"".join(parts)
+    if array.flags.c_contiguous:
+        return memoryview(array).cast("B")
+    return np.ascontiguousarray(array).tobytes()
+
+
+def error_body(message: str) -> bytes:
+    """``{"error": message}``, as the protocol answers a failure."""
+    return json.dumps({"error": message}).encode()

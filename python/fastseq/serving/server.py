@@ -1,0 +1,135 @@
+"""The server process: an :class:`~fastseq.serving.asgi.App` on uvicorn (with httptools and
+uvloop where installed), on a socket bound before the models warm up, so that the port is
+known (``port=0`` picks a free one) and a client sees "not ready" rather than "refused"
+meanwhile.
+
+SIGTERM (or SIGINT) stops taking requests: ready turns false and new requests are a 503, the
+listening socket closes, the requests open are answered, the batchers run what they took and
+close, and :meth:`Server.run` returns 0 (uvicorn would raise the signal again after its
+shutdown, which ends the process with the signal's status instead). A second SIGINT stops at
+once. A model whose warm-up fails stops the server: :meth:`run` returns 1."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+from fastseq.serving.asgi import App
+
+#: how long a shutdown waits for open requests past their own timeout
+GRACE_S = 5.0
+
+
+def _loop_and_http() -> tuple[str, str]:
+    """uvloop and httptools where installed (uvicorn's "standard" extra), else asyncio and h11."""
+    import importlib.util
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return loop, http
+
+
+def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (IPv6 where ``host`` is an IPv6 address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+class Server:
+    """``app`` served on ``host``:``port`` (bound when made: :attr:`port` is the real one).
+    :meth:`run` blocks until stopped (a signal in the main thread, or :meth:`stop` from any)."""
+
+    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8000, *, announce: Any = None) -> None:
+        import uvicorn
+
+        self.app = app
+        self.socket = bind(host, port)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.port}"
+        self._announce = announce
+        loop, http = _loop_and_http()
+        config = uvicorn.Config(
+            app, loop=loop, http=http, lifespan="on", access_log=False, log_config=None, log_level="warning",
+            server_header=False, timeout_graceful_shutdown=int(app.timeout_s + GRACE_S), backlog=2048,
+        )
+        self._server = _Uvicorn(config, app)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.exit_code: int | None = None
+
+    def run(self) -> int:
+        """Serves until stopped; 0 after a clean shutdown, 1 if a model failed its warm-up."""
+        from uvicorn.config import Config
+
+        factory = self._server.config.get_loop_factory() if hasattr(Config, "get_loop_factory") else None
+        if factory is not None:
+            with asyncio.Runner(loop_factory=factory) as runner:
+                return runner.run(self.serve())
+        return asyncio.run(self.serve())
+
+    async def serve(self) -> int:
+        self._loop = asyncio.get_running_loop()
+        server = self._server
+        serving = asyncio.ensure_future(server.serve(sockets=[self.socket]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        self._say(f"listening on {self.url} (KServe v2 over HTTP); warming up "
+                  + ", ".join(f"'{name}'" for name in self.app.models))
+        warm = self.app.start()
+        await asyncio.wait({warm, serving}, return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if warm.done() and warm.exception() is not None:
+            code = 1
+            server.should_exit = True
+        elif warm.done():
+            models = "; ".join(f"{name} at {self.url}/v2/models/{name}" + (
+                f" (batched, up to {m.max_batch_size} rows)" if m.batcher is not None else " (not batched)")
+                for name, m in self.app.models.items())
+            self._say(f"ready: {models}")
+        await serving
+        self.exit_code = code
+        return code
+
+    def stop(self) -> None:
+        """As SIGTERM: drains and shuts down (from any thread)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._server.handle_exit, signal.SIGTERM, None)
+
+    def _say(self, line: str) -> None:
+        if self._announce is not None:
+            self._announce(line)
+
+
+class _Uvicorn:
+    """uvicorn's Server, draining the app at the first signal and not raising the signal
+    again once it has shut down."""
+
+    def __new__(cls, config: Any, app: App) -> Any:
+        import uvicorn
+
+        class Drain(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                app.drain()
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                else:
+                    self.should_exit = True
+
+            def install_signal_handlers(self) -> None:  # older uvicorn
+                if threading.current_thread() is threading.main_thread():
+                    for sig in (signal.SIGINT, signal.SIGTERM):
+                        signal.signal(sig, self.handle_exit)
+
+        return Drain(config)
+
+
+def say(line: str) -> None:
+    """A line of the server's own on stderr (where it started, when it is ready)."""
+    print(f"fastseq serve: {line}", file=sys.stderr, flush=True)
