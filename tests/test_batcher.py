@@ -194,9 +194,15 @@ def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
         assert shared._serving is pipe.runner
     spinning = ort.SessionOptions()
     spinning.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    with light_heavy(session_options=spinning).batcher() as b:  # the caller's own choice stands
+    spinning_pipe = light_heavy(session_options=spinning)
+    with spinning_pipe.batcher() as b:  # the caller's own choice stands, on the pipeline's own session
         assert b._serving.session.get_session_options().get_session_config_entry(
             "session.intra_op.allow_spinning") == "1"
+        assert b._serving is spinning_pipe.runner
+    with pipe.batcher(spinning=False) as b:  # coroutines' batches too on the spinning-off session
+        assert b._runner(True) is batches.own_runner(pipe, pipe.runner) is not pipe.runner
+    with pytest.raises(fastseq.InputError, match="spinning must be None"):
+        pipe.batcher(spinning=True)
     with pytest.raises(fastseq.InputError, match="share_session must be True or False"):
         pipe.batcher(share_session="yes")
 

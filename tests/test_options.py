@@ -288,8 +288,8 @@ def test_to_file_will_not_write_such_options_into_a_pipeline_file(tmp_path):
 
     bad = ort.SessionOptions()
     bad.optimized_model_filepath = "notes.txt"
-    from fastseq.graph import pipefile
+    from fastseq.graph import pipefile_write
 
     with pytest.raises(fastseq.ExportError, match="optimized_model_filepath"):
-        pipefile.write(replace(spec, session_options=bad), tmp_path / "bad.toml")
+        pipefile_write.write(replace(spec, session_options=bad), tmp_path / "bad.toml")
     assert not (tmp_path / "bad.toml").exists()

@@ -7,7 +7,7 @@ as one ``fastseq: error: ...`` line, never a traceback; fastseq's warnings as on
 onnxruntime.quantization) shows only with ``--verbose``.
 
 One module per command group (:mod:`.merge`: merge and quantize, :mod:`.inspect`,
-:mod:`.run`: run and profile, :mod:`.cache`, :mod:`.demo`), each adding its parsers;
+:mod:`.run`: run and profile, :mod:`.serve`, :mod:`.cache`, :mod:`.demo`), each adding its parsers;
 :mod:`.console` holds what they share on the terminal, :mod:`.models` what they share to
 read models and inputs, :mod:`.version` what ``--version`` prints.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from fastseq.cli import cache, demo, inspect, merge, run
+from fastseq.cli import cache, demo, inspect, merge, run, serve
 from fastseq.cli.console import Parser, Quiet, error
 from fastseq.cli.demo import DEMO
 from fastseq.cli.version import Version
@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="fastseq", description="Compose ONNX models into one graph and run it.")
     p.add_argument("--version", action=Version, help="show the version, the core's build and the runtime's, and exit")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (merge, inspect, run, cache, demo):
+    for group in (merge, inspect, run, serve, cache, demo):
         group.add(sub)
     return p
 

@@ -117,10 +117,10 @@ def feeds(args: argparse.Namespace, pipe: Any) -> dict[str, Any]:
     return found
 
 
-def pipeline(args: argparse.Namespace, quiet: Quiet) -> Any:
+def pipeline(args: argparse.Namespace, quiet: Quiet, session_options: Any = None) -> Any:
     """The pipeline that ``args.models`` name, started: one pipeline.toml, or models composed
-    in order. A provider asked for that ONNX Runtime did not start (a GPU library missing:
-    ONNX Runtime logs it and falls back) is a warning."""
+    in order (on ``session_options``, if given). A provider asked for that ONNX Runtime did
+    not start (a GPU library missing: ONNX Runtime logs it and falls back) is a warning."""
     quiet.runtime()
     if len(args.models) == 1 and is_pipeline_file(args.models[0]):
         from fastseq.facades.pipeline import Pipeline
@@ -137,7 +137,8 @@ def pipeline(args: argparse.Namespace, quiet: Quiet) -> Any:
         from fastseq.facades.sequential import ONNXSequential
 
         check_io_maps(args)
-        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None)
+        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None,
+                              session_options=session_options)
         asked = args.providers
     _warn_unstarted(asked, pipe.providers, quiet)
     return pipe

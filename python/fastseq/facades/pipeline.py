@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastseq.graph import drawing
-from fastseq.graph import pipefile
+from fastseq.graph import pipefile, pipefile_write
 from fastseq.facades.base import Facade, build_cached
 from fastseq.graph.build import build
 from fastseq.graph.options import session_options, session_options_dict
@@ -109,7 +109,7 @@ class Pipeline(Facade):
     def to_file(self, path: str | os.PathLike[str]) -> Path:
         """Writes this pipeline's description as a TOML pipeline file (atomically); in-memory
         models are saved beside it. ``Pipeline.from_file`` reads it back."""
-        return pipefile.write(self.spec, path)
+        return pipefile_write.write(self.spec, path)
 
     def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
         built = build_cached(spec, session_cache)

@@ -82,13 +82,15 @@ class Batcher:
 
     On the CPU, batches with a thread's request run on a session of the batcher's own: the
     pipeline's session options with ONNX Runtime's spinning off (its pool threads would
-    otherwise busy-wait on the cores the waiting threads need), unless the options set
-    spinning themselves; a batch of coroutines alone runs on the pipeline's session;
-    ``share_session=True`` runs them on the pipeline's session instead (no second copy of
-    the weights). ``on_batch(rows, waits, run_s)``, if given, is called on the worker after
-    each batch: its rows, each request's seconds in the queue and the run's seconds (what
-    ``fastseq serve``'s metrics count). Batches follow the pipeline's session of the moment (``as_cuda`` and the
-    like may switch it meanwhile; on a GPU the pipeline's session is used as it is).
+    otherwise busy-wait on the cores the waiting threads need); where the pipeline's options
+    set spinning themselves, that choice stands and the pipeline's session is used. A batch of
+    coroutines alone runs on the pipeline's session; ``share_session=True`` runs every batch
+    there (no second copy of the weights); ``spinning=False`` runs coroutines' batches without
+    spinning too (a server whose clients share its cores: ``fastseq serve``). Batches follow
+    the pipeline's session of the moment (``as_cuda`` and the like may switch it meanwhile;
+    on a GPU the pipeline's session is used as it is). ``on_batch(rows, waits, run_s)``, if
+    given, is called on the worker after each batch: its rows, each request's seconds in the
+    queue and the run's seconds (what ``fastseq serve``'s metrics count).
     """
 
     def __init__(
@@ -99,12 +101,15 @@ class Batcher:
         *,
         row_independent: bool = False,
         share_session: bool = False,
+        spinning: bool | None = None,
         on_batch: Callable[[int, list[float], float], None] | None = None,
     ) -> None:
         _check_settings(max_batch_size, max_delay_ms)
         for name, flag in (("row_independent", row_independent), ("share_session", share_session)):
             if not isinstance(flag, bool):
                 raise InputError(f"{name} must be True or False, got {flag!r}")
+        if spinning not in (None, False):
+            raise InputError(f"spinning must be None (the batcher chooses) or False, got {spinning!r}")
         if not row_independent:  # the core's verdict first: it names the node at fault
             pipe.check_rows()
         _check_batch_axis(pipe.runner)
@@ -112,6 +117,7 @@ class Batcher:
         self.max_delay_ms = float(max_delay_ms)
         self.row_independent = row_independent
         self.share_session = share_session
+        self.spinning = spinning
         self._delay = self.max_delay_ms / 1000
         self._on_batch = on_batch
         self._stamp = bool(self._delay or on_batch)  # requests note when they were queued
@@ -264,7 +270,9 @@ class Batcher:
         the batchers' own session, made with the first such batch: a batcher of coroutines
         alone never holds the weights twice."""
         base = self._pipe.runner
-        return base if coroutines_only or self.share_session else own_runner(self._pipe, base)
+        if self.share_session or (coroutines_only and self.spinning is None):
+            return base
+        return own_runner(self._pipe, base)
 
     @property
     def _serving(self) -> Runner:

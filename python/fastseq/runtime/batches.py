@@ -94,7 +94,8 @@ def _new_own_runner(pipe: Any, base: Runner) -> Runner:
     options = session_copy(pipe._session_options)
     key = "session.intra_op.allow_spinning"
     try:
-        options.get_session_config_entry(key)  # the caller's own choice stands
+        options.get_session_config_entry(key)  # the caller's own choice stands: that session is the pipeline's own
+        return base
     except RuntimeError:  # onnxruntime raises for an entry that was never set
         options.add_session_config_entry(key, "0")
     return pipe._runner_for(pipe.create_session(providers, options))

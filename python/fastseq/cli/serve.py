@@ -1,0 +1,172 @@
+"""``fastseq serve``: pipelines over the network on the KServe v2 protocol (what Triton's
+clients speak), batched, until SIGTERM. It only reads the flags, builds the pipelines as
+``run`` does and starts :mod:`fastseq.serving` (the ``serve`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from fastseq.cli.console import Quiet, fail, verbose_option
+from fastseq.cli.models import io_map_option, is_pipeline_file, providers_option
+
+
+#: The pipelines are started without ONNX Runtime's spinning, as the server's batchers run
+#: them (a pipeline file's own session_options may say otherwise): one session each, not two.
+SPINNING = "session.intra_op.allow_spinning"
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}': expected a number") from None
+        if not value > 0 or value != value:
+            raise argparse.ArgumentTypeError(f"'{text}': expected a number > 0")
+        return value
+
+    return parse
+
+
+def _delay(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected milliseconds") from None
+    if not 0 <= value < 1e7:
+        raise argparse.ArgumentTypeError(f"'{text}': expected milliseconds from 0")
+    return value
+
+
+def _size(text: str) -> int:
+    """``1048576``, ``64K``, ``32M``, ``1G`` (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    try:
+        value = int(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}': expected bytes, e.g. 1048576 or 64M") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': expected at least 1 byte")
+    return value
+
+
+def add(sub: Any) -> None:
+    from fastseq.serving import DEFAULTS
+
+    s = sub.add_parser("serve", help="serve a model, several composed in order, or the pipelines of a pipeline.toml "
+                                     "on the KServe v2 / Triton protocol over HTTP (needs fastseq[serve])")
+    s.add_argument("models", nargs="+", metavar="SOURCE",
+                   help="paths, URLs, hf:// ids or builtin:NAME, composed in order; or one pipeline.toml (each of "
+                        "its pipelines served under its name)")
+    s.add_argument("--name", help="the served model's name (default: the model file's stem, or 'pipeline' for "
+                                  "several); a pipeline.toml names its own")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default 127.0.0.1: this machine only; the server has no "
+                        "authentication, see docs/serving.md)")
+    s.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
+    s.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
+                   help=f"rows of concurrent requests joined into one run (default {DEFAULTS['max_batch_size']}; "
+                        "1 turns batching off)")
+    s.add_argument("--max-delay-ms", type=_delay, default=DEFAULTS["max_delay_ms"],
+                   help="how long a free worker waits for a batch to fill (default 0: it runs what is queued)")
+    s.add_argument("--max-queue", type=int, default=DEFAULTS["max_queue"],
+                   help=f"requests open at once before a 503 (default {DEFAULTS['max_queue']})")
+    s.add_argument("--max-request-bytes", type=_size, default=DEFAULTS["max_request_bytes"],
+                   help="the largest request body, e.g. 64M (default 32M); a larger one is a 413")
+    s.add_argument("--timeout-s", type=_positive(float), default=DEFAULTS["timeout_s"],
+                   help=f"a request's limit from its first byte to its answer (default {DEFAULTS['timeout_s']:g}); "
+                        "a request's own timeout parameter may be shorter")
+    s.add_argument("--body-timeout-s", type=_positive(float), default=DEFAULTS["body_timeout_s"],
+                   help=f"how long a request body may take to arrive (default {DEFAULTS['body_timeout_s']:g}); "
+                        "a slower one is a 408")
+    s.add_argument("--row-independent", action="store_true",
+                   help="batch a pipeline whose rows the analysis cannot show to stay apart (you know they do)")
+    io_map_option(s)
+    providers_option(s, "the execution providers, in priority order")
+    verbose_option(s)
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
+    for flag in ("max_batch_size", "max_queue"):
+        if getattr(args, flag) < 1:
+            raise fail(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if not 0 <= args.port <= 65535:
+        raise fail(f"--port must be from 0 to 65535, got {args.port}")
+    try:
+        from fastseq import serving
+        from fastseq.serving.server import Server, say
+    except ModuleNotFoundError as e:
+        raise fail(f"serving needs the serve extra (pip install 'fastseq[serve]'): {e}") from None
+    _log(quiet)
+    pipelines = _pipelines(args, quiet)
+    app = serving.app(pipelines, row_independent=args.row_independent, max_batch_size=args.max_batch_size,
+                      max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
+                      max_request_bytes=args.max_request_bytes, timeout_s=args.timeout_s,
+                      body_timeout_s=args.body_timeout_s)
+    try:
+        server = Server(app, args.host, args.port, announce=say)
+    except OSError as e:
+        raise fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    return server.run()
+
+
+def _pipelines(args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
+    """The pipelines to serve by name: each of a pipeline.toml's, or the models composed in order."""
+    from fastseq.cli.models import pipeline
+
+    if len(args.models) == 1 and is_pipeline_file(args.models[0]):
+        from fastseq.facades.pipeline import Pipeline
+        from fastseq.graph import pipefile
+
+        if args.io_map is not None:
+            raise fail("--io-map is for a chain of models; a pipeline file has edges")
+        specs = pipefile.read_all(args.models[0])
+        if args.name is not None:
+            if len(specs) > 1:
+                raise fail(f"--name names one pipeline; {args.models[0]} names {len(specs)}: "
+                           f"{', '.join(specs)}")
+            specs = {args.name: next(iter(specs.values()))}
+        quiet.runtime()
+        built = {}
+        for name, spec in specs.items():
+            if args.providers:
+                spec.providers = list(args.providers)
+            spec.session_options = {SPINNING: "0", **(spec.session_options or {})}
+            built[name] = Pipeline.from_spec(spec)
+        return built
+    from fastseq.runtime.options import default_options
+
+    options = default_options()
+    options.add_session_config_entry(SPINNING, "0")
+    name = args.name or (_stem(args.models[0]) if len(args.models) == 1 else "pipeline")
+    return {name: pipeline(args, quiet, options)}
+
+
+def _stem(source: str) -> str:
+    """A model's name from its source: the file's stem (``hf://org/repo/m.onnx``: ``m``)."""
+    tail = source.rstrip("/").rsplit("/", 1)[-1].partition("?")[0]
+    stem = Path(tail).stem if tail.endswith(".onnx") else tail.removeprefix("builtin:")
+    cleaned = "".join(c if c.isalnum() or c in "_.-" else "_" for c in stem)
+    return cleaned or "pipeline"
+
+
+def _log(quiet: Quiet) -> None:
+    """The server's own log lines (one per error) as ``fastseq serve: ...`` on stderr; with
+    ``--verbose``, uvicorn's too."""
+    import logging
+    import sys
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("fastseq serve: %(message)s"))
+    log = logging.getLogger("fastseq.serve")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if quiet.verbose:
+        uv = logging.getLogger("uvicorn")
+        uv.addHandler(handler)
+        uv.setLevel(logging.INFO)
