@@ -137,7 +137,8 @@ class App:
         try:
             if parts[0] == "v2" and len(parts) >= 3 and parts[1] == "models":
                 model = self._model(parts)
-                what = parts[5] if len(parts) > 5 and parts[3] == "versions" else (parts[3] if len(parts) > 3 else "")
+                rest = parts[5:] if len(parts) > 3 and parts[3] == "versions" else parts[3:]
+                what = rest[0] if len(rest) == 1 else ("" if not rest else "?")
                 if what == "infer":
                     _method(method, "POST", path)
                     await self._infer(model, scope, receive, send)

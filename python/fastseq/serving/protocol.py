@@ -223,40 +223,57 @@ def _from_json(name: str, data: Any, datatype: str, dtype: np.dtype, shape: tupl
     values checked before numpy reads it, and each value kept exactly in the datatype."""
     if type(data) is not list:
         data = [data]
-    if data and type(data[0]) is list:  # nested as the shape: numpy reads it, its size is checked after
-        try:
-            given = np.array(data, dtype=object if datatype == "BYTES" else None)
-        except (ValueError, TypeError, RecursionError) as e:
-            raise RequestError(f"input '{name}': its data cannot be read as an array: {e}") from None
-        n = given.size
-    else:
-        given, n = None, len(data)
-    if n != count:
-        raise RequestError(f"input '{name}' has shape {list(shape)}, {_values(count)}, but its data holds {_values(n)}")
-    if given is None:
-        given = np.array(data, dtype=object if datatype == "BYTES" else None)
-    flat = given.reshape(-1)
+    if any(type(v) is list for v in data):  # nested (as the shape, say): its values in row-major order
+        data = _leaves(data, count)
+    if len(data) != count:
+        raise RequestError(f"input '{name}' has shape {list(shape)}, {_values(count)}, but its data holds "
+                           f"{_values(len(data))}")
+    kinds = {type(v) for v in data}
     if datatype == "BYTES":
-        if not all(type(v) is str for v in flat.tolist()):
+        if not kinds <= {str}:
             raise RequestError(f"input '{name}' is BYTES: its JSON data must be strings")
-        return flat.reshape(shape)
-    kind = given.dtype.kind
+        array = np.empty(count, dtype=object)
+        array[:] = data
+        return array.reshape(shape)
     if datatype == "BOOL":
-        if count and kind != "b":
+        if not kinds <= {bool}:
             raise RequestError(f"input '{name}' is BOOL: its JSON data must be true or false")
-        return flat.astype(np.bool_).reshape(shape)
-    if count and kind not in ("iu" if dtype.kind in "iu" else "iuf"):
-        want = "integers" if dtype.kind in "iu" else "numbers"
-        raise RequestError(f"input '{name}' is {datatype}: its JSON data must be {want}")
-    with np.errstate(all="ignore"):
-        array = flat.astype(dtype)
-    if count and dtype.kind in "iu":
+        return np.array(data, dtype=np.bool_).reshape(shape)
+    if dtype.kind in "iu":
+        if not kinds <= {int}:
+            raise RequestError(f"input '{name}' is {datatype}: its JSON data must be integers")
         info = np.iinfo(dtype)
-        if int(flat.min()) < info.min or int(flat.max()) > info.max:
+        if data and (min(data) < info.min or max(data) > info.max):
             raise RequestError(f"input '{name}' is {datatype}: a value of its data is outside {info.min}..{info.max}")
-    elif count and not np.array_equal(np.isfinite(array), np.isfinite(flat)):
+        return np.array(data, dtype=dtype).reshape(shape)
+    if not kinds <= {int, float}:
+        raise RequestError(f"input '{name}' is {datatype}: its JSON data must be numbers")
+    try:
+        wide = np.array(data, dtype=np.float64)
+    except OverflowError:  # an integer past float64's range
+        raise RequestError(f"input '{name}' is {datatype}: a value of its data is past {datatype}'s range") from None
+    with np.errstate(all="ignore"):
+        array = wide.astype(dtype)
+    if not np.array_equal(np.isfinite(array), np.isfinite(wide)):
         raise RequestError(f"input '{name}' is {datatype}: a value of its data is past {datatype}'s range")
     return array.reshape(shape)
+
+
+def _leaves(data: list, count: int) -> list:
+    """The values of nested lists in order, without recursion; stops one past ``count``."""
+    found: list = []
+    stack = [iter(data)]
+    while stack:
+        for v in stack[-1]:
+            if type(v) is list:
+                stack.append(iter(v))
+                break
+            found.append(v)
+            if len(found) > count:
+                return found
+        else:
+            stack.pop()
+    return found
 
 
 def _outputs(model: str, wanted: Any, outputs: dict[str, Tensor], binary_output: bool) -> list[tuple[str, bool]]:

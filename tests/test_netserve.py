@@ -1,0 +1,289 @@
+"""``fastseq serve`` called by a client nobody here wrote (``tritonclient.http``, Triton's own)
+on 127.0.0.1: health, metadata, infer in JSON and binary, every datatype, several inputs and
+outputs, requested outputs, many callers batched, errors in the pipeline's own names, the
+metrics, a pipeline file of two pipelines, and the app mounted in another application."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+http = pytest.importorskip("tritonclient.http")
+pytest.importorskip("uvicorn")
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # noqa: E402
+
+import fastseq  # noqa: E402
+from netserving import (  # noqa: E402
+    TYPES, Process, cnn, every_type, get, metrics, mixing, pipe, running, several, slow,
+)
+
+
+def client(server) -> http.InferenceServerClient:
+    return http.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=60)
+
+
+def tensor(name: str, a: np.ndarray, binary: bool = True) -> http.InferInput:
+    x = http.InferInput(name, list(a.shape), "BYTES" if a.dtype == object else np_to_triton_dtype(a.dtype))
+    x.set_data_from_numpy(a, binary_data=binary)
+    return x
+
+
+@pytest.fixture(scope="module")
+def cnn_server():
+    p = pipe(cnn())
+    with running({"cnn": p, "types": pipe(every_type()), "several": pipe(several())}) as server:
+        yield server, p
+
+
+def test_health_and_metadata(cnn_server):
+    server, p = cnn_server
+    c = client(server)
+    assert c.is_server_live() and c.is_server_ready()
+    meta = c.get_server_metadata()
+    assert meta["name"] == "fastseq" and meta["version"] == fastseq.__version__
+    assert "binary_tensor_data" in meta["extensions"]
+    assert c.is_model_ready("cnn") and c.is_model_ready("cnn", "1") and not c.is_model_ready("cnn", "2")
+    m = c.get_model_metadata("cnn")
+    assert m["name"] == "cnn" and m["versions"] == ["1"]
+    assert m["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 20, 20]}]
+    assert m["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    assert c.get_model_metadata("cnn", "1") == m
+    config = c.get_model_config("cnn")
+    assert config["max_batch_size"] == 32 and config["input"][0]["dims"] == [3, 20, 20]
+    types = c.get_model_metadata("types")
+    assert [i["datatype"] for i in types["inputs"]] == list(TYPES)
+    with pytest.raises(InferenceServerException, match="no model 'cn' \\(did you mean 'cnn'\\?\\)"):
+        c.get_model_metadata("cn")
+    with pytest.raises(InferenceServerException, match="has no version '7'"):
+        c.get_model_metadata("cnn", "7")
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_matches_the_pipeline(cnn_server, binary):
+    server, p = cnn_server
+    x = np.random.default_rng(1).standard_normal((5, 3, 20, 20)).astype(np.float32)
+    out = http.InferRequestedOutput("logits", binary_data=binary)
+    result = client(server).infer("cnn", [tensor("image", x, binary)], outputs=[out], request_id="r1")
+    assert result.get_response()["id"] == "r1"
+    got = result.as_numpy("logits")
+    np.testing.assert_allclose(got, p(x)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_every_datatype_round_trips(cnn_server, binary):
+    server, _ = cnn_server
+    values = {
+        "BOOL": np.array([[True, False, True], [False, False, True]]),
+        "UINT8": np.array([[0, 1, 255]] * 2, np.uint8), "UINT16": np.array([[0, 1, 65535]] * 2, np.uint16),
+        "UINT32": np.array([[0, 1, 2**32 - 1]] * 2, np.uint32), "UINT64": np.array([[0, 1, 2**64 - 1]] * 2, np.uint64),
+        "INT8": np.array([[-128, 0, 127]] * 2, np.int8), "INT16": np.array([[-(2**15), 0, 2**15 - 1]] * 2, np.int16),
+        "INT32": np.array([[-(2**31), 0, 2**31 - 1]] * 2, np.int32),
+        "INT64": np.array([[-(2**63), 0, 2**63 - 1]] * 2, np.int64),
+        "FP16": np.array([[-1.5, 0.25, 65504]] * 2, np.float16), "FP32": np.array([[-1.5, 1e-30, 3e38]] * 2, np.float32),
+        "FP64": np.array([[-1.5, 1e-300, 1e308]] * 2, np.float64),
+        "BYTES": np.array([[b"", "café".encode(), b"x"], [b"yz", b"ab", b"c d"]], dtype=object),
+    }
+    inputs = [tensor(f"in_{d.lower()}", a, binary) for d, a in values.items()]
+    outputs = [http.InferRequestedOutput(f"out_{d.lower()}", binary_data=binary) for d in values]
+    result = client(server).infer("types", inputs, outputs=outputs)
+    for d, a in values.items():
+        got = result.as_numpy(f"out_{d.lower()}")
+        if d == "BYTES":
+            got = [[v if isinstance(v, bytes) else v.encode() for v in row] for row in got.tolist()]
+            assert got == a.tolist()
+        else:
+            assert got.dtype == a.dtype and np.array_equal(got, a), d
+
+
+def test_several_inputs_and_outputs(cnn_server):
+    server, _ = cnn_server
+    p = pipe(several())
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    k = np.array([[3], [-1]], np.int64)
+    want = dict(zip(["total", "doubled", "norm"], p(x, k)))
+    c = client(server)
+    result = c.infer("several", [tensor("x", x), tensor("k", k, binary=False)])  # all outputs, binary
+    for name, a in want.items():
+        np.testing.assert_allclose(result.as_numpy(name), a)
+    # Requested outputs: only those, in the order asked, each as asked.
+    result = c.infer("several", [tensor("k", k), tensor("x", x)],
+                     outputs=[http.InferRequestedOutput("norm", binary_data=False), http.InferRequestedOutput("doubled")])
+    response = result.get_response()
+    assert [o["name"] for o in response["outputs"]] == ["norm", "doubled"]
+    assert "data" in response["outputs"][0] and "parameters" in response["outputs"][1]
+    np.testing.assert_allclose(result.as_numpy("norm"), want["norm"])
+    assert result.as_numpy("total") is None
+    # An input of a safe wider cast (INT32 for INT64) is taken, as pipe(x) takes it.
+    result = c.infer("several", [tensor("x", x), tensor("k", k.astype(np.int32))])
+    np.testing.assert_array_equal(result.as_numpy("doubled"), want["doubled"])
+
+
+def test_errors_name_the_pipelines_tensors(cnn_server):
+    server, _ = cnn_server
+    c = client(server)
+    x = np.zeros((1, 3, 20, 20), np.float32)
+    with pytest.raises(InferenceServerException, match="'imag' is not an input of model 'cnn' \\(did you mean 'image'"):
+        c.infer("cnn", [tensor("imag", x)])
+    with pytest.raises(InferenceServerException, match="'logit' is not an output of model 'cnn' \\(did you mean 'logits'"):
+        c.infer("cnn", [tensor("image", x)], outputs=[http.InferRequestedOutput("logit")])
+    with pytest.raises(InferenceServerException, match="input 'image' expects float32, got float64"):
+        c.infer("cnn", [tensor("image", x.astype(np.float64))])
+    with pytest.raises(InferenceServerException, match="input 'image' expects size 20 on axis 3"):
+        c.infer("cnn", [tensor("image", np.zeros((1, 3, 20, 21), np.float32))])
+    with pytest.raises(InferenceServerException, match="missing input: k"):
+        c.infer("several", [tensor("x", np.zeros((1, 4), np.float32))])
+    with pytest.raises(InferenceServerException, match="same number of rows"):
+        c.infer("several", [tensor("x", np.zeros((2, 4), np.float32)), tensor("k", np.zeros((1, 1), np.int64))])
+    with pytest.raises(InferenceServerException, match="no model 'nope'"):
+        c.infer("nope", [tensor("image", x)])
+    assert c.is_server_ready()  # and the server goes on
+    np.testing.assert_allclose(c.infer("cnn", [tensor("image", x)]).as_numpy("logits"), pipe(cnn())(x)[0], rtol=1e-5)
+
+
+def test_many_callers_are_batched_and_get_their_own_rows(cnn_server):
+    server, p = cnn_server
+    before = metrics(server.url)
+    callers, each = 16, 20
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((callers, each, 1, 3, 20, 20)).astype(np.float32)
+    wrong: list = []
+
+    def caller(k: int) -> None:
+        c = client(server)
+        for j in range(each):
+            got = c.infer("cnn", [tensor("image", rows[k, j])]).as_numpy("logits")
+            if not np.allclose(got, p(rows[k, j])[0], rtol=1e-5, atol=1e-6):
+                wrong.append((k, j))
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not wrong
+    after = metrics(server.url)
+    label = '{model="cnn",version="1"}'
+    requests = after["nv_inference_request_success" + label] - before["nv_inference_request_success" + label]
+    runs = after["nv_inference_exec_count" + label] - before["nv_inference_exec_count" + label]
+    assert requests == callers * each
+    assert runs < requests  # joined: fewer runs than requests
+    assert after["nv_inference_count" + label] - before["nv_inference_count" + label] == requests
+    assert after['fastseq_batch_size_count{model="cnn",version="1"}'] >= runs
+
+
+def test_metrics_count_successes_failures_and_latency(cnn_server):
+    server, _ = cnn_server
+    c = client(server)
+    before = metrics(server.url)
+    c.infer("several", [tensor("x", np.zeros((1, 4), np.float32)), tensor("k", np.zeros((1, 1), np.int64))])
+    with pytest.raises(InferenceServerException):
+        c.infer("several", [tensor("x", np.zeros((1, 5), np.float32)), tensor("k", np.zeros((1, 1), np.int64))])
+    after = metrics(server.url)
+    label = 'model="several",version="1"'
+    assert after[f"nv_inference_request_success{{{label}}}"] - before[f"nv_inference_request_success{{{label}}}"] == 1
+    key = f'nv_inference_request_failure{{{label},reason="OTHER"}}'
+    assert after[key] - before[key] == 1
+    count = f"fastseq_request_duration_seconds_count{{{label}}}"
+    assert after[count] - before[count] == 2
+    assert after[f"nv_inference_pending_request_count{{{label}}}"] == 0
+    assert after['fastseq_http_responses{status="400"}'] >= 1
+    assert "process_resident_memory_bytes" in after and after["fastseq_threads"] >= 1
+    status, text = get(server.url + "/metrics")
+    assert status == 200 and b"# TYPE nv_inference_request_success counter" in text
+
+
+def test_a_pipeline_whose_rows_mix_is_served_request_by_request(caplog):
+    p = pipe(mixing())
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    with caplog.at_level("WARNING", logger="fastseq.serve"), running({"mix": p}) as server:
+        got = client(server).infer("mix", [tensor("x", x)]).as_numpy("y")
+        np.testing.assert_allclose(got, p(x)[0], rtol=1e-6)
+        assert client(server).get_model_config("mix")["max_batch_size"] == 0
+    assert "served request by request" in caplog.text and "cannot batch" in caplog.text
+
+
+def test_a_request_past_its_timeout_is_a_503_and_the_server_goes_on():
+    p = pipe(slow(600))
+    x = np.ones((1, 128), np.float32)
+    with running({"slow": p}, timeout_s=30) as server:
+        c = client(server)
+        start = time.monotonic()
+        with pytest.raises(InferenceServerException, match="not answered within its timeout of 0.001 s") as e:
+            c.infer("slow", [tensor("x", x)], timeout=1000)  # microseconds, Triton's unit
+        assert e.value.status() == "503" and time.monotonic() - start < 10
+        np.testing.assert_allclose(c.infer("slow", [tensor("x", x)]).as_numpy("y"), x)
+
+
+def test_batching_off_serves_each_request_on_its_own():
+    p = pipe(cnn())
+    x = np.random.default_rng(2).standard_normal((2, 3, 20, 20)).astype(np.float32)
+    with running({"cnn": p}, max_batch_size=1) as server:
+        c = client(server)
+        assert c.get_model_config("cnn")["max_batch_size"] == 0
+        np.testing.assert_allclose(c.infer("cnn", [tensor("image", x)]).as_numpy("logits"), p(x)[0], rtol=1e-5)
+
+
+def test_a_pipeline_file_of_two_pipelines(tmp_path):
+    import onnx
+
+    onnx.save(cnn(), tmp_path / "cnn.onnx")
+    onnx.save(several(), tmp_path / "several.onnx")
+    (tmp_path / "serve.toml").write_text(
+        '[pipelines.classify]\nchain = ["pre", "net"]\n'
+        '[pipelines.classify.stages]\npre = "builtin:normalize?mean=0.5&std=0.25"\nnet = "cnn.onnx"\n\n'
+        '[pipelines.tabular.stages]\nsums = "several.onnx"\n'
+    )
+    server = Process(str(tmp_path / "serve.toml"))
+    try:
+        from netserving import wait_ready
+
+        wait_ready(server.url)
+        c = client(server)
+        assert c.is_model_ready("classify") and c.is_model_ready("tabular")
+        x = np.random.default_rng(4).random((2, 3, 20, 20), dtype=np.float32)
+        want = fastseq.ONNXSequential("builtin:normalize?mean=0.5&std=0.25", tmp_path / "cnn.onnx")(x)[0]
+        np.testing.assert_allclose(c.infer("classify", [tensor("input", x)]).as_numpy("logits"), want, rtol=1e-5,
+                                   atol=1e-6)
+        got = c.infer("tabular", [tensor("x", np.ones((1, 4), np.float32)), tensor("k", np.array([[2]], np.int64))])
+        assert got.as_numpy("doubled").tolist() == [[4]]
+        assert "ready: classify at" in server.text() and "tabular at" in server.text()
+    finally:
+        assert server.stop() == 0
+
+
+def test_the_app_mounts_in_another_application():
+    """fastseq.serving.app mounted under a prefix of a Starlette application, which passes no
+    lifespan to it: the first request starts its warm-up."""
+    starlette = pytest.importorskip("starlette")  # noqa: F841
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    from fastseq import serving
+    from fastseq.serving.server import bind
+    from netserving import wait_ready
+
+    p = pipe(cnn())
+    inner = serving.app(p, name="cnn")
+    outer = Starlette(routes=[Route("/hello", lambda r: PlainTextResponse("hi")), Mount("/triton", app=inner)])
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(outer, log_config=None, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/triton")
+        assert get(f"http://127.0.0.1:{port}/hello") == (200, b"hi")
+        c = http.InferenceServerClient(f"127.0.0.1:{port}/triton")
+        x = np.ones((1, 3, 20, 20), np.float32)
+        np.testing.assert_allclose(c.infer("cnn", [tensor("image", x)]).as_numpy("logits"), p(x)[0], rtol=1e-5)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        inner_models = list(inner.models.values())
+        for m in inner_models:
+            m.close()
