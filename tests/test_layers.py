@@ -19,6 +19,7 @@ LAYERS = [
     ("sources", ["fastseq.sources"]),
     ("graph", ["fastseq.graph"]),
     ("runtime", ["fastseq.runtime"]),
+    ("serving", ["fastseq.serving"]),
     ("integrations", ["fastseq.integrations"]),
     ("facades", ["fastseq.facades"]),
     # the public face: the package itself, the CLI and the public names of integrations

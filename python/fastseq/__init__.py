@@ -45,6 +45,7 @@ _LAZY = {
     "SessionCache": "fastseq.runtime.cache",
     "Batcher": "fastseq.runtime.batcher",
     "Profile": "fastseq.runtime.profile",
+    "serve": "fastseq.serving",
     # made on first use: its base class, urllib's ContentTooShortError, is slow to import
     "TruncatedDownloadError": "fastseq.errors",
     # made on first use: they derive from onnx's checker errors (fastseq.onnx_compose raises them)
@@ -53,7 +54,7 @@ _LAZY = {
 }
 # public submodules, imported when first read as attributes (``fastseq.operators`` is the
 # shipped models; each is a module of its own, so ``import fastseq.operators`` works too)
-_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.operators"}
+_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.operators", "serving": "fastseq.serving"}
 
 if TYPE_CHECKING:
     from fastseq import ops
@@ -70,6 +71,8 @@ if TYPE_CHECKING:
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.profile import Profile
     from fastseq.runtime.tensors import TensorInfo
+    from fastseq.serving import serve
+    from fastseq import serving
     from fastseq.errors import InvalidModelError, InvalidShapesError, TruncatedDownloadError
 
 
@@ -131,4 +134,6 @@ __all__ = [
     "merge_models",
     "operators",
     "ops",
+    "serve",
+    "serving",
 ]

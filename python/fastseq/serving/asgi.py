@@ -30,7 +30,7 @@ import logging
 import time
 from typing import Any
 
-from fastseq import __version__
+from fastseq._core import __version__
 from fastseq.errors import FastseqError, InputError, RequestError, RunTimeoutError
 from fastseq.serving.metrics import Metrics
 from fastseq.serving.model import ServedModel
