@@ -1,5 +1,5 @@
 """What the network-serving tests share: models made here (a small CNN, one of every KServe
-datatype, several inputs and outputs, a slow one, one whose rows mix), a server of
+datatype, several inputs and outputs, a busy one, one whose rows mix), a server of
 ``fastseq.serving`` running in a thread on 127.0.0.1 (port 0), ``fastseq serve`` in a
 process of its own, and small raw-HTTP helpers for what no client library would send."""
 
@@ -88,16 +88,23 @@ def several() -> onnx.ModelProto:
     )
 
 
-def slow(matmuls: int = 400, dim: int = 128) -> onnx.ModelProto:
-    """x [N, dim] through ``matmuls`` identity MatMuls: a run long enough to be caught in."""
-    w = numpy_helper.from_array(np.eye(dim, dtype=np.float32), "w")
-    nodes, prev = [], "x"
-    for k in range(matmuls):
-        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
-        prev = f"h{k}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], [w])
+def busy(convs: int = 10, size: int = 256) -> onnx.ModelProto:
+    """x [N, 1] -> a [N, 16, size, size] map of it -> ``convs`` 3x3 convs -> its mean, y [N, 1]:
+    each row costs the same whatever its value (about 25 ms a conv here), one row included."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Reshape", ["x", "as_map"], ["x4"]),
+             helper.make_node("Expand", ["x4", "map"], ["h0"])]
+    inits = [numpy_helper.from_array(np.array([-1, 1, 1, 1], np.int64), "as_map"),
+             numpy_helper.from_array(np.array([1, 16, size, size], np.int64), "map"),
+             numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.05).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 2, 3], np.int64), "axes")]
+    for k in range(convs):
+        nodes.append(helper.make_node("Conv", [f"h{k}", "w"], [f"h{k + 1}"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("ReduceMean", [f"h{convs}", "axes"], ["y0"], keepdims=0))
+    nodes.append(helper.make_node("Unsqueeze", ["y0", "one"], ["y"]))
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "one"))
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], inits, opset=18)
 
 
 def mixing() -> onnx.ModelProto:
