@@ -23,7 +23,7 @@ LAYERS = [
     ("integrations", ["fastseq.integrations"]),
     ("facades", ["fastseq.facades"]),
     # the public face: the package itself, the CLI and the public names of integrations
-    ("top", ["fastseq", "fastseq.__main__", "fastseq.cli", "fastseq.ray", "fastseq.quantize", "fastseq.onnx_compose",
+    ("top", ["fastseq", "fastseq.__main__", "fastseq.cli", "fastseq.ray", "fastseq.ray_serve", "fastseq.quantize", "fastseq.onnx_compose",
              "fastseq.operators"]),
 ]
 

@@ -157,20 +157,7 @@ class Predictor:
         drop_columns: bool = False,
     ) -> None:
         shipped = _local_shipment(pipeline)
-        model = ray.get(shipped.model) if isinstance(shipped.model, ray.ObjectRef) else shipped.model
-        resources = _assigned_resources()
-        # The core decodes the bytes (or reads the path and its external data) and the
-        # runtime starts the session the way every fastseq pipeline does (weights spilled to
-        # the session's private copy when large, so that they do not count twice).
-        self.pipe = Runnable.from_portable({
-            "model": model,
-            "labels": shipped.labels or [shipped.label],
-            "origins": shipped.origins,
-            "providers": actor_providers(shipped.providers, resources["gpu_ids"]),
-            "session_options": build_options(shipped.options, resources["cpus"]),
-            "session_cache": None,  # the driver's cache folder need not exist on this node
-        })
-        del model
+        self.pipe = unship(shipped)
         self.session = self.pipe.get_session()
         self.label = shipped.label
         self.inputs = self.pipe.inputs
@@ -204,6 +191,29 @@ class Predictor:
                 )
             out[name] = value
         return out
+
+
+def unship(shipped: Shipment, options: Mapping[str, Any] | None = None) -> Runnable:
+    """The pipeline of a shipment, started in this actor: the model fetched once from the
+    node's object store, the session sized to the CPUs (and on the GPU) Ray gave the actor;
+    ``options``: session config entries (``session.*``) to set where the pipeline's own do not."""
+    model = ray.get(shipped.model) if isinstance(shipped.model, ray.ObjectRef) else shipped.model
+    resources = _assigned_resources()
+    session = build_options(shipped.options, resources["cpus"])
+    for key, value in (options or {}).items():  # config entries the pipeline's options leave unset
+        if key not in shipped.options:
+            session.add_session_config_entry(key, value)
+    # The core decodes the bytes (or reads the path and its external data) and the
+    # runtime starts the session the way every fastseq pipeline does (weights spilled to
+    # the session's private copy when large, so that they do not count twice).
+    return Runnable.from_portable({
+        "model": model,
+        "labels": shipped.labels or [shipped.label],
+        "origins": shipped.origins,
+        "providers": actor_providers(shipped.providers, resources["gpu_ids"]),
+        "session_options": session,
+        "session_cache": None,  # the driver's cache folder need not exist on this node
+    })
 
 
 def _local_shipment(pipeline: Any) -> Shipment:

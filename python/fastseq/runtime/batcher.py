@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
-from fastseq.runtime.batches import Request, deliver, own_runner, run
+from fastseq.runtime.batches import Request, deliver, joinable, own_runner, run
 from fastseq.runtime.inputs import InputCheck
 from fastseq.runtime.runner import Runner
 
@@ -202,24 +202,7 @@ class Batcher:
                 and (check.fixed_of is None or check.fixed_of(a.shape) == check.fixed)
             ):
                 return Request({check.name: a}, a.shape[0], (a.dtype, a.shape[1:]))
-        feeds = runner.feeds(inputs, named)
-        if len(feeds) == 1:  # one input: its rows and other axes are the key
-            (a,) = feeds.values()
-            if a.ndim:
-                return Request(feeds, a.shape[0], (a.dtype, a.shape[1:]))
-        rows = None
-        key: list[Any] = []  # what the batches it may join share: dtypes and the other axes
-        for info in runner.inputs:
-            a = feeds[info.name]
-            if a.ndim == 0:
-                raise InputError(f"input '{info.name}' of a batched request needs a batch axis (axis 0); got a scalar")
-            if rows is None:
-                rows = a.shape[0]
-            elif a.shape[0] != rows:
-                sizes = ", ".join(f"'{i.name}' {feeds[i.name].shape[0]}" for i in runner.inputs)
-                raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
-            key += (a.dtype, a.shape[1:])
-        return Request(feeds, rows or 0, tuple(key))
+        return joinable(runner, runner.feeds(inputs, named))
 
     def _put(self, request: Request) -> None:
         """Queues a request and wakes the worker where it sleeps (or starts it)."""

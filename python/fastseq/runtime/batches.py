@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fastseq.errors import RunError
+from fastseq.errors import InputError, RunError
 from fastseq.runtime.runner import Runner
 
 
@@ -55,6 +55,58 @@ class Chain:
                 if not r.gone:
                     r.done.release()
                     return
+
+
+def joinable(runner: Runner, feeds: dict[str, np.ndarray]) -> Request:
+    """A request of checked ``feeds`` with its rows and the key of the batches it may join:
+    every input's dtype and axes past the first (an InputError where an input has no batch
+    axis, or the inputs' row counts differ)."""
+    if len(feeds) == 1:  # one input: its rows and other axes are the key
+        (a,) = feeds.values()
+        if a.ndim:
+            return Request(feeds, a.shape[0], (a.dtype, a.shape[1:]))
+    rows = None
+    key: list[Any] = []  # what the batches it may join share: dtypes and the other axes
+    for info in runner.inputs:
+        a = feeds[info.name]
+        if a.ndim == 0:
+            raise InputError(f"input '{info.name}' of a batched request needs a batch axis (axis 0); got a scalar")
+        if rows is None:
+            rows = a.shape[0]
+        elif a.shape[0] != rows:
+            sizes = ", ".join(f"'{i.name}' {feeds[i.name].shape[0]}" for i in runner.inputs)
+            raise InputError(f"the inputs of one request must have the same number of rows (axis 0): {sizes}")
+        key += (a.dtype, a.shape[1:])
+    return Request(feeds, rows or 0, tuple(key))
+
+
+def run_all(runner: Runner, feeds: list[dict[str, Any]], max_rows: int) -> list[Any]:
+    """Requests gathered by someone else (Ray Serve's ``@serve.batch``) run as the batcher
+    runs its own: each checked by the one input rule, those that share a key joined in
+    batches of at most ``max_rows`` rows, a failing joint run retried per request. Each
+    request's answer in order: its outputs, or the exception to raise for it."""
+    answers: list[Any] = [None] * len(feeds)
+    groups: dict[tuple, list[tuple[int, Request]]] = {}
+    for k, f in enumerate(feeds):
+        try:
+            r = joinable(runner, runner.check_feeds(f))
+        except Exception as e:  # noqa: BLE001 - that request's answer
+            answers[k] = e
+            continue
+        groups.setdefault(r.key, []).append((k, r))
+    for members in groups.values():
+        batch: list[tuple[int, Request]] = []
+        rows = 0
+        for item in members + [(-1, None)]:
+            if item[1] is None or (batch and rows + item[1].rows > max_rows):
+                run(runner, [r for _, r in batch])
+                for k, r in batch:
+                    answers[k] = r.answer
+                batch, rows = [], 0
+            if item[1] is not None:
+                batch.append(item)
+                rows += item[1].rows
+    return answers
 
 
 # --- running a batch (on the worker) -----------------------------------------------------------

@@ -33,9 +33,11 @@ NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 
 def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False, warm_up: bool = True,
-        **options: Any) -> Any:
+        run_with: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """The ASGI application serving ``pipelines``: one pipeline (served as ``name``) or a
-    mapping of names to pipelines. ``options``: :data:`DEFAULTS`' keys."""
+    mapping of names to pipelines. ``options``: :data:`DEFAULTS`' keys. ``warm_up=False``
+    marks the models ready without a warm-up run; ``run_with`` (by name) runs a model's
+    requests in place of its batcher (another batching: Ray Serve's)."""
     from fastseq.errors import InputError
     from fastseq.serving.asgi import App
     from fastseq.serving.metrics import Metrics
@@ -59,7 +61,8 @@ def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False
             raise InputError(f"a served model's name is letters, digits, '_', '.' and '-', got {key!r}")
         models[key] = ServedModel(key, pipe, max_batch_size=settings["max_batch_size"],
                                   max_delay_ms=settings["max_delay_ms"], row_independent=row_independent,
-                                  on_batch=metrics.model(key, VERSION).batch)
+                                  on_batch=metrics.model(key, VERSION).batch,
+                                  run_with=(run_with or {}).get(key))
     return App(models, metrics, max_queue=settings["max_queue"], max_request_bytes=settings["max_request_bytes"],
                timeout_s=settings["timeout_s"], body_timeout_s=settings["body_timeout_s"], warm_up=warm_up)
 

@@ -77,7 +77,8 @@ class App:
         return not self.draining and all(m.ready for m in self.models.values())
 
     def start(self) -> asyncio.Task:
-        """Starts the warm-ups (once): each model runs a row of zeros through its own path."""
+        """Starts the warm-ups on the running loop (once): each model runs a row of zeros
+        through its own path. The future is done once every model is ready."""
         if self._started is None:
             self._started = asyncio.get_running_loop().create_task(self._warm())
         return self._started
@@ -239,8 +240,8 @@ class App:
                 reason = "REJECTED"
                 raise RequestError(f"model '{model.name}': the request was not answered within its timeout of "
                                    f"{timeout:g} s", 503) from None
-            if model.batcher is None:
-                stats.unbatched(time.perf_counter() - began)
+            if model.batcher is None:  # no batcher to report its batches
+                stats.unbatched(time.perf_counter() - began, len(next(iter(request.inputs.values()))))
             asked = request.outputs
             tensors = model.outputs
             if asked is None:

@@ -91,11 +91,13 @@ class ModelStats:
             self.queue_us += w * 1e6
             self.queued.observe(w)
 
-    def unbatched(self, seconds: float) -> None:
-        """A request run on its own (no batcher): one execution of its rows."""
+    def unbatched(self, seconds: float, rows: int) -> None:
+        """A request run without the batcher: one execution of its rows (as far as this
+        server sees: another batching, Ray Serve's, may have joined it with others)."""
+        self.rows += rows
         self.executions += 1
         self.compute_us += seconds * 1e6
-        self.batch_sizes.observe(1)
+        self.batch_sizes.observe(rows)
 
 
 class Metrics:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -39,10 +39,13 @@ class ServedModel:
     ``max_batch_size`` > 1 joins concurrent requests through ``pipe.batcher`` (with
     ``max_delay_ms``, and ``row_independent`` as the batcher takes it); a pipeline the batcher
     refuses (its rows may mix, or no shared batch axis) is served request by request, which
-    the log says once. ``on_batch`` is the batcher's observer (the server's metrics)."""
+    the log says once. ``on_batch`` is the batcher's observer (the server's metrics);
+    ``run_with``, a coroutine function of the feeds, batches in the batcher's place (Ray
+    Serve's ``@serve.batch``)."""
 
     def __init__(self, name: str, pipe: Any, *, max_batch_size: int = 32, max_delay_ms: float = 0.0,
-                 row_independent: bool = False, on_batch: Callable[[int, list[float], float], None] | None = None) -> None:
+                 row_independent: bool = False, on_batch: Callable[[int, list[float], float], None] | None = None,
+                 run_with: Callable[[dict[str, np.ndarray]], Awaitable[list[np.ndarray]]] | None = None) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise InputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
         self.name, self.version, self.pipe = name, VERSION, pipe
@@ -53,7 +56,10 @@ class ServedModel:
         self.output_order = list(self.outputs)
         self.batcher = None
         self.not_batched = "batching is off (max_batch_size 1)"
-        if max_batch_size > 1:
+        self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
+        if run_with is not None:
+            self.not_batched = ""
+        elif max_batch_size > 1:
             try:
                 # Without spinning: the server's loop and its clients need the cores that ONNX
                 # Runtime's idle pool threads would spin on (measured: 210-230 us of the server's
@@ -64,7 +70,7 @@ class ServedModel:
             except CompositionError as e:
                 self.not_batched = str(e).split("\n")[0]
                 log.warning("model '%s' is served request by request: %s", name, self.not_batched)
-        self.max_batch_size = max_batch_size if self.batcher is not None else 0
+        self.max_batch_size = max_batch_size if self.batcher is not None or run_with is not None else 0
         # the one input of the common pipeline, passed by position: the batcher's short path
         self._single = next(iter(self.inputs)) if len(self.inputs) == 1 else None
         self.ready = False
@@ -78,7 +84,7 @@ class ServedModel:
     def _config(self) -> dict[str, Any]:
         """Triton's model configuration, as far as it describes this pipeline: with batching,
         ``max_batch_size`` and each tensor's dims without the batch axis."""
-        batched = self.batcher is not None
+        batched = self.max_batch_size > 0
 
         def dims(t: Tensor) -> list[int]:
             shape = list(t.shape) if t.shape is not None else [-1]
@@ -90,12 +96,14 @@ class ServedModel:
         config: dict[str, Any] = {"name": self.name, "platform": "onnxruntime_onnx", "backend": "fastseq",
                                   "max_batch_size": self.max_batch_size, "input": entries(self.inputs),
                                   "output": entries(self.outputs)}
-        if batched:
+        if self.batcher is not None:
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(self.batcher.max_delay_ms * 1000)}
         return config
 
     async def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Every output for ``feeds`` (checked by the pipeline's one input rule)."""
+        if self._run_with is not None:
+            return await self._run_with(feeds)
         batcher = self.batcher
         if batcher is not None:
             single = self._single
