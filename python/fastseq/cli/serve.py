@@ -96,11 +96,13 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
             raise fail(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if not 0 <= args.port <= 65535:
         raise fail(f"--port must be from 0 to 65535, got {args.port}")
-    try:
-        from fastseq import serving
-        from fastseq.serving.server import Server, say
-    except ModuleNotFoundError as e:
-        raise fail(f"serving needs the serve extra (pip install 'fastseq[serve]'): {e}") from None
+    import importlib.util
+
+    missing = [m for m in ("uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise fail(f"serving needs the serve extra: pip install 'fastseq[serve]' ({', '.join(missing)} not installed)")
+    from fastseq import serving
+    from fastseq.serving.server import Server, say
     _log(quiet)
     pipelines = _pipelines(args, quiet)
     app = serving.app(pipelines, row_independent=args.row_independent, max_batch_size=args.max_batch_size,
