@@ -147,6 +147,68 @@ def test_a_thread_interrupted_while_it_waits_leaves_the_others_their_answers(mon
             same(got[k], pipe(inputs[k]))
 
 
+@pytest.mark.parametrize("when", ["while its batch runs", "once run, before its loop is called back",
+                                  "once answered, before the task resumes"])
+def test_a_coroutine_cancelled_before_it_has_its_rows_raises_cancelled_error(monkeypatch, when):
+    """Issue 37, item 4: a cancelled coroutine raises CancelledError, as asyncio's cancellation
+    does, whenever the cancel lands before the task has resumed with its rows: while a slow
+    batch runs (ONNX Runtime still at work), after the run but before its loop's callback,
+    or after the callback set its future but before the task ran again. Its rows are
+    dropped; the others of its batch get theirs. A cancel after the task returned does
+    nothing (``cancel()`` is False) and the rows it returned stand."""
+    pipe = slow_model(intra_op_threads=1)
+    inputs = [rows(256, seed=k) for k in range(2)]
+    running, ran, settled = threading.Event(), threading.Event(), threading.Event()
+    cancelled, tasks = threading.Event(), []
+    real_run, real_deliver, real_settle = batcher_module.run, batcher_module.deliver, batches._settle
+
+    def run(runner, requests):
+        running.set()
+        real_run(runner, requests)
+        ran.set()
+
+    def deliver(batch):
+        if when == "once run, before its loop is called back":
+            cancelled.wait(60)
+        real_deliver(batch)
+
+    def settle(requests):
+        real_settle(requests)
+        if when == "once answered, before the task resumes":
+            assert tasks[1].cancel()  # its future is done: the task is woken, not yet run
+            cancelled.set()
+
+    monkeypatch.setattr(batcher_module, "run", run)
+    monkeypatch.setattr(batcher_module, "deliver", deliver)
+    monkeypatch.setattr(batches, "_settle", settle)
+
+    async def main(batcher):
+        tasks.extend(asyncio.ensure_future(batcher.run_async(x)) for x in inputs)  # a full batch
+        if when != "once answered, before the task resumes":
+            while not (running.is_set() if when == "while its batch runs" else ran.is_set()):
+                await asyncio.sleep(0.001)
+            assert tasks[1].cancel()
+            ran_already = ran.is_set()
+            cancelled.set()
+            assert ran_already == (when != "while its batch runs")  # (the run took its time)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    with pipe.batcher(max_batch_size=512, max_delay_ms=60_000) as batcher:  # runs once both are queued
+        got = asyncio.run(main(batcher))
+    assert isinstance(got[1], asyncio.CancelledError) and tasks[1].cancelled()
+    same(got[0], pipe(inputs[0]))
+
+    async def after(batcher):
+        task = asyncio.ensure_future(batcher.run_async(inputs[1]))
+        answer = await task
+        return answer, task.cancel()
+
+    with pipe.batcher() as batcher:
+        answer, cancel = asyncio.run(after(batcher))
+    assert cancel is False
+    same(answer, pipe(inputs[1]))
+
+
 def test_the_worker_ends_when_idle_and_the_next_request_starts_another(monkeypatch):
     monkeypatch.setattr(batcher_module, "IDLE_S", 0.1)
     pipe = light_heavy()

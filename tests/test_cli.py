@@ -277,6 +277,7 @@ ERRORS = [
     (["inspect", "builtin:resize?size=20&mode=bilnear"], "did you mean 'bilinear'"),
     (["inspect", "builtin:to_float?rank=99999999999"], "rank must be at most"),
     (["inspect", "builtin:normalize?mean=1e39"], "within float32's range"),
+    (["inspect", "builtin:normalize?std=1e-45"], "1 / 1e-45 is inf there"),
     (["inspect", "builtin:nope"], "no built-in operator 'nope'"),
     (["inspect", "builtin:resize?size"], "is not KEY=VALUE"),
     # conversion, downloads

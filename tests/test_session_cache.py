@@ -714,7 +714,7 @@ def test_a_killed_writers_folder_goes_as_soon_as_its_lock_is_free(tmp_path):
     held = cache / ".tmp-2-bbbbbbbbbbbb"
     held.mkdir()
     os.utime(held, (half_a_minute, half_a_minute))
-    fresh = cache / ".tmp-3-cccccccccccc"
+    fresh = cache / f".tmp-{os.getpid()}-cccccccccccc"  # a live maker's: it may be about to lock it
     fresh.mkdir()
     lock = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -723,3 +723,140 @@ def test_a_killed_writers_folder_goes_as_soon_as_its_lock_is_free(tmp_path):
     finally:
         os.close(lock)
     assert not killed.exists() and held.exists() and fresh.exists()
+
+
+def _temps(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.iterdir() if p.name.startswith((".tmp-", ".del-")))
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _killed_at(cache: Path, source: str, where: str, count: int) -> None:
+    """``count`` real processes starting ``source`` at once, each killed with SIGKILL at
+    ``where`` (``_seal``: a store, ONNX Runtime's files written; ``_Found.count_hit``: a
+    hit, its links made and its session built)."""
+    code = textwrap.dedent(f"""
+        import os, signal, fastseq
+        from fastseq.runtime import cache_entry
+        owner, name = (cache_entry._Found, "count_hit") if {where!r} == "count_hit" else (cache_entry, "_seal")
+        setattr(owner, name, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
+        fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    assert [p.wait(timeout=120) for p in procs] == [-9] * count
+
+
+def test_the_folders_of_killed_writers_and_readers_go_with_the_next_start(tmp_path):
+    """Four writers killed mid-store, then two starts: their `.tmp-<pid>-<hex>` folders, a
+    few seconds old, outlived the start that stored and the one that hit (issue 37, item 2):
+    the sweep waited 10 s although their makers were dead, and a hit did not sweep. A
+    temporary folder whose lock is free and whose maker no longer runs is garbage whatever
+    its age; one whose lock is held stays whatever its name says, and so does one a live
+    process has just made (it may be about to lock it)."""
+    cache = tmp_path / "cache"
+    source = model_file(tmp_path, 2.0)
+    _killed_at(cache, source, "_seal", 4)
+    killed = _temps(cache)  # (each writer's own store swept what those killed before it left)
+    assert killed and not any(_runs(int(p.name.split("-")[1])) for p in killed)
+    dead = killed[0].name.split("-")[1]
+    held = cache / f".tmp-{dead}-bbbbbbbbbbbb"  # its maker's pid is gone, but someone holds the lock
+    fresh = cache / f".tmp-{os.getpid()}-cccccccccccc"  # a live maker, about to lock it
+    for folder in (held, fresh):
+        folder.mkdir(mode=0o700)
+        (folder / "model.data").write_bytes(b"x")
+    lock = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        assert start(source, cache).session_info["cache"] == "stored"
+        assert _temps(cache) == sorted([held, fresh])
+        # Readers killed while they hold an entry's files linked into a folder of their own.
+        _killed_at(cache, source, "count_hit", 2)
+        assert len(_temps(cache)) > 2
+        pipe = start(source, cache)
+        assert pipe.session_info["cache"] == "hit"
+        np.testing.assert_allclose(pipe(X)[0], expected(2.0))
+        assert _temps(cache) == sorted([held, fresh])
+    finally:
+        os.close(lock)
+    assert (held / "model.data").read_bytes() == b"x"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_folder_swept_before_its_maker_locked_it_is_made_again(tmp_path, monkeypatch):
+    """A sweep removes a free folder of a pid that does not run here at once, yet that pid may
+    run in another pid namespace (a container sharing the folder), its maker between mkdir and
+    flock: the maker finds its folder gone once locked and makes another, and a tag's
+    temporary file swept so leaves the root marked by the sweeper, not a failed open."""
+    from fastseq.runtime import cachedir
+
+    cache = tmp_path / "cache"
+    root = cachedir.Root.open(cache, create=True)
+    real = cachedir.fcntl.flock
+    swept = []
+
+    def flock_after_a_sweep(fd, op):
+        if not swept:  # the first lock taken comes after another process removed the folder
+            name = os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[1].removesuffix(" (deleted)")
+            swept.append(name)
+            os.rmdir(cache / name)
+        return real(fd, op)
+
+    monkeypatch.setattr(cachedir.fcntl, "flock", flock_after_a_sweep)
+    with root, root.temp() as temp:
+        assert swept and temp.path.name != swept[0] and temp.path.is_dir()
+        (Path(temp.name("model.onnx"))).write_bytes(b"x")  # usable: not a removed folder
+    assert _temps(cache) == []
+
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+
+    def tag_swept(fd, op):
+        if not swept[1:]:  # the sweeper (which had opened the marked root) took the file
+            name = os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[1]
+            swept.append(name)
+            os.unlink(other / name)
+            (other / TAG).write_text(cachedir.TAG_TEXT)
+        return real(fd, op)
+
+    monkeypatch.setattr(cachedir.fcntl, "flock", tag_swept)
+    with cachedir.Root.open(other, create=True):
+        pass
+    assert swept[1:] and sorted(p.name for p in other.iterdir()) == [TAG]
+
+
+def test_a_sweep_never_empties_a_folder_sealed_while_it_looked(tmp_path, monkeypatch):
+    """A maker seals its folder (renames it to the entry's name) and lets go of its lock
+    between the sweep's open and its lock: the sweep held the entry then, and emptied it. The
+    name must still be the folder's once locked."""
+    from fastseq.runtime import cachedir
+
+    cache = tmp_path / "cache"
+    folder = cache / f".tmp-{_dead_pid()}-dddddddddddd"
+    entry = cache / ("e" * 32)
+    with cachedir.Root.open(cache, create=True) as root:
+        folder.mkdir(mode=0o700)
+        for name in ("model.onnx", "manifest.json"):
+            (folder / name).write_bytes(b"x")
+        old = time.time() - 3600
+        os.utime(folder, (old, old))
+        real = cachedir.try_lock
+
+        def sealed_first(fd, shared=False):
+            if folder.exists():
+                folder.rename(entry)
+            return real(fd, shared)
+
+        monkeypatch.setattr(cachedir, "try_lock", sealed_first)
+        assert root.sweep() == []
+    assert sorted(p.name for p in entry.iterdir()) == ["manifest.json", "model.onnx"]

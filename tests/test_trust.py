@@ -331,6 +331,54 @@ def test_parameters_that_the_constants_dtype_cannot_hold_are_operator_errors(spe
 
 
 
+@pytest.mark.parametrize("spec, says", [
+    # 1e-45 is not 0 as a Python float: in float32 it is a subnormal whose reciprocal is inf.
+    ("normalize?std=1e-45", "std must keep the model's values finite in float32: it computes (x - mean) / std, "
+                            "and 1 / 1e-45 is inf there"),
+    ("normalize?mean=0&std=1e-39", "1 / 1e-39 is inf there"),
+    ("normalize?mean=1e30&std=1e-10", "std must keep the model's values finite in float32: it computes "
+                                      "(x - mean) / std, and (0 - 1e+30) / 1e-10 is -inf there"),
+    ("normalize?mean=0.5,0.5,1e30&std=1e-10", "(0 - 1e+30) / 1e-10 is -inf there"),
+    ("normalize?std=1e-5&dtype=float16", "1 / 1e-05 is inf there"),
+    ("normalize?mean=100&std=1e-3&dtype=float16", "(0 - 100.0) / 0.001 is -inf there"),
+    ("normalize?mean=0&std=5e-324&dtype=float64", "1 / 5e-324 is inf there"),
+    # 1/5e-39 is finite, but a subnormal is 0 where subnormals are flushed: a division by zero.
+    ("normalize?mean=0&std=5e-39", "std must be at least 1.175e-38 in magnitude in float32, got 5e-39: it is "
+                                   "subnormal there"),
+    ("normalize?mean=0&std=1e-308&dtype=float64", "std must be at least 2.225e-308 in magnitude in float64"),
+    ("to_float?scale=1e37", "scale must keep the model's values finite in float32: it computes "
+                            "float32(input) * scale, and 255 * 1e+37 is inf there"),
+    ("to_float?scale=300&to=float16", "255 * 300 is inf there"),
+    ("to_float?scale=1e20&dtype=int64", "9223372036854775808 * 1e+20 is inf there"),
+    ("to_float?scale=1e-40", "scale must be at least 1.175e-38 in magnitude in float32, got 1e-40"),
+    ("to_float?scale=1e-5&to=float16", "scale must be at least 6.104e-05 in magnitude in float16"),
+])
+def test_parameters_that_make_the_model_compute_inf_are_operator_errors(spec, says):
+    """The check is on what the model computes in its dtype, not on the Python float (issue 37,
+    item 1): normalize(std=1e-45) was accepted and its model output inf."""
+    from fastseq.ops import OperatorError
+
+    with pytest.raises(OperatorError, match=re.escape(says)):
+        fastseq.ops.from_string(spec)
+    with pytest.raises(OperatorError, match=re.escape(says)):
+        fastseq.ONNXSequential(f"builtin:{spec}")
+
+
+def test_the_smallest_parameters_each_dtype_keeps_finite_are_kept():
+    """The edges of those checks: the smallest normal std of each dtype divides to a finite
+    value; a float16 scale times 255 just below float16's largest; a uint16 input to float16
+    (65535 is inf there whatever the scale: the cast's doing, not the scale's) is left alone."""
+    for dtype, tiny in (("float16", 2.0**-14), ("float32", 2.0**-126), ("float64", 2.0**-1022)):
+        x = np.ones((1, 3, 1, 1), dtype)
+        (y,) = fastseq.ONNXSequential(fastseq.ops.normalize(0.0, tiny, dtype=dtype), session_cache=False)(x)
+        assert np.isfinite(y).all() and y.dtype == dtype
+    (y,) = fastseq.ONNXSequential(fastseq.ops.to_float(256, to="float16"), session_cache=False)(
+        np.full((1, 1, 1, 1), 255, np.uint8))
+    assert np.isfinite(y).all()
+    fastseq.ops.to_float(2.0, dtype="uint16", to="float16")
+    fastseq.ops.to_float(1e30, dtype="float32")
+
+
 def test_a_tiny_std_that_float64_holds_is_kept():
     x = np.ones((1, 3, 2, 2))
     pipe = fastseq.ONNXSequential(fastseq.ops.normalize(mean=0.0, std=1e-300, dtype="float64"), session_cache=False)

@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes};
 
+use crate::buffers::shared;
 use crate::composed::Composed;
 use crate::errors::to_py;
-use crate::sources::{shared, PySource};
+use crate::sources::PySource;
 use fastseq::{Adapt, Edge, Keep, Mode, Options, Rules, Source};
 
 fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {

@@ -1,10 +1,10 @@
 //! `Composed`: a model held by the core, with what its composition reported.
 use std::path::PathBuf;
 
-use bytes::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::buffers::shared;
 use crate::errors::to_py;
 use crate::io_infos::io_infos;
 use crate::plan::plan_dict;
@@ -102,7 +102,7 @@ impl Composed {
 
     /// `stripped` (a transformed copy of `stripped_bytes()`) with this model's weights put back.
     fn with_weights(&self, py: Python<'_>, stripped: Bound<'_, PyBytes>, label: &str) -> PyResult<Composed> {
-        let data = crate::sources::shared(&stripped); // not copied
+        let data = shared(&stripped); // not copied
         py.detach(|| self.0.with_weights(data, label)).map(Composed).map_err(to_py)
     }
 

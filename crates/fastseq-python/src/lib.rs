@@ -4,6 +4,7 @@
 //! ([`errors`]); nothing here decides anything.
 use pyo3::prelude::*;
 
+mod buffers;
 mod compose;
 mod composed;
 mod errors;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec
@@ -184,23 +185,56 @@ def flag(op: str, param: str, value: Any) -> bool:
     return value
 
 
+#: struct's code for each float type: how a Python float is rounded to it.
+_PACK = {"float16": "e", "float32": "f", "float64": "d"}
+#: The smallest normal magnitude of each float type. Below it a number is subnormal: it
+#: keeps few digits, its reciprocal may be inf (1/1e-45 in float32), and it reads as 0
+#: where subnormals are flushed to zero (ONNX Runtime's session.set_denormal_as_zero).
+SMALLEST_NORMAL = {"float16": 2.0**-14, "float32": 2.0**-126, "float64": 2.0**-1022}
+
+
+def in_dtype(value: float, dtype: str) -> float:
+    """``value`` as a ``dtype`` value holds it: rounded, and ±inf beyond its range."""
+    code = _PACK[dtype]
+    try:
+        return struct.unpack(code, struct.pack(code, float(value)))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def held_in(op: str, param: str, values: Sequence[float], dtype: str, *, nonzero: bool = False) -> None:
     """Checks that ``values`` keep their meaning as ``dtype`` constants: finite there (1e5 is
     inf in float16) and, with ``nonzero`` (a divisor), not rounded to 0 (``1e-46`` is 0 in
     float32): a model of ``inf`` or ``nan`` constants computes nothing useful."""
-    import struct
-
-    code = {"float16": "e", "float32": "f"}.get(dtype)
-    if code is None:  # float64 holds every Python float
-        return
     for v in values:
-        try:
-            held = struct.unpack(code, struct.pack(code, v))[0]
-        except OverflowError:
-            raise fail(op, f"{param} must be within {dtype}'s range, got {v!r}") from None
+        held = in_dtype(v, dtype)
+        if not math.isfinite(held):
+            raise fail(op, f"{param} must be within {dtype}'s range, got {v!r}")
         if nonzero and held == 0:
-            raise fail(op, f"{param} must not be zero: {v!r} is 0 in {dtype} (its smallest positive value is "
-                           f"{struct.unpack(code, bytes([1]) + bytes(struct.calcsize(code) - 1))[0]:.4g})")
+            raise fail(op, f"{param} must not be zero: {v!r} is 0 in {dtype} (its smallest normal value is "
+                           f"{SMALLEST_NORMAL[dtype]:.4g})")
+
+
+def normal(op: str, param: str, values: Sequence[float], dtype: str) -> None:
+    """Refuses a divisor or scale that is subnormal in ``dtype`` (its reciprocal may still be
+    finite, 1/5e-39 in float32): where subnormals are flushed to zero it is 0, and the
+    model's output inf or 0."""
+    tiny = SMALLEST_NORMAL[dtype]
+    for v in values:
+        held = in_dtype(v, dtype)
+        if held != 0 and abs(held) < tiny:
+            raise fail(op, f"{param} must be at least {tiny:.4g} in magnitude in {dtype}, got {v!r}: it is "
+                           f"subnormal there, and reads as 0 where subnormals are flushed to zero "
+                           "(session.set_denormal_as_zero)")
+
+
+def finite(op: str, param: str, result: float, dtype: str, computes: str, how: str) -> None:
+    """Refuses ``param`` when what the model ``computes`` with it, ``result`` (worked out as
+    ``how`` says, in ``dtype``), is not finite: the check is on the model's arithmetic, not on
+    the Python number (1e-45 is not 0, but a float32 model dividing by it outputs inf)."""
+    if not math.isfinite(in_dtype(result, dtype)):
+        raise fail(op, f"{param} must keep the model's values finite in {dtype}: it computes {computes}, and "
+                       f"{how} is {in_dtype(result, dtype)} there")
 
 
 def numbers(op: str, param: str, value: Any, **checks: bool) -> list[float]:

@@ -8,6 +8,7 @@ convention); ``letterbox`` adds ``scale`` and ``padding``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,16 @@ def to_float(
     name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     out_name, out_elem = g.dtype(op, to, g.FLOATS)
     g.held_in(op, "scale", [factor], out_name, nonzero=True)
+    if name in g.INT_RANGE:
+        # An integer input's largest value, cast to ``to``, times scale must stay finite (255
+        # * 300 is inf in float16). Where the cast alone overflows (uint16 to float16), no
+        # scale is to blame; a float input has no range to check.
+        largest = max(-g.INT_RANGE[name][0], g.INT_RANGE[name][1])
+        cast = g.in_dtype(float(largest), out_name)
+        if math.isfinite(cast):
+            g.finite(op, "scale", cast * g.in_dtype(factor, out_name), out_name, f"{out_name}(input) * scale",
+                     f"{largest} * {scale!r}")
+    g.normal(op, "scale", [factor], out_name)
     version = g.opset(op, opset)
     graph = g.Graph(op)
     cast = graph.node("Cast", ["input"], to=out_elem)
@@ -146,8 +157,15 @@ def normalize(
     name, _ = g.dtype(op, dtype, g.FLOATS)
     g.held_in(op, "mean", m, name)
     g.held_in(op, "std", s, name, nonzero=True)
-    version = g.opset(op, opset)
+    # (x - mean) / std is x * (1/std) - mean/std: both must be finite in the model's dtype,
+    # whatever the Python floats say (1e-45 is not 0, but 1/1e-45 is inf in float32).
     channels = max(len(m), len(s))
+    for mv, sv in zip(m * (channels // len(m)), s * (channels // len(s))):
+        held_m, held_s = g.in_dtype(mv, name), g.in_dtype(sv, name)
+        g.finite(op, "std", 1 / held_s, name, "(x - mean) / std", f"1 / {sv!r}")
+        g.finite(op, "std", -held_m / held_s, name, "(x - mean) / std", f"(0 - {mv!r}) / {sv!r}")
+    g.normal(op, "std", s, name)
+    version = g.opset(op, opset)
     bshape = [channels if a == "C" else 1 for a in order]
     graph = g.Graph(op)
     # One value for all channels is repeated to one per channel.

@@ -281,6 +281,9 @@ def _hold(root: Root, entry_fd: int, files: dict[str, tuple[int, str]]) -> Temp 
     None for a cache that cannot be written (a read-only file system, where nothing in the
     entry can be renamed either): the entry's folder, held open, is used as it is."""
     try:
+        # What killed readers and writers left (a reader's links would keep an evicted
+        # entry's bytes on disk): a cache that is only ever hit sweeps here.
+        root.sweep()
         temp = root.temp()
     except OSError as e:
         if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

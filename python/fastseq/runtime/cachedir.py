@@ -42,9 +42,11 @@ TAG_TEXT = (
 )
 ENTRY = re.compile(r"[0-9a-f]{32}")
 TEMP = re.compile(r"\.(?:tmp-[0-9]+|del)-[0-9a-f]{12}")
-#: A temporary folder or file whose lock is free is its maker's no more (killed, or done) and
-#: is removed once this old: the age covers only the instant between its creation and its
-#: maker's ``flock``, not the maker's life (the lock does that).
+#: A temporary folder or file whose lock is free is its maker's no more (killed, or done).
+#: It goes at once when its maker's pid no longer runs; while that pid runs, the maker may be
+#: in the instant between creating it and its ``flock`` (or the pid is another process's now:
+#: they cannot be told apart), and it goes once this old. The age never covers the maker's
+#: life: the lock does that.
 STALE_S = 10.0
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -241,12 +243,21 @@ class Root(Folder):
             os.close(fd)
 
     def temp(self) -> Temp:
-        """A new locked temporary folder in the root (0700)."""
-        name = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        os.mkdir(name, 0o700, dir_fd=self.fd)
-        fd = open_dir(name, name, dir_fd=self.fd)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return Temp(self.path / name, fd, self.fd)
+        """A new locked temporary folder in the root (0700). A sweep that takes its maker for
+        dead (a pid of another pid namespace or machine sharing the folder) may remove it
+        before it is locked: it is still named once locked, or another is made."""
+        for _ in range(_TRIES):
+            name = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            os.mkdir(name, 0o700, dir_fd=self.fd)
+            try:
+                fd = open_dir(name, name, dir_fd=self.fd)
+            except FileNotFoundError:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self._is_named(name, fd):
+                return Temp(self.path / name, fd, self.fd)
+            os.close(fd)
+        raise OSError(errno.EAGAIN, f"{_TRIES} temporary folders were removed as soon as they were made")
 
     def open_entry(self, key: str) -> int | None:
         """The entry's folder, locked shared (so that nobody removes it while it is read), or
@@ -318,7 +329,8 @@ class Root(Folder):
     def sweep(self, now: float | None = None, dry_run: bool = False) -> list[str]:
         """Removes the temporary folders and files (a tag being written) that no live
         process holds: their lock is free (their maker was killed, or a full disk stopped
-        it) and they are :data:`STALE_S` old; returns their names."""
+        it), and their maker no longer runs or they are :data:`STALE_S` old; returns their
+        names."""
         now = time.time() if now is None else now
         removed = []
         for name in os.listdir(self.fd):
@@ -327,13 +339,17 @@ class Root(Folder):
             try:
                 st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
                 folder = stat.S_ISDIR(st.st_mode)
-                if not (folder or stat.S_ISREG(st.st_mode)) or st.st_uid != os.geteuid() or now - st.st_mtime < STALE_S:
+                if not (folder or stat.S_ISREG(st.st_mode)) or st.st_uid != os.geteuid():
+                    continue
+                if now - st.st_mtime < STALE_S and not _maker_gone(name):
                     continue
                 fd = open_dir(name, name, dir_fd=self.fd) if folder else open_file(self.fd, name, name)[0]
             except (OSError, Refused):
                 continue
             try:
-                if not try_lock(fd) or (folder and not set(os.listdir(fd)) <= FILES):
+                # Still named so once locked: a maker that sealed it (renamed it to an entry's
+                # name) and let go of it in between has made it an entry, not a leftover.
+                if not try_lock(fd) or not self._is_named(name, fd) or (folder and not set(os.listdir(fd)) <= FILES):
                     continue
                 if not dry_run:
                     if folder:
@@ -349,6 +365,29 @@ class Root(Folder):
         return removed
 
 
+#: How many temporary names a maker tries when each is swept before it locks it.
+_TRIES = 8
+
+
+def _maker_gone(name: str) -> bool:
+    """Whether the maker of a temporary name whose lock is free is surely gone: a ``.del-``
+    folder's remover locks the entry before it renames it (no instant without the lock), and
+    a ``.tmp-<pid>-`` one's pid no longer runs here. A running pid may be the maker about to
+    lock it, or another process that got the pid since: not gone."""
+    if name.startswith(".del-"):
+        return True
+    pid = int(name.split("-")[1])
+    if pid <= 0:  # kill(0) would signal a process group: not a maker's pid
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # another user's process (EPERM), or no pid at all
+        return False
+    return False
+
+
 def _mark(fd: int) -> None:
     """Writes the tag whole, then renames it into place: a process opening the root at the
     same moment never reads half of it (two that mark it at once write the same bytes). Its
@@ -358,6 +397,10 @@ def _mark(fd: int) -> None:
     try:
         write_file(fd, temp, TAG_TEXT.encode(), lock=True)
         os.rename(temp, TAG, src_dir_fd=fd, dst_dir_fd=fd)
+    except FileNotFoundError:
+        # Swept before it was locked, by a process that took its maker for dead (another pid
+        # namespace): that process had opened the root, so a tag is in place (Root.open checks).
+        return
     except BaseException:
         try:
             os.unlink(temp, dir_fd=fd)
