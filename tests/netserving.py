@@ -139,8 +139,9 @@ def running(pipelines, **options) -> Iterator:
     from fastseq import serving
     from fastseq.serving.server import Server
 
+    grpc_port = options.pop("grpc_port", None)
     app = serving.app(pipelines, **options)
-    server = Server(app, "127.0.0.1", 0)
+    server = Server(app, "127.0.0.1", 0, grpc_port=grpc_port)
     thread = threading.Thread(target=server.run, name="test-server", daemon=True)
     thread.start()
     try:

@@ -67,6 +67,9 @@ def add(sub: Any) -> None:
                    help="the address to listen on (default 127.0.0.1: this machine only; the server has no "
                         "authentication, see docs/serving.md)")
     s.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
+    s.add_argument("--grpc-port", type=int,
+                   help="also serve the protocol over gRPC on this port (Triton's GRPCInferenceService, what "
+                        "tritonclient.grpc calls; 0 picks a free one; needs grpcio)")
     s.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
                    help=f"rows of concurrent requests joined into one run (default {DEFAULTS['max_batch_size']}; "
                         "1 turns batching off)")
@@ -94,11 +97,14 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
     for flag in ("max_batch_size", "max_queue"):
         if getattr(args, flag) < 1:
             raise fail(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    if not 0 <= args.port <= 65535:
-        raise fail(f"--port must be from 0 to 65535, got {args.port}")
+    for flag in ("port", "grpc_port"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value <= 65535:
+            raise fail(f"--{flag.replace('_', '-')} must be from 0 to 65535, got {value}")
     import importlib.util
 
-    missing = [m for m in ("uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    needed = ("uvicorn", "prometheus_client") + (("grpc",) if args.grpc_port is not None else ())
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise fail(f"serving needs the serve extra: pip install 'fastseq[serve]' ({', '.join(missing)} not installed)")
     from fastseq import serving
@@ -110,10 +116,10 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
                       max_request_bytes=args.max_request_bytes, timeout_s=args.timeout_s,
                       body_timeout_s=args.body_timeout_s)
     try:
-        server = Server(app, args.host, args.port, announce=say)
+        server = Server(app, args.host, args.port, grpc_port=args.grpc_port, announce=say)
     except OSError as e:
         raise fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    return server.run()
+    return server.run()  # 1 where a model's warm-up failed (its line says which)
 
 
 def _pipelines(args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def _replica(batching: str, max_batch_size: int, max_delay_ms: float) -> type:
             self._served = serving.app(pipes, row_independent=row_independent, run_with=runs, **options)
             # Warmed on the replica's own loop (Ray Serve's batch queues are bound to the loop
             # of their first call), and before Ray Serve routes a request here.
-            await self._served.start()
+            await self._served.service.start()
 
         def _ray_batched(self, key: str, pipe: Any, row_independent: bool) -> Any:
             """A coroutine function of one request's feeds, batched by Ray Serve; None where

@@ -7,7 +7,9 @@ shutdown. Needs the ``serve`` extra (``pip install 'fastseq[serve]'``).
 - :mod:`.protocol`: requests and responses to and from arrays (JSON and binary tensors);
 - :mod:`.model`: one pipeline as served (its description, its batcher, its warm-up);
 - :mod:`.metrics`: what is counted, in Prometheus' format;
-- :mod:`.asgi`: the ASGI application (routes, limits, lifecycle);
+- :mod:`.service`: what every request meets (admission, timeouts, failures, the lifecycle);
+- :mod:`.asgi`: the protocol over HTTP as an ASGI application (routes, bodies, answers);
+- :mod:`.grpc_service`: the protocol over gRPC (Triton's ``GRPCInferenceService``);
 - :mod:`.server`: the process on uvicorn (the socket, signals).
 
 ``fastseq.serve(pipe)`` blocks serving one pipeline (or a dict of them by name);
@@ -42,6 +44,7 @@ def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False
     from fastseq.serving.asgi import App
     from fastseq.serving.metrics import Metrics
     from fastseq.serving.model import VERSION, ServedModel
+    from fastseq.serving.service import Service
 
     unknown = set(options) - set(DEFAULTS)
     if unknown:
@@ -63,16 +66,18 @@ def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False
                                   max_delay_ms=settings["max_delay_ms"], row_independent=row_independent,
                                   on_batch=metrics.model(key, VERSION).batch,
                                   run_with=(run_with or {}).get(key))
-    return App(models, metrics, max_queue=settings["max_queue"], max_request_bytes=settings["max_request_bytes"],
-               timeout_s=settings["timeout_s"], body_timeout_s=settings["body_timeout_s"], warm_up=warm_up)
+    service = Service(models, metrics, max_queue=settings["max_queue"], max_request_bytes=settings["max_request_bytes"],
+                      timeout_s=settings["timeout_s"], body_timeout_s=settings["body_timeout_s"], warm_up=warm_up)
+    return App(service)
 
 
-def serve(pipelines: Any, *, host: str = "127.0.0.1", port: int = 8000, name: str = "pipeline",
-          row_independent: bool = False, **options: Any) -> int:
-    """Serves ``pipelines`` (one, as ``name``, or a dict by name) on ``host``:``port`` until
-    SIGTERM or SIGINT; returns the exit status (0 after a clean shutdown). Binds to the
-    loopback interface unless told otherwise: the server has no authentication."""
+def serve(pipelines: Any, *, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None,
+          name: str = "pipeline", row_independent: bool = False, **options: Any) -> int:
+    """Serves ``pipelines`` (one, as ``name``, or a dict by name) on ``host``:``port`` over
+    HTTP (and over gRPC on ``grpc_port``, if given; needs grpcio) until SIGTERM or SIGINT;
+    returns the exit status (0 after a clean shutdown). Binds to the loopback interface unless
+    told otherwise: the server has no authentication."""
     from fastseq.serving.server import Server, say
 
     return Server(app(pipelines, name=name, row_independent=row_independent, **options), host, port,
-                  announce=say).run()
+                  grpc_port=grpc_port, announce=say).run()

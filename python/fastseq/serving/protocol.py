@@ -102,7 +102,7 @@ def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dic
             near = _core.did_you_mean(datatype, list(DTYPES)) if type(datatype) is str else ""
             raise RequestError(f"input '{name}': {_kind(datatype) if type(datatype) is not str else repr(datatype)} "
                                f"is not a KServe datatype{near}; model '{model}' takes {inputs[name].datatype}")
-        shape, count = _shape(name, item.get("shape"))
+        shape, count = declared_shape(name, item.get("shape"))
         params = _parameters(item.get("parameters"), f"input '{name}''s parameters")
         if "shared_memory_region" in params:
             raise RequestError(f"input '{name}': shared memory is not supported by fastseq serve; send the data")
@@ -115,12 +115,12 @@ def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dic
             if binary_size > size - offset:
                 raise RequestError(f"input '{name}' has binary_data_size {binary_size}, past the end of the body "
                                    f"({size - offset} bytes left after the JSON and the inputs before it)")
-            feeds[name] = _from_binary(name, body, offset, binary_size, datatype, dtype, shape, count)
+            feeds[name] = from_binary(name, body, offset, binary_size, datatype, dtype, shape, count)
             offset += binary_size
         else:
             if "data" not in item:
                 raise RequestError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
-            feeds[name] = _from_json(name, item["data"], datatype, dtype, shape, count)
+            feeds[name] = from_values(name, item["data"], datatype, dtype, shape, count)
     if offset != size:
         raise RequestError(f"the body has {size - offset} bytes after the binary data of its inputs: "
                            "each binary input's binary_data_size must give its exact length")
@@ -156,7 +156,7 @@ def _parameters(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _shape(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
+def declared_shape(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
     """A request's declared shape and the number of values it holds, checked before any
     allocation: integers from 0 to MAX_DIM, at most MAX_RANK of them."""
     if type(shape) is not list:
@@ -176,7 +176,7 @@ def _values(count: int) -> str:
     return f"{count} value{'s' if count != 1 else ''}"
 
 
-def _from_binary(name: str, body: bytes, offset: int, size: int, datatype: str, dtype: np.dtype,
+def from_binary(name: str, body: bytes, offset: int, size: int, datatype: str, dtype: np.dtype,
                  shape: tuple[int, ...], count: int) -> np.ndarray:
     if datatype == "BYTES":
         return _strings(name, memoryview(body)[offset:offset + size], shape, count)
@@ -218,7 +218,7 @@ def _strings(name: str, raw: memoryview, shape: tuple[int, ...], count: int) -> 
     return array.reshape(shape)
 
 
-def _from_json(name: str, data: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
+def from_values(name: str, data: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
     """JSON ``data`` (flat, or nested as the shape) as an array of ``shape``: its number of
     values checked before numpy reads it, and each value kept exactly in the datatype."""
     if type(data) is not list:
@@ -313,7 +313,7 @@ def encode_infer(model: str, version: str, id: str | None, outputs: list[tuple[T
     for tensor, array, binary in outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(array.shape)}
         if binary:
-            raw = _raw(tensor.datatype, array)
+            raw = raw_data(tensor.datatype, array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             buffers.append(raw)
         elif tensor.datatype == "BYTES":
@@ -331,7 +331,7 @@ def encode_infer(model: str, version: str, id: str | None, outputs: list[tuple[T
     return b"".join([head, *buffers]), len(head)
 
 
-def _raw(datatype: str, array: np.ndarray) -> Any:
+def raw_data(datatype: str, array: np.ndarray) -> Any:
     """An output's binary data: its bytes in place where they are contiguous already."""
     if datatype == "BYTES":
         parts = []

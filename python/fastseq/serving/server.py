@@ -45,7 +45,8 @@ class Server:
     """``app`` served on ``host``:``port`` (bound when made: :attr:`port` is the real one).
     :meth:`run` blocks until stopped (a signal in the main thread, or :meth:`stop` from any)."""
 
-    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8000, *, announce: Any = None) -> None:
+    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
+                 announce: Any = None) -> None:
         import uvicorn
 
         self.app = app
@@ -54,10 +55,12 @@ class Server:
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"
         self._announce = announce
+        self.grpc_port = grpc_port  # the bound one once serving
+        self._grpc: Any = None
         loop, http = _loop_and_http()
         config = uvicorn.Config(
             app, loop=loop, http=http, lifespan="on", access_log=False, log_config=None, log_level="warning",
-            server_header=False, timeout_graceful_shutdown=int(app.timeout_s + GRACE_S), backlog=2048,
+            server_header=False, timeout_graceful_shutdown=int(app.service.timeout_s + GRACE_S), backlog=2048,
         )
         self._server = _Uvicorn(config, app)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,9 +82,22 @@ class Server:
         serving = asyncio.ensure_future(server.serve(sockets=[self.socket]))
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
-        self._say(f"listening on {self.url} (KServe v2 over HTTP); warming up "
+        grpc = ""
+        if self.grpc_port is not None and not serving.done():
+            from fastseq.serving import grpc_service
+
+            try:
+                self._grpc, self.grpc_port = await grpc_service.start(self.app.service, self.host, self.grpc_port)
+            except (OSError, RuntimeError) as e:
+                self._say(f"error: cannot serve gRPC: {e}")
+                server.should_exit = True
+                await serving
+                self.exit_code = 1
+                return 1
+            grpc = f" and gRPC on {self.host}:{self.grpc_port}"
+        self._say(f"listening on {self.url} (KServe v2 over HTTP{grpc}); warming up "
                   + ", ".join(f"'{name}'" for name in self.app.models))
-        warm = self.app.start()
+        warm = self.app.service.start()
         await asyncio.wait({warm, serving}, return_when=asyncio.FIRST_COMPLETED)
         code = 0
         if warm.done() and warm.exception() is not None:
@@ -92,7 +108,9 @@ class Server:
                 f" (batched, up to {m.max_batch_size} rows)" if m.batcher is not None else " (not batched)")
                 for name, m in self.app.models.items())
             self._say(f"ready: {models}")
-        await serving
+        await serving  # drained: the service waited for every open request, HTTP's and gRPC's
+        if self._grpc is not None:
+            await self._grpc.stop(GRACE_S)
         self.exit_code = code
         return code
 
@@ -116,7 +134,7 @@ class _Uvicorn:
 
         class Drain(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
-                app.drain()
+                app.service.drain()
                 if self.should_exit and sig == signal.SIGINT:
                     self.force_exit = True
                 else:
