@@ -15,10 +15,14 @@ row a request, one connection each):
 - hand: what users write today, a per-request server in the same framework: a Starlette
   route on uvicorn (uvloop, httptools) that decodes the same protocol with fastseq's own
   functions and calls ``pipe(x)`` in Starlette's thread pool for each request;
+- null: a server that answers every request with one answer made at start, decoding and
+  running nothing: what the client itself allows on this machine;
 - in-process: ``CLIENTS`` threads calling ``pipe.batcher()`` in one process (no network).
 
-Rows per second and p50/p99 latency over a measured window after a warm-up; the modes in
-turns, ``REPEATS`` rounds, medians reported. Then ``fastseq serve``'s resident memory
+Rows per second and p50/p99 latency over a measured window after a warm-up, and the
+server process's CPU time per request; each client thread's first answer is checked against
+``pipe(x)`` and a run with any failed request stops the benchmark. The modes in turns,
+``REPEATS`` rounds, medians reported. Then ``fastseq serve``'s resident memory
 before and after ``LONG_REQUESTS`` requests (read from its own ``/metrics``)."""
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ MODES = {
     "serve": "fastseq serve",
     "serve-b1": "fastseq serve --max-batch-size 1",
     "hand": "hand-written per-request server",
+    "null": "a server that runs nothing (the client's ceiling)",
     "in-process": "in-process batcher, threads",
 }
 
@@ -88,14 +93,18 @@ def cases() -> dict[str, tuple[str, list[str], str, list[int]]]:
     return {
         "cnn": ("small CNN: 3x20x20 -> two 3x3 convs -> 10", [str(cnn)], "image", [1, 3, 20, 20]),
         "tabular": ("tabular: skl2onnx scaler + MLP 64-256-10",
-                    [str(FIXTURES / "digits_scaler.onnx"), str(FIXTURES / "digits_mlp.onnx")], "input", [1, 64]),
+                    [str(FIXTURES / "digits_scaler.onnx"), str(FIXTURES / "digits_mlp.onnx")], "X", [1, 64]),
     }
 
 
 def build(sources: list[str]):
+    """The pipeline as ``fastseq serve`` starts it (its session options), so that every server
+    here runs the same sessions: what differs is the serving."""
     import fastseq
+    from fastseq.cli.serve import SERVING_OPTIONS
+    from fastseq.graph.options import session_options
 
-    return fastseq.ONNXSequential(*sources)
+    return fastseq.ONNXSequential(*sources, session_options=session_options(SERVING_OPTIONS))
 
 
 # --- the servers --------------------------------------------------------------------------------
@@ -104,6 +113,8 @@ def start(mode: str, sources: list[str]) -> tuple[subprocess.Popen, int]:
     if mode.startswith("serve"):
         cmd = [sys.executable, "-m", "fastseq", "serve", *sources, "--name", "m", "--port", "0",
                "--max-batch-size", "1" if mode == "serve-b1" else "32", "--max-queue", "1024"]
+    elif mode == "null":
+        cmd = [sys.executable, __file__, "--null-server", *sources]
     else:
         cmd = [sys.executable, __file__, "--hand-server", *sources]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -172,15 +183,51 @@ def hand_server(sources: list[str]) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def null_server(sources: list[str], shape: list[int]) -> None:
+    """The client's ceiling: uvicorn answering every request with one answer made at start
+    (the pipeline's, for the benchmark's row), without decoding or running anything."""
+    import numpy as np
+    import uvicorn
+
+    from fastseq.serving.model import ServedModel
+    from fastseq.serving.protocol import encode_infer
+    from fastseq.serving.server import bind
+
+    pipe = build(sources)
+    model = ServedModel("m", pipe, max_batch_size=1)
+    outputs = pipe(np.random.default_rng(0).random(shape, dtype=np.float32))
+    body, length = encode_infer("m", "1", None, [(model.outputs[n], a, True) for n, a in zip(model.output_order, outputs)])
+    headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(len(body)).encode()),
+               (b"inference-header-content-length", str(length).encode())]
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    sock = bind("127.0.0.1", 0)
+    print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
+    print("ready", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", access_log=False, log_level="warning",
+                            lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
 # --- the clients --------------------------------------------------------------------------------
-def client(port: int, input_name: str, shape: list[int], seconds: float, requests: int | None = None) -> dict:
-    """``CLIENTS`` threads, one tritonclient.http connection each, one row a request."""
+def client(port: int, input_name: str, shape: list[int], seconds: float, requests: int | None = None,
+           expected: object = None) -> dict:
+    """``CLIENTS`` threads, one tritonclient.http connection each, one row a request; each
+    thread's first answer is compared with ``expected`` (pipe(row)'s first output)."""
     import numpy as np
     import tritonclient.http as http
 
     row = np.random.default_rng(0).random(shape, dtype=np.float32)
     done: list[tuple[float, float]] = []
     errors = [0]
+    first: list[str] = []
     barrier = threading.Barrier(CLIENTS + 1)
     stop_at = [0.0]
     left = [requests]
@@ -191,6 +238,12 @@ def client(port: int, input_name: str, shape: list[int], seconds: float, request
         x = http.InferInput(input_name, shape, "FP32")
         x.set_data_from_numpy(row)
         mine = []
+        if expected is not None:  # the server answers right before it is timed
+            answer = c.infer("m", [x])
+            got = answer.as_numpy(answer.get_response()["outputs"][0]["name"])
+            if not np.allclose(got, expected, rtol=1e-4, atol=1e-5):
+                first.append(f"a wrong answer: {got.ravel()[:4]} against {np.ravel(expected)[:4]}")
+                errors[0] += 1
         barrier.wait()
         while True:
             if requests is not None:
@@ -203,8 +256,9 @@ def client(port: int, input_name: str, shape: list[int], seconds: float, request
                 break
             try:
                 c.infer("m", [x])
-            except Exception:  # noqa: BLE001 - counted
+            except Exception as e:  # noqa: BLE001 - counted, and the first one said
                 errors[0] += 1
+                first.append(str(e))
             mine.append((begin, time.perf_counter()))
         done.extend(mine)
         c.close()
@@ -217,16 +271,17 @@ def client(port: int, input_name: str, shape: list[int], seconds: float, request
     barrier.wait()
     for t in threads:
         t.join()
-    return summary(done, start, seconds, errors[0])
+    return summary(done, start, seconds, errors[0]) | {"first_error": first[0] if first else None}
 
 
 def summary(done: list[tuple[float, float]], start: float, seconds: float, errors: int = 0) -> dict:
     lo, hi = start + WARM_S, start + WARM_S + seconds
     window = sorted(end - begin for begin, end in done if lo <= end < hi)
     if not window:
-        return {"rows_s": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"), "errors": errors}
+        return {"rows_s": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"), "errors": errors, "total": len(done)}
     return {"rows_s": len(window) / seconds, "p50_ms": window[len(window) // 2] * 1000,
-            "p99_ms": window[min(len(window) - 1, int(len(window) * 0.99))] * 1000, "errors": errors}
+            "p99_ms": window[min(len(window) - 1, int(len(window) * 0.99))] * 1000, "errors": errors,
+            "total": len(done)}
 
 
 def in_process(sources: list[str], shape: list[int], seconds: float) -> dict:
@@ -271,9 +326,21 @@ def one(mode: str, sources: list[str], input_name: str, shape: list[int], second
         return run_json(["--in-process", json.dumps([sources, shape, seconds])])
     proc, port = start(mode, sources)
     try:
-        return run_json(["--client", json.dumps([port, input_name, shape, seconds])])
+        cpu = cpu_seconds(proc.pid)
+        result = run_json(["--client", json.dumps([port, input_name, shape, seconds, sources])])
+        result["server_us"] = (cpu_seconds(proc.pid) - cpu) / max(1, result["total"]) * 1e6
     finally:
         stop(proc)
+    if result["errors"]:  # a rate of errors measures nothing
+        raise RuntimeError(f"{mode}: {result['errors']} requests failed; the first: {result['first_error']}")
+    return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user and system), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_run(sources: list[str], input_name: str, shape: list[int], requests: int) -> dict:
@@ -300,6 +367,8 @@ def rss_run(sources: list[str], input_name: str, shape: list[int], requests: int
         after = read()
     finally:
         stop(proc)
+    if result["errors"]:
+        raise RuntimeError(f"{result['errors']} of {requests} requests failed; the first: {result['first_error']}")
     return {"requests": requests, "seconds": elapsed, "errors": result.get("errors", 0),
             "rss_before_mb": before["process_resident_memory_bytes"] / 2**20,
             "rss_after_mb": after["process_resident_memory_bytes"] / 2**20,
@@ -319,7 +388,8 @@ def measure(quick: bool) -> dict:
             for mode in MODES:  # in turns: a busy spell lands on all of them alike
                 print(f"{name}: round {k + 1} of {repeats}: {mode} ...", file=sys.stderr, flush=True)
                 rounds[mode].append(one(mode, sources, input_name, shape, seconds))
-        medians = {m: {key: statistics.median(r[key] for r in rs) for key in ("rows_s", "p50_ms", "p99_ms")}
+        medians = {m: {key: statistics.median(r.get(key, float("nan")) for r in rs)
+                       for key in ("rows_s", "p50_ms", "p99_ms", "server_us")}
                    | {"errors": sum(r["errors"] for r in rs), "runs": [round(r["rows_s"]) for r in rs]}
                    for m, rs in rounds.items()}
         report["pipelines"][name] = {"description": description, "modes": medians}
@@ -333,18 +403,22 @@ def measure(quick: bool) -> dict:
 def table(report: dict) -> str:
     lines = [f"{report['clients']} client threads (tritonclient.http, one row a request) on {report['machine']}, "
              f"{report['date']}; medians of {report['repeats']} rounds of {report['measure_s']:g} s",
-             "", "| pipeline | server | rows/s | p50 ms | p99 ms | rounds (rows/s) |", "|---|---|---:|---:|---:|---|"]
+             "", "| pipeline | server | rows/s | p50 ms | p99 ms | server CPU µs/request | rounds (rows/s) |",
+             "|---|---|---:|---:|---:|---:|---|"]
     for name, p in report["pipelines"].items():
         for mode, m in p["modes"].items():
+            cpu = "" if m["server_us"] != m["server_us"] else f"{m['server_us']:.0f}"
             lines.append(f"| {name} | {MODES[mode]} | {m['rows_s']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
-                         f"{', '.join(f'{r:,}' for r in m['runs'])} |")
+                         f"{cpu} | {', '.join(f'{r:,}' for r in m['runs'])} |")
     lines.append("")
     for name, p in report["pipelines"].items():
         m = p["modes"]
         rate = {k: v["rows_s"] for k, v in m.items()}
         lines.append(f"- {name}: batching on/off {rate['serve'] / rate['serve-b1']:.2f}x (target 1.5x, goal 2x "
-                     f"on the CNN); serve/in-process batcher {rate['serve'] / rate['in-process']:.0%} (target 50%); "
-                     f"serve/hand-written {rate['serve'] / rate['hand']:.2f}x (must beat 1x)")
+                     f"on the CNN); serve/in-process batcher {rate['serve'] / rate['in-process']:.0%} (target 50%; "
+                     f"the client's own ceiling, a server that runs nothing, is "
+                     f"{rate['null'] / rate['in-process']:.0%}); serve/hand-written {rate['serve'] / rate['hand']:.2f}x "
+                     "(must beat 1x)")
     if "rss" in report:
         r = report["rss"]
         lines.append(f"- {r['requests']:,} requests to fastseq serve (cnn) in {r['seconds']:.0f} s, {r['errors']} "
@@ -359,6 +433,7 @@ def main() -> None:
     p.add_argument("--readme", action="store_true", help="write the table into docs/benchmarks.md")
     p.add_argument("--quick", action="store_true", help="one short round, no RSS run")
     p.add_argument("--hand-server", nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--null-server", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--client", help=argparse.SUPPRESS)
     p.add_argument("--client-count", help=argparse.SUPPRESS)
     p.add_argument("--in-process", help=argparse.SUPPRESS)
@@ -366,9 +441,16 @@ def main() -> None:
     if args.hand_server:
         hand_server(args.hand_server)
         return
+    if args.null_server:
+        shape = next(c[3] for c in cases().values() if c[1] == args.null_server)
+        null_server(args.null_server, shape)
+        return
     if args.client:
-        port, input_name, shape, seconds = json.loads(args.client)
-        print(json.dumps(client(port, input_name, shape, seconds)))
+        port, input_name, shape, seconds, sources = json.loads(args.client)
+        import numpy as np
+
+        expected = build(sources)(np.random.default_rng(0).random(shape, dtype=np.float32))[0]
+        print(json.dumps(client(port, input_name, shape, seconds, expected=expected)))
         return
     if args.client_count:
         port, input_name, shape, count = json.loads(args.client_count)

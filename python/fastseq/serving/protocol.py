@@ -14,6 +14,7 @@ checked to keep their meaning in the datatype (300 is no UINT8, 1e39 no FP32).""
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from dataclasses import dataclass
@@ -308,6 +309,20 @@ def encode_infer(model: str, version: str, id: str | None, outputs: list[tuple[T
                  ) -> tuple[bytes, int | None]:
     """The response body for ``outputs`` ((tensor, array, binary) each) and the length of its
     JSON header where binary data follows it (None: the body is JSON alone)."""
+    if all(binary for _, _, binary in outputs):  # what Triton's clients ask for: the header from parts
+        parts = [_model_head(model, version)]
+        if id is not None:
+            parts.append(f',"id":{json.dumps(id)}')
+        parts.append(',"outputs":[')
+        buffers: list[Any] = []
+        for k, (tensor, array, _) in enumerate(outputs):
+            raw = raw_data(tensor.datatype, array)
+            buffers.append(raw)
+            parts.append(f'{"," if k else ""}{_tensor_head(tensor)}{",".join(map(str, array.shape))}],'
+                         f'"parameters":{{"binary_data_size":{len(raw)}}}}}')
+        parts.append("]}")
+        head = "".join(parts).encode()
+        return b"".join([head, *buffers]), len(head)
     entries = []
     buffers: list[Any] = []
     for tensor, array, binary in outputs:
@@ -329,6 +344,16 @@ def encode_infer(model: str, version: str, id: str | None, outputs: list[tuple[T
     if not buffers:
         return head, None
     return b"".join([head, *buffers]), len(head)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_head(model: str, version: str) -> str:
+    return f'{{"model_name":{json.dumps(model)},"model_version":{json.dumps(version)}'
+
+
+@functools.lru_cache(maxsize=1024)
+def _tensor_head(tensor: Tensor) -> str:
+    return f'{{"name":{json.dumps(tensor.name)},"datatype":"{tensor.datatype}","shape":['
 
 
 def raw_data(datatype: str, array: np.ndarray) -> Any:
