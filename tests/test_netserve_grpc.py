@@ -141,6 +141,7 @@ def test_hostile_requests(server):
 
     assert "1200000000000 values of FP32" in refused(server, one([10**9, 3, 20, 20], raw=b"\0" * 4))
     assert "each axis must be an integer from 0" in refused(server, one([-1, 3, 20, 20], raw=b""))
+    assert "multiply past" in refused(server, one([0, 2**62], raw=b""))
     assert "expects float32, got float64" in refused(server, one([1, 3, 20, 20], np.zeros((1, 3, 20, 20)).tobytes(),
                                                                  "FP64"))
     assert "'FLOAT' is not a KServe datatype" in refused(server, one([1, 3, 20, 20], datatype="FLOAT"))

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tritonclient.http")
-from tritonclient.http import InferInput, InferRequestedOutput, InferResult  # noqa: E402
-from tritonclient.http._utils import _get_inference_request  # noqa: E402
+from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput, InferResult  # noqa: E402
 
 import fastseq  # noqa: E402
 from fastseq.serving.datatypes import BY_ORT_TYPE, DTYPES, of_ort_type  # noqa: E402
@@ -46,8 +45,8 @@ def request(arrays: dict[str, np.ndarray], binary: bool = True, outputs=None, **
         x = InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype) if a.dtype != object else "BYTES")
         x.set_data_from_numpy(a, binary_data=binary)
         inputs.append(x)
-    body, length = _get_inference_request(inputs, kw.pop("request_id", ""), outputs, 0, False, False, 0,
-                                          kw.pop("timeout", None), kw)
+    body, length = InferenceServerClient.generate_request_body(inputs, outputs, request_id=kw.pop("request_id", ""),
+                                                               timeout=kw.pop("timeout", None), parameters=kw or None)
     return (body.encode() if isinstance(body, str) else body), length
 
 
@@ -90,11 +89,16 @@ def test_every_datatype_encodes_as_tritonclient_reads_it(binary):
             assert got.dtype == a.dtype and np.array_equal(got, a), d
 
 
-def test_binary_inputs_are_views_of_the_body():
+def test_binary_inputs_are_views_of_the_body_where_aligned():
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
-    body, length = request({"in_fp32": x})
-    got = decode(body, length).inputs["in_fp32"]
-    assert np.shares_memory(got, np.frombuffer(body, np.uint8)) and np.array_equal(got, x)
+    head = json.dumps({"inputs": [{"name": "in_fp32", "shape": [4, 3], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": 48}}]}).encode()
+    for pad in range(4):  # the JSON header's length puts the data at every offset modulo 4
+        header = head + b" " * pad
+        body = header + x.tobytes()
+        got = decode(body, len(header)).inputs["in_fp32"]
+        assert np.array_equal(got, x) and got.flags.aligned
+        assert np.shares_memory(got, np.frombuffer(body, np.uint8)) == (len(header) % 4 == 0)
 
 
 def test_requested_outputs_ids_and_parameters():
@@ -131,9 +135,12 @@ def test_hostile_requests_are_refused_before_allocation():
     assert "each axis must be an integer from 0" in refused(doc(shape=[2**63, 3]))
     assert "each axis must be an integer from 0" in refused(doc(shape=[1.5, 3]))
     assert "each axis must be an integer from 0" in refused(doc(shape=[True, 3]))
-    assert "more than 64" in refused(doc(shape=[1] * 65))
+    assert "more than 32" in refused(doc(shape=[1] * 33))
+    # Zero axes make no values, but the others must still fit an array: refused, never numpy's error.
+    assert "multiply past" in refused(doc(shape=[0, 2**62], data=[]))
+    assert "multiply past" in refused(doc(shape=[2**62, 0, 2**62], data=[]))
     # Huge dims whose product overflows int64: still counted exactly and refused.
-    assert "values" in refused(doc(shape=[2**62, 2**62, 2**62], data=[1.0]))
+    assert "multiply past" in refused(doc(shape=[2**62, 2**62, 2**62], data=[1.0]))
     # Binary sizes that disagree with the shape, or run past the body.
     x = np.zeros((1, 3), np.float32).tobytes()
     header = json.dumps({"inputs": [{"name": "in_fp32", "shape": [10**9, 3], "datatype": "FP32",
@@ -167,6 +174,9 @@ def test_malformed_requests_name_what_is_wrong():
     assert "neither 'data'" in refused(json.dumps({"inputs": [{"name": "in_fp32", "shape": [1], "datatype": "FP32"}]}))
     assert "its data holds 2 values" in refused(doc(data=[1, 2]))
     assert "its data holds 3 values" in refused(doc(shape=[2, 2], data=[[1, 2], [3]]))
+    out = json.loads(doc())
+    out["outputs"] = []  # as none: every output
+    assert decode(json.dumps(out).encode(), None).outputs is None
     assert "its data holds 5 values" in refused(doc(shape=[2, 2], data=[[1, 2], [3, [4, [5, [6]]]]]))
     assert "must be numbers" in refused(doc(data=["a", "b", "c"]))
     assert "past FP32's range" in refused(doc(data=[1e39, 0, 0]))

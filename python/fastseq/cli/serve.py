@@ -84,11 +84,14 @@ def add(sub: Any) -> None:
     s.add_argument("--max-request-bytes", type=_size, default=DEFAULTS["max_request_bytes"],
                    help="the largest request body, e.g. 64M (default 32M); a larger one is a 413")
     s.add_argument("--timeout-s", type=_positive(float), default=DEFAULTS["timeout_s"],
-                   help=f"a request's limit from its first byte to its answer (default {DEFAULTS['timeout_s']:g}); "
-                        "a request's own timeout parameter may be shorter")
+                   help=f"a request's limit from its arrival (its headers read) to its answer (default "
+                        f"{DEFAULTS['timeout_s']:g}); a request's own timeout parameter may be shorter")
     s.add_argument("--body-timeout-s", type=_positive(float), default=DEFAULTS["body_timeout_s"],
                    help=f"how long a request body may take to arrive (default {DEFAULTS['body_timeout_s']:g}); "
                         "a slower one is a 408")
+    s.add_argument("--no-warm-up", action="store_true",
+                   help="ready once the sessions exist, without a warm-up run (for a model that a row of zeros, each "
+                        "dynamic axis 1, does not fit)")
     s.add_argument("--row-independent", action="store_true",
                    help="batch a pipeline whose rows the analysis cannot show to stay apart (you know they do)")
     io_map_option(s)
@@ -115,12 +118,13 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
     from fastseq.serving.server import Server, say
     _log(quiet)
     pipelines = _pipelines(args, quiet)
-    app = serving.app(pipelines, row_independent=args.row_independent, max_batch_size=args.max_batch_size,
+    app = serving.app(pipelines, row_independent=args.row_independent, warm_up=not args.no_warm_up,
+                      max_batch_size=args.max_batch_size,
                       max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
                       max_request_bytes=args.max_request_bytes, timeout_s=args.timeout_s,
                       body_timeout_s=args.body_timeout_s)
     try:
-        server = Server(app, args.host, args.port, grpc_port=args.grpc_port, announce=say)
+        server = Server(app, args.host, args.port, grpc_port=args.grpc_port, announce=say, verbose=quiet.verbose)
     except OSError as e:
         raise fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     return server.run()  # 1 where a model's warm-up failed (its line says which)
@@ -161,7 +165,9 @@ def _stem(source: str) -> str:
     """A model's name from its source: the file's stem (``hf://org/repo/m.onnx``: ``m``)."""
     tail = source.rstrip("/").rsplit("/", 1)[-1].partition("?")[0]
     stem = Path(tail).stem if tail.endswith(".onnx") else tail.removeprefix("builtin:")
-    cleaned = "".join(c if c.isalnum() or c in "_.-" else "_" for c in stem)
+    from fastseq.serving import NAME_CHARS
+
+    cleaned = "".join(c if c in NAME_CHARS else "_" for c in stem)
     return cleaned or "pipeline"
 
 

@@ -1,6 +1,7 @@
-"""Pipelines served on a Ray cluster with Ray Serve (extra: ``fastseq[serve,ray]``), on the
-same KServe v2 protocol, routes, limits and metrics as ``fastseq serve``: the replicas run
-:func:`fastseq.serving.app` as their ASGI ingress.
+"""Pipelines served on a Ray cluster with Ray Serve (extra: ``fastseq[ray-serve]``), on the
+same KServe v2 protocol, routes, limits and metrics as ``fastseq serve``: each replica runs
+:func:`fastseq.serving.app`, which its ``__call__`` hands every HTTP request (Ray Serve's
+plain request API, stable across its versions).
 
     from ray import serve
     import fastseq.ray_serve
@@ -10,9 +11,10 @@ same KServe v2 protocol, routes, limits and metrics as ``fastseq serve``: the re
 
 What travels where: the driver puts each pipeline's model in the object store once
 (:func:`fastseq.ray.ship`); each replica fetches it from its node's store (once per node
-over the network) and starts its session sized to the CPUs Ray gave it, spinning off. A
-replica warms every pipeline up in its constructor, so Ray Serve routes nothing to it
-before it is ready.
+over the network) and starts its session sized to the CPUs Ray gave it, without spinning.
+The objects are the driver's: it must stay up while replicas may start (``serve run``'s
+process does). A replica warms every pipeline up in its constructor, so Ray Serve routes
+nothing to it before it is ready.
 
 Batching, per replica: ``batching="fastseq"`` (the default) joins the replica's concurrent
 requests with fastseq's batcher, as ``fastseq serve`` does; ``batching="ray"`` uses Ray
@@ -29,13 +31,14 @@ from typing import Any
 
 try:
     from ray import serve
-except ImportError as e:  # the extras are not installed
-    raise ImportError(f"fastseq.ray_serve needs Ray Serve: pip install 'fastseq[serve,ray]' ({e})") from e
+except ImportError as e:  # the extra is not installed
+    raise ImportError(f"fastseq.ray_serve needs Ray Serve: pip install 'fastseq[ray-serve]' ({e})") from e
 
+from fastseq import _core
 from fastseq.errors import CompositionError, InputError
 from fastseq.integrations.ray import Shipment, ship, unship
 from fastseq.runtime.batches import run_all
-from fastseq.serving import DEFAULTS
+from fastseq.serving import DEFAULTS, NAME_CHARS
 
 #: the replicas' sessions run without ONNX Runtime's spinning, as ``fastseq serve``'s
 SPINNING = {"session.intra_op.allow_spinning": "0"}
@@ -49,64 +52,84 @@ def application(pipelines: Any, *, name: str = "pipeline", batching: str = "fast
     keys. Call it where Ray is initialised: the models go into the object store now."""
     if batching not in ("fastseq", "ray"):
         raise InputError(f"batching must be 'fastseq' or 'ray', got {batching!r}")
-    named = dict(pipelines) if isinstance(pipelines, Mapping) else {name: pipelines}
-    shipped = {key: ship(pipe) for key, pipe in named.items()}
-    settings = {**DEFAULTS, **options}
-    unknown = set(options) - set(DEFAULTS)
+    unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
-        raise InputError(f"'{sorted(unknown)[0]}' is not a serving option; options: {', '.join(DEFAULTS)}")
+        raise InputError(f"'{unknown[0]}' is not a serving option{_core.did_you_mean(unknown[0], list(DEFAULTS))}; "
+                         f"options: {', '.join(DEFAULTS)}")
+    named = dict(pipelines) if isinstance(pipelines, Mapping) else {name: pipelines}
+    for key in named:  # refused here, before anything is shipped or a replica fails to start
+        if not isinstance(key, str) or not key or not set(key) <= NAME_CHARS:
+            raise InputError(f"a served model's name is letters, digits, '_', '.' and '-', got {key!r}")
+    settings = {**DEFAULTS, **options}
+    shipped = {key: ship(pipe) for key, pipe in named.items()}
     deployment = serve.deployment(
         _replica(batching, settings["max_batch_size"], settings["max_delay_ms"]),
         name="fastseq", num_replicas=num_replicas, ray_actor_options=dict(ray_actor_options or {}),
-        max_ongoing_requests=settings["max_queue"],
     )
     return deployment.bind(shipped, settings, row_independent)
 
 
 def _replica(batching: str, max_batch_size: int, max_delay_ms: float) -> type:
-    """The replica class: its ASGI ingress is fastseq.serving.app over the shipped pipelines."""
+    """The replica class: fastseq.serving.app over the shipped pipelines, called per request."""
 
-    @serve.ingress()
     class FastseqReplica:
-        async def __init__(self, shipped: dict[str, Shipment], settings: dict[str, Any], row_independent: bool) -> None:
+        def __init__(self, shipped: dict[str, Shipment], settings: dict[str, Any], row_independent: bool) -> None:
             from fastseq import serving
 
             pipes = {key: unship(s, SPINNING) for key, s in shipped.items()}
-            self._pipes = pipes
             options = dict(settings)
             runs = None
             if batching == "ray":
-                runs = {key: self._ray_batched(key, pipe, row_independent) for key, pipe in pipes.items()}
+                runs = {key: _ray_batched(pipe, row_independent, max_batch_size, max_delay_ms)
+                        for key, pipe in pipes.items()}
                 options["max_batch_size"] = 1  # no second batcher behind Ray Serve's
-            self._served = serving.app(pipes, row_independent=row_independent, run_with=runs, **options)
-            # Warmed on the replica's own loop (Ray Serve's batch queues are bound to the loop
-            # of their first call), and before Ray Serve routes a request here.
-            await self._served.service.start()
+            self._served = serving.app(pipes, row_independent=row_independent, run_with=runs, warm_up=False,
+                                       **options)
+            # Warmed here, before Ray Serve routes a request to this replica: a row of zeros
+            # through each session (not through Ray Serve's batch queue, which is bound to the
+            # loop of its first call: the requests' loop).
+            for key, model in self._served.models.items():
+                pipes[key].run(model.warm_up_feeds())
 
-        def _ray_batched(self, key: str, pipe: Any, row_independent: bool) -> Any:
-            """A coroutine function of one request's feeds, batched by Ray Serve; None where
-            the pipeline's rows may mix (it is served request by request)."""
-            if not row_independent:
-                try:
-                    pipe.check_rows()
-                except CompositionError:
-                    return None
-            runner = pipe.runner
+        async def __call__(self, request: Any) -> Any:
+            """Ray Serve's request (Starlette's) through the ASGI application; its answer."""
+            from starlette.responses import Response
 
-            @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=max_delay_ms / 1000)
-            async def batched(requests: list[dict]) -> list[Any]:
-                loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(None, run_all, runner, requests, max_batch_size)
+            answer: dict[str, Any] = {"status": 500, "headers": [], "body": []}
 
-            async def one(feeds: dict) -> list:
-                answer = await batched(feeds)
-                if isinstance(answer, BaseException):
-                    raise answer
-                return answer
+            async def send(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    answer["status"], answer["headers"] = message["status"], message.get("headers", [])
+                else:
+                    answer["body"].append(message.get("body", b""))
 
-            return one
-
-        def __serve_build_asgi_app__(self) -> Any:
-            return self._served
+            await self._served(request.scope, request.receive, send)
+            response = Response(b"".join(answer["body"]), status_code=answer["status"])
+            response.raw_headers = [(k, v) for k, v in answer["headers"]]
+            return response
 
     return FastseqReplica
+
+
+def _ray_batched(pipe: Any, row_independent: bool, max_batch_size: int, max_delay_ms: float) -> Any:
+    """A coroutine function of one request's feeds, batched by Ray Serve; None where the
+    pipeline's rows may mix (it is served request by request)."""
+    if not row_independent:
+        try:
+            pipe.check_rows()
+        except CompositionError:
+            return None
+    runner = pipe.runner
+
+    @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=max_delay_ms / 1000)
+    async def batched(requests: list[dict]) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, run_all, runner, requests, max_batch_size)
+
+    async def one(feeds: dict) -> list:
+        answer = await batched(feeds)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    return one

@@ -26,7 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "max_delay_ms": 0.0,  # how long a free worker waits for a batch to fill
     "max_queue": 128,  # requests open at once (reading, queued, running) before a 503
     "max_request_bytes": 32 << 20,  # a body's limit (413)
-    "timeout_s": 60.0,  # a request's limit from its first byte read to its answer (503)
+    "timeout_s": 60.0,  # a request's limit from its arrival (headers read) to its answer (503)
     "body_timeout_s": 30.0,  # how long a body may take to arrive (408)
 }
 
@@ -72,12 +72,12 @@ def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False
 
 
 def serve(pipelines: Any, *, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None,
-          name: str = "pipeline", row_independent: bool = False, **options: Any) -> int:
+          name: str = "pipeline", row_independent: bool = False, warm_up: bool = True, **options: Any) -> int:
     """Serves ``pipelines`` (one, as ``name``, or a dict by name) on ``host``:``port`` over
     HTTP (and over gRPC on ``grpc_port``, if given; needs grpcio) until SIGTERM or SIGINT;
     returns the exit status (0 after a clean shutdown). Binds to the loopback interface unless
     told otherwise: the server has no authentication."""
     from fastseq.serving.server import Server, say
 
-    return Server(app(pipelines, name=name, row_independent=row_independent, **options), host, port,
+    return Server(app(pipelines, name=name, row_independent=row_independent, warm_up=warm_up, **options), host, port,
                   grpc_port=grpc_port, announce=say).run()

@@ -40,6 +40,7 @@ from fastseq.serving.service import Service
 log = logging.getLogger("fastseq.serve")
 
 _JSON = [(b"content-type", b"application/json")]
+_CLOSE = (b"connection", b"close")
 _EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 
@@ -144,10 +145,11 @@ class App:
         path = scope["path"]
         try:
             stats = service.admit(model)
-        except RequestError as e:  # refused before its body is read
+        except RequestError as e:  # refused before its body is read, which the connection's end spares
             log.warning("POST %s: %d %s", path, e.status, e)
-            await self._send(send, e.status, error_body(str(e)), _JSON + [(b"retry-after", b"1")])
+            await self._send(send, e.status, error_body(str(e)), _JSON + [(b"retry-after", b"1"), _CLOSE])
             return
+        held = True
         try:
             header_length = declared = None
             for key, value in scope["headers"]:
@@ -155,6 +157,9 @@ class App:
                     header_length = _int_header("Inference-Header-Content-Length", value)
                 elif key == b"content-length":
                     declared = _int_header("Content-Length", value)
+                elif key == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                    raise RequestError(f"Content-Encoding {value[:40].decode('latin-1')} is not supported: send the "
+                                       "request uncompressed", 415)
             if declared is not None and declared > service.max_request_bytes:
                 raise RequestError(f"the body has {declared} bytes, over the limit of {service.max_request_bytes} "
                                    "(max_request_bytes)", 413)
@@ -166,18 +171,27 @@ class App:
                        (b"content-length", str(len(body)).encode())]
             if header is not None:
                 headers.append((b"inference-header-content-length", str(header).encode()))
+            # Its place in the queue is free once the answer exists: a client slow to read it
+            # holds its connection, not a request slot.
+            service.release(stats)
+            held = False
             service.metrics.response(200)
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            async with asyncio.timeout(service.body_timeout_s):  # a client that stops reading is let go
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
             stats.done(time.perf_counter() - began)
         except _Gone:
             stats.failed("CANCELED", time.perf_counter() - began)
+        except TimeoutError:  # the answer could not be sent in time: the client left it unread
+            stats.failed("CANCELED", time.perf_counter() - began)
+            raise  # uvicorn closes a connection whose answer the application did not finish
         except Exception as e:  # noqa: BLE001 - a request's failure is its answer, never the server's end
             error = service.failure(model, e, began, f"POST {path}")
-            close = [(b"connection", b"close")] if error.status in (408, 413) else []  # its body is not read
+            close = [_CLOSE] if error.status in (408, 413, 415) else []  # its body is not read
             await self._send(send, error.status, error_body(str(error)), _JSON + close)
         finally:
-            service.release(stats)
+            if held:
+                service.release(stats)
 
     async def _body(self, receive: Any) -> bytes:
         """The request's body, at most ``max_request_bytes`` (413), within ``body_timeout_s`` (408)."""

@@ -260,7 +260,10 @@ async def start(service: Service, host: str, port: int) -> tuple[Any, int]:
     """A gRPC server of ``service`` on ``host``:``port`` (0: a free one), started; and its port."""
     import grpc
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", service.max_request_bytes),
+    # At most max_queue calls at once, as over HTTP: gRPC reads a whole message before the
+    # service sees it, so this bounds the memory that requests hold to max_queue messages.
+    server = grpc.aio.server(maximum_concurrent_rpcs=service.max_queue,
+                             options=[("grpc.max_receive_message_length", service.max_request_bytes),
                                       ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((GrpcService(service).handler(),))
     bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")

@@ -110,7 +110,8 @@ class ServedModel:
             if single is not None and single in feeds and len(feeds) == 1:
                 return await batcher.run_async(feeds[single])
             return await batcher.run_async(**feeds)
-        return await self.pipe.run_async(**feeds)
+        runner = self.pipe.runner  # feeds by name through the runner: an input may be named "timeout"
+        return await runner.run_async(runner.check_feeds(feeds), runner.output_names(None))
 
     def warm_up_feeds(self) -> dict[str, np.ndarray]:
         """One row of zeros (empty strings) per input: each dynamic axis 1, fixed ones as declared."""

@@ -26,10 +26,14 @@ from fastseq import _core
 from fastseq.errors import RequestError
 from fastseq.serving.datatypes import DTYPES
 
-#: the most axes a tensor of a request may have (ONNX Runtime's own limit is lower still)
-MAX_RANK = 64
+#: the most axes a tensor of a request may have: numpy 1.x's limit (numpy 2's is 64)
+MAX_RANK = 32
 #: the largest size a request may declare for one axis
 MAX_DIM = 2**62
+#: the most elements the axes of a shape may multiply to, zero axes taken as 1: an array of
+#: no values whose other axes multiply past what numpy indexes (``[0, 2**62, 2**62]``) is
+#: refused too, where numpy would fail to make it
+MAX_SPAN = 2**58
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,8 @@ def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dic
             raise RequestError(f"the parameter {key}: sequence batching is not supported by fastseq serve")
     asked = None
     wanted = doc.get("outputs")
-    if wanted is not None:
-        asked = _outputs(model, wanted, outputs, binary_output)
+    if wanted is not None:  # an empty list asks for every output, as none does (Triton's reading)
+        asked = _outputs(model, wanted, outputs, binary_output) or None
     return InferRequest(id, feeds, asked, binary_output, timeout_s)
 
 
@@ -164,12 +168,16 @@ def declared_shape(name: str, shape: Any) -> tuple[tuple[int, ...], int]:
         raise RequestError(f"input '{name}' needs a 'shape', a list of integers, got {_kind(shape)}")
     if len(shape) > MAX_RANK:
         raise RequestError(f"input '{name}' has {len(shape)} axes, more than {MAX_RANK}")
-    count = 1
+    count = span = 1
     for d in shape:
         if type(d) is not int or not 0 <= d <= MAX_DIM:
             raise RequestError(f"input '{name}' has shape {json.dumps(shape)[:200]}: each axis must be an integer "
                                f"from 0 to {MAX_DIM}")
         count *= d
+        span *= d or 1
+    if span > MAX_SPAN:
+        raise RequestError(f"input '{name}' has shape {json.dumps(shape)[:200]}: its axes multiply past {MAX_SPAN}, "
+                           "more than any array holds")
     return tuple(shape), count
 
 
@@ -185,8 +193,10 @@ def from_binary(name: str, body: bytes, offset: int, size: int, datatype: str, d
     if size != expected:
         raise RequestError(f"input '{name}' has shape {list(shape)}, {_values(count)} of {datatype} ({expected} bytes), "
                            f"but binary_data_size is {size}")
-    # A view of the body: no copy (read-only; little-endian, as the protocol and numpy here)
-    return np.frombuffer(body, dtype, count, offset).reshape(shape)
+    # A view of the body: no copy (read-only; little-endian, as the protocol and numpy here),
+    # but where the JSON header's length leaves it unaligned for its dtype.
+    array = np.frombuffer(body, dtype, count, offset).reshape(shape)
+    return array if array.flags.aligned else array.copy()
 
 
 def _strings(name: str, raw: memoryview, shape: tuple[int, ...], count: int) -> np.ndarray:

@@ -46,7 +46,7 @@ class Server:
     :meth:`run` blocks until stopped (a signal in the main thread, or :meth:`stop` from any)."""
 
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
-                 announce: Any = None) -> None:
+                 announce: Any = None, verbose: bool = False) -> None:
         import uvicorn
 
         self.app = app
@@ -59,8 +59,10 @@ class Server:
         self._grpc: Any = None
         loop, http = _loop_and_http()
         config = uvicorn.Config(
-            app, loop=loop, http=http, lifespan="on", access_log=False, log_config=None, log_level="warning",
-            server_header=False, timeout_graceful_shutdown=int(app.service.timeout_s + GRACE_S), backlog=2048,
+            app, loop=loop, http=http, lifespan="on", access_log=False, log_config=None,
+            log_level="info" if verbose else "warning", server_header=False, backlog=2048,
+            # a request open at the signal may still be reading its body, then running
+            timeout_graceful_shutdown=int(app.service.body_timeout_s + app.service.timeout_s + GRACE_S),
         )
         self._server = _Uvicorn(config, app)
         self._loop: asyncio.AbstractEventLoop | None = None

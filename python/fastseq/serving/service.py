@@ -47,6 +47,7 @@ class Service:
         self.draining = False
         self._warm_up = warm_up
         self._started: asyncio.Task | None = None
+        self.failed: BaseException | None = None  # a warm-up's failure
 
     # --- lifecycle ----------------------------------------------------------------------------
     @property
@@ -55,10 +56,16 @@ class Service:
 
     def start(self) -> asyncio.Task:
         """Starts the warm-ups on the running loop (once): each model runs a row of zeros
-        through its own path. The task is done once every model is ready."""
+        through its own path. The task is done once every model is ready; a failure is kept
+        (:attr:`failed`) and said to every request after it."""
         if self._started is None:
             self._started = asyncio.get_running_loop().create_task(self._warm())
+            self._started.add_done_callback(self._warmed)
         return self._started
+
+    def _warmed(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.failed = task.exception()
 
     @property
     def started(self) -> bool:
@@ -72,7 +79,9 @@ class Service:
                 else:
                     model.ready = True
             except Exception as e:
-                log.error("model '%s' failed its warm-up run, so it is not ready: %s", model.name, e)
+                log.error("model '%s' failed its warm-up run (a row of zeros, each dynamic axis 1), so it is not "
+                          "ready: %s; serve it without a warm-up run (--no-warm-up, warm_up=False) if such a row "
+                          "is not an input it takes", model.name, e)
                 raise
 
     def drain(self) -> None:
@@ -104,8 +113,11 @@ class Service:
         stats = self.stats[model.name]
         if self.draining or not model.ready:
             stats.failed("REJECTED", 0.0)
-            why = "the server is shutting down" if self.draining else f"model '{model.name}' is not ready yet"
-            raise RequestError(why, 503)
+            if self.draining:
+                raise RequestError("the server is shutting down", 503)
+            if self.failed is not None:
+                raise RequestError(f"model '{model.name}' is not ready: its warm-up run failed: {self.failed}", 503)
+            raise RequestError(f"model '{model.name}' is not ready yet", 503)
         if self.open >= self.max_queue:
             stats.failed("REJECTED", 0.0)
             raise RequestError(f"{self.open} requests are open, the most this server takes (max_queue); "
@@ -123,8 +135,9 @@ class Service:
         """Runs ``request`` within its timeout; the outputs it asked for, each with whether it
         goes back as binary data."""
         timeout = self.timeout_s if request.timeout_s is None else min(request.timeout_s, self.timeout_s)
-        try:
-            async with asyncio.timeout(timeout):
+        loop = asyncio.get_running_loop()
+        try:  # counted from the request's start: reading its body took part of it
+            async with asyncio.timeout_at(loop.time() + timeout - (time.perf_counter() - began)):
                 outputs = await model.infer(request.inputs)
         except TimeoutError:
             raise RequestError(f"model '{model.name}': the request was not answered within its timeout of "
