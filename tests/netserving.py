@@ -107,6 +107,15 @@ def busy(convs: int = 10, size: int = 256) -> onnx.ModelProto:
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], inits, opset=18)
 
 
+def lookup() -> onnx.ModelProto:
+    """idx int64 [N, 1] -> y = 10 * idx [N, 1], by a Gather from a table of 5: an index of 5 or
+    more fails in ONNX Runtime, at run time (no check before can see it)."""
+    table = numpy_helper.from_array(np.arange(5, dtype=np.float32) * 10, "table")
+    return _model([helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)],
+                  [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N", 1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [table])
+
+
 def mixing() -> onnx.ModelProto:
     """Softmax over the batch axis: a row's output depends on the other rows."""
     return _model([helper.make_node("Softmax", ["x"], ["y"], axis=0)],

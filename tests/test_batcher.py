@@ -396,3 +396,32 @@ def test_requests_as_users_make_them_get_what_pipe_x_gives():
             with pytest.raises(fastseq.InputError) as batched:
                 b(wrong)
             assert str(batched.value) == str(direct.value)
+
+
+def test_run_all_joins_what_shares_a_key_and_keeps_each_answer_its_own():
+    """Requests gathered by another batching (Ray Serve's) run by the batcher's rules: checked
+    one by one, joined where their keys agree, at most max_rows rows a run, a failing joint run
+    retried per request."""
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    ident = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", T.FLOAT, ["N", "W"])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["N", "W"])]), opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8)
+    p = fastseq.ONNXSequential(ident)
+    feeds = [{"x": np.full((1, 2), k, np.float32)} for k in range(5)] + [{"x": np.ones((2, 3), np.float32)},
+                                                                         {"x": np.zeros((1, 2), np.float64)}]
+    answers = batches.run_all(p.runner, feeds, 2)
+    for f, a in zip(feeds[:6], answers[:6]):
+        np.testing.assert_array_equal(a[0], f["x"])
+    assert isinstance(answers[6], fastseq.InputError)  # float64 for float32: refused for that request alone
+    table = numpy_helper.from_array(np.arange(5, dtype=np.float32), "table")
+    lookup = helper.make_model(helper.make_graph(
+        [helper.make_node("Gather", ["table", "i"], ["y"], axis=0)], "g",
+        [helper.make_tensor_value_info("i", T.INT64, ["N", 1])], [helper.make_tensor_value_info("y", T.FLOAT, ["N", 1])],
+        [table]), opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    q = fastseq.ONNXSequential(lookup)
+    answers = batches.run_all(q.runner, [{"i": np.array([[1]])}, {"i": np.array([[9]])}, {"i": np.array([[2], [3]])}], 8)
+    assert answers[0][0].tolist() == [[1.0]] and answers[2][0].tolist() == [[2.0], [3.0]]
+    assert isinstance(answers[1], fastseq.RunError)

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # n
 
 import fastseq  # noqa: E402
 from netserving import (  # noqa: E402
-    TYPES, Process, busy, cnn, every_type, get, metrics, mixing, pipe, running, several,
+    TYPES, Process, busy, cnn, every_type, get, lookup, metrics, mixing, pipe, running, several,
 )
 
 
@@ -287,3 +287,71 @@ def test_the_app_mounts_in_another_application():
         inner_models = list(inner.models.values())
         for m in inner_models:
             m.close()
+
+
+def test_a_request_whose_run_fails_in_a_joined_batch_gets_its_own_error_and_the_others_their_rows():
+    """Requests of 1 to 3 rows joined in batches (a 50 ms delay fills them); one of them holds
+    an index ONNX Runtime refuses at run time: the joint run fails, is run again per request,
+    and only that caller gets an error (a 400: its values), the others their own rows."""
+    p = pipe(lookup())
+    requests = [np.array([[k % 5]] * (1 + k % 3), np.int64) for k in range(12)]
+    requests[5] = np.array([[1], [7]], np.int64)
+    answers: dict[int, object] = {}
+    with running({"lookup": p}, max_delay_ms=50) as server:
+        barrier = threading.Barrier(len(requests))
+
+        def caller(k: int) -> None:
+            c = client(server)
+            barrier.wait()
+            try:
+                answers[k] = c.infer("lookup", [tensor("idx", requests[k])]).as_numpy("y")
+            except InferenceServerException as e:
+                answers[k] = e
+
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(len(requests))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        label = '{model="lookup",version="1"}'
+        m = metrics(server.url)
+        assert m["nv_inference_exec_count" + label] < len(requests) + 1  # joined (the warm-up is one run)
+    bad = answers.pop(5)
+    assert isinstance(bad, InferenceServerException) and bad.status() == "400" and "Gather" in str(bad)
+    for k, got in answers.items():
+        np.testing.assert_array_equal(got, p(requests[k])[0])
+
+
+def test_a_failed_warm_up_is_said_to_every_request_and_no_warm_up_serves_anyway():
+    import onnx as _onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    pairs = helper.make_model(helper.make_graph(
+        [helper.make_node("Reshape", ["x", "pairs"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
+        [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    _onnx.checker.check_model(pairs)
+    from fastseq import serving
+    from fastseq.serving.server import Server
+
+    app = serving.app({"pairs": pipe(pairs)}, row_independent=True)
+    server = Server(app, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert server.exit_code == 1 and isinstance(app.service.failed, fastseq.FastseqError)
+    # Without the warm-up run it serves what the model takes.
+    with running({"pairs": pipe(pairs)}, row_independent=True, warm_up=False) as s:
+        got = client(s).infer("pairs", [tensor("x", np.arange(8, dtype=np.float32).reshape(2, 4))]).as_numpy("y")
+        assert got.shape == (2, 2, 2)
+
+
+def test_a_compressed_body_is_refused_by_name(cnn_server):
+    server, _ = cnn_server
+    from netserving import post, raw
+
+    status, headers, body = raw(server.port, post("/v2/models/cnn/infer", b"\x1f\x8b...", {"Content-Encoding": "gzip"}))
+    assert status == 415 and "Content-Encoding gzip is not supported" in body.decode()
+    assert client(server).is_server_ready()

@@ -163,6 +163,8 @@ class Service:
             reason, status, message = "REJECTED", 503, f"model '{model.name}': {error}"
         elif isinstance(error, InputError):  # the pipeline's input rule: dtype, rank, sizes
             status, message = 400, f"model '{model.name}': {error}"
+        elif type(error.__cause__).__name__ == "InvalidArgument":  # ONNX Runtime refused the values sent
+            status, message = 400, f"model '{model.name}': {error}"
         elif isinstance(error, FastseqError):
             reason, status, message = "BACKEND", 500, f"model '{model.name}': {error}"
         else:
