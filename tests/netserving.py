@@ -170,7 +170,7 @@ class Process:
                                      stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})}, cwd=cwd)
         self.lines: list[str] = []
-        self.port = None
+        self.port = self.grpc_port = None
         self._listening = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
         if not self._listening.wait(120):
@@ -185,6 +185,8 @@ class Process:
             self.lines.append(line)
             if "listening on http://127.0.0.1:" in line:
                 self.port = int(line.split("127.0.0.1:")[1].split()[0])
+                if "gRPC on 127.0.0.1:" in line:
+                    self.grpc_port = int(line.split("gRPC on 127.0.0.1:")[1].split(")")[0].split(";")[0])
                 self._listening.set()
         self._listening.set()
 

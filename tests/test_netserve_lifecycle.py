@@ -154,3 +154,27 @@ def test_nothing_leaks_over_a_long_run(tmp_path):
     finally:
         assert server.stop() == 0
     assert os.path.exists(tmp_path / "cnn.onnx")
+
+
+def test_sigterm_answers_open_grpc_requests_too(tmp_path):
+    tg = pytest.importorskip("tritonclient.grpc")
+    onnx.save(busy(200), tmp_path / "slow.onnx")
+    server = Process(str(tmp_path / "slow.onnx"), "--grpc-port", "0")
+    wait_ready(server.url)
+    answers: list = []
+
+    def one() -> None:
+        c = tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        x = tg.InferInput("x", [1, 1], "FP32")
+        x.set_data_from_numpy(np.ones((1, 1), np.float32))
+        answers.append(c.infer("slow", [x]).as_numpy("y").shape)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert answers == [(1, 1), (1, 1)]
+    assert server.proc.wait(60) == 0
