@@ -263,6 +263,13 @@ def client(port: int, input_name: str, shape: list[int], seconds: float, request
         done.extend(mine)
         c.close()
 
+    start = together(caller, barrier, stop_at, seconds)
+    return summary(done, start, seconds, errors[0]) | {"first_error": first[0] if first else None}
+
+
+def together(caller, barrier: threading.Barrier, stop_at: list[float], seconds: float) -> float:
+    """``CLIENTS`` threads of ``caller``, let go at once (``barrier``) until ``stop_at[0]``, a
+    warm-up and ``seconds`` from now, and waited for; when they were let go."""
     threads = [threading.Thread(target=caller) for _ in range(CLIENTS)]
     for t in threads:
         t.start()
@@ -271,7 +278,7 @@ def client(port: int, input_name: str, shape: list[int], seconds: float, request
     barrier.wait()
     for t in threads:
         t.join()
-    return summary(done, start, seconds, errors[0]) | {"first_error": first[0] if first else None}
+    return start
 
 
 def summary(done: list[tuple[float, float]], start: float, seconds: float, errors: int = 0) -> dict:
@@ -304,14 +311,7 @@ def in_process(sources: list[str], shape: list[int], seconds: float) -> dict:
                 mine.append((begin, time.perf_counter()))
             done.extend(mine)
 
-        threads = [threading.Thread(target=caller) for _ in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        start = time.perf_counter()
-        stop_at[0] = start + WARM_S + seconds
-        barrier.wait()
-        for t in threads:
-            t.join()
+        start = together(caller, barrier, stop_at, seconds)
     return summary(done, start, seconds)
 
 

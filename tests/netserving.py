@@ -199,6 +199,28 @@ class Process:
         return self.proc.wait(timeout)
 
 
+def wrong_answers(connect, make_input, pipe, rows: np.ndarray, model: str = "cnn", input_name: str = "image",
+                  output: str = "logits") -> list[tuple[int, int]]:
+    """Callers at once, one per ``rows[k]``, each on a connection of its own (``connect()``),
+    sending its requests ``rows[k, j]`` one after another; the (k, j) of each answer that is
+    not what ``pipe(x)`` gives."""
+    wrong: list[tuple[int, int]] = []
+
+    def caller(k: int) -> None:
+        c = connect()
+        for j in range(rows.shape[1]):
+            got = c.infer(model, [make_input(input_name, rows[k, j])]).as_numpy(output)
+            if not np.allclose(got, pipe(rows[k, j])[0], rtol=1e-5, atol=1e-6):
+                wrong.append((k, j))
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(rows.shape[0])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return wrong
+
+
 # --- raw HTTP -----------------------------------------------------------------------------------
 def raw(port: int, data: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     """Sends ``data`` (a whole HTTP request) on a new connection; the status, headers and

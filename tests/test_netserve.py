@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # n
 
 import fastseq  # noqa: E402
 from netserving import (  # noqa: E402
-    TYPES, Process, busy, cnn, every_type, get, lookup, metrics, mixing, pipe, running, several,
+    TYPES, Process, busy, cnn, every_type, get, lookup, metrics, mixing, pipe, running, several, wrong_answers,
 )
 
 
@@ -149,21 +149,7 @@ def test_many_callers_are_batched_and_get_their_own_rows(cnn_server):
     callers, each = 16, 20
     rng = np.random.default_rng(3)
     rows = rng.standard_normal((callers, each, 1, 3, 20, 20)).astype(np.float32)
-    wrong: list = []
-
-    def caller(k: int) -> None:
-        c = client(server)
-        for j in range(each):
-            got = c.infer("cnn", [tensor("image", rows[k, j])]).as_numpy("logits")
-            if not np.allclose(got, p(rows[k, j])[0], rtol=1e-5, atol=1e-6):
-                wrong.append((k, j))
-
-    threads = [threading.Thread(target=caller, args=(k,)) for k in range(callers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not wrong
+    assert not wrong_answers(lambda: client(server), tensor, p, rows)
     after = metrics(server.url)
     label = '{model="cnn",version="1"}'
     requests = after["nv_inference_request_success" + label] - before["nv_inference_request_success" + label]

@@ -4,7 +4,6 @@ models, batching, limits and errors in the pipeline's names as over HTTP."""
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ tg = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # noqa: E402
 
-from netserving import cnn, every_type, metrics, pipe, running, several  # noqa: E402
+from netserving import cnn, every_type, metrics, pipe, running, several, wrong_answers  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +50,7 @@ def test_infer_matches_the_pipeline_and_many_callers_are_batched(server):
     p = pipe(cnn())
     rows = np.random.default_rng(0).standard_normal((8, 10, 1, 3, 20, 20)).astype(np.float32)
     before = metrics(server.url)
-    wrong: list = []
-
-    def caller(k: int) -> None:
-        c = client(server)
-        for j in range(rows.shape[1]):
-            got = c.infer("cnn", [tensor("image", rows[k, j])]).as_numpy("logits")
-            if not np.allclose(got, p(rows[k, j])[0], rtol=1e-5, atol=1e-6):
-                wrong.append((k, j))
-
-    threads = [threading.Thread(target=caller, args=(k,)) for k in range(rows.shape[0])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not wrong
+    assert not wrong_answers(lambda: client(server), tensor, p, rows)
     after = metrics(server.url)
     label = '{model="cnn",version="1"}'
     assert after["nv_inference_request_success" + label] - before["nv_inference_request_success" + label] == 80

@@ -46,6 +46,9 @@ class Service:
         self.open = 0  # requests open (reading, queued or running), every model's
         self.draining = False
         self._warm_up = warm_up
+        if not warm_up:  # ready now: the sessions exist (a request right away must not find it "not ready")
+            for model in models.values():
+                model.ready = True
         self._started: asyncio.Task | None = None
         self.failed: BaseException | None = None  # a warm-up's failure
 
@@ -72,12 +75,11 @@ class Service:
         return self._started is not None
 
     async def _warm(self) -> None:
+        if not self._warm_up:
+            return
         for model in self.models.values():
             try:
-                if self._warm_up:
-                    await model.warm_up()
-                else:
-                    model.ready = True
+                await model.warm_up()
             except Exception as e:
                 log.error("model '%s' failed its warm-up run (a row of zeros, each dynamic axis 1), so it is not "
                           "ready: %s; serve it without a warm-up run (--no-warm-up, warm_up=False) if such a row "
