@@ -341,3 +341,18 @@ def test_a_compressed_body_is_refused_by_name(cnn_server):
     status, headers, body = raw(server.port, post("/v2/models/cnn/infer", b"\x1f\x8b...", {"Content-Encoding": "gzip"}))
     assert status == 415 and "Content-Encoding gzip is not supported" in body.decode()
     assert client(server).is_server_ready()
+
+
+def test_a_pipeline_with_a_tensor_the_protocol_cannot_carry_is_refused_by_name():
+    """A sequence output (what skl2onnx's ZipMap and SequenceConstruct give): no KServe
+    datatype, refused when served, naming it and its type."""
+    from onnx import TensorProto, helper
+
+    from fastseq import serving
+
+    g = helper.make_graph([helper.make_node("SequenceConstruct", ["x", "x"], ["pair"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                          [helper.make_tensor_sequence_value_info("pair", TensorProto.FLOAT, ["N", 2])])
+    p = pipe(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    with pytest.raises(fastseq.CompositionError, match=r"cannot serve output 'pair' of type seq\(tensor\(float\)\)"):
+        serving.app(p)

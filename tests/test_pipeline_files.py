@@ -288,3 +288,41 @@ def test_to_file_refuses_a_read_only_pipeline_file_for_an_ordinary_user(folder):
             "p.toml", "scratch"]
     finally:
         subprocess.run(["rm", "-rf", str(shared)], check=False)
+
+
+def test_a_file_of_several_pipelines_reads_each_and_names_what_is_wrong(tmp_path):
+    """read_all: each [pipelines.NAME] table is a pipeline, its paths relative to the file; a
+    bad key names its pipeline; read() (every other command) refuses such a file by name."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from fastseq.graph import pipefile
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    (tmp_path / "m").mkdir()
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "m" / "r.onnx")
+    file = tmp_path / "serve.toml"
+    file.write_text('[pipelines.a.stages]\nr = "m/r.onnx"\n\n[pipelines.b]\nchain = ["p", "q"]\n'
+                    '[pipelines.b.stages]\np = "m/r.onnx"\nq = "m/r.onnx"\n')
+    specs = pipefile.read_all(file)
+    assert list(specs) == ["a", "b"]
+    x = np.array([[-1.0, 2.0]], np.float32)
+    for spec in specs.values():
+        assert fastseq.Pipeline.from_spec(spec)(x)[0].tolist() == [[0.0, 2.0]]
+    with pytest.raises(fastseq.PipelineFileError, match="serve.toml: pipelines: this file names several pipelines"):
+        pipefile.read(file)
+    single = tmp_path / "one.toml"
+    single.write_text('[stages]\nr = "m/r.onnx"\n')
+    assert list(pipefile.read_all(single)) == ["one"]  # a file of one pipeline: its stem
+    for text, where in (
+        ('pipelines = 3\n', "pipelines: expected one [pipelines.NAME] table"),
+        ('pipelines = {}\n', "pipelines: expected one [pipelines.NAME] table"),
+        ('opset = 17\n[pipelines.a.stages]\nr = "m/r.onnx"\n', "opset: a file of several pipelines holds only"),
+        ('[pipelines.a]\nedges = 3\n[pipelines.a.stages]\nr = "m/r.onnx"\n', "pipelines.a.edges: expected a list"),
+        ('[pipelines.a]\nstagez = 1\n', "pipelines.a.stagez: not a pipeline key (did you mean 'stages'?)"),
+    ):
+        file.write_text(text)
+        with pytest.raises(fastseq.PipelineFileError, match=re.escape(where)):
+            pipefile.read_all(file)

@@ -117,30 +117,42 @@ def feeds(args: argparse.Namespace, pipe: Any) -> dict[str, Any]:
     return found
 
 
+def pipeline_file(args: argparse.Namespace) -> str | None:
+    """The pipeline.toml that ``args.models`` name alone, or None for models to compose."""
+    if len(args.models) == 1 and is_pipeline_file(args.models[0]):
+        if args.io_map is not None:
+            raise fail("--io-map is for a chain of models; a pipeline file has edges")
+        return args.models[0]
+    return None
+
+
 def pipeline(args: argparse.Namespace, quiet: Quiet, session_options: Any = None) -> Any:
     """The pipeline that ``args.models`` name, started: one pipeline.toml, or models composed
     in order (on ``session_options``, if given). A provider asked for that ONNX Runtime did
     not start (a GPU library missing: ONNX Runtime logs it and falls back) is a warning."""
     quiet.runtime()
-    if len(args.models) == 1 and is_pipeline_file(args.models[0]):
-        from fastseq.facades.pipeline import Pipeline
+    file = pipeline_file(args)
+    if file is not None:
         from fastseq.graph import pipefile
 
-        if args.io_map is not None:
-            raise fail("--io-map is for a chain of models; a pipeline file has edges")
-        spec = pipefile.read(args.models[0])
-        if args.providers:
-            spec.providers = list(args.providers)
-        pipe: Any = Pipeline.from_spec(spec)
-        asked = spec.providers
-    else:
-        from fastseq.facades.sequential import ONNXSequential
+        return from_spec(pipefile.read(file), args, quiet)
+    from fastseq.facades.sequential import ONNXSequential
 
-        check_io_maps(args)
-        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None,
-                              session_options=session_options)
-        asked = args.providers
-    _warn_unstarted(asked, pipe.providers, quiet)
+    check_io_maps(args)
+    pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None,
+                          session_options=session_options)
+    _warn_unstarted(args.providers, pipe.providers, quiet)
+    return pipe
+
+
+def from_spec(spec: Any, args: argparse.Namespace, quiet: Quiet) -> Any:
+    """The pipeline a pipeline file's spec describes, started (``--providers`` over its own)."""
+    from fastseq.facades.pipeline import Pipeline
+
+    if args.providers:
+        spec.providers = list(args.providers)
+    pipe = Pipeline.from_spec(spec)
+    _warn_unstarted(spec.providers, pipe.providers, quiet)
     return pipe
 
 

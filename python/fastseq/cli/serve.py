@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastseq.cli.console import Quiet, fail, verbose_option
-from fastseq.cli.models import io_map_option, is_pipeline_file, providers_option
+from fastseq.cli.models import io_map_option, providers_option
 
 
 #: The session options the server starts its pipelines with, where a pipeline file's own
@@ -132,33 +132,25 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
 
 def _pipelines(args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
     """The pipelines to serve by name: each of a pipeline.toml's, or the models composed in order."""
-    from fastseq.cli.models import pipeline
+    from fastseq.cli.models import from_spec, pipeline, pipeline_file
 
-    if len(args.models) == 1 and is_pipeline_file(args.models[0]):
-        from fastseq.facades.pipeline import Pipeline
+    file = pipeline_file(args)
+    if file is not None:
         from fastseq.graph import pipefile
 
-        if args.io_map is not None:
-            raise fail("--io-map is for a chain of models; a pipeline file has edges")
-        specs = pipefile.read_all(args.models[0])
+        specs = pipefile.read_all(file)
         if args.name is not None:
             if len(specs) > 1:
-                raise fail(f"--name names one pipeline; {args.models[0]} names {len(specs)}: "
-                           f"{', '.join(specs)}")
+                raise fail(f"--name names one pipeline; {file} names {len(specs)}: {', '.join(specs)}")
             specs = {args.name: next(iter(specs.values()))}
         quiet.runtime()
-        built = {}
-        for name, spec in specs.items():
-            if args.providers:
-                spec.providers = list(args.providers)
+        for spec in specs.values():
             spec.session_options = {**SERVING_OPTIONS, **(spec.session_options or {})}
-            built[name] = Pipeline.from_spec(spec)
-        return built
+        return {name: from_spec(spec, args, quiet) for name, spec in specs.items()}
     from fastseq.graph.options import session_options
 
-    options = session_options(SERVING_OPTIONS)
     name = args.name or (_stem(args.models[0]) if len(args.models) == 1 else "pipeline")
-    return {name: pipeline(args, quiet, options)}
+    return {name: pipeline(args, quiet, session_options(SERVING_OPTIONS))}
 
 
 def _stem(source: str) -> str:

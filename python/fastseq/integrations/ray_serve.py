@@ -34,11 +34,10 @@ try:
 except ImportError as e:  # the extra is not installed
     raise ImportError(f"fastseq.ray_serve needs Ray Serve: pip install 'fastseq[ray-serve]' ({e})") from e
 
-from fastseq import _core
+from fastseq import serving
 from fastseq.errors import CompositionError, InputError
 from fastseq.integrations.ray import Shipment, ship, unship
 from fastseq.runtime.batches import run_all
-from fastseq.serving import DEFAULTS, NAME_CHARS
 
 #: the replicas' sessions run without ONNX Runtime's spinning, as ``fastseq serve``'s
 SPINNING = {"session.intra_op.allow_spinning": "0"}
@@ -52,21 +51,14 @@ def application(pipelines: Any, *, name: str = "pipeline", batching: str = "fast
     keys. Call it where Ray is initialised: the models go into the object store now."""
     if batching not in ("fastseq", "ray"):
         raise InputError(f"batching must be 'fastseq' or 'ray', got {batching!r}")
-    unknown = sorted(set(options) - set(DEFAULTS))
-    if unknown:
-        raise InputError(f"'{unknown[0]}' is not a serving option{_core.did_you_mean(unknown[0], list(DEFAULTS))}; "
-                         f"options: {', '.join(DEFAULTS)}")
-    named = dict(pipelines) if isinstance(pipelines, Mapping) else {name: pipelines}
-    for key in named:  # refused here, before anything is shipped or a replica fails to start
-        if not isinstance(key, str) or not key or not set(key) <= NAME_CHARS:
-            raise InputError(f"a served model's name is letters, digits, '_', '.' and '-', got {key!r}")
-    settings = {**DEFAULTS, **options}
-    shipped = {key: ship(pipe) for key, pipe in named.items()}
+    # Checked here, before anything is shipped or a replica fails to start: the server's rules.
+    chosen = serving.settings(options)
+    shipped = {key: ship(pipe) for key, pipe in serving.named(pipelines, name).items()}
     deployment = serve.deployment(
-        _replica(batching, settings["max_batch_size"], settings["max_delay_ms"]),
+        _replica(batching, chosen["max_batch_size"], chosen["max_delay_ms"]),
         name="fastseq", num_replicas=num_replicas, ray_actor_options=dict(ray_actor_options or {}),
     )
-    return deployment.bind(shipped, settings, row_independent)
+    return deployment.bind(shipped, chosen, row_independent)
 
 
 def _replica(batching: str, max_batch_size: int, max_delay_ms: float) -> type:
@@ -74,8 +66,6 @@ def _replica(batching: str, max_batch_size: int, max_delay_ms: float) -> type:
 
     class FastseqReplica:
         def __init__(self, shipped: dict[str, Shipment], settings: dict[str, Any], row_independent: bool) -> None:
-            from fastseq import serving
-
             pipes = {key: unship(s, SPINNING) for key, s in shipped.items()}
             options = dict(settings)
             runs = None

@@ -34,40 +34,53 @@ DEFAULTS: dict[str, Any] = {
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
+def settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """:data:`DEFAULTS` with ``options`` over them: an InputError naming an unknown key."""
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        from fastseq import _core
+        from fastseq.errors import InputError
+
+        raise InputError(f"'{unknown[0]}' is not a serving option{_core.did_you_mean(unknown[0], list(DEFAULTS))}; "
+                         f"options: {', '.join(DEFAULTS)}")
+    return {**DEFAULTS, **options}
+
+
+def named(pipelines: Any, name: str) -> dict[str, Any]:
+    """The pipelines to serve by name: a mapping as it is, one pipeline under ``name``; an
+    InputError for a name that a URL path cannot carry, or for nothing to serve."""
+    from fastseq.errors import InputError
+
+    found = dict(pipelines) if isinstance(pipelines, Mapping) else {name: pipelines}
+    if not found:
+        raise InputError("nothing to serve: give a pipeline, or a dict of pipelines by name")
+    for key in found:
+        if not isinstance(key, str) or not key or not set(key) <= NAME_CHARS:
+            raise InputError(f"a served model's name is letters, digits, '_', '.' and '-', got {key!r}")
+    return found
+
+
 def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False, warm_up: bool = True,
         run_with: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """The ASGI application serving ``pipelines``: one pipeline (served as ``name``) or a
     mapping of names to pipelines. ``options``: :data:`DEFAULTS`' keys. ``warm_up=False``
     marks the models ready without a warm-up run; ``run_with`` (by name) runs a model's
     requests in place of its batcher (another batching: Ray Serve's)."""
-    from fastseq.errors import InputError
     from fastseq.serving.asgi import App
     from fastseq.serving.metrics import Metrics
     from fastseq.serving.model import VERSION, ServedModel
     from fastseq.serving.service import Service
 
-    unknown = set(options) - set(DEFAULTS)
-    if unknown:
-        from fastseq import _core
-
-        key = sorted(unknown)[0]
-        raise InputError(f"'{key}' is not a serving option{_core.did_you_mean(key, list(DEFAULTS))}; options: "
-                         + ", ".join(DEFAULTS))
-    settings = {**DEFAULTS, **options}
-    named = dict(pipelines) if isinstance(pipelines, Mapping) else {name: pipelines}
-    if not named:
-        raise InputError("nothing to serve: give a pipeline, or a dict of pipelines by name")
+    chosen = settings(options)
     metrics = Metrics()
-    models = {}
-    for key, pipe in named.items():
-        if not isinstance(key, str) or not key or not set(key) <= NAME_CHARS:
-            raise InputError(f"a served model's name is letters, digits, '_', '.' and '-', got {key!r}")
-        models[key] = ServedModel(key, pipe, max_batch_size=settings["max_batch_size"],
-                                  max_delay_ms=settings["max_delay_ms"], row_independent=row_independent,
-                                  on_batch=metrics.model(key, VERSION).batch,
-                                  run_with=(run_with or {}).get(key))
-    service = Service(models, metrics, max_queue=settings["max_queue"], max_request_bytes=settings["max_request_bytes"],
-                      timeout_s=settings["timeout_s"], body_timeout_s=settings["body_timeout_s"], warm_up=warm_up)
+    models = {
+        key: ServedModel(key, pipe, max_batch_size=chosen["max_batch_size"], max_delay_ms=chosen["max_delay_ms"],
+                         row_independent=row_independent, on_batch=metrics.model(key, VERSION).batch,
+                         run_with=(run_with or {}).get(key))
+        for key, pipe in named(pipelines, name).items()
+    }
+    service = Service(models, metrics, max_queue=chosen["max_queue"], max_request_bytes=chosen["max_request_bytes"],
+                      timeout_s=chosen["timeout_s"], body_timeout_s=chosen["body_timeout_s"], warm_up=warm_up)
     return App(service)
 
 

@@ -18,8 +18,9 @@ from typing import Any
 
 from fastseq._core import __version__
 from fastseq.errors import RequestError
-from fastseq.serving.datatypes import DTYPES
-from fastseq.serving.protocol import InferRequest, declared_shape, from_binary, from_values, raw_data
+from fastseq.serving.protocol import (
+    InferRequest, declared_shape, from_binary, from_values, input_dtype, output_named, raw_data, request_timeout,
+)
 from fastseq.serving.service import Service
 
 SERVICE = "inference.GRPCInferenceService"
@@ -119,20 +120,10 @@ def decode(model: Any, m: Any) -> InferRequest:
     if m.raw_input_contents and len(m.raw_input_contents) != len(m.inputs):
         raise RequestError(f"the request has {len(m.raw_input_contents)} raw_input_contents for {len(m.inputs)} "
                            "inputs: give every input's data raw, or none")
-    feeds = {}
+    feeds: dict[str, Any] = {}
     for k, tensor in enumerate(m.inputs):
         name, datatype = tensor.name, tensor.datatype
-        if name not in model.inputs:
-            from fastseq import _core
-
-            raise RequestError(f"'{name}' is not an input of model '{model.name}'"
-                               f"{_core.did_you_mean(name, list(model.inputs))}; inputs: {', '.join(model.inputs)}")
-        if name in feeds:
-            raise RequestError(f"input '{name}' is given twice")
-        dtype = DTYPES.get(datatype)
-        if dtype is None:
-            raise RequestError(f"input '{name}': '{datatype}' is not a KServe datatype; model '{model.name}' takes "
-                               f"{model.inputs[name].datatype}")
+        dtype = input_dtype(model.name, model.inputs, feeds, name, datatype)
         shape, count = declared_shape(name, list(tensor.shape))
         if m.raw_input_contents:
             raw = m.raw_input_contents[k]
@@ -148,31 +139,20 @@ def decode(model: Any, m: Any) -> InferRequest:
             except UnicodeDecodeError as e:
                 raise RequestError(f"input '{name}': a BYTES element is not UTF-8 text ({e.reason})") from None
         feeds[name] = from_values(name, values, datatype, dtype, shape, count)
-    params = {k: _parameter(v) for k, v in m.parameters.items()}
-    for key in ("sequence_id", "sequence_start", "sequence_end"):
-        if params.get(key) not in (None, 0, "", False):
-            raise RequestError(f"the parameter {key}: sequence batching is not supported by fastseq serve")
-    timeout = params.get("timeout")
-    if timeout is not None and (type(timeout) is not int or timeout <= 0):
-        raise RequestError(f"the parameter timeout must be a positive integer of microseconds, got {timeout!r}")
+    timeout = request_timeout({k: _parameter(v) for k, v in m.parameters.items()})
     asked = None
-    if m.outputs:
-        asked = []
+    if m.outputs:  # outputs always go back as raw_output_contents
+        seen: set[str] = set()
         for o in m.outputs:
-            if o.name not in model.outputs:
-                from fastseq import _core
-
-                raise RequestError(f"'{o.name}' is not an output of model '{model.name}'"
-                                   f"{_core.did_you_mean(o.name, list(model.outputs))}; outputs: "
-                                   f"{', '.join(model.outputs)}")
-            asked.append((o.name, True))
+            output_named(model.name, model.outputs, seen, o.name)
+        asked = [(o.name, True) for o in m.outputs]
     if not feeds:
         raise RequestError(f"the request has no inputs; model '{model.name}' takes {', '.join(model.inputs)}")
-    return InferRequest(m.id or None, feeds, asked, True, timeout / 1e6 if timeout else None)
+    return InferRequest(m.id or None, feeds, asked, True, timeout)
 
 
-#: the gRPC status of each HTTP status the service answers with
 def _code(status: int) -> Any:
+    """The gRPC status of each HTTP status the service answers with."""
     import grpc
 
     return {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,

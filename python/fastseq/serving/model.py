@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError
-from fastseq.serving.datatypes import CONFIG_TYPES, DTYPES, of_ort_type
+from fastseq.serving.datatypes import CONFIG_TYPES, DTYPES, datatype_of
 from fastseq.serving.protocol import Tensor
 
 log = logging.getLogger("fastseq.serve")
@@ -27,7 +27,7 @@ def _tensors(args: list[Any], infos: list[Any], kind: str) -> dict[str, Tensor]:
     """The session's inputs or outputs as the protocol describes them (-1: a dynamic axis)."""
     found = {}
     for arg, info in zip(args, infos):
-        datatype = of_ort_type(arg.type, kind, arg.name)
+        datatype = datatype_of(info, arg.type, kind)
         shape = None if info.shape is None else tuple(d if isinstance(d, int) and d >= 0 else -1 for d in info.shape)
         found[arg.name] = Tensor(arg.name, datatype, shape)
     return found
@@ -55,21 +55,16 @@ class ServedModel:
         self.outputs = _tensors(session.get_outputs(), runner.outputs, "output")
         self.output_order = list(self.outputs)
         self.batcher = None
-        self.not_batched = "batching is off (max_batch_size 1)"
         self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
-        if run_with is not None:
-            self.not_batched = ""
-        elif max_batch_size > 1:
+        if run_with is None and max_batch_size > 1:
             try:
                 # Without spinning: the server's loop and its clients need the cores that ONNX
                 # Runtime's idle pool threads would spin on (measured: 210-230 us of the server's
                 # CPU a request against 320-380 us, at the same rows/s or more).
                 self.batcher = pipe.batcher(max_batch_size, max_delay_ms, row_independent=row_independent,
                                             spinning=False, on_batch=on_batch)
-                self.not_batched = ""
             except CompositionError as e:
-                self.not_batched = str(e).split("\n")[0]
-                log.warning("model '%s' is served request by request: %s", name, self.not_batched)
+                log.warning("model '%s' is served request by request: %s", name, str(e).split("\n")[0])
         self.max_batch_size = max_batch_size if self.batcher is not None or run_with is not None else 0
         # the one input of the common pipeline, passed by position: the batcher's short path
         self._single = next(iter(self.inputs)) if len(self.inputs) == 1 else None
@@ -122,9 +117,9 @@ class ServedModel:
             feeds[t.name] = np.full(shape, "", dtype=object) if t.datatype == "BYTES" else np.zeros(shape, dtype)
         return feeds
 
-    async def warm_up(self, feeds: dict[str, np.ndarray] | None = None) -> None:
-        """Runs the model once (``feeds``, or :meth:`warm_up_feeds`) and marks it ready."""
-        await self.infer(feeds if feeds is not None else self.warm_up_feeds())
+    async def warm_up(self) -> None:
+        """Runs the model once on :meth:`warm_up_feeds`, its own path, and marks it ready."""
+        await self.infer(self.warm_up_feeds())
         self.ready = True
 
     def close(self) -> None:

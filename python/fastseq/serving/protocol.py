@@ -96,17 +96,8 @@ def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dic
         name = item.get("name")
         if type(name) is not str:
             raise RequestError(f"inputs[{k}] needs a 'name', a string")
-        if name not in inputs:
-            raise RequestError(f"'{name}' is not an input of model '{model}'{_core.did_you_mean(name, list(inputs))}; "
-                               f"inputs: {', '.join(inputs)}")
-        if name in feeds:
-            raise RequestError(f"input '{name}' is given twice")
         datatype = item.get("datatype")
-        dtype = DTYPES.get(datatype) if type(datatype) is str else None
-        if dtype is None:
-            near = _core.did_you_mean(datatype, list(DTYPES)) if type(datatype) is str else ""
-            raise RequestError(f"input '{name}': {_kind(datatype) if type(datatype) is not str else repr(datatype)} "
-                               f"is not a KServe datatype{near}; model '{model}' takes {inputs[name].datatype}")
+        dtype = input_dtype(model, inputs, feeds, name, datatype)
         shape, count = declared_shape(name, item.get("shape"))
         params = _parameters(item.get("parameters"), f"input '{name}''s parameters")
         if "shared_memory_region" in params:
@@ -132,20 +123,53 @@ def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dic
     binary_output = parameters.get("binary_data_output", False)
     if type(binary_output) is not bool:
         raise RequestError(f"the parameter binary_data_output must be true or false, got {binary_output!r}")
-    timeout_s = None
-    if "timeout" in parameters:
-        t = parameters["timeout"]
-        if type(t) is not int or t <= 0:
-            raise RequestError(f"the parameter timeout must be a positive integer of microseconds, got {t!r}")
-        timeout_s = t / 1e6
-    for key in ("sequence_id", "sequence_start", "sequence_end"):
-        if parameters.get(key) not in (None, 0, "", False):
-            raise RequestError(f"the parameter {key}: sequence batching is not supported by fastseq serve")
+    timeout_s = request_timeout(parameters)
     asked = None
     wanted = doc.get("outputs")
     if wanted is not None:  # an empty list asks for every output, as none does (Triton's reading)
         asked = _outputs(model, wanted, outputs, binary_output) or None
     return InferRequest(id, feeds, asked, binary_output, timeout_s)
+
+
+def input_dtype(model: str, inputs: dict[str, Tensor], given: dict[str, Any], name: str, datatype: Any) -> np.dtype:
+    """The numpy dtype an input's values arrive in, for input ``name`` of ``datatype``: a 400
+    for a name that is not an input (with the near miss), one ``given`` already, or a
+    datatype the protocol does not have (over HTTP and gRPC alike)."""
+    if name not in inputs:
+        raise RequestError(f"'{name}' is not an input of model '{model}'{_core.did_you_mean(name, list(inputs))}; "
+                           f"inputs: {', '.join(inputs)}")
+    if name in given:
+        raise RequestError(f"input '{name}' is given twice")
+    dtype = DTYPES.get(datatype) if type(datatype) is str else None
+    if dtype is None:
+        near = _core.did_you_mean(datatype, list(DTYPES)) if type(datatype) is str else ""
+        raise RequestError(f"input '{name}': {_kind(datatype) if type(datatype) is not str else repr(datatype)} "
+                           f"is not a KServe datatype{near}; model '{model}' takes {inputs[name].datatype}")
+    return dtype
+
+
+def output_named(model: str, outputs: dict[str, Tensor], asked: set[str], name: str) -> None:
+    """A 400 for a requested output that is not one (with the near miss) or asked twice."""
+    if name not in outputs:
+        raise RequestError(f"'{name}' is not an output of model '{model}'{_core.did_you_mean(name, list(outputs))}; "
+                           f"outputs: {', '.join(outputs)}")
+    if name in asked:
+        raise RequestError(f"output '{name}' is asked for twice")
+    asked.add(name)
+
+
+def request_timeout(parameters: dict[str, Any]) -> float | None:
+    """A request's own ``timeout`` parameter (microseconds, as Triton's clients send it) in
+    seconds; a 400 for a bad one or for sequence batching's parameters."""
+    for key in ("sequence_id", "sequence_start", "sequence_end"):
+        if parameters.get(key) not in (None, 0, "", False):
+            raise RequestError(f"the parameter {key}: sequence batching is not supported by fastseq serve")
+    if "timeout" not in parameters:
+        return None
+    t = parameters["timeout"]
+    if type(t) is not int or t <= 0:
+        raise RequestError(f"the parameter timeout must be a positive integer of microseconds, got {t!r}")
+    return t / 1e6
 
 
 def _kind(value: Any) -> str:
@@ -291,17 +315,12 @@ def _outputs(model: str, wanted: Any, outputs: dict[str, Tensor], binary_output:
     if type(wanted) is not list:
         raise RequestError(f"the request's 'outputs' must be a list, got {_kind(wanted)}")
     asked: list[tuple[str, bool]] = []
-    seen = set()
+    seen: set[str] = set()
     for k, item in enumerate(wanted):
         if type(item) is not dict or type(item.get("name")) is not str:
             raise RequestError(f"outputs[{k}] must be a JSON object with a 'name'")
         name = item["name"]
-        if name not in outputs:
-            raise RequestError(f"'{name}' is not an output of model '{model}'{_core.did_you_mean(name, list(outputs))}; "
-                               f"outputs: {', '.join(outputs)}")
-        if name in seen:
-            raise RequestError(f"output '{name}' is asked for twice")
-        seen.add(name)
+        output_named(model, outputs, seen, name)
         params = _parameters(item.get("parameters"), f"output '{name}''s parameters")
         if params.get("classification"):
             raise RequestError(f"output '{name}': the classification extension is not supported by fastseq serve")

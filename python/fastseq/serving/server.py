@@ -15,8 +15,9 @@ import asyncio
 import signal
 import socket
 import sys
-import threading
 from typing import Any
+
+import uvicorn
 
 from fastseq.serving.asgi import App
 
@@ -47,8 +48,6 @@ class Server:
 
     def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
                  announce: Any = None, verbose: bool = False) -> None:
-        import uvicorn
-
         self.app = app
         self.socket = bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]
@@ -64,15 +63,13 @@ class Server:
             # a request open at the signal may still be reading its body, then running
             timeout_graceful_shutdown=int(app.service.body_timeout_s + app.service.timeout_s + GRACE_S),
         )
-        self._server = _Uvicorn(config, app)
+        self._server = _Draining(config, app.service)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.exit_code: int | None = None
 
     def run(self) -> int:
         """Serves until stopped; 0 after a clean shutdown, 1 if a model failed its warm-up."""
-        from uvicorn.config import Config
-
-        factory = self._server.config.get_loop_factory() if hasattr(Config, "get_loop_factory") else None
+        factory = getattr(self._server.config, "get_loop_factory", lambda: None)()  # uvicorn >= 0.36
         if factory is not None:
             with asyncio.Runner(loop_factory=factory) as runner:
                 return runner.run(self.serve())
@@ -127,27 +124,20 @@ class Server:
             self._announce(line)
 
 
-class _Uvicorn:
-    """uvicorn's Server, draining the app at the first signal and not raising the signal
-    again once it has shut down."""
+class _Draining(uvicorn.Server):
+    """uvicorn's Server that drains the service at the first signal, and does not raise the
+    signal again once it has shut down (a clean exit is 0)."""
 
-    def __new__(cls, config: Any, app: App) -> Any:
-        import uvicorn
+    def __init__(self, config: uvicorn.Config, service: Any) -> None:
+        super().__init__(config)
+        self.service = service
 
-        class Drain(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                app.service.drain()
-                if self.should_exit and sig == signal.SIGINT:
-                    self.force_exit = True
-                else:
-                    self.should_exit = True
-
-            def install_signal_handlers(self) -> None:  # older uvicorn
-                if threading.current_thread() is threading.main_thread():
-                    for sig in (signal.SIGINT, signal.SIGTERM):
-                        signal.signal(sig, self.handle_exit)
-
-        return Drain(config)
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.service.drain()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True
 
 
 def say(line: str) -> None:

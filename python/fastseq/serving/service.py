@@ -138,15 +138,16 @@ class Service:
         goes back as binary data."""
         timeout = self.timeout_s if request.timeout_s is None else min(request.timeout_s, self.timeout_s)
         loop = asyncio.get_running_loop()
+        run = time.perf_counter()
         try:  # counted from the request's start: reading its body took part of it
-            async with asyncio.timeout_at(loop.time() + timeout - (time.perf_counter() - began)):
+            async with asyncio.timeout_at(loop.time() + timeout - (run - began)):
                 outputs = await model.infer(request.inputs)
         except TimeoutError:
             raise RequestError(f"model '{model.name}': the request was not answered within its timeout of "
                                f"{timeout:g} s", 503) from None
         if model.batcher is None:  # no batcher to report its batches
             first = next(iter(request.inputs.values()))
-            self.stats[model.name].unbatched(time.perf_counter() - began, first.shape[0] if first.ndim else 1)
+            self.stats[model.name].unbatched(time.perf_counter() - run, first.shape[0] if first.ndim else 1)
         tensors = model.outputs
         if request.outputs is None:
             binary = request.binary_output
