@@ -199,21 +199,22 @@ class Process:
         return self.proc.wait(timeout)
 
 
-def wrong_answers(connect, make_input, pipe, rows: np.ndarray, model: str = "cnn", input_name: str = "image",
+def wrong_answers(connect, make_input, pipe, rows, model: str = "cnn", input_name: str = "image",
                   output: str = "logits") -> list[tuple[int, int]]:
     """Callers at once, one per ``rows[k]``, each on a connection of its own (``connect()``),
-    sending its requests ``rows[k, j]`` one after another; the (k, j) of each answer that is
-    not what ``pipe(x)`` gives."""
+    sending its requests ``rows[k][j]`` (any number of rows each, 0 included) one after
+    another; the (k, j) of each answer that is not what ``pipe(x)`` gives, shape included."""
     wrong: list[tuple[int, int]] = []
 
     def caller(k: int) -> None:
         c = connect()
-        for j in range(rows.shape[1]):
-            got = c.infer(model, [make_input(input_name, rows[k, j])]).as_numpy(output)
-            if not np.allclose(got, pipe(rows[k, j])[0], rtol=1e-5, atol=1e-6):
+        for j, x in enumerate(rows[k]):
+            got = c.infer(model, [make_input(input_name, x)]).as_numpy(output)
+            expected = pipe(x)[0]
+            if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
                 wrong.append((k, j))
 
-    threads = [threading.Thread(target=caller, args=(k,)) for k in range(rows.shape[0])]
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(len(rows))]
     for t in threads:
         t.start()
     for t in threads:

@@ -393,7 +393,7 @@ def raw_data(datatype: str, array: np.ndarray) -> Any:
             b = v.encode() if type(v) is str else bytes(v)
             parts += (struct.pack("<I", len(b)), b)
         return b"".join(parts)
-    if array.flags.c_contiguous:
+    if array.flags.c_contiguous and array.size:  # memoryview cannot cast a view with a zero axis
         return memoryview(array).cast("B")
     return np.ascontiguousarray(array).tobytes()
 
