@@ -1,6 +1,6 @@
 //! Requests' tensors joined along the batch axis into one contiguous buffer per input, and a
-//! joint run's outputs split back into each request's own rows (slices of the run's buffers,
-//! not copies). Rows are counted from each request's own first axis, so a request of 0 rows
+//! joint run's outputs split back into each request's own rows (copied out, so an answer
+//! holds its own bytes only). Rows are counted from each request's own first axis, so a request of 0 rows
 //! gets 0 rows and its neighbours theirs.
 use bytes::{Bytes, BytesMut};
 
@@ -49,8 +49,8 @@ pub struct NotSplit {
     pub shape: Vec<usize>,
 }
 
-/// Each request's own rows of `outputs` (`rows[k]` rows for request k, in order): slices of
-/// the outputs' buffers.
+/// Each request's own rows of `outputs` (`rows[k]` rows for request k, in order), each in a
+/// buffer of its own.
 pub fn split(outputs: &[Tensor], rows: &[usize]) -> Result<Vec<Vec<Tensor>>, NotSplit> {
     let total: usize = rows.iter().sum();
     let mut answers: Vec<Vec<Tensor>> = rows.iter().map(|_| Vec::with_capacity(outputs.len())).collect();
@@ -79,7 +79,10 @@ pub fn split(outputs: &[Tensor], rows: &[usize]) -> Result<Vec<Vec<Tensor>>, Not
         for (answer, ((start, end), &r)) in answers.iter_mut().zip(bounds.into_iter().zip(rows)) {
             let mut shape = out.shape.clone();
             shape[0] = r;
-            answer.push(Tensor { datatype: out.datatype, shape, data: out.data.slice(start..end) });
+            // A copy where the run had several requests: each answer then holds its own bytes
+            // only, not the whole batch's, for as long as its client takes to read it.
+            let data = if rows.len() == 1 { out.data.slice(start..end) } else { Bytes::copy_from_slice(&out.data[start..end]) };
+            answer.push(Tensor { datatype: out.datatype, shape, data });
         }
     }
     Ok(answers)
