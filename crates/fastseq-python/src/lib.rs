@@ -12,6 +12,7 @@ mod files;
 mod io_infos;
 mod layout;
 mod plan;
+mod server;
 mod sources;
 mod writer;
 
@@ -66,6 +67,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Saved>()?;
     m.add_class::<PrivateCopyInfo>()?;
     m.add_class::<PyLayout>()?;
+    m.add_class::<server::Server>()?;
+    m.add_class::<server::TensorData>()?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;

@@ -111,9 +111,7 @@ class Batcher:
                 raise InputError(f"{name} must be True or False, got {flag!r}")
         if spinning not in (None, False):
             raise InputError(f"spinning must be None (the batcher chooses) or False, got {spinning!r}")
-        if not row_independent:  # the core's verdict first: it names the node at fault
-            pipe.check_rows()
-        _check_batch_axis(pipe.runner)
+        batchable(pipe, row_independent)
         self.max_batch_size = int(max_batch_size)
         self.max_delay_ms = float(max_delay_ms)
         self.row_independent = row_independent
@@ -384,6 +382,15 @@ def _check_settings(max_batch_size: Any, max_delay_ms: Any) -> None:
             f"max_delay_ms must be a finite number of milliseconds from 0 to {threading.TIMEOUT_MAX * 1000:g}, "
             f"got {max_delay_ms!r}"
         )
+
+
+def batchable(pipe: Any, row_independent: bool = False) -> None:
+    """Whether requests to ``pipe`` may be joined along their first axis (the batcher's rule,
+    and the network server's): a CompositionError saying why not. ``row_independent``
+    skips the core's check that no node mixes rows."""
+    if not row_independent:  # the core's verdict first: it names the node at fault
+        pipe.check_rows()
+    _check_batch_axis(pipe.runner)
 
 
 def _check_batch_axis(runner: Runner) -> None:

@@ -27,8 +27,16 @@ DEFAULTS: dict[str, Any] = {
     "max_queue": 128,  # requests open at once (reading, queued, running) before a 503
     "max_request_bytes": 32 << 20,  # a body's limit (413)
     "timeout_s": 60.0,  # a request's limit from its arrival (headers read) to its answer (503)
-    "body_timeout_s": 30.0,  # how long a body may take to arrive (408)
+    "body_timeout_s": 30.0,  # how long a body may take to arrive (408), or an answer to be read
+    "max_uploads": 64,  # request bodies arriving at once before a 503 (a queue place is taken once complete)
+    "memory_budget": 1 << 30,  # bytes all requests hold together: bodies, tensors, batches, unread answers
+    "header_timeout_s": 10.0,  # how long request headers may take to arrive (408)
+    "max_header_bytes": 16 << 10,  # the request line and headers together (431)
+    "max_headers": 64,  # headers a request may have (431)
 }
+
+#: the options only the server in the core keeps (the ASGI app's host keeps its own)
+CORE_OPTIONS = ("max_uploads", "memory_budget", "header_timeout_s", "max_header_bytes", "max_headers")
 
 #: a model's name, as it appears in a URL path
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -80,7 +88,8 @@ def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False
         for key, pipe in named(pipelines, name).items()
     }
     service = Service(models, metrics, max_queue=chosen["max_queue"], max_request_bytes=chosen["max_request_bytes"],
-                      timeout_s=chosen["timeout_s"], body_timeout_s=chosen["body_timeout_s"], warm_up=warm_up)
+                      timeout_s=chosen["timeout_s"], body_timeout_s=chosen["body_timeout_s"], warm_up=warm_up,
+                      core_options={k: chosen[k] for k in CORE_OPTIONS})
     return App(service)
 
 

@@ -54,18 +54,21 @@ class ServedModel:
         self.inputs = _tensors(session.get_inputs(), runner.inputs, "input")
         self.outputs = _tensors(session.get_outputs(), runner.outputs, "output")
         self.output_order = list(self.outputs)
-        self.batcher = None
         self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
+        self._batcher: Any = None
+        self._batching = dict(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, row_independent=row_independent,
+                              spinning=False, on_batch=on_batch)
+        self.batched = False
         if run_with is None and max_batch_size > 1:
+            from fastseq.runtime.batcher import batchable
+
             try:
-                # Without spinning: the server's loop and its clients need the cores that ONNX
-                # Runtime's idle pool threads would spin on (measured: 210-230 us of the server's
-                # CPU a request against 320-380 us, at the same rows/s or more).
-                self.batcher = pipe.batcher(max_batch_size, max_delay_ms, row_independent=row_independent,
-                                            spinning=False, on_batch=on_batch)
+                batchable(pipe, row_independent)
+                self.batched = True
             except CompositionError as e:
-                log.warning("model '%s' is served request by request: %s", name, str(e).split("\n")[0])
-        self.max_batch_size = max_batch_size if self.batcher is not None or run_with is not None else 0
+                log.warning("model '%s' is served request by request: %s", name, " ".join(str(e).split()))
+        self.max_delay_ms = float(max_delay_ms)
+        self.max_batch_size = max_batch_size if self.batched or run_with is not None else 0
         # the one input of the common pipeline, passed by position: the batcher's short path
         self._single = next(iter(self.inputs)) if len(self.inputs) == 1 else None
         self.ready = False
@@ -91,9 +94,37 @@ class ServedModel:
         config: dict[str, Any] = {"name": self.name, "platform": "onnxruntime_onnx", "backend": "fastseq",
                                   "max_batch_size": self.max_batch_size, "input": entries(self.inputs),
                                   "output": entries(self.outputs)}
-        if self.batcher is not None:
-            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(self.batcher.max_delay_ms * 1000)}
+        if self.batched:
+            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(self.max_delay_ms * 1000)}
         return config
+
+    @property
+    def batcher(self) -> Any:
+        """The pipeline's batcher, made when first asked for (the ASGI app's path; the server
+        in the core batches by itself); None where the model is not batched."""
+        if self.batched and self._batcher is None:
+            self._batcher = self.pipe.batcher(**self._batching)
+        return self._batcher
+
+    def spec(self) -> dict[str, Any]:
+        """The model as the core's server takes it."""
+        def tensors(found: dict[str, Tensor]) -> list[tuple[str, str, list[int] | None]]:
+            return [(t.name, t.datatype, list(t.shape) if t.shape is not None else None) for t in found.values()]
+
+        return {"name": self.name, "version": self.version, "inputs": tensors(self.inputs),
+                "outputs": tensors(self.outputs), "max_batch_size": self.max_batch_size if self.batched else 0,
+                "max_delay_us": int(self.max_delay_ms * 1000)}
+
+    def batch_run(self) -> Any:
+        """What the core's server calls once a batch: the pipeline's runner (the batchers' own
+        session of it, without spinning, where batched on the CPU)."""
+        from fastseq.runtime.batches import own_runner
+        from fastseq.serving.runs import BatchRun
+
+        runner = self.pipe.runner
+        if self.batched:
+            runner = own_runner(self.pipe, runner)
+        return BatchRun(runner, list(self.inputs.values()), list(self.outputs.values()))
 
     async def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Every output for ``feeds`` (checked by the pipeline's one input rule)."""
@@ -125,5 +156,5 @@ class ServedModel:
     def close(self) -> None:
         """Refuses new requests; those taken by the batcher run and are answered first."""
         self.ready = False
-        if self.batcher is not None:
-            self.batcher.close()
+        if self._batcher is not None:
+            self._batcher.close()
