@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError
+from fastseq.runtime.batcher import Batcher
+from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.serving.datatypes import CONFIG_TYPES, DTYPES, datatype_of
 from fastseq.serving.protocol import Tensor
 
@@ -43,26 +45,27 @@ class ServedModel:
     ``run_with``, a coroutine function of the feeds, batches in the batcher's place (Ray
     Serve's ``@serve.batch``)."""
 
-    def __init__(self, name: str, pipe: Any, *, max_batch_size: int = 32, max_delay_ms: float = 0.0,
+    def __init__(self, name: str, pipe: Engine | Pipelined, *, max_batch_size: int = 32, max_delay_ms: float = 0.0,
                  row_independent: bool = False, on_batch: Callable[[int, list[float], float], None] | None = None,
                  run_with: Callable[[dict[str, np.ndarray]], Awaitable[list[np.ndarray]]] | None = None) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise InputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
         self.name, self.version, self.pipe = name, VERSION, pipe
-        runner = pipe.runner
+        self.engine = engine = engine_of(pipe)
+        runner = engine.runner
         session = runner.session
         self.inputs = _tensors(session.get_inputs(), runner.inputs, "input")
         self.outputs = _tensors(session.get_outputs(), runner.outputs, "output")
         self.output_order = list(self.outputs)
-        self.batcher = None
+        self.batcher: Batcher | None = None
         self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
         if run_with is None and max_batch_size > 1:
             try:
                 # Without spinning: the server's loop and its clients need the cores that ONNX
                 # Runtime's idle pool threads would spin on (measured: 210-230 us of the server's
                 # CPU a request against 320-380 us, at the same rows/s or more).
-                self.batcher = pipe.batcher(max_batch_size, max_delay_ms, row_independent=row_independent,
-                                            spinning=False, on_batch=on_batch)
+                self.batcher = Batcher(engine, max_batch_size, max_delay_ms, row_independent=row_independent,
+                                       spinning=False, on_batch=on_batch)
             except CompositionError as e:
                 log.warning("model '%s' is served request by request: %s", name, str(e).split("\n")[0])
         self.max_batch_size = max_batch_size if self.batcher is not None or run_with is not None else 0
@@ -105,7 +108,7 @@ class ServedModel:
             if single is not None and single in feeds and len(feeds) == 1:
                 return await batcher.run_async(feeds[single])
             return await batcher.run_async(**feeds)
-        runner = self.pipe.runner  # feeds by name through the runner: an input may be named "timeout"
+        runner = self.engine.runner  # feeds by name through the runner: an input may be named "timeout"
         return await runner.run_async(runner.check_feeds(feeds), runner.output_names(None))
 
     def warm_up_feeds(self) -> dict[str, np.ndarray]:
