@@ -251,7 +251,7 @@ def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
         same(b(rows(2)), pipe(rows(2)))
         pipe.as_cpu()  # a new session for the pipeline: the batcher follows it
         same(b(rows(2)), pipe(rows(2)))
-        assert b._serving.session is not own and b._serving is batches.own_runner(pipe, pipe.runner)
+        assert b._serving.session is not own and b._serving is pipe.engine.batch_runner()
         same(shared(rows(2)), pipe(rows(2)))
         assert shared._serving is pipe.runner
     spinning = ort.SessionOptions()
@@ -262,7 +262,7 @@ def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
             "session.intra_op.allow_spinning") == "1"
         assert b._serving is spinning_pipe.runner
     with pipe.batcher(spinning=False) as b:  # coroutines' batches too on the spinning-off session
-        assert b._runner(True) is batches.own_runner(pipe, pipe.runner) is not pipe.runner
+        assert b._runner(True) is pipe.engine.batch_runner() is not pipe.runner
     with pytest.raises(fastseq.InputError, match="spinning must be None"):
         pipe.batcher(spinning=True)
     with pytest.raises(fastseq.InputError, match="share_session must be True or False"):
@@ -305,9 +305,9 @@ def test_a_batcher_of_coroutines_alone_never_makes_a_second_session():
 
         for k, got in enumerate(asyncio.run(coroutines())):
             same(got, pipe(rows(k + 1)))
-        assert getattr(pipe, "_batch_runner", None) is None
+        assert pipe.engine._batch is None  # no second session yet
         same(b(rows(2)), pipe(rows(2)))
-        assert pipe._batch_runner[1].session is not pipe.get_session()
+        assert pipe.engine.batch_runner().session is not pipe.get_session()
 
 
 def test_a_pipeline_that_made_a_batcher_is_freed_with_its_sessions():

@@ -72,7 +72,7 @@ def test_a_source_rewritten_in_place_changes_nothing_in_a_built_pipeline(tmp_pat
     assert written.SerializeToString() == onnx.ModelProto.FromString(before).SerializeToString()
     pipe.export(tmp_path / "ext.onnx", external_data=True)
     np.testing.assert_array_equal(run_file(tmp_path / "ext.onnx", x), expected)
-    pipe._composed.check_sources()  # nothing it reads can change
+    pipe.engine.composed.check_sources()  # nothing it reads can change
 
 
 @pytest.mark.parametrize("rewrite", ["emptied", "same size"])

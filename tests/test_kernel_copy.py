@@ -96,7 +96,7 @@ def test_weights_are_copied_once_by_the_kernel_and_the_pipeline_maps_them(tmp_pa
 
 
 def test_weights_only_in_memory_are_written_once(tmp_path, monkeypatch):
-    monkeypatch.setattr("fastseq.runtime.runnable.SPILL_MIN", 1 << 20)
+    monkeypatch.setattr("fastseq.runtime.engine.SPILL_MIN", 1 << 20)
     models = [matmul_model(k) for k in range(2)]
     pipe = fastseq.ONNXSequential(*models, session_cache=False)
     assert pipe.session_info["copied"] == 0
@@ -112,7 +112,7 @@ def test_a_hit_loads_the_entry_beside_the_copy_unless_weights_in_memory_are_let_
     import threading
     import time
 
-    monkeypatch.setattr("fastseq.runtime.runnable.SPILL_MIN", 1 << 20)
+    monkeypatch.setattr("fastseq.runtime.engine.SPILL_MIN", 1 << 20)
     real_session, real_of, seen = session.new_session, session.PrivateCopy.of, []
 
     def recorded(path, options, providers, optimise=True, *args):
@@ -135,7 +135,7 @@ def test_a_hit_loads_the_entry_beside_the_copy_unless_weights_in_memory_are_let_
         pipe = fastseq.ONNXSequential(*sources, session_cache=cache)
         assert pipe.session_info["cache"] == "hit" and pipe.session_info["spilled"] == 2 * DIM * DIM * 4
         assert seen == [beside]
-        assert _core.memory_bytes([pipe._composed]) < 1 << 16  # the weights are the copy's, mapped
+        assert _core.memory_bytes([pipe.engine.composed]) < 1 << 16  # the weights are the copy's, mapped
         np.testing.assert_allclose(pipe(X)[0], reference(models, X), rtol=1e-5, atol=1e-6)
 
 
@@ -157,7 +157,7 @@ def test_sources_changed_after_a_build_change_nothing(tmp_path, change, external
     np.testing.assert_array_equal(out.run(None, {"x": X})[0], expected)
     np.testing.assert_array_equal(pipe.as_cpu()(X)[0], expected)
     assert onnx.ModelProto.FromString(pipe.combine().SerializeToString()) == onnx.ModelProto.FromString(before)
-    pipe._composed.check_sources()  # it refers to no source file any more
+    pipe.engine.composed.check_sources()  # it refers to no source file any more
 
 
 @pytest.mark.parametrize("change", list(CHANGES))

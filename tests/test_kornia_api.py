@@ -300,14 +300,14 @@ def test_as_methods_pass_provider_options(monkeypatch):
     assert seen[-1] == [("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})]
     with pytest.warns(RuntimeWarning) if "CUDAExecutionProvider" not in ort.get_available_providers() else _nothing():
         pipe.as_cuda(0, gpu_mem_limit=1 << 30)
-    assert pipe._providers == [("CUDAExecutionProvider", {"device_id": 0, "gpu_mem_limit": 1 << 30}),
+    assert pipe.engine.requested_providers == [("CUDAExecutionProvider", {"device_id": 0, "gpu_mem_limit": 1 << 30}),
                                "CPUExecutionProvider"]
     with pytest.warns(RuntimeWarning) if "TensorrtExecutionProvider" not in ort.get_available_providers() else _nothing():
         pipe.as_tensorrt(1, trt_fp16_enable=True)
-    assert pipe._providers[0] == ("TensorrtExecutionProvider", {"device_id": 1, "trt_fp16_enable": True})
+    assert pipe.engine.requested_providers[0] == ("TensorrtExecutionProvider", {"device_id": 1, "trt_fp16_enable": True})
     with pytest.warns(RuntimeWarning):
         pipe.as_openvino("CPU", precision="FP32")
-    assert pipe._providers[0] == ("OpenVINOExecutionProvider", {"device_type": "CPU", "precision": "FP32"})
+    assert pipe.engine.requested_providers[0] == ("OpenVINOExecutionProvider", {"device_type": "CPU", "precision": "FP32"})
     np.testing.assert_allclose(pipe(X)[0], np.maximum(2 * X, 0))
 
 
@@ -499,11 +499,11 @@ def test_written_size_is_exact_inline_and_with_external_data(tmp_path):
     from fastseq import _core
 
     pipe = fastseq.ONNXSequential(scale_model(2.0, shape=(2, 4096)), constant_model(4096))
-    inline = pipe._composed.save(str(tmp_path / "i.onnx"), external_data=False)
+    inline = pipe.engine.composed.save(str(tmp_path / "i.onnx"), external_data=False)
     # As written: with the stage map in its metadata.
-    assert inline.model_bytes == (tmp_path / "i.onnx").stat().st_size == pipe._composed.for_file().encoded_len()
+    assert inline.model_bytes == (tmp_path / "i.onnx").stat().st_size == pipe.engine.composed.for_file().encoded_len()
     assert (inline.data_bytes, inline.data_files) == (0, [])
-    ext = pipe._composed.save(str(tmp_path / "e.onnx"), external_data=True)
+    ext = pipe.engine.composed.save(str(tmp_path / "e.onnx"), external_data=True)
     assert ext.model_bytes == (tmp_path / "e.onnx").stat().st_size
     assert ext.data_files == [_core.LAYOUT.data_file("e.onnx")] == ["e.onnx.data"]
     assert ext.data_bytes == (tmp_path / ext.data_files[0]).stat().st_size

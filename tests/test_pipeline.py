@@ -525,7 +525,7 @@ def test_the_drawing_shows_exactly_the_inputs_and_outputs_the_model_has(case):
             ),
             "adapter": lambda: fastseq.Pipeline({"res": RESIDUAL, "twice": double_model()}, ["res.12 -> twice.x"], adapt=True),
         }[case]()
-    model = onnx.ModelProto.FromString(pipe._composed.to_bytes())
+    model = onnx.ModelProto.FromString(pipe.engine.composed.to_bytes())
     drawn_inputs, drawn_outputs = drawn_ports(pipe.to_dot())
     assert [name for name, _ in drawn_inputs] == [i.name for i in model.graph.input] == [i.name for i in pipe.inputs]
     assert [name for name, *_ in drawn_outputs] == [o.name for o in model.graph.output] == [o.name for o in pipe.outputs]

@@ -223,7 +223,7 @@ def test_a_function_attribute_reference_is_followed():
     for axis, mixes in ((1, False), (0, True)):
         m = x_to_y(node("Norm", ["x"], ["y"], "call", domain="local", axis=axis), functions=[body],
                    extra_opsets=[helper.make_opsetid("local", 1)])
-        assert bool(fastseq.ONNXSequential(m)._composed.row_mixing()) is mixes
+        assert bool(fastseq.ONNXSequential(m).engine.composed.row_mixing()) is mixes
 
 
 # --- row-wise pipelines, batched ---------------------------------------------------------------------

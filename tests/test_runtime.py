@@ -503,7 +503,7 @@ def test_spilled_pipeline_computes_exports_and_combines_as_before(tmp_path, monk
 def test_a_temporary_folder_in_memory_is_mapped_too(tmp_path, monkeypatch):
     """On a tmpfs the session's copy is memory already (ONNX Runtime maps it): the pipeline
     maps the same file rather than hold a second copy of the weights."""
-    monkeypatch.setattr("fastseq.runtime.runnable.SPILL_MIN", 1 << 20)
+    monkeypatch.setattr("fastseq.runtime.engine.SPILL_MIN", 1 << 20)
     with tmpfs(tmp_path / "mem", "64m") as mem:
         monkeypatch.setattr("tempfile.tempdir", str(mem))
         pipe = fastseq.ONNXSequential(*[onnx.load(p) for p in matmul_files(tmp_path)], session_cache=False)
@@ -516,8 +516,8 @@ def test_a_temporary_folder_in_memory_is_mapped_too(tmp_path, monkeypatch):
 SPILL_RSS = """
 import sys
 import numpy as np
-import fastseq, fastseq.runtime.runnable
-fastseq.runtime.runnable.SPILL_MIN = 1 << 40  # weights in memory stay there
+import fastseq, fastseq.runtime.engine
+fastseq.runtime.engine.SPILL_MIN = 1 << 40  # weights in memory stay there
 def anon():
     return next(int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("RssAnon"))
 before = anon()
@@ -552,7 +552,7 @@ def test_added_metadata_keeps_where_names_come_from(tmp_path):
     """Runtime errors are translated through the composed model's origins: a model with
     metadata added must keep them."""
     pipe = fastseq.ONNXSequential(*chain(tmp_path))
-    before = pipe._composed.origins()
+    before = pipe.engine.composed.origins()
     assert before[1], "the chain renamed its clashing names"
     pipe.add_metadata([("owner", "vision")])
-    assert pipe._composed.origins() == before
+    assert pipe.engine.composed.origins() == before

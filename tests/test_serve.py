@@ -143,7 +143,7 @@ def test_profile_stage_names_from_a_pipeline_file(tmp_path):
 def test_profile_of_a_chain_names_its_models_and_counts_adapters_between_stages():
     seq = fastseq.ONNXSequential(matmuls(2, seed=3), matmuls(3, seed=4))
     p = seq.profile(rows(2), runs=2, warmup=1)
-    assert [(s.name, s.nodes) for s in p.stages] == [(seq._labels[0], 2), (seq._labels[1], 3)]
+    assert [(s.name, s.nodes) for s in p.stages] == [(seq.engine.labels[0], 2), (seq.engine.labels[1], 3)]
     # An adapter the merge inserts between stages (here a Cast) belongs to no stage.
     as_double = helper.make_model(
         helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "d",

@@ -343,7 +343,7 @@ def test_a_hit_takes_its_own_copy_and_changed_sources_are_a_new_key(tmp_path):
     assert pipe.model_bytes == before
     np.testing.assert_allclose(pipe.as_cpu()(x)[0], np.maximum(2 * x, 0))  # a new session, from its copy
     assert pipe.session_info["cache"] == "hit"
-    pipe._composed.check_sources()  # it refers to no source file any more
+    pipe.engine.composed.check_sources()  # it refers to no source file any more
     again = start(source, cache)
     assert again.session_info["cache"] == "stored"
     np.testing.assert_allclose(again(x)[0], np.maximum(3 * x, 0))
@@ -597,7 +597,7 @@ def test_the_cache_and_its_limit_travel_with_a_pickled_pipeline(tmp_path):
     cache = fastseq.SessionCache(tmp_path / "cache", max_size="100M")
     pipe = start(model_file(tmp_path, 2.0), cache)
     clone = pickle.loads(pickle.dumps(pipe))
-    assert clone.session_info["cache"] == "hit" and clone._cache == cache
+    assert clone.session_info["cache"] == "hit" and clone.portable()["session_cache"] == cache
     np.testing.assert_allclose(clone(X)[0], expected(2.0))
     assert repr(cache) == f"SessionCache({str(cache.path)!r}, max_size='100.0 MB')"
     with pytest.raises(fastseq.FastseqError, match="expected a size"):

@@ -6,6 +6,7 @@ use its public interface only (the batcher, IO binding, profiles and Ray reached
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,13 @@ def test_nothing_outside_the_runner_uses_its_private_members():
     assert not foreign_reads(private, home)
 
 
-def test_nothing_outside_the_runnable_reaches_for_its_runner():
-    """``pipe._runner`` was read by the batcher; ``pipe.runner`` is the public way."""
+def test_nothing_outside_the_runnable_reaches_for_its_engine():
+    """``pipe._runner`` was read by the batcher, ``pipe._session_options``, ``pipe._runner_for``
+    and ``pipe._batch_runner`` by the batches; ``pipe.engine`` (the Engine contract) is the
+    public way."""
     home = PACKAGE / "runtime" / "runnable.py"
-    assert "_runner" in private_members(home, "Runnable")
-    assert not foreign_reads({"_runner"}, home)
+    assert "_engine" in private_members(home, "Runnable")
+    assert not foreign_reads({"_engine"}, home)
 
 
 def test_the_reader_finds_a_foreign_read(tmp_path):
@@ -80,3 +83,36 @@ def test_the_reader_finds_a_foreign_read(tmp_path):
     probe.write_text("class B:\n    def f(self):\n        return self._pipe._runner.run(self._runner)\n")
     home = PACKAGE / "runtime" / "runnable.py"
     assert foreign_reads({"_runner"}, home, [probe]) == ["probe.py:3 ._runner"]
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    """A class's private members (methods and attributes on ``self``) are read in its own
+    module only: what another module needs is public (the engine's contract, the runner's
+    interface)."""
+    defined: dict[Path, set[str]] = {}
+    for path in FILES:
+        tree = ast.parse(path.read_text())
+        defined[path] = set().union(*(private_members(path, c.name) for c in tree.body if isinstance(c, ast.ClassDef)))
+    found = []
+    for path in FILES:
+        others = set().union(*(names for p, names in defined.items() if p != path)) - defined[path]
+        found += [
+            f"{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr in others
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ]
+    assert not found, found
+
+
+def test_onnx_runtimes_private_api_is_reached_in_one_place():
+    """``InferenceSession._sess`` and ``IOBinding._iobinding`` (the compiled session and
+    binding, without the public methods' per-call checks) only in the runner's seam
+    (``compiled_calls``, ``compiled_binding_run``), tested with and without them in
+    tests/runtime/test_runner.py."""
+    private = re.compile(r"\b(_sess|_iobinding)\b")
+    users = [str(p.relative_to(PACKAGE)) for p in FILES if private.search(p.read_text())]
+    assert users == ["runtime/runner.py"]
+    text = (PACKAGE / "runtime" / "runner.py").read_text()
+    seam = text[text.index("# --- the seam"):text.index("class Runner")]
+    assert len(private.findall(text)) == len(private.findall(seam)) >= 2

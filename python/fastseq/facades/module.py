@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import onnxruntime as ort
 
 from fastseq.sources import resolve as loader
+from fastseq.runtime.engine import SessionEngine
 from fastseq.runtime.providers import Provider
 from fastseq.facades.base import Facade, build_cached
 from fastseq.graph.build import build
@@ -65,10 +66,10 @@ class ONNXModule(Facade):
             entry="sequential",
         )
         built = build_cached(spec, None)
-        self._composed, self._labels = built.composed, built.labels
-        self._described = built.described  # what a session-cache entry records
-        del built  # only the module holds the model now, so that it can be spilled
-        self._start(providers, session_options)
+        # described: what a session-cache entry records of the stages
+        self._engine = SessionEngine(built.composed, built.labels, described=built.described)
+        del built  # only the engine holds the model now, so that it can be spilled
+        self._engine.start(providers, session_options)
 
     @property
     def op(self) -> onnx.ModelProto:

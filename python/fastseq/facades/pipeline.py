@@ -15,6 +15,7 @@ from fastseq.graph.build import build
 from fastseq.graph.options import session_options, session_options_dict
 from fastseq.graph.parts import Edge
 from fastseq.graph.spec import PipelineSpec
+from fastseq.runtime.engine import SessionEngine
 
 if TYPE_CHECKING:
     from fastseq.runtime.cache import SessionCache
@@ -114,17 +115,17 @@ class Pipeline(Facade):
     def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
         built = build_cached(spec, session_cache)
         self.spec = spec
-        self._composed, self._labels = built.composed, built.labels
-        self._described = built.described  # what a session-cache entry records
+        # described: what a session-cache entry records of the stages
+        self._engine = SessionEngine(built.composed, built.labels, described=built.described)
         self._plan, self._sources, self._report = built.plan, built.sources, built.report
-        del built  # only the pipeline holds the model now, so that it can be spilled
-        self._start(spec.providers, session_options(spec.session_options), session_cache)
+        del built  # only the engine holds the model now, so that it can be spilled
+        self._engine.start(spec.providers, session_options(spec.session_options), session_cache)
 
     # --- what was built -----------------------------------------------------------------
     @property
     def stages(self) -> list[str]:
         """The stage names in graph (topological) order."""
-        return list(self._labels)
+        return self._engine.labels
 
     @property
     def edges(self) -> list[Edge]:
@@ -157,7 +158,7 @@ class Pipeline(Facade):
         return self.to_svg() if drawing.have_dot() else None
 
     def _title(self) -> str:
-        return f"stages {', '.join(self._labels)}; {len(self._plan['edges'])} edges"
+        return f"stages {', '.join(self._engine.labels)}; {len(self._plan['edges'])} edges"
 
     # Pickling: the composed model (Runnable's) plus the description and the core's plan.
     def __getstate__(self) -> dict[str, Any]:
@@ -173,4 +174,4 @@ class Pipeline(Facade):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.spec, self._plan, self._report = state["spec"], state["plan"], state["report"]
         self._sources = state["sources"]
-        self._restore(state, session_options(self.spec.session_options))
+        self._engine = SessionEngine.from_portable(state, session_options(self.spec.session_options))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import onnxruntime as ort
 
 from fastseq.sources import resolve as loader
+from fastseq.runtime.engine import SessionEngine
 from fastseq.runtime.providers import Provider
 from fastseq.errors import CompositionError
 from fastseq.facades.base import Facade, build_cached
@@ -127,14 +128,13 @@ class ONNXSequential(Facade):
             adapt=adapt if isinstance(adapt, bool) else list(adapt),
         )
         built = build_cached(spec, session_cache)
-        self._composed, self._labels = built.composed, built.labels
-        self._described = built.described  # what a session-cache entry records
-        # The loaded models share their weights with the composed one: combine() composes
-        # them again without reading or downloading anything.
-        self._stages = built.stages
+        # The loaded models (stages) share their weights with the composed one: combine()
+        # composes them again without reading or downloading anything. described: what a
+        # session-cache entry records of the stages.
+        self._engine = SessionEngine(built.composed, built.labels, stages=built.stages, described=built.described)
         self._spec = spec
-        del built  # only the pipeline holds the models now, so that they can be spilled
-        self._start(providers, session_options, session_cache)
+        del built  # only the engine holds the models now, so that they can be spilled
+        self._engine.start(providers, session_options, session_cache)
 
     def combine(self, io_maps: Sequence[Sequence[tuple[str, str]]] | None = None) -> onnx.ModelProto:
         """Composes the pipeline's models again with ``io_maps`` (same forms as the
@@ -165,7 +165,7 @@ class ONNXSequential(Facade):
         return [onnx.ModelProto.FromString(s.to_bytes()) for s in self._held_stages("list them")]
 
     def _held_stages(self, what: str) -> list:
-        stages = getattr(self, "_stages", None)
+        stages = self._engine.stages
         if stages is None:
             raise CompositionError(
                 f"this pipeline was unpickled: it carries its composed model but not the models it was built "
@@ -179,4 +179,4 @@ class ONNXSequential(Facade):
         ``per_channel``, ``format``) and returns what was written."""
         from fastseq.integrations import quantize
 
-        return quantize.quantize_composed(self._composed, path, " -> ".join(self._labels), **options)
+        return quantize.quantize_composed(self._engine.composed, path, " -> ".join(self._engine.labels), **options)

@@ -33,6 +33,7 @@ from fastseq.graph.options import session_options, session_options_dict
 from fastseq.integrations.ray_columns import as_columns, batch_len, check_schema, map_hint, routes, run_rows, stack
 from fastseq.runtime.options import default_options
 from fastseq.runtime.providers import provider_name
+from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.runtime.runnable import Runnable
 
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -56,18 +57,19 @@ class Shipment:
     origins: Any = None
 
 
-def _shipment(pipe: Runnable, put: Any) -> Shipment:
+def _shipment(pipe: Engine | Pipelined, put: Any) -> Shipment:
     """A pipeline's shipment, its model bytes passed through ``put`` (``ray.put`` in the
-    driver): everything fastseq.ray reads from a pipeline, through the runtime's
-    :meth:`~fastseq.runtime.runnable.Runnable.portable`."""
-    portable = pipe.portable()
+    driver): everything fastseq.ray reads from a pipeline, through its engine's
+    :meth:`~fastseq.runtime.engine.Engine.portable`."""
+    engine = engine_of(pipe)
+    portable = engine.portable()
     labels = tuple(portable["labels"])
     return Shipment(
         put(portable["model"]),
         list(portable["providers"]) if portable["providers"] else None,
         portable["session_options"],
-        tuple(pipe.inputs),
-        tuple(pipe.outputs),
+        tuple(engine.inputs),
+        tuple(engine.outputs),
         label=" -> ".join(labels) if labels else type(pipe).__name__,
         labels=labels,
         origins=portable["origins"],
@@ -291,7 +293,7 @@ def local_object_store() -> int:
 
 
 def run_dataset(
-    pipe: Any,
+    pipe: Engine | Pipelined,
     source: str | os.PathLike[str],
     output: str | os.PathLike[str],
     address: str | None = None,
@@ -305,6 +307,7 @@ def run_dataset(
     Returns the rows written."""
     import ray.data
 
+    engine = engine_of(pipe)
     # Absolute: tasks on a running cluster do not share this process's working directory.
     src = Path(source).expanduser().resolve()
     shown, output = output, Path(output).expanduser().resolve()
@@ -317,23 +320,23 @@ def run_dataset(
             ray.init(object_store_memory=local_object_store(), log_to_driver=False)
     input_columns = None
     if src.is_dir() and any(src.glob("*.npy")):
-        if len(pipe.inputs) != 1:
+        if len(engine.inputs) != 1:
             raise InputError(
-                f"the pipeline has {len(pipe.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
+                f"the pipeline has {len(engine.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
                 "with a column per input)"
             )
         ds = ray.data.read_numpy(str(src), include_paths=True)
-        input_columns = {pipe.inputs[0].name: "data"}  # read_numpy's column
+        input_columns = {engine.inputs[0].name: "data"}  # read_numpy's column
     else:
         ds = ray.data.read_parquet(str(src))
     if concurrency is None:
         # Leave a CPU to the read and write tasks: actors holding every CPU starve them and
         # Ray Data then waits forever.
         concurrency = max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)
-    fed = [(input_columns or {}).get(i.name, i.name) for i in pipe.inputs]
+    fed = [(input_columns or {}).get(i.name, i.name) for i in engine.inputs]
     try:
         out = map_batches(
-            pipe,
+            engine,
             ds,
             input_columns=input_columns,
             compute=ray.data.ActorPoolStrategy(size=concurrency),

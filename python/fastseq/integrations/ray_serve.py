@@ -38,6 +38,7 @@ from fastseq import serving
 from fastseq.errors import CompositionError, InputError
 from fastseq.integrations.ray import Shipment, ship, unship
 from fastseq.runtime.batches import run_all
+from fastseq.runtime.engine import Engine, Pipelined, engine_of
 
 #: the replicas' sessions run without ONNX Runtime's spinning, as ``fastseq serve``'s
 SPINNING = {"session.intra_op.allow_spinning": "0"}
@@ -101,15 +102,16 @@ def _replica(batching: str, max_batch_size: int, max_delay_ms: float) -> type:
     return FastseqReplica
 
 
-def _ray_batched(pipe: Any, row_independent: bool, max_batch_size: int, max_delay_ms: float) -> Any:
+def _ray_batched(pipe: Engine | Pipelined, row_independent: bool, max_batch_size: int, max_delay_ms: float) -> Any:
     """A coroutine function of one request's feeds, batched by Ray Serve; None where the
     pipeline's rows may mix (it is served request by request)."""
+    engine = engine_of(pipe)
     if not row_independent:
         try:
-            pipe.check_rows()
+            engine.check_rows()
         except CompositionError:
             return None
-    runner = pipe.runner
+    runner = engine.runner
 
     @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=max_delay_ms / 1000)
     async def batched(requests: list[dict]) -> list[Any]:

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError, RunError
-from fastseq.runtime.batches import Request, deliver, joinable, own_runner, run
+from fastseq.runtime.batches import Request, deliver, joinable, run
+from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.runtime.inputs import InputCheck
 from fastseq.runtime.runner import Runner
 
@@ -96,7 +97,7 @@ class Batcher:
 
     def __init__(
         self,
-        pipe: Any,
+        pipe: Engine | Pipelined,
         max_batch_size: int = 32,
         max_delay_ms: float = 0.0,
         *,
@@ -111,7 +112,8 @@ class Batcher:
                 raise InputError(f"{name} must be True or False, got {flag!r}")
         if spinning not in (None, False):
             raise InputError(f"spinning must be None (the batcher chooses) or False, got {spinning!r}")
-        batchable(pipe, row_independent)
+        engine = engine_of(pipe)
+        batchable(engine, row_independent)
         self.max_batch_size = int(max_batch_size)
         self.max_delay_ms = float(max_delay_ms)
         self.row_independent = row_independent
@@ -120,7 +122,7 @@ class Batcher:
         self._delay = self.max_delay_ms / 1000
         self._on_batch = on_batch
         self._stamp = bool(self._delay or on_batch)  # requests note when they were queued
-        self._pipe = pipe
+        self._engine = engine
         # The queue and the worker's state, under _lock (a plain lock: a C call on the hot
         # paths). The worker sleeps on _wake (held while it does not), which the first
         # caller to find it sleeping releases once.
@@ -186,7 +188,7 @@ class Batcher:
 
     def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> Request:
         """The request, checked in its caller, with the key of the batches it may join."""
-        runner = self._pipe.runner
+        runner = self._engine.runner
         one = self._one
         if one[0] is not runner.checks:  # the pipeline's runner of the moment (as_cuda and the like switch it)
             one = self._one = _one_input(runner)
@@ -251,10 +253,9 @@ class Batcher:
         the rows/s of coroutines on the spinning-off session). A batch with threads runs on
         the batchers' own session, made with the first such batch: a batcher of coroutines
         alone never holds the weights twice."""
-        base = self._pipe.runner
         if self.share_session or (coroutines_only and self.spinning is None):
-            return base
-        return own_runner(self._pipe, base)
+            return self._engine.runner
+        return self._engine.batch_runner()
 
     @property
     def _serving(self) -> Runner:
@@ -384,13 +385,13 @@ def _check_settings(max_batch_size: Any, max_delay_ms: Any) -> None:
         )
 
 
-def batchable(pipe: Any, row_independent: bool = False) -> None:
-    """Whether requests to ``pipe`` may be joined along their first axis (the batcher's rule,
-    and the network server's): a CompositionError saying why not. ``row_independent``
-    skips the core's check that no node mixes rows."""
+def batchable(engine: Engine, row_independent: bool = False) -> None:
+    """Whether requests to ``engine``'s pipeline may be joined along their first axis (the
+    batcher's rule, and the network server's): a CompositionError saying why not.
+    ``row_independent`` skips the core's check that no node mixes rows."""
     if not row_independent:  # the core's verdict first: it names the node at fault
-        pipe.check_rows()
-    _check_batch_axis(pipe.runner)
+        engine.check_rows()
+    _check_batch_axis(engine.runner)
 
 
 def _check_batch_axis(runner: Runner) -> None:

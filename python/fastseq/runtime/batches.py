@@ -1,8 +1,8 @@
 """A batch of requests: each caller's checked feeds and answer (``Request``), a batch joined
 along the batch axis, run once (a joint run that fails run again per request, so that only
 a failing request's caller gets an error), split into each caller's rows, and delivered (a
-thread woken, a loop called back); and the batchers' own session on the CPU. What
-:class:`fastseq.Batcher`'s worker does with each batch it takes."""
+thread woken, a loop called back). What :class:`fastseq.Batcher`'s worker does with each
+batch it takes (on the runner its engine gives it: :mod:`fastseq.runtime.engine`)."""
 
 from __future__ import annotations
 
@@ -110,49 +110,6 @@ def run_all(runner: Runner, feeds: list[dict[str, Any]], max_rows: int) -> list[
 
 
 # --- running a batch (on the worker) -----------------------------------------------------------
-#: Guards each pipeline's ``_batch_runner``: its runner of the moment and the batchers' runner
-#: for it (made once, shared by the pipeline's batchers). Kept on the pipeline, not in a weak
-#: mapping keyed by it: the runners refer back to the pipeline, so the mapping's value would
-#: keep its key, and the pipeline and its second session, alive for ever.
-_OWN_LOCK = threading.Lock()
-
-
-def own_runner(pipe: Any, base: Runner) -> Runner:
-    """A runner over a session of the batchers' own, on the CPU: the pipeline's options with
-    ONNX Runtime's spinning off. Between the parallel parts of a run, spinning pool threads
-    busy-wait on the cores that the callers' Python needs while the worker runs a batch; off,
-    the batcher measured 1.4-2.5x the rows/s on two cores (benches/bench_serve.py). Elsewhere
-    (a GPU) the pipeline's session, which a second one would hold the weights twice beside.
-    Made once per pipeline session and kept with the pipeline for its later batchers."""
-    with _OWN_LOCK:
-        known = getattr(pipe, "_batch_runner", None)
-        if known is not None and known[0] is base:
-            return known[1]
-        own = _new_own_runner(pipe, base)
-        pipe._batch_runner = (base, own)
-        return own
-
-
-def _new_own_runner(pipe: Any, base: Runner) -> Runner:
-    from fastseq.runtime.options import session_copy
-
-    session = base.session
-    providers = session.get_providers()
-    if providers != ["CPUExecutionProvider"]:
-        return base
-    # The pipeline's own options (the caller's), not the session's: those may hold what the
-    # session cache set for that one session (the optimised model's file), which a caller's
-    # options may not name. The runner checks and names errors as the pipeline's own does.
-    options = session_copy(pipe._session_options)
-    key = "session.intra_op.allow_spinning"
-    try:
-        options.get_session_config_entry(key)  # the caller's own choice stands: that session is the pipeline's own
-        return base
-    except RuntimeError:  # onnxruntime raises for an entry that was never set
-        options.add_session_config_entry(key, "0")
-    return pipe._runner_for(pipe.create_session(providers, options))
-
-
 def run(runner: Runner, requests: list[Request]) -> None:
     """Runs the requests as one batch; sets each one's answer. A joint run that fails is run
     again for each request alone: only a failing request's caller gets an error."""

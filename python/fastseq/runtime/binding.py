@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from fastseq.errors import InputError, RunError
 from fastseq.runtime.inputs import accepts, converts, dtype_refused
-from fastseq.runtime.runner import Runner
+from fastseq.runtime.runner import Runner, compiled_binding_run
 
 _OUTPUT_KINDS = ("numpy", "torch", "ortvalue")
 
@@ -143,8 +143,7 @@ class Binding:
         self._runner = runner
         self._session = runner.session
         self._iob = self._session.io_binding()
-        self._c_iob = getattr(self._iob, "_iobinding", self._iob)
-        self._c_run = getattr(self._session, "_sess", None)
+        self._run_bound = compiled_binding_run(self._session, self._iob)
         self._kind = outputs
         # The caller's run options are used as they are (fastseq sets nothing on them).
         self._run_options = run_options if run_options is not None else runner.quiet
@@ -241,10 +240,7 @@ class Binding:
         if self._signature is None:
             self._prepare_outputs()
         try:
-            if self._c_run is not None:
-                self._c_run.run_with_iobinding(self._c_iob, self._run_options)
-            else:
-                self._session.run_with_iobinding(self._iob, self._run_options)
+            self._run_bound(self._run_options)
         except Exception as e:
             explained = self._runner.explain(e)
             if explained is e:

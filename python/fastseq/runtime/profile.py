@@ -17,17 +17,18 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import onnxruntime as ort
 
 from fastseq import _core
 from fastseq.errors import InputError, RunError
-from fastseq.runtime.options import session_copy
 from fastseq.runtime.session import on_copy
+
+if TYPE_CHECKING:
+    from fastseq.runtime.engine import Engine
 
 #: ONNX Runtime's profiler stops recording after this many events (``max_num_events_``).
 MAX_EVENTS = 1_000_000
@@ -135,34 +136,32 @@ class Profile:
         return "\n".join(lines)
 
 
-def measure(
-    new_session: Callable[[ort.SessionOptions], ort.InferenceSession],
-    session_options: ort.SessionOptions | None,
-    feeds: Mapping[str, np.ndarray],
-    composed: Callable[[], _core.Composed],
-    runs: int,
-    warmup: int,
-) -> Profile:
-    """Profiles ``runs`` runs on ``feeds`` (after ``warmup`` ones) on a session that
-    ``new_session`` makes with ``session_options`` plus profiling; ``composed`` gives the
-    model whose origins map the nodes back (read once the session exists)."""
+def measure(engine: Engine, feeds: Mapping[str, np.ndarray], runs: int, warmup: int) -> Profile:
+    """Profiles ``runs`` runs on ``feeds`` (after ``warmup`` ones) on a session that the
+    ``engine`` opens on a copy of its session options with profiling on; the engine's
+    composed model maps the nodes back (read once the session exists: it may be spilled)."""
     check_runs(runs, warmup)
     folder = tempfile.mkdtemp(prefix="fastseq-profile-")
     # Profiling is switched on in a copy of the pipeline's options: the caller's are theirs,
     # and profiles from several threads never share a file prefix.
-    options = session_copy(session_options)
+    options = engine.session_options()
     options.enable_profiling, options.profile_file_prefix = True, os.path.join(folder, "profile")
     try:
         start = time.perf_counter()
-        session = on_copy(lambda: new_session(options))
+        session = on_copy(lambda: engine.open_session(options))
         session_s = time.perf_counter() - start
-        graph = _Graph(composed())
+        graph = _Graph(engine.composed)
         # Past ONNX Runtime's event limit the last runs would go unrecorded: fewer runs.
         per_run = graph.size + 2
         runs = max(1, min(runs, MAX_EVENTS // per_run - warmup - 1))
         names = [o.name for o in session.get_outputs()]
-        for _ in range(warmup + runs):
-            session.run(names, dict(feeds))
+        try:
+            for _ in range(warmup + runs):
+                session.run(names, dict(feeds))
+        except Exception as e:
+            if type(e).__module__.startswith("onnxruntime"):
+                raise engine.runner.explain(e) from e
+            raise
         events = _read_events(session.end_profiling())
         providers = tuple(session.get_providers())
         del session

@@ -11,14 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
-from fastseq import _core
-from fastseq.errors import InputError, human_size
-from fastseq.runtime import session
+from fastseq.errors import human_size
+from fastseq.runtime.engine import SessionEngine
 from fastseq.runtime.options import check_log_level, run_copy
-from fastseq.runtime.private_copy import PrivateCopy
-from fastseq.runtime.providers import Provider, check_provider_options
+from fastseq.runtime.providers import Provider
 from fastseq.runtime.runner import Runner
-from fastseq.runtime.tensors import TensorInfo, unshaped
+from fastseq.runtime.tensors import TensorInfo
 from fastseq.runtime.timeouts import check_timeout, with_timeout
 
 if TYPE_CHECKING:
@@ -26,13 +24,7 @@ if TYPE_CHECKING:
 
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.binding import Binding
-    from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.profile import Profile
-
-
-#: Below this many bytes of weights in memory, a pipeline keeps them there rather than spill
-#: them (weights still in the source files are always moved onto the session's copy).
-SPILL_MIN = 32 << 20
 
 
 class Runnable:
@@ -43,65 +35,24 @@ class Runnable:
     ``model_bytes``, ``summary``, ``export``, ``add_metadata``, ``metadata``, ``len``) and
     pickling (the composed model and the providers travel; the session is rebuilt).
 
-    Subclasses build ``_composed`` (the core's model, weights as slices of the sources) and
-    ``_labels``, then call :meth:`_start`."""
+    The session's lifecycle is the pipeline's :attr:`engine`'s (a
+    :class:`~fastseq.runtime.engine.SessionEngine`): subclasses build one over the core's
+    model and call its ``start``."""
 
-    _composed: _core.Composed
-    _labels: list[str]
+    _engine: SessionEngine
 
-    def _start(
-        self,
-        providers: Sequence[Provider] | None,
-        session_options: ort.SessionOptions | None,
-        session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
-        origins: tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]] | None = None,
-    ) -> None:
-        """Starts the session. ``origins``: the core's origins of ``_composed`` where it no
-        longer has them (a model rebuilt from its bytes: pickling, :meth:`from_portable`)."""
-        from fastseq.runtime import cache
+    @property
+    def engine(self) -> SessionEngine:
+        """The pipeline's engine: its session's lifecycle, behind the contract
+        (:class:`~fastseq.runtime.engine.Engine`) that the batcher, the server, Ray and
+        profiles take."""
+        return self._engine
 
-        _caller_options(session_options)
-        self._origins = origins
-        self._providers = list(providers) if providers else None
-        self._session_options = session_options
-        self._cache = cache.root_from(session_cache)
-        self.session_info: dict[str, Any] = {}
-        self._runner = self._runner_for(self._new_session(providers, session_options, self.session_info))
-        check_provider_options(providers, self._runner.session)  # options a provider does not have
-
-    def _runner_for(self, new_session: ort.InferenceSession) -> Runner:
-        undeclared = unshaped(new_session.get_inputs(), new_session.get_outputs(), self._composed.stripped_bytes)
-        return Runner(new_session, explain=self._explain, reader=self._reader, unshaped=undeclared)
-
-    def _reader(self, name: str) -> str:
-        """Which stages read graph input ``name``, in their own names (from the core's plan;
-        nothing for a pipeline of one stage, or one rebuilt from its bytes)."""
-        plan = self._composed.plan()
-        if len(plan["stages"]) < 2:
-            return ""
-        readers = dict(plan["inputs"]).get(name) or []
-        return "read by " + ", ".join(f"stage {stage} as '{own}'" for stage, own in readers) if readers else ""
-
-    def _explain(self, error: Exception) -> Exception:
-        """An ONNX Runtime failure as a typed error in the stages' own names: any node or
-        tensor that ONNX Runtime names is traced to its stage through the core's origins."""
-        from fastseq.runtime.explain import explain, node_names
-
-        stages, renamed = self._stage_origins()
-        # The origins' stages: the pipeline's, or those of the stage map of a file it loaded.
-        labels = [label for label, _, _ in stages] if len(stages) > 1 else self._labels
-        return explain(
-            error, labels, renamed, [(first, end) for _, first, end in stages],
-            lambda: node_names(self._composed),
-        )
-
-    def _stage_origins(self) -> tuple[list[tuple[str, int, int]], dict[str, tuple[int, str]]]:
-        if self._origins is not None:
-            return self._origins
-        stages, renamed = self._composed.origins()
-        from fastseq.runtime.explain import adapter_origins
-
-        return stages, {**renamed, **adapter_origins(self._composed, stages)}
+    @property
+    def session_info(self) -> dict[str, Any]:
+        """How the session of the moment was made: ``cache`` ("hit", "stored" or None), the
+        cache entry's folder, the bytes ``copied`` and ``spilled``."""
+        return self._engine.session_info
 
     # --- sessions -------------------------------------------------------------------
     def create_session(
@@ -111,63 +62,18 @@ class Runnable:
     ) -> ort.InferenceSession:
         """A new session over the composed model (the pipeline's own is left as it is), from
         the session cache when the pipeline has one."""
-        _caller_options(session_options)
-        return self._new_session(providers, session_options, None)
-
-    def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
-        def adopt(copy: PrivateCopy) -> None:
-            spilled = self._take_spilled(copy)
-            if info is not None:
-                info["copied"] = copy.info.copied
-                if spilled:
-                    info["spilled"] = copy.info.mapped
-
-        try:
-            # The list is built in the call: no name here keeps the models it replaces alive.
-            if self._cache is not None:
-                return session.open_cached(
-                    [self._composed, *self._sharing()], SPILL_MIN, providers, session_options, self._cache,
-                    info if info is not None else {}, getattr(self, "_described", None) or self._labels, adopt,
-                )
-            with PrivateCopy.of([self._composed, *self._sharing()], SPILL_MIN) as copy:
-                adopt(copy)
-                return session.open_copy(copy, providers, session_options)
-        except Exception as e:
-            if type(e).__module__.startswith("onnxruntime"):
-                raise self._explain(e) from e
-            raise
-
-    def _sharing(self) -> list[_core.Composed]:
-        """The models besides ``_composed`` that share its memory (ONNXSequential's stages)."""
-        return getattr(self, "_stages", None) or []
-
-    def _take_spilled(self, copy: PrivateCopy) -> bool:
-        """Swaps in the copy's spilled copies of ``_composed`` and :meth:`_sharing`'s models,
-        which map the session's private copy instead of holding the sources' bytes or
-        pointing at the source files; returns whether it did. Done before ONNX Runtime reads
-        the copy: the weights then count once, not twice, while the session is built, not at
-        all afterwards until something reads them again (an export, a new session), and no
-        change to a source file reaches the pipeline."""
-        spilled = copy.take_spilled()
-        if spilled is None:
-            return False
-        self._composed, *stages = spilled
-        if stages:
-            self._stages = stages
-        return True
+        return self._engine.create_session(providers, session_options)
 
     def get_session(self) -> ort.InferenceSession:
         """The session that calls run on."""
-        return self._runner.session
+        return self._engine.runner.session
 
     def set_session(self, new_session: ort.InferenceSession) -> None:
         """Runs calls on ``new_session`` from now on (its inputs are read again)."""
-        self._runner = self._runner_for(new_session)
+        self._engine.set_session(new_session)
 
     def _switch(self, providers: list[Provider]) -> Runnable:
-        self._providers = providers
-        self.session_info = {}
-        self.set_session(self._new_session(providers, self._session_options, self.session_info))
+        self._engine.switch(providers)
         return self
 
     def as_cpu(self, **kwargs: Any) -> Runnable:
@@ -204,23 +110,23 @@ class Runnable:
         """The runner that calls go through at this moment (``as_cuda`` and the like replace
         it): the session, its inputs' checks, and calls checked on them. What the batcher
         calls, and what a tool beside the pipeline calls to run it as ``pipe(x)`` does."""
-        return self._runner
+        return self._engine.runner
 
     @property
     def providers(self) -> list[str]:
         """The providers the session runs with, in priority order."""
-        return self._runner.session.get_providers()
+        return self._engine.runner.session.get_providers()
 
     # --- calls ----------------------------------------------------------------------
     @property
     def inputs(self) -> list[TensorInfo]:
         """The graph inputs: name, dtype and shape."""
-        return list(self._runner.inputs)
+        return list(self._engine.runner.inputs)
 
     @property
     def outputs(self) -> list[TensorInfo]:
         """The graph outputs: name, dtype and shape."""
-        return list(self._runner.outputs)
+        return list(self._engine.runner.outputs)
 
     def __call__(self, *inputs: Any, **named: Any) -> list[np.ndarray]:
         """``pipe(x1, x2, ...)`` in the model's input order, or ``pipe(name=array, ...)``;
@@ -229,7 +135,7 @@ class Runnable:
         value (numpy's safe casts: int32 to int64, float16 to float32) converted, anything
         else an :class:`fastseq.InputError` naming the input; lists take the input's dtype
         unless a value would change; an input declared without a shape takes any shape."""
-        return self._runner.call(inputs, named)
+        return self._engine.runner.call(inputs, named)
 
     def run(
         self,
@@ -255,7 +161,7 @@ class Runnable:
         check_timeout(timeout)
         check_log_level(log_level)
         if timeout is None and log_level is None and tag is None:
-            return self._runner.run(feeds, output_names, run_options)
+            return self._engine.runner.run(feeds, output_names, run_options)
         # This call's settings go on run options of its own, a copy of the caller's: theirs
         # are never changed, and a timeout stops no other call that shares them.
         options = run_copy(run_options)
@@ -263,7 +169,7 @@ class Runnable:
             options.log_severity_level = log_level
         if tag is not None:
             options.logid = tag
-        return with_timeout(timeout, options, lambda: self._runner.run(feeds, output_names, options), run_options)
+        return with_timeout(timeout, options, lambda: self._engine.runner.run(feeds, output_names, options), run_options)
 
     async def run_async(
         self, *inputs: Any, timeout: float | None = None, run_options: ort.RunOptions | None = None, **named: Any
@@ -277,7 +183,7 @@ class Runnable:
         one too); ``timeout`` as in :meth:`run` (:class:`fastseq.RunTimeoutError`; one that
         is not a positive, finite number is an :class:`fastseq.InputError`)."""
         check_timeout(timeout)
-        runner = self._runner
+        runner = self._engine.runner
         return await runner.run_async(runner.feeds(inputs, named), runner.output_names(None), run_options, timeout)
 
     def batcher(self, max_batch_size: int = 32, max_delay_ms: float = 0.0, **options: Any) -> Batcher:
@@ -288,13 +194,11 @@ class Runnable:
         :class:`fastseq.Batcher`'s keywords (``row_independent``, ``share_session``, ``on_batch``)."""
         from fastseq.runtime.batcher import Batcher
 
-        return Batcher(self, max_batch_size, max_delay_ms, **options)
+        return Batcher(self._engine, max_batch_size, max_delay_ms, **options)
 
     def check_rows(self) -> None:
         """Raises :class:`fastseq.CompositionError` naming the stage and node if a batch's rows may mix (the core's verdict)."""
-        from fastseq.runtime.rows import check_rows
-        if findings := self._composed.row_mixing():  # the stages' names only for a finding to name
-            check_rows(findings, *self._stage_origins(), self._composed.inserted_nodes())
+        self._engine.check_rows()
 
     def profile(self, *inputs: Any, runs: int = 20, warmup: int = 3, **named: Any) -> Profile:
         """Where the time goes, per stage: ONNX Runtime's profiler on a profiling session of
@@ -308,16 +212,8 @@ class Runnable:
         from fastseq.runtime import profile
 
         profile.check_runs(runs, warmup)
-        feeds = self._runner.feeds(inputs, named)
-        try:
-            return profile.measure(
-                lambda options: self._new_session(self._providers, options, None),
-                self._session_options, feeds, lambda: self._composed, runs, warmup,
-            )
-        except Exception as e:
-            if type(e).__module__.startswith("onnxruntime"):
-                raise self._explain(e) from e
-            raise
+        feeds = self._engine.runner.feeds(inputs, named)
+        return profile.measure(self._engine, feeds, runs, warmup)
 
     def bind(
         self,
@@ -340,7 +236,7 @@ class Runnable:
         use raises RunError)."""
         from fastseq.runtime.binding import Binding
 
-        binding = Binding(self._runner, outputs, output_names, run_options)
+        binding = Binding(self._engine.runner, outputs, output_names, run_options)
         if inputs or named:
             binding.bind(*inputs, **named)
         return binding
@@ -349,7 +245,7 @@ class Runnable:
     @property
     def model_bytes(self) -> bytes:
         """The composed model, serialized (weights inline)."""
-        return self._composed.to_bytes()
+        return self._engine.composed.to_bytes()
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -361,7 +257,7 @@ class Runnable:
 
     def summary(self) -> dict[str, Any]:
         """Inputs, outputs, opsets, node and weight counts of the composed model."""
-        return self._composed.summary()
+        return self._engine.composed.summary()
 
     def export(
         self,
@@ -403,9 +299,10 @@ class Runnable:
             target = Path(file_path).expanduser()
             from fastseq.runtime.optimized import export_optimized
 
-            export_optimized(self._composed, target, self._providers, self._session_options)
+            engine = self._engine
+            export_optimized(engine.composed, target, engine.requested_providers, engine.session_options())
             return target
-        return export(self._composed, file_path, external_data, **kwargs)
+        return export(self._engine.composed, file_path, external_data, **kwargs)
 
     def add_metadata(self, additional_metadata: Sequence[tuple[str, Any]] | None = None) -> onnx.ModelProto:
         """Adds ``(key, value)`` pairs to the composed model's ``metadata_props``, as kornia's
@@ -419,22 +316,22 @@ class Runnable:
         2 GB, as kornia returns its model); the pipeline is the one to keep using."""
         from fastseq.graph.metadata import metadata_pairs
 
-        self._composed = self._composed.with_metadata(metadata_pairs(additional_metadata))
+        self._engine.add_metadata(metadata_pairs(additional_metadata))
         return self.model
 
     @property
     def metadata(self) -> dict[str, str]:
         """The composed model's ``metadata_props`` as a dict, in order."""
-        return dict(self._composed.metadata())
+        return dict(self._engine.composed.metadata())
 
     def __len__(self) -> int:
-        return len(self._labels)
+        return len(self._engine.labels)
 
     def _title(self) -> str:
-        return " -> ".join(self._labels)
+        return " -> ".join(self._engine.labels)
 
     def __repr__(self) -> str:
-        info = self._composed.summary()
+        info = self._engine.composed.summary()
         opsets = ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in info["opsets"])
         return (
             f"{type(self).__name__}({self._title()}; "
@@ -451,17 +348,7 @@ class Runnable:
         requested), ``session_options`` (a dict of their settings) and ``session_cache``
         (the cache, its folder and limit, or None). Change what the other side needs and
         pass it to :meth:`from_portable`."""
-        from fastseq.graph.options import session_options_dict
-
-        return {
-            "model": self._composed.to_bytes(),
-            "labels": list(self._labels),
-            "origins": self._stage_origins(),
-            "providers": self._providers,
-            # SessionOptions does not pickle: its settings travel as a dict
-            "session_options": session_options_dict(self._session_options),
-            "session_cache": self._cache,
-        }
+        return self._engine.portable()
 
     @staticmethod
     def from_portable(portable: Mapping[str, Any]) -> Runnable:
@@ -469,17 +356,8 @@ class Runnable:
         be the path of an exported model), its session started: calls, their checks and
         errors (in the stages' names), IO binding and export as in the original."""
         runnable = Runnable.__new__(Runnable)
-        runnable._restore(portable)
+        runnable._engine = SessionEngine.from_portable(portable)
         return runnable
-
-    def _restore(self, state: Mapping[str, Any], options: ort.SessionOptions | None = None) -> None:
-        from fastseq.graph.options import session_options
-
-        self._labels = list(state["labels"])
-        self._composed = _core.load_model(state["model"], " -> ".join(self._labels))
-        if options is None:
-            options = session_options(state.get("session_options") or None)
-        self._start(state.get("providers"), options, state.get("session_cache"), state.get("origins"))
 
     # Pickling keeps the composed model, its origins, the providers and the session cache (its
     # folder and limit); the session is rebuilt (from the cache, when there is one).
@@ -487,14 +365,5 @@ class Runnable:
         return self.portable()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._restore(state)
+        self._engine = SessionEngine.from_portable(state)
 
-
-def _caller_options(options: ort.SessionOptions | None) -> None:
-    """A caller's options never make ONNX Runtime write a file (SECURITY.md, "Files that ONNX
-    Runtime would write"); fastseq's own copies do (a cache entry, a profile)."""
-    from fastseq.graph.options import file_option
-
-    if found := file_option(options):
-        raise InputError(f"session_options.{found[0]}: fastseq writes files only through its own writer, and a "
-                         f"session may start many times (the session cache, pickling, Ray actors); use {found[1]}")

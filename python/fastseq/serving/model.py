@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from fastseq.errors import CompositionError, InputError
+from fastseq.runtime.batcher import Batcher, batchable
+from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.serving.datatypes import CONFIG_TYPES, DTYPES, datatype_of
 from fastseq.serving.protocol import Tensor
 
@@ -43,13 +45,14 @@ class ServedModel:
     ``run_with``, a coroutine function of the feeds, batches in the batcher's place (Ray
     Serve's ``@serve.batch``)."""
 
-    def __init__(self, name: str, pipe: Any, *, max_batch_size: int = 32, max_delay_ms: float = 0.0,
+    def __init__(self, name: str, pipe: Engine | Pipelined, *, max_batch_size: int = 32, max_delay_ms: float = 0.0,
                  row_independent: bool = False, on_batch: Callable[[int, list[float], float], None] | None = None,
                  run_with: Callable[[dict[str, np.ndarray]], Awaitable[list[np.ndarray]]] | None = None) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise InputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
         self.name, self.version, self.pipe = name, VERSION, pipe
-        runner = pipe.runner
+        self.engine = engine = engine_of(pipe)
+        runner = engine.runner
         session = runner.session
         self.inputs = _tensors(session.get_inputs(), runner.inputs, "input")
         self.outputs = _tensors(session.get_outputs(), runner.outputs, "output")
@@ -60,10 +63,8 @@ class ServedModel:
                               spinning=False, on_batch=on_batch)
         self.batched = False
         if run_with is None and max_batch_size > 1:
-            from fastseq.runtime.batcher import batchable
-
             try:
-                batchable(pipe, row_independent)
+                batchable(engine, row_independent)
                 self.batched = True
             except CompositionError as e:
                 log.warning("model '%s' is served request by request: %s", name, " ".join(str(e).split()))
@@ -103,7 +104,7 @@ class ServedModel:
         """The pipeline's batcher, made when first asked for (the ASGI app's path; the server
         in the core batches by itself); None where the model is not batched."""
         if self.batched and self._batcher is None:
-            self._batcher = self.pipe.batcher(**self._batching)
+            self._batcher = Batcher(self.engine, **self._batching)
         return self._batcher
 
     def spec(self) -> dict[str, Any]:
@@ -118,12 +119,9 @@ class ServedModel:
     def batch_run(self) -> Any:
         """What the core's server calls once a batch: the pipeline's runner (the batchers' own
         session of it, without spinning, where batched on the CPU)."""
-        from fastseq.runtime.batches import own_runner
         from fastseq.serving.runs import BatchRun
 
-        runner = self.pipe.runner
-        if self.batched:
-            runner = own_runner(self.pipe, runner)
+        runner = self.engine.batch_runner() if self.batched else self.engine.runner
         return BatchRun(runner, list(self.inputs.values()), list(self.outputs.values()))
 
     async def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -136,7 +134,7 @@ class ServedModel:
             if single is not None and single in feeds and len(feeds) == 1:
                 return await batcher.run_async(feeds[single])
             return await batcher.run_async(**feeds)
-        runner = self.pipe.runner  # feeds by name through the runner: an input may be named "timeout"
+        runner = self.engine.runner  # feeds by name through the runner: an input may be named "timeout"
         return await runner.run_async(runner.check_feeds(feeds), runner.output_names(None))
 
     def warm_up_feeds(self) -> dict[str, np.ndarray]:
