@@ -22,3 +22,8 @@ pub mod batching;
 pub mod protocol;
 pub mod service;
 pub mod transport;
+
+// prost-derive as the workspace patches it calls this module by this path for `string`
+// fields (protocol::grpc's messages): the core's, which keeps bytes that are not UTF-8.
+#[doc(hidden)]
+pub use fastseq::__prost_fidelity;
