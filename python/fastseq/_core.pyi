@@ -265,6 +265,52 @@ class Layout:
         """Tensors of at least this many bytes go to the data file."""
 
 
+@typing.final
+class Server:
+    """A running server."""
+
+    def drain(self) -> None:
+        """Stops taking requests; those open go on."""
+
+    def mark_ready(self) -> None:
+        """Ready without a warm-up run."""
+
+    @property
+    def open(self) -> int:
+        """Requests open now (arriving, queued or running)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    def shutdown(self, grace_s: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        """Drains, waits up to `grace_s` for the open requests, closes. True where all ended in time."""
+
+    def warm_up(self) -> None:
+        """Runs a row of zeros through each model, then marks the server ready; a RuntimeError
+        saying which model failed and why.
+        """
+
+
+@typing.final
+class TensorData:
+    """A tensor's bytes, read-only, as Python's buffer protocol hands them to numpy."""
+
+    def __len__(self) -> int: ...
+
+
+def start_server(
+    models: _typeshed.SupportsGetItem[int, tuple[dict, typing.Any]],
+    http_fd: typing.SupportsIndex,
+    grpc_fd: typing.SupportsIndex | None,
+    options: dict,
+    log: typing.Any,
+) -> Server:
+    """Serves `models` (pairs of a spec dict and an engine callable) on the listening socket
+    `http_fd` (and `grpc_fd`), both taken over; `options` as fastseq.serving sets them;
+    `log(error, line)` receives one line per failure.
+    """
+
+
 def compose(
     sources: _typeshed.SupportsGetItem[int, Source],
     labels: _typeshed.SupportsGetItem[int, str],

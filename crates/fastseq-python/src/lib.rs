@@ -69,6 +69,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLayout>()?;
     m.add_class::<server::Server>()?;
     m.add_class::<server::TensorData>()?;
+    m.add_function(wrap_pyfunction!(server::start_server, m)?)?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;

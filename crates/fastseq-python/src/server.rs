@@ -190,36 +190,6 @@ pub struct Server {
 
 #[pymethods]
 impl Server {
-    /// Serves `models` (pairs of a spec dict and an engine callable) on the listening socket
-    /// `http_fd` (and `grpc_fd`), both taken over; `options` as fastseq.serving sets them;
-    /// `log(error, line)` receives one line per failure.
-    #[new]
-    #[pyo3(signature = (models, http_fd, grpc_fd, options, log))]
-    fn new(
-        py: Python<'_>,
-        models: Vec<(Bound<'_, PyDict>, Py<PyAny>)>,
-        http_fd: i32,
-        grpc_fd: Option<i32>,
-        options: Bound<'_, PyDict>,
-        log: Py<PyAny>,
-    ) -> PyResult<Server> {
-        let (options, threads) = self::options(&options)?;
-        let mut served: Vec<(ModelSpec, Arc<dyn Engine>)> = Vec::new();
-        for (d, engine) in models {
-            served.push((spec(&d)?, Arc::new(PyEngine(engine))));
-        }
-        let (log, _) = logger(log);
-        // SAFETY: Python detached these descriptors for us: we own them from here.
-        let http = unsafe { TcpListener::from_raw_fd(http_fd) };
-        let grpc = grpc_fd.map(|fd| unsafe { TcpListener::from_raw_fd(fd) });
-        py.detach(|| {
-            let service = Service::new(served, options, log);
-            transport::Server::start(service, http, grpc, threads)
-        })
-        .map(|inner| Server { inner })
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server: {e}")))
-    }
-
     /// Runs a row of zeros through each model, then marks the server ready; a RuntimeError
     /// saying which model failed and why.
     fn warm_up(&self, py: Python<'_>) -> PyResult<()> {
@@ -253,3 +223,34 @@ impl Server {
         self.inner.service().open()
     }
 }
+
+/// Serves `models` (pairs of a spec dict and an engine callable) on the listening socket
+/// `http_fd` (and `grpc_fd`), both taken over; `options` as fastseq.serving sets them;
+/// `log(error, line)` receives one line per failure.
+#[pyfunction]
+#[pyo3(signature = (models, http_fd, grpc_fd, options, log))]
+pub(crate) fn start_server(
+    py: Python<'_>,
+    models: Vec<(Bound<'_, PyDict>, Py<PyAny>)>,
+    http_fd: i32,
+    grpc_fd: Option<i32>,
+    options: Bound<'_, PyDict>,
+    log: Py<PyAny>,
+) -> PyResult<Server> {
+    let (options, threads) = self::options(&options)?;
+    let mut served: Vec<(ModelSpec, Arc<dyn Engine>)> = Vec::new();
+    for (d, engine) in models {
+        served.push((spec(&d)?, Arc::new(PyEngine(engine))));
+    }
+    let (log, _) = logger(log);
+    // SAFETY: Python detached these descriptors for us: we own them from here.
+    let http = unsafe { TcpListener::from_raw_fd(http_fd) };
+    let grpc = grpc_fd.map(|fd| unsafe { TcpListener::from_raw_fd(fd) });
+    py.detach(|| {
+        let service = Service::new(served, options, log);
+        transport::Server::start(service, http, grpc, threads)
+    })
+    .map(|inner| Server { inner })
+    .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server: {e}")))
+}
+

@@ -165,6 +165,12 @@ pub fn log_line(s: &str) -> String {
     out
 }
 
+/// Seconds as a message says them: `0.5`, `60`, `0.001` (no trailing zeros).
+pub fn seconds(d: std::time::Duration) -> String {
+    let s = format!("{:.6}", d.as_secs_f64());
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// The most characters of a name that a near-miss search looks at: longer names are not
 /// typos of a short model or tensor name, and the search costs their length squared.
 pub const MAX_NEAR_MISS: usize = 128;

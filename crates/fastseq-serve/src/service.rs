@@ -263,8 +263,8 @@ impl Service {
             RequestError::new(
                 Status::Unavailable,
                 format!(
-                    "model '{name}': the request was not answered within its timeout of {:.3} s",
-                    (deadline - began).as_secs_f64()
+                    "model '{name}': the request was not answered within its timeout of {} s",
+                    crate::error::seconds(deadline - began)
                 ),
             )
         };

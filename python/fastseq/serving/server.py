@@ -70,12 +70,12 @@ class Server:
 
     def run(self) -> int:
         """Serves until stopped; 0 after a clean shutdown, 1 if a model failed its warm-up."""
-        from fastseq._core import Server as CoreServer
+        from fastseq._core import start_server
 
         service = self.app.service
         models = [(m.spec(), m.batch_run()) for m in service.models.values()]
         fds = [s.detach() for s in self._sockets]
-        self._core = core = CoreServer(models, fds[0], fds[1] if len(fds) > 1 else None, self._options(), _log_line)
+        self._core = core = start_server(models, fds[0], fds[1] if len(fds) > 1 else None, self._options(), _log_line)
         restore = self._signals()
         try:
             grpc = f" and gRPC on {self.host}:{self.grpc_port}" if self.grpc_port is not None else ""
@@ -85,7 +85,10 @@ class Server:
             if service.warm:
                 try:
                     core.warm_up()
-                except RuntimeError:  # its line is logged by the core, naming the model
+                except RuntimeError as e:  # its line is logged by the core, naming the model
+                    from fastseq.errors import RunError
+
+                    service.failed = RunError(str(e))
                     code = 1
             else:
                 core.mark_ready()

@@ -80,6 +80,7 @@ impl Batcher {
         let (reply, answer) = oneshot::channel();
         let (rows, key) = match join::key(&inputs) {
             Some((rows, key)) => (rows, Some(key)),
+            None if self.shared.spec.batched() => return Err(self.shared.not_joinable(&inputs)),
             None => (1, None),
         };
         let job = Job { inputs, rows, key, since: Instant::now(), deadline, warm_up, reply };
@@ -186,6 +187,20 @@ impl Shared {
             }
         }
         batch
+    }
+
+    /// Why a request to a batched model cannot join a batch: an input without a first axis,
+    /// or inputs whose first axes differ (the batcher's one input rule, in its words).
+    fn not_joinable(&self, inputs: &[Tensor]) -> RequestError {
+        let names = self.spec.inputs.iter().map(|t| t.name.as_str());
+        if let Some((name, _)) = names.clone().zip(inputs).find(|(_, t)| t.shape.is_empty()) {
+            return RequestError::bad(format!("input '{name}' of a batched request needs a batch axis (axis 0); got a scalar"));
+        }
+        let sizes: Vec<String> = names.zip(inputs).map(|(n, t)| format!("'{n}' {}", t.shape[0])).collect();
+        RequestError::bad(format!(
+            "the inputs of one request must have the same number of rows (axis 0): {}",
+            sizes.join(", ")
+        ))
     }
 
     fn late(&self) -> RequestError {

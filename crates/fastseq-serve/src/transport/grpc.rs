@@ -220,7 +220,7 @@ async fn read(
             Err(_) => {
                 return Err(RequestError::new(
                     Status::RequestTimeout,
-                    format!("the request did not arrive within {:.3} s", (until - began).as_secs_f64()),
+                    format!("the request did not arrive within {} s", crate::error::seconds(until - began)),
                 ))
             }
             Ok(None) => break,

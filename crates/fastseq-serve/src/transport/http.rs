@@ -176,7 +176,7 @@ async fn run(service: &Service, model: &Model, request: Request<Incoming>, began
         if !e.is_empty() && !e.eq_ignore_ascii_case(b"identity") {
             return Err(closing(RequestError::new(
                 Status::UnsupportedMediaType,
-                format!("Content-Encoding {} is not supported: send the request uncompressed", client_bytes(e)),
+                format!("Content-Encoding {} is not supported: send the request uncompressed", client_bytes(e).trim_matches('\'')),
             )));
         }
     }
@@ -255,7 +255,7 @@ async fn read_body(
                 return Err(Failure::Error(
                     RequestError::new(
                         Status::RequestTimeout,
-                        format!("the body did not arrive within {:.3} s ({} bytes came)", timeout.as_secs_f64(), data.len()),
+                        format!("the body did not arrive within {} s ({} bytes came)", crate::error::seconds(timeout), data.len()),
                     ),
                     true,
                 ))
@@ -311,7 +311,7 @@ fn get(method: &Method, path: &str) -> Result<(), (RequestError, bool)> {
 fn method_error(path: &str, allowed: &str, method: &Method) -> RequestError {
     RequestError::new(
         Status::MethodNotAllowed,
-        format!("{} takes {allowed}, not {}", client_text(path), client_text(method.as_str())),
+        format!("{} takes {allowed}, not {method}", client_text(path)),
     )
 }
 

@@ -163,8 +163,8 @@ async fn serve_http(stream: TcpStream, service: Arc<Service>, mut stopped: watch
         if e.is_timeout() {
             // hyper closes a connection whose headers did not arrive in time; say why first.
             let body = crate::protocol::error_json(&format!(
-                "the request's headers did not arrive within {:.3} s",
-                service.options.header_timeout.as_secs_f64()
+                "the request's headers did not arrive within {} s",
+                crate::error::seconds(service.options.header_timeout)
             ));
             let head = format!(
                 "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
