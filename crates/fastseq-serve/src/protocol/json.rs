@@ -54,6 +54,17 @@ pub fn decode_http_with(
     header_length: Option<usize>,
     checks: Checks,
 ) -> Result<InferRequest, RequestError> {
+    decode_http_indexed(model, body, header_length, checks).map(|(request, _)| request)
+}
+
+/// [`decode_http_with`], and the index in the model of each input returned (where
+/// `checks.every_input` is false, the inputs given, in the model's order).
+pub fn decode_http_indexed(
+    model: &ModelSpec,
+    body: &Bytes,
+    header_length: Option<usize>,
+    checks: Checks,
+) -> Result<(InferRequest, Vec<usize>), RequestError> {
     let size = body.len();
     let header_length = match header_length {
         None => size,
@@ -184,8 +195,9 @@ pub fn decode_http_with(
     };
     let outputs =
         if outputs.is_empty() { (0..model.outputs.len()).map(|k| (k, binary_output)).collect() } else { outputs };
+    let indices = (0..given.len()).filter(|&k| given[k].is_some()).collect();
     let inputs = shape::against_model(model, given, &order, checks)?;
-    Ok(InferRequest { id, inputs, outputs, timeout })
+    Ok((InferRequest { id, inputs, outputs, timeout }, indices))
 }
 
 /// The request's top-level object (and its inputs); a non-object answered as Python's json

@@ -372,6 +372,13 @@ fn timing_parts() {
     let n = 3 * 224 * 224;
     let values: Vec<f32> = (0..n).map(|k| ((k * 7919) % 1000) as f32 / 997.0 - 0.5).collect();
     let text = serde_json::to_string(&values).unwrap();
+    let long: Vec<f64> = values.iter().map(|&v| v as f64).collect();
+    let long_text = serde_json::to_string(&long).unwrap();
+    let t = std::time::Instant::now();
+    for _ in 0..20 {
+        crate::protocol::values::from_json("x", &long_text, Datatype::Fp32, &[n], n as u64).unwrap();
+    }
+    println!("from_json of float64 text ({} bytes): {:.1} us", long_text.len(), t.elapsed().as_secs_f64() * 1e6 / 20.0);
     let t = std::time::Instant::now();
     for _ in 0..20 {
         crate::protocol::values::from_json("x", &text, Datatype::Fp32, &[n], n as u64).unwrap();
