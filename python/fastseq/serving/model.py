@@ -15,7 +15,7 @@ import numpy as np
 
 from fastseq.errors import CompositionError, InputError
 from fastseq.serving.datatypes import CONFIG_TYPES, DTYPES, datatype_of
-from fastseq.serving.protocol import Tensor
+from fastseq.serving.protocol import Tensor, served_spec
 
 log = logging.getLogger("fastseq.serve")
 
@@ -54,6 +54,9 @@ class ServedModel:
         self.inputs = _tensors(session.get_inputs(), runner.inputs, "input")
         self.outputs = _tensors(session.get_outputs(), runner.outputs, "output")
         self.output_order = list(self.outputs)
+        # the core's description, which decodes requests and encodes answers
+        self.spec = served_spec(name, VERSION, tuple(self.inputs.values()), tuple(self.outputs.values()))
+        self.output_index = {n: k for k, n in enumerate(self.output_order)}
         self.batcher = None
         self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
         if run_with is None and max_batch_size > 1:
