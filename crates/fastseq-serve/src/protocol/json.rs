@@ -13,9 +13,9 @@ use crate::error::{client_text, did_you_mean, RequestError};
 use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
 
 use super::params::{self, kind, not_json, shown, Param};
-use super::reader::{Document, Fields, Inputs, Shaped};
+use super::reader::{capped_list, too_deep, Document, Fields, Inputs, Shaped, MAX_MEMBERS};
 use super::shape::{self, Dim};
-use super::{binary, values, Checks};
+use super::{binary, values, Checks, MAX_DEPTH, MAX_RANK};
 
 /// The request's parameters that the decode reads.
 const REQUEST_PARAMETERS: [&str; 5] =
@@ -30,8 +30,9 @@ fn object<'a>(raw: Option<&'a RawValue>, what: &str, known: &[&str]) -> Result<F
     }
 }
 
+/// A list's items (the first [`MAX_MEMBERS`]; no request needs more).
 fn list(raw: &RawValue) -> Result<Vec<&RawValue>, RequestError> {
-    serde_json::from_str(raw.get()).map_err(not_json)
+    capped_list(raw, MAX_MEMBERS).map(|(items, _)| items)
 }
 
 /// The infer request in `body` for `model`, every input of the model given (see
@@ -208,16 +209,13 @@ fn document(text: &str) -> Result<(Fields<'_>, Inputs<'_>), RequestError> {
         let doc = Document::read(text)?;
         return Ok((doc.fields.known(&["id", "parameters", "outputs"])?, doc.inputs));
     }
-    // Read whole (serde_json's recursion limit applies): it is an error either way.
-    let value: serde_json::Value = serde_json::from_str(text).map_err(not_json)?;
-    let kind = match value {
-        serde_json::Value::Array(_) => "a list",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Null => "null",
-        _ => "a number",
-    };
-    Err(RequestError::bad(format!("the request must be a JSON object, got {kind}")))
+    // Checked whole without building it (a tree of a body's values would take many times
+    // its size): it is an error either way, and invalid JSON (too deep included) says so first.
+    if too_deep(text) {
+        return Err(RequestError::bad(format!("the request is not valid JSON: nested deeper than {MAX_DEPTH}")));
+    }
+    let raw: &RawValue = serde_json::from_str(text).map_err(not_json)?;
+    Err(RequestError::bad(format!("the request must be a JSON object, got {}", kind(raw))))
 }
 
 fn names(tensors: &[crate::tensor::TensorSpec]) -> String {
@@ -280,8 +278,9 @@ fn input_datatype(
 }
 
 fn declared_shape(name: &str, raw: Option<&RawValue>) -> Result<(Vec<usize>, u64), RequestError> {
-    let items = match raw {
-        Some(v) if v.get().starts_with('[') => list(v)?,
+    // Stored up to one past the most axes a shape may have, counted past that.
+    let (items, total) = match raw {
+        Some(v) if v.get().starts_with('[') => capped_list(v, MAX_RANK + 1)?,
         other => {
             return Err(RequestError::bad(format!(
                 "input '{name}' needs a 'shape', a list of integers, got {}",
@@ -289,6 +288,9 @@ fn declared_shape(name: &str, raw: Option<&RawValue>) -> Result<(Vec<usize>, u64
             )))
         }
     };
+    if total > MAX_RANK {
+        return Err(RequestError::bad(format!("input '{name}' has {total} axes, more than {MAX_RANK}")));
+    }
     let dims: Vec<Dim<'_>> = items
         .iter()
         .map(|v| {

@@ -399,3 +399,15 @@ fn timing_parts() {
     }
     println!("parse f64 only: {:.1} us {s}", t.elapsed().as_secs_f64() * 1e6 / 20.0);
 }
+
+#[test]
+fn what_a_body_costs_is_bounded() {
+    // A shape of a million axes: counted, not kept; objects and lists past MAX_MEMBERS refused.
+    let axes = format!("[{}1]", "1,".repeat(1_000_000));
+    let m = refused(doc(json!({})).replace("[1,3]", &axes), None);
+    assert!(m.contains("1000001 axes, more than 32"), "{m}");
+    let wide = format!("{{{}\"inputs\": []}}", (0..70_000).map(|k| format!("\"k{k}\": 0, ")).collect::<String>());
+    assert!(refused(wide, None).contains("more than 65536 members"));
+    let long = format!("[{}0]", "0,".repeat(1_000_000)); // a top-level list: checked, not built
+    assert!(refused(long, None).contains("must be a JSON object, got a list"));
+}
