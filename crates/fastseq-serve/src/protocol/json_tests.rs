@@ -411,3 +411,13 @@ fn what_a_body_costs_is_bounded() {
     let long = format!("[{}0]", "0,".repeat(1_000_000)); // a top-level list: checked, not built
     assert!(refused(long, None).contains("must be a JSON object, got a list"));
 }
+
+#[test]
+fn a_partial_decode_says_which_inputs_it_returns() {
+    let mut d: Value = serde_json::from_str(&doc(json!({}))).unwrap();
+    let one = json!({"name": "in_bool", "shape": [1, 3], "datatype": "BOOL", "data": [true, false, true]});
+    d["inputs"].as_array_mut().unwrap().push(one);
+    let (request, indices) = decode_http_indexed(&model(), &d.to_string().into(), None, partial()).unwrap();
+    assert_eq!(indices, vec![0, 10]); // the model's order: in_bool, then in_fp32
+    assert_eq!((request.inputs[0].datatype, request.inputs[1].datatype), (Datatype::Bool, Datatype::Fp32));
+}
