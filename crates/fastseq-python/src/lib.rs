@@ -13,6 +13,7 @@ mod io_infos;
 mod layout;
 mod plan;
 mod server;
+mod serving;
 mod sources;
 mod writer;
 
@@ -70,6 +71,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<server::Server>()?;
     m.add_class::<server::TensorData>()?;
     m.add_function(wrap_pyfunction!(server::start_server, m)?)?;
+    m.add_class::<serving::ServedSpec>()?;
+    m.add_function(wrap_pyfunction!(serving::served_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::served_documents, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::decode_http, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::encode_http, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::error_json, m)?)?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;

@@ -13,7 +13,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use fastseq_serve::batching::{Engine, EngineError};
 use fastseq_serve::service::{Log, Options, Service};
-use fastseq_serve::tensor::{Datatype, ModelSpec, Tensor, TensorSpec};
+use fastseq_serve::tensor::{Datatype, ModelSpec, Tensor};
+
+use crate::serving::ServedSpec;
 use fastseq_serve::transport;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::ffi;
@@ -98,29 +100,6 @@ fn read_outputs(outputs: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
         found.push(Tensor { datatype, shape, data: bytes });
     }
     Ok(found)
-}
-
-fn tensors(items: &Bound<'_, PyAny>) -> PyResult<Vec<TensorSpec>> {
-    let mut found = Vec::new();
-    for item in items.try_iter()? {
-        let (name, datatype, shape): (String, String, Option<Vec<i64>>) = item?.extract()?;
-        let datatype =
-            Datatype::parse(&datatype).ok_or_else(|| PyValueError::new_err(format!("'{datatype}' is not a KServe datatype")))?;
-        found.push(TensorSpec { name, datatype, shape });
-    }
-    Ok(found)
-}
-
-fn spec(d: &Bound<'_, PyDict>) -> PyResult<ModelSpec> {
-    let get = |k: &str| d.get_item(k)?.ok_or_else(|| PyValueError::new_err(format!("a model spec needs '{k}'")));
-    Ok(ModelSpec {
-        name: get("name")?.extract()?,
-        version: get("version")?.extract()?,
-        inputs: tensors(&get("inputs")?)?,
-        outputs: tensors(&get("outputs")?)?,
-        max_batch_size: get("max_batch_size")?.extract()?,
-        max_delay_us: get("max_delay_us")?.extract()?,
-    })
 }
 
 fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
@@ -224,14 +203,14 @@ impl Server {
     }
 }
 
-/// Serves `models` (pairs of a spec dict and an engine callable) on the listening socket
+/// Serves `models` (pairs of a served spec and an engine callable) on the listening socket
 /// `http_fd` (and `grpc_fd`), both taken over; `options` as fastseq.serving sets them;
 /// `log(error, line)` receives one line per failure.
 #[pyfunction]
 #[pyo3(signature = (models, http_fd, grpc_fd, options, log))]
 pub(crate) fn start_server(
     py: Python<'_>,
-    models: Vec<(Bound<'_, PyDict>, Py<PyAny>)>,
+    models: Vec<(PyRef<'_, ServedSpec>, Py<PyAny>)>,
     http_fd: i32,
     grpc_fd: Option<i32>,
     options: Bound<'_, PyDict>,
@@ -240,7 +219,7 @@ pub(crate) fn start_server(
     let (options, threads) = self::options(&options)?;
     let mut served: Vec<(ModelSpec, Arc<dyn Engine>)> = Vec::new();
     for (d, engine) in models {
-        served.push((spec(&d)?, Arc::new(PyEngine(engine))));
+        served.push((d.0.clone(), Arc::new(PyEngine(engine))));
     }
     let (log, _) = logger(log);
     // SAFETY: Python detached these descriptors for us: we own them from here.

@@ -6,18 +6,18 @@ each on its own through ``run_async``. Ready once a warm-up run has passed."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
+from fastseq import _core
 from fastseq.errors import CompositionError, InputError
 from fastseq.runtime.batcher import Batcher, batchable
 from fastseq.runtime.engine import Engine, Pipelined, engine_of
-from fastseq.serving.datatypes import CONFIG_TYPES, DTYPES, datatype_of
-from fastseq.serving.protocol import Tensor
+from fastseq.serving.datatypes import DTYPES, datatype_of
+from fastseq.serving.protocol import Tensor, served_spec
 
 log = logging.getLogger("fastseq.serve")
 
@@ -57,6 +57,7 @@ class ServedModel:
         self.inputs = _tensors(session.get_inputs(), runner.inputs, "input")
         self.outputs = _tensors(session.get_outputs(), runner.outputs, "output")
         self.output_order = list(self.outputs)
+        self.output_index = {n: k for k, n in enumerate(self.output_order)}
         self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
         self._batcher: Any = None
         self._batching = dict(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, row_independent=row_independent,
@@ -73,31 +74,11 @@ class ServedModel:
         # the one input of the common pipeline, passed by position: the batcher's short path
         self._single = next(iter(self.inputs)) if len(self.inputs) == 1 else None
         self.ready = False
-        self.metadata = json.dumps({
-            "name": name, "versions": [VERSION], "platform": "onnxruntime_onnx",
-            "inputs": [t.as_json() for t in self.inputs.values()],
-            "outputs": [t.as_json() for t in self.outputs.values()],
-        }).encode()
-        self.config = json.dumps(self._config()).encode()
-
-    def _config(self) -> dict[str, Any]:
-        """Triton's model configuration, as far as it describes this pipeline: with batching,
-        ``max_batch_size`` and each tensor's dims without the batch axis."""
-        batched = self.max_batch_size > 0
-
-        def dims(t: Tensor) -> list[int]:
-            shape = list(t.shape) if t.shape is not None else [-1]
-            return shape[1:] if batched and shape else shape
-
-        def entries(tensors: dict[str, Tensor]) -> list[dict[str, Any]]:
-            return [{"name": t.name, "data_type": CONFIG_TYPES[t.datatype], "dims": dims(t)} for t in tensors.values()]
-
-        config: dict[str, Any] = {"name": self.name, "platform": "onnxruntime_onnx", "backend": "fastseq",
-                                  "max_batch_size": self.max_batch_size, "input": entries(self.inputs),
-                                  "output": entries(self.outputs)}
-        if self.batched:
-            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(self.max_delay_ms * 1000)}
-        return config
+        # The core's description: requests are decoded and answers encoded against it, the
+        # server in the core batches by it, and the metadata and configuration documents are its.
+        self.spec = served_spec(name, VERSION, tuple(self.inputs.values()), tuple(self.outputs.values()),
+                                self.max_batch_size, int(self.max_delay_ms * 1000))
+        self.metadata, self.config = _core.served_documents(self.spec)
 
     @property
     def batcher(self) -> Any:
@@ -106,15 +87,6 @@ class ServedModel:
         if self.batched and self._batcher is None:
             self._batcher = Batcher(self.engine, **self._batching)
         return self._batcher
-
-    def spec(self) -> dict[str, Any]:
-        """The model as the core's server takes it."""
-        def tensors(found: dict[str, Tensor]) -> list[tuple[str, str, list[int] | None]]:
-            return [(t.name, t.datatype, list(t.shape) if t.shape is not None else None) for t in found.values()]
-
-        return {"name": self.name, "version": self.version, "inputs": tensors(self.inputs),
-                "outputs": tensors(self.outputs), "max_batch_size": self.max_batch_size if self.batched else 0,
-                "max_delay_us": int(self.max_delay_ms * 1000)}
 
     def batch_run(self) -> Any:
         """What the core's server calls once a batch: the pipeline's runner (the batchers' own

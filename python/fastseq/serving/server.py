@@ -73,7 +73,7 @@ class Server:
         from fastseq._core import start_server
 
         service = self.app.service
-        models = [(m.spec(), m.batch_run()) for m in service.models.values()]
+        models = [(m.spec, m.batch_run()) for m in service.models.values()]
         fds = [s.detach() for s in self._sockets]
         self._core = core = start_server(models, fds[0], fds[1] if len(fds) > 1 else None, self._options(), _log_line)
         restore = self._signals()

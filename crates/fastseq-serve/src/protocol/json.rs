@@ -13,9 +13,9 @@ use crate::error::{client_text, did_you_mean, RequestError};
 use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
 
 use super::params::{self, kind, not_json, shown, Param};
-use super::reader::{Document, Fields, Inputs, Shaped};
+use super::reader::{capped_list, too_deep, Document, Fields, Inputs, Shaped, MAX_MEMBERS};
 use super::shape::{self, Dim};
-use super::{binary, values, Checks};
+use super::{binary, values, Checks, MAX_DEPTH, MAX_RANK};
 
 /// The request's parameters that the decode reads.
 const REQUEST_PARAMETERS: [&str; 5] =
@@ -30,8 +30,9 @@ fn object<'a>(raw: Option<&'a RawValue>, what: &str, known: &[&str]) -> Result<F
     }
 }
 
+/// A list's items (the first [`MAX_MEMBERS`]; no request needs more).
 fn list(raw: &RawValue) -> Result<Vec<&RawValue>, RequestError> {
-    serde_json::from_str(raw.get()).map_err(not_json)
+    capped_list(raw, MAX_MEMBERS).map(|(items, _)| items)
 }
 
 /// The infer request in `body` for `model`, every input of the model given (see
@@ -54,6 +55,17 @@ pub fn decode_http_with(
     header_length: Option<usize>,
     checks: Checks,
 ) -> Result<InferRequest, RequestError> {
+    decode_http_indexed(model, body, header_length, checks).map(|(request, _)| request)
+}
+
+/// [`decode_http_with`], and the index in the model of each input returned (where
+/// `checks.every_input` is false, the inputs given, in the model's order).
+pub fn decode_http_indexed(
+    model: &ModelSpec,
+    body: &Bytes,
+    header_length: Option<usize>,
+    checks: Checks,
+) -> Result<(InferRequest, Vec<usize>), RequestError> {
     let size = body.len();
     let header_length = match header_length {
         None => size,
@@ -184,8 +196,9 @@ pub fn decode_http_with(
     };
     let outputs =
         if outputs.is_empty() { (0..model.outputs.len()).map(|k| (k, binary_output)).collect() } else { outputs };
+    let indices = (0..given.len()).filter(|&k| given[k].is_some()).collect();
     let inputs = shape::against_model(model, given, &order, checks)?;
-    Ok(InferRequest { id, inputs, outputs, timeout })
+    Ok((InferRequest { id, inputs, outputs, timeout }, indices))
 }
 
 /// The request's top-level object (and its inputs); a non-object answered as Python's json
@@ -196,16 +209,13 @@ fn document(text: &str) -> Result<(Fields<'_>, Inputs<'_>), RequestError> {
         let doc = Document::read(text)?;
         return Ok((doc.fields.known(&["id", "parameters", "outputs"])?, doc.inputs));
     }
-    // Read whole (serde_json's recursion limit applies): it is an error either way.
-    let value: serde_json::Value = serde_json::from_str(text).map_err(not_json)?;
-    let kind = match value {
-        serde_json::Value::Array(_) => "a list",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Null => "null",
-        _ => "a number",
-    };
-    Err(RequestError::bad(format!("the request must be a JSON object, got {kind}")))
+    // Checked whole without building it (a tree of a body's values would take many times
+    // its size): it is an error either way, and invalid JSON (too deep included) says so first.
+    if too_deep(text) {
+        return Err(RequestError::bad(format!("the request is not valid JSON: nested deeper than {MAX_DEPTH}")));
+    }
+    let raw: &RawValue = serde_json::from_str(text).map_err(not_json)?;
+    Err(RequestError::bad(format!("the request must be a JSON object, got {}", kind(raw))))
 }
 
 fn names(tensors: &[crate::tensor::TensorSpec]) -> String {
@@ -268,8 +278,9 @@ fn input_datatype(
 }
 
 fn declared_shape(name: &str, raw: Option<&RawValue>) -> Result<(Vec<usize>, u64), RequestError> {
-    let items = match raw {
-        Some(v) if v.get().starts_with('[') => list(v)?,
+    // Stored up to one past the most axes a shape may have, counted past that.
+    let (items, total) = match raw {
+        Some(v) if v.get().starts_with('[') => capped_list(v, MAX_RANK + 1)?,
         other => {
             return Err(RequestError::bad(format!(
                 "input '{name}' needs a 'shape', a list of integers, got {}",
@@ -277,6 +288,9 @@ fn declared_shape(name: &str, raw: Option<&RawValue>) -> Result<(Vec<usize>, u64
             )))
         }
     };
+    if total > MAX_RANK {
+        return Err(RequestError::bad(format!("input '{name}' has {total} axes, more than {MAX_RANK}")));
+    }
     let dims: Vec<Dim<'_>> = items
         .iter()
         .map(|v| {

@@ -372,6 +372,13 @@ fn timing_parts() {
     let n = 3 * 224 * 224;
     let values: Vec<f32> = (0..n).map(|k| ((k * 7919) % 1000) as f32 / 997.0 - 0.5).collect();
     let text = serde_json::to_string(&values).unwrap();
+    let long: Vec<f64> = values.iter().map(|&v| v as f64).collect();
+    let long_text = serde_json::to_string(&long).unwrap();
+    let t = std::time::Instant::now();
+    for _ in 0..20 {
+        crate::protocol::values::from_json("x", &long_text, Datatype::Fp32, &[n], n as u64).unwrap();
+    }
+    println!("from_json of float64 text ({} bytes): {:.1} us", long_text.len(), t.elapsed().as_secs_f64() * 1e6 / 20.0);
     let t = std::time::Instant::now();
     for _ in 0..20 {
         crate::protocol::values::from_json("x", &text, Datatype::Fp32, &[n], n as u64).unwrap();
@@ -391,4 +398,26 @@ fn timing_parts() {
         }
     }
     println!("parse f64 only: {:.1} us {s}", t.elapsed().as_secs_f64() * 1e6 / 20.0);
+}
+
+#[test]
+fn what_a_body_costs_is_bounded() {
+    // A shape of a million axes: counted, not kept; objects and lists past MAX_MEMBERS refused.
+    let axes = format!("[{}1]", "1,".repeat(1_000_000));
+    let m = refused(doc(json!({})).replace("[1,3]", &axes), None);
+    assert!(m.contains("1000001 axes, more than 32"), "{m}");
+    let wide = format!("{{{}\"inputs\": []}}", (0..70_000).map(|k| format!("\"k{k}\": 0, ")).collect::<String>());
+    assert!(refused(wide, None).contains("more than 65536 members"));
+    let long = format!("[{}0]", "0,".repeat(1_000_000)); // a top-level list: checked, not built
+    assert!(refused(long, None).contains("must be a JSON object, got a list"));
+}
+
+#[test]
+fn a_partial_decode_says_which_inputs_it_returns() {
+    let mut d: Value = serde_json::from_str(&doc(json!({}))).unwrap();
+    let one = json!({"name": "in_bool", "shape": [1, 3], "datatype": "BOOL", "data": [true, false, true]});
+    d["inputs"].as_array_mut().unwrap().push(one);
+    let (request, indices) = decode_http_indexed(&model(), &d.to_string().into(), None, partial()).unwrap();
+    assert_eq!(indices, vec![0, 10]); // the model's order: in_bool, then in_fp32
+    assert_eq!((request.inputs[0].datatype, request.inputs[1].datatype), (Datatype::Bool, Datatype::Fp32));
 }

@@ -31,7 +31,7 @@ mod testing;
 
 pub use documents::{error_json, model_config, model_metadata, model_statistics, server_metadata};
 pub use encode::encode_http;
-pub use json::{decode_http, decode_http_with};
+pub use json::{decode_http, decode_http_indexed, decode_http_with};
 
 /// The most axes a tensor of a request may have (numpy 1.x's limit; numpy 2's is 64).
 pub const MAX_RANK: usize = 32;

@@ -13,13 +13,27 @@ use crate::error::RequestError;
 use super::params::not_json;
 use super::MAX_DEPTH;
 
+/// The most members of one object, or items of one list, that the decode keeps (each costs
+/// more than its text: without a bound, a body of `{"a":0,"b":0,...}` would take ten times
+/// its size). No request needs nearly as many.
+pub const MAX_MEMBERS: usize = 65_536;
+
+fn too_many<E: de::Error>() -> E {
+    E::custom(format_args!("more than {MAX_MEMBERS} members or items in one object or list"))
+}
+
 /// A JSON object's members, their values unread (the last of a name wins, as Python's json
 /// reads).
 pub struct Fields<'a>(pub HashMap<String, &'a RawValue>);
 
 impl<'a> Fields<'a> {
+    /// The members of `raw`, an object.
     pub fn parse(raw: &'a RawValue) -> Result<Self, RequestError> {
-        serde_json::from_str(raw.get()).map(Fields).map_err(not_json)
+        match serde_json::from_str::<Shaped<Fields<'a>>>(raw.get()).map_err(not_json)? {
+            Shaped::Is(fields) => Ok(fields),
+            Shaped::Null => Err(RequestError::bad("a JSON object was due, got null")),
+            Shaped::Not(kind) => Err(RequestError::bad(format!("a JSON object was due, got {kind}"))),
+        }
     }
 
     /// The member `key`, taken out (null counts as absent, as Python's `dict.get` reads it
@@ -120,6 +134,9 @@ impl<'de> Visitor<'de> for ObjectVisitor {
         let mut fields = HashMap::new();
         while let Some(key) = map.next_key::<String>()? {
             fields.insert(key, map.next_value::<&RawValue>()?);
+            if fields.len() > MAX_MEMBERS {
+                return Err(too_many());
+            }
         }
         Ok(Shaped::Is(Fields(fields)))
     }
@@ -161,6 +178,9 @@ impl<'de> Visitor<'de> for ListVisitor {
         let mut items = Vec::new();
         while let Some(item) = seq.next_element::<Shaped<Fields<'de>>>()? {
             items.push(item);
+            if items.len() > MAX_MEMBERS {
+                return Err(too_many());
+            }
         }
         Ok(Shaped::Is(items))
     }
@@ -189,6 +209,47 @@ impl<'de> Deserialize<'de> for Shaped<Vec<Shaped<Fields<'de>>>> {
     }
 }
 
+/// A list's first `cap` items, unread, and how many items it has.
+pub fn capped_list(raw: &RawValue, cap: usize) -> Result<(Vec<&RawValue>, usize), RequestError> {
+    struct Capped(usize);
+
+    impl<'de> Visitor<'de> for Capped {
+        type Value = (Vec<&'de RawValue>, usize);
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let (mut items, mut total) = (Vec::new(), 0);
+            while total < self.0 {
+                match seq.next_element::<&RawValue>()? {
+                    Some(item) => items.push(item),
+                    None => return Ok((items, total)),
+                }
+                total += 1;
+            }
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                total += 1;
+            }
+            Ok((items, total))
+        }
+    }
+
+    struct Seed(usize);
+
+    impl<'de> de::DeserializeSeed<'de> for Seed {
+        type Value = (Vec<&'de RawValue>, usize);
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(Capped(self.0))
+        }
+    }
+
+    let mut d = serde_json::Deserializer::from_str(raw.get());
+    de::DeserializeSeed::deserialize(Seed(cap), &mut d).map_err(not_json)
+}
+
 struct DocumentVisitor;
 
 impl<'de> Visitor<'de> for DocumentVisitor {
@@ -206,6 +267,9 @@ impl<'de> Visitor<'de> for DocumentVisitor {
                 inputs = map.next_value()?;
             } else {
                 fields.insert(key, map.next_value::<&RawValue>()?);
+                if fields.len() > MAX_MEMBERS {
+                    return Err(too_many());
+                }
             }
         }
         Ok(Document { fields: Fields(fields), inputs })
