@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import scale_model, session
 
-ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq[ray]'")
+ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq-onnx[ray]'")
 
 import fastseq  # noqa: E402
 import fastseq.integrations.ray as fray  # noqa: E402

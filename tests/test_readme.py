@@ -261,7 +261,7 @@ def test_readme_block_runs(block, setup, tmp_path):
     if block.skip:
         pytest.skip(block.skip)
     if "import ray" in block.code:
-        pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq[ray]'")
+        pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq-onnx[ray]'")
     r = run_block(block, setup, tmp_path)
     assert r.returncode == 0, f"{block.file} line {block.line}:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
     for line, text in PRINTS.items():

@@ -1,4 +1,4 @@
-"""A composed pipeline as stateful Ray Data actors (extra: ``fastseq[ray]``).
+"""A composed pipeline as stateful Ray Data actors (extra: ``fastseq-onnx[ray]``).
 
 ``pipe.map_batches(ds, compute=ray.data.ActorPoolStrategy(size=4), batch_size=256)`` or
 ``ds.map_batches(fastseq.ray.Predictor, fn_constructor_kwargs={"pipeline": pipe}, ...)``.
@@ -24,8 +24,10 @@ import numpy as np
 
 try:
     import ray
-except ImportError as e:  # the extra is not installed
-    raise ImportError(f"fastseq.ray needs Ray Data: pip install 'fastseq[ray]' ({e})") from e
+except ModuleNotFoundError as e:  # the extra is not installed: a typed error that names it
+    from fastseq.errors import missing_extra
+
+    raise missing_extra("fastseq.ray", "ray", e) from e
 
 from fastseq import _core
 from fastseq.errors import InputError

@@ -1,4 +1,4 @@
-"""Pipelines served on a Ray cluster with Ray Serve (extra: ``fastseq[ray-serve]``), on the
+"""Pipelines served on a Ray cluster with Ray Serve (extra: ``fastseq-onnx[ray-serve]``), on the
 same KServe v2 protocol, routes, limits and metrics as ``fastseq serve``: each replica runs
 :func:`fastseq.serving.app`, which its ``__call__`` hands every HTTP request (Ray Serve's
 plain request API, stable across its versions).
@@ -31,8 +31,10 @@ from typing import Any
 
 try:
     from ray import serve
-except ImportError as e:  # the extra is not installed
-    raise ImportError(f"fastseq.ray_serve needs Ray Serve: pip install 'fastseq[ray-serve]' ({e})") from e
+except ModuleNotFoundError as e:  # the extra is not installed: a typed error that names it
+    from fastseq.errors import missing_extra
+
+    raise missing_extra("fastseq.ray_serve", "ray-serve", e) from e
 
 from fastseq import serving
 from fastseq.errors import CompositionError, InputError
