@@ -251,7 +251,7 @@ def test_a_pipeline_file_cannot_make_onnx_runtime_write_a_file(tmp_path, monkeyp
 
 
 def test_a_callers_options_naming_a_file_are_an_input_error_naming_the_option(tmp_path, monkeypatch):
-    """The Python API decides as pipeline files do (SECURITY.md, "Files that ONNX Runtime
+    """The Python API decides as pipeline files do (docs/security.md, "Files that ONNX Runtime
     would write"): a session may start many times (the session cache, pickling, Ray actors),
     each writing the same file, and fastseq writes files through its writer only; the error
     names the option and the call that writes the file through fastseq's writer."""

@@ -89,7 +89,7 @@ _NO_FILES = "fastseq lets ONNX Runtime write no file of its own; export the mode
 
 #: Options that make ONNX Runtime write (or read) a file at a path they name, or in the
 #: working folder: the value is what to use instead. Switches count only when on, paths
-#: when not empty. Never taken from a pipeline file or a caller (see SECURITY.md, "Files
+#: when not empty. Never taken from a pipeline file or a caller (see docs/security.md, "Files
 #: that ONNX Runtime would write"): fastseq sets some on copies of its own (runtime/options.py).
 FILE_OPTIONS = {
     "optimized_model_filepath": _OPTIMISED,

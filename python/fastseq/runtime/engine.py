@@ -365,7 +365,7 @@ class SessionEngine:
 
 
 def caller_options(options: ort.SessionOptions | None) -> None:
-    """A caller's options never make ONNX Runtime write a file (SECURITY.md, "Files that
+    """A caller's options never make ONNX Runtime write a file (docs/security.md, "Files that
     ONNX Runtime would write"); fastseq's own copies do (a cache entry, a profile)."""
     from fastseq.graph.options import file_option
 
