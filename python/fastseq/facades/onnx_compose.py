@@ -110,7 +110,7 @@ def _checker_error(model: onnx.ModelProto, plain_first: bool = False) -> Excepti
         if plain_first:
             onnx.checker.check_model(model)
         onnx.checker.check_model(model, full_check=True)
-    except (onnx.checker.ValidationError, InferenceError) as e:
+    except (onnx.checker.ValidationError, InferenceError, ValueError) as e:  # ValueError: "Invalid tensor data type"
         return e
     return None
 
@@ -129,12 +129,19 @@ def _source_error(model: onnx.ModelProto, data: bytes) -> Exception | None:
 
 def _refuse(error: Exception, what: str):
     """fastseq's class for an error of onnx's checker: an ``InvalidModelError`` for a
-    ``ValidationError``, an ``InvalidShapesError`` for an ``InferenceError``."""
+    ``ValidationError``, an ``InvalidShapesError`` for an ``InferenceError``, a
+    ``CompositionError`` (a ``ValueError``) for the plain ``ValueError`` it raises for a
+    value it cannot read (an unknown tensor data type)."""
     import onnx
 
     from fastseq import errors
 
-    cls = errors.InvalidModelError if isinstance(error, onnx.checker.ValidationError) else errors.InvalidShapesError
+    if isinstance(error, onnx.checker.ValidationError):
+        cls = errors.InvalidModelError
+    elif isinstance(error, ValueError):
+        cls = CompositionError
+    else:
+        cls = errors.InvalidShapesError
     return cls(f"{what}: {str(error).strip()}")
 
 
@@ -174,7 +181,7 @@ def check_overlapping_names(
     ``g1``'s order (onnx.compose's is a set's, in no set order)."""
     _graph(g1, "g1")
     _graph(g2, "g2")
-    io_map_inputs = [str(i) for _, i in io_map or []]
+    io_map_inputs = [_compose.name_of(i) for _, i in io_map or []]
     found = _core.overlapping_names(_held_graph(g1, "g1"), _held_graph(g2, "g2"), io_map_inputs)
     return [(kind, list(names)) for kind, names in found]
 
@@ -247,8 +254,19 @@ def merge_models(
     out = composed.to_bytes()
     result = onnx.ModelProto.FromString(out)
     sources = [_source_error(m, d) for m, d in zip(models, data)]
-    _vouched(result, out, sources, composed.report()["unproven"], "merge_models")
+    unproven = list(composed.report()["unproven"])
+    if any(_passes_through(m) for m in models):
+        # What flows on is the input, whatever the output declares: the joint's declared
+        # types prove nothing, so the checker decides.
+        unproven.append("a graph output that is a graph input")
+    _vouched(result, out, sources, unproven, "merge_models")
     return result
+
+
+def _passes_through(m: onnx.ModelProto) -> bool:
+    """Whether a graph output of ``m`` is one of its graph inputs."""
+    g = m.graph
+    return bool({o.name for o in g.output} & {i.name for i in g.input})
 
 
 def _decodable(m: onnx.ModelProto) -> bytes:
