@@ -15,7 +15,6 @@ from onnx import TensorProto, helper, parser
 import compose_fuzz
 import fastseq
 import fastseq.onnx_compose as compose
-from fastseq.facades import onnx_compose as facade
 
 #: what never happens, deliberate or not
 NEVER = ("onnx_raises_fastseq_invalid", "fastseq_invalid")
@@ -171,7 +170,7 @@ def test_a_chain_checks_each_source_once_and_never_its_growing_result(monkeypatc
         return real(model, *a, **kw)
 
     monkeypatch.setattr(onnx.checker, "check_model", counting)
-    facade._VALID.clear()
+    compose._VALID.clear()
     stages = [_model(A.replace("a (", f"s{k} (")) for k in range(5)]
     merged = compose.add_prefix(stages[0], "s0/")
     for k in range(1, 5):

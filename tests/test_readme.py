@@ -289,7 +289,7 @@ def test_every_page_has_its_blocks_found():
     would otherwise drop its blocks from the run silently)."""
     files = {b.file for b in RUNNABLE}
     for page in ("README.md", "docs/running.md", "docs/kornia.md", "docs/onnx-compose.md", "docs/operators.md",
-                 "docs/pipelines.md", "docs/cli.md", "docs/serving.md", "docs/ray.md", "docs/install.md"):
+                 "docs/pipelines.md", "docs/cli.md", "docs/batching.md", "docs/ray.md", "docs/install.md"):
         assert page in files, page
     assert len({b.id for b in BLOCKS}) == len(BLOCKS), "block ids are unique"
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 #: the public modules (README and docs name them); each must import on its own
 PUBLIC_MODULES = [
-    "fastseq", "fastseq.ops", "fastseq.operators", "fastseq.onnx_compose", "fastseq.quantize",
+    "fastseq", "fastseq.ops", "fastseq.ops.shipped", "fastseq.onnx_compose", "fastseq.quantize",
     "fastseq.ray", "fastseq.cli", "fastseq.errors",
 ]
 #: public modules that need an extra: without it, importing them names the extra to install
@@ -104,7 +104,7 @@ def carried(here: Path) -> None:
 
     unresolved = [n for n in fastseq.__all__ if getattr(fastseq, n, None) is None]
     check("every name in fastseq.__all__ resolves", not unresolved, unresolved)
-    check("fastseq.operators lists the shipped models", {"digits", "resize"} <= set(fastseq.operators.names()))
+    check("fastseq.ops.shipped lists the shipped models", {"digits", "resize"} <= set(fastseq.ops.shipped.names()))
 
 
 def versions() -> None:

@@ -92,7 +92,7 @@ def _run_on_ray(args: argparse.Namespace, quiet: Quiet) -> int:
 
     require_extra("fastseq run --ray", "ray", ("ray", "pyarrow"))  # before anything imports Ray
     quiet.ray()
-    from fastseq.integrations.ray import run_dataset
+    from fastseq.ray import run_dataset
     pipe = pipeline(args, quiet)
     run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
     return 0

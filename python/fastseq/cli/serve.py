@@ -69,7 +69,7 @@ def add(sub: Any) -> None:
                                   "several); a pipeline.toml names its own")
     s.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1: this machine only; the server has no "
-                        "authentication, see docs/serving.md)")
+                        "authentication, see docs/netserve.md)")
     s.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
     s.add_argument("--grpc-port", type=int,
                    help="also serve the protocol over gRPC on this port (Triton's GRPCInferenceService, what "
@@ -144,7 +144,7 @@ def _pipelines(args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
         for spec in specs.values():
             spec.session_options = {**SERVING_OPTIONS, **(spec.session_options or {})}
         return {name: from_spec(spec, args, quiet) for name, spec in specs.items()}
-    from fastseq.graph.options import session_options
+    from fastseq.graph.session_settings import session_options
 
     name = args.name or (_stem(args.models[0]) if len(args.models) == 1 else "pipeline")
     return {name: pipeline(args, quiet, session_options(SERVING_OPTIONS))}

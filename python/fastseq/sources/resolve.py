@@ -87,8 +87,8 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
 
 def resolve_builtin(model: str) -> Resolved:
     """``builtin:NAME?KEY=VALUE&...`` (or a bare ``NAME``) is an operator built by
-    :mod:`fastseq.ops`; ``builtin:shipped/NAME`` a model shipped in ``fastseq/operators``,
-    byte for byte (which a name means: ``fastseq.operators.named``)."""
+    :mod:`fastseq.ops`; ``builtin:shipped/NAME`` a model shipped in ``fastseq/ops/shipped``,
+    byte for byte (which a name means: ``fastseq.ops.shipped.named``)."""
     from fastseq import ops
     from fastseq.ops import shipped as operators
 

@@ -1,5 +1,5 @@
-"""Serving: per-stage profiles, async calls, dynamic batching, and many threads on one
-pipeline, on real sessions, real threads and real asyncio loops."""
+"""In-process batching and concurrency: per-stage profiles, async calls, dynamic batching,
+and many threads on one pipeline, on real sessions, real threads and real asyncio loops."""
 
 from __future__ import annotations
 
