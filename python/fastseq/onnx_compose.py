@@ -129,19 +129,12 @@ def _source_error(model: onnx.ModelProto, data: bytes) -> Exception | None:
 
 def _refuse(error: Exception, what: str):
     """fastseq's class for an error of onnx's checker: an ``InvalidModelError`` for a
-    ``ValidationError``, an ``InvalidShapesError`` for an ``InferenceError``, a
-    ``CompositionError`` (a ``ValueError``) for the plain ``ValueError`` it raises for a
-    value it cannot read (an unknown tensor data type)."""
+    ``ValidationError``, an ``InvalidShapesError`` for an ``InferenceError``."""
     import onnx
 
     from fastseq import errors
 
-    if isinstance(error, onnx.checker.ValidationError):
-        cls = errors.InvalidModelError
-    elif isinstance(error, ValueError):
-        cls = CompositionError
-    else:
-        cls = errors.InvalidShapesError
+    cls = errors.InvalidModelError if isinstance(error, onnx.checker.ValidationError) else errors.InvalidShapesError
     return cls(f"{what}: {str(error).strip()}")
 
 
@@ -157,6 +150,8 @@ def _vouched(
     if any(sources) or unproven:
         error = _checker_error(result, plain_first=True)
         if error is not None:
+            if not isinstance(error, (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)):
+                raise error  # the checker's own ValueError (a type it does not know, a name not UTF-8), as onnx's
             plain = next((e for e in sources if isinstance(e, onnx.checker.ValidationError)), None)
             if plain is not None and not isinstance(error, onnx.checker.ValidationError):
                 error = plain

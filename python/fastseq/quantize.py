@@ -175,7 +175,9 @@ def _as_file(model: Any, work: Path) -> tuple[Path, int]:
     if isinstance(model, (str, os.PathLike)):
         path = Path(os.fspath(model)).expanduser()
         if not path.is_file():
-            raise InputError(f"{path}: no such file")
+            from fastseq.sources.resolve import no_such_file
+
+            raise InputError(no_such_file(path))
         return path, _size_with_data(path)
     path = work / "in.onnx"
     if isinstance(model, onnx.ModelProto):
