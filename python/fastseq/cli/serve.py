@@ -61,7 +61,7 @@ def add(sub: Any) -> None:
     from fastseq.serving import DEFAULTS
 
     s = sub.add_parser("serve", help="serve a model, several composed in order, or the pipelines of a pipeline.toml "
-                                     "on the KServe v2 / Triton protocol over HTTP (needs fastseq[serve])")
+                                     "on the KServe v2 / Triton protocol over HTTP (needs the serve extra)")
     s.add_argument("models", nargs="+", metavar="SOURCE",
                    help="paths, URLs, hf:// ids or builtin:NAME, composed in order; or one pipeline.toml (each of "
                         "its pipelines served under its name)")
@@ -69,7 +69,7 @@ def add(sub: Any) -> None:
                                   "several); a pipeline.toml names its own")
     s.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1: this machine only; the server has no "
-                        "authentication, see docs/serving.md)")
+                        "authentication, see docs/netserve.md)")
     s.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
     s.add_argument("--grpc-port", type=int,
                    help="also serve the protocol over gRPC on this port (Triton's GRPCInferenceService, what "
@@ -108,12 +108,9 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
         value = getattr(args, flag)
         if value is not None and not 0 <= value <= 65535:
             raise fail(f"--{flag.replace('_', '-')} must be from 0 to 65535, got {value}")
-    import importlib.util
+    from fastseq.errors import require_extra
 
-    needed = ("uvicorn", "prometheus_client") + (("grpc",) if args.grpc_port is not None else ())
-    missing = [m for m in needed if importlib.util.find_spec(m) is None]
-    if missing:
-        raise fail(f"serving needs the serve extra: pip install 'fastseq[serve]' ({', '.join(missing)} not installed)")
+    require_extra("fastseq serve", "serve", ("uvicorn", "prometheus_client") + (("grpc",) if args.grpc_port is not None else ()))
     from fastseq import serving
     from fastseq.serving.server import Server, say
     _log(quiet)
@@ -147,7 +144,7 @@ def _pipelines(args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
         for spec in specs.values():
             spec.session_options = {**SERVING_OPTIONS, **(spec.session_options or {})}
         return {name: from_spec(spec, args, quiet) for name, spec in specs.items()}
-    from fastseq.graph.options import session_options
+    from fastseq.graph.session_settings import session_options
 
     name = args.name or (_stem(args.models[0]) if len(args.models) == 1 else "pipeline")
     return {name: pipeline(args, quiet, session_options(SERVING_OPTIONS))}

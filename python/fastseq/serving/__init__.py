@@ -1,7 +1,7 @@
 """Serving pipelines over the network on the KServe v2 inference protocol (Triton's, KServe's,
 Seldon MLServer's, OpenVINO Model Server's), so that the clients people have (``tritonclient``)
 call them: requests of many connections batched into one run, limits, metrics and a clean
-shutdown. Needs the ``serve`` extra (``pip install 'fastseq[serve]'``).
+shutdown. Needs the ``serve`` extra (``pip install 'fastseq-onnx[serve]'``).
 
 - :mod:`.datatypes`: the KServe datatypes of ONNX element types;
 - :mod:`.protocol`: requests and responses to and from arrays (JSON and binary tensors);
@@ -66,6 +66,9 @@ def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False
     mapping of names to pipelines. ``options``: :data:`DEFAULTS`' keys. ``warm_up=False``
     marks the models ready without a warm-up run; ``run_with`` (by name) runs a model's
     requests in place of its batcher (another batching: Ray Serve's)."""
+    from fastseq.errors import require_extra
+
+    require_extra("fastseq.serving.app", "serve", ("prometheus_client",))
     from fastseq.serving.asgi import App
     from fastseq.serving.metrics import Metrics
     from fastseq.serving.model import VERSION, ServedModel
@@ -90,6 +93,9 @@ def serve(pipelines: Any, *, host: str = "127.0.0.1", port: int = 8000, grpc_por
     HTTP (and over gRPC on ``grpc_port``, if given; needs grpcio) until SIGTERM or SIGINT;
     returns the exit status (0 after a clean shutdown). Binds to the loopback interface unless
     told otherwise: the server has no authentication."""
+    from fastseq.errors import require_extra
+
+    require_extra("fastseq.serve", "serve", ("uvicorn", "prometheus_client") + (("grpc",) if grpc_port is not None else ()))
     from fastseq.serving.server import Server, say
 
     return Server(app(pipelines, name=name, row_independent=row_independent, warm_up=warm_up, **options), host, port,
