@@ -102,7 +102,7 @@ def build(sources: list[str]):
     here runs the same sessions: what differs is the serving."""
     import fastseq
     from fastseq.cli.serve import SERVING_OPTIONS
-    from fastseq.graph.options import session_options
+    from fastseq.graph.session_settings import session_options
 
     return fastseq.ONNXSequential(*sources, session_options=session_options(SERVING_OPTIONS))
 

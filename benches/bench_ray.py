@@ -8,7 +8,7 @@
   (actor start included) and less the time of a 4-row run (the fixed cost of a run).
 
 The pipeline is the four built-in operators (to_float -> resize -> normalize ->
-color_head) over uint8 images. Needs ``pip install 'fastseq[ray]'``.
+color_head) over uint8 images. Needs ``pip install 'fastseq-onnx[ray]'``.
 
     python benches/bench_ray.py [--rows 20000] [--batch-size 256]
 """

@@ -3,7 +3,7 @@ tensors, results against the CPU, per-call time with and without binding, and th
 copies that binding avoids. Prints a markdown table (and writes it to $OUT/device_check.md when
 OUT is set).
 
-    pip install 'fastseq[gpu]' torch    # onnxruntime-gpu, never beside onnxruntime
+    pip install 'fastseq-onnx[gpu]' torch    # onnxruntime-gpu, never beside onnxruntime
     python benches/device_check.py
 
 Skips with a message (exit 0) where no CUDA provider or no CUDA torch is available.

@@ -3,6 +3,11 @@
 
     python benches/fuzz_compose.py --count 20000          # the summary, by category
     python benches/fuzz_compose.py --seed 1234 -v         # one case, what each side did
+    python benches/fuzz_compose.py --harness --count 100000   # onnx's own harness's inputs
+
+``--harness`` draws the inputs of onnx's own harness (onnx/fuzz/fuzz_compose.py: its
+structured path, and its raw path on mutated bytes; tests/compose_harness.py) instead;
+inputs protobuf refuses are counted apart (the harness stops before merging them).
 
 The categories are compose_fuzz.compare's; the three the issue counts are
 onnx_raises_fastseq_invalid, onnx_returns_fastseq_raises and bytes_differ.
@@ -19,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import compose_fuzz  # noqa: E402
+import compose_harness  # noqa: E402
 
 
 def main() -> int:
@@ -28,9 +34,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, help="run this one case and show it")
     ap.add_argument("--examples", type=int, default=3, help="seeds shown per category and detail")
     ap.add_argument("-v", "--verbose", action="store_true")
+    ap.add_argument("--harness", action="store_true", help="onnx's own harness's inputs")
     args = ap.parse_args()
+    make_case = compose_harness.make_case if args.harness else compose_fuzz.make_case
     if args.seed is not None:
-        case = compose_fuzz.make_case(args.seed)
+        case = make_case(args.seed)
+        if case is None:
+            print("protobuf refuses this input: no case")
+            return 0
         print(case.describe())
         verdict = compose_fuzz.compare(case)
         print(verdict.category, verdict.detail)
@@ -41,8 +52,12 @@ def main() -> int:
     by_fn: collections.Counter[tuple[str, str]] = collections.Counter()
     why: collections.Counter[tuple[str, str]] = collections.Counter()
     t0 = time.perf_counter()
+    refused = 0
     for seed in range(args.start, args.start + args.count):
-        case = compose_fuzz.make_case(seed)
+        case = make_case(seed)
+        if case is None:
+            refused += 1
+            continue
         verdict = compose_fuzz.compare(case)
         counts[verdict.category] += 1
         by_fn[(case.fn, verdict.category)] += 1
@@ -56,7 +71,8 @@ def main() -> int:
         if args.verbose and (seed - args.start) % 1000 == 999:
             print(f"{seed - args.start + 1} cases, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     took = time.perf_counter() - t0
-    print(f"{args.count} cases (seeds {args.start}..{args.start + args.count - 1}) in {took:.0f} s")
+    print(f"{args.count} inputs (seeds {args.start}..{args.start + args.count - 1}) in {took:.0f} s"
+          + (f"; {refused} refused by protobuf, {args.count - refused} cases" if args.harness else ""))
     for cat, n in counts.most_common():
         known = sum(k for (c, _), k in why.items() if c == cat)
         print(f"  {cat:32} {n:6}" + (f"   ({known} deliberate, {n - known} not)" if known else ""))

@@ -261,7 +261,7 @@ ERRORS = [
     (["run", "a.onnx", "--input", "x=cut.npy"], "cut.npy"),
     (["run", "a.onnx", "--input", "=x.npy"], "expected NAME=FILE.npy"),
     (["run", "a.onnx", "--input", "y=x.npy"], "'y' is not an input"),
-    (["run", "a.onnx"], "missing input: x"),
+    (["run", "a.onnx"], "no --input: the pipeline needs x: float32[2, 4]; pass --input FILE.npy"),
     (["run", "a.onnx", "--input", "x=x64.npy"], "holds float64, input 'x' expects float32"),
     (["run", "a.onnx", "--ray", "--cast", "--input", "data"], "--cast converts .npy inputs"),
     (["run", "a.onnx", "--input", "x=x3.npy"], "expects size 4 on axis 1"),

@@ -307,3 +307,43 @@ def test_cache_list_tells_pipelines_of_operators_apart(work):
     for size in (8, 16, 24):
         (line,) = [s for s in stages if f"resize(size=({size}, {size})" in s]
         assert line.startswith("to_float(") and line.endswith("softmax(axis=1, dtype='float32', rank=4)"), line
+
+
+# --- what a new user tripped over (issue 42) --------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["run", "profile"])
+def test_run_and_profile_without_input_say_how_to_pass_it(work, command):
+    r = fastseq(command, "a.onnx", cwd=work)
+    assert r.returncode == 1 and not stray(r.stderr)
+    assert r.stderr.strip() == ("fastseq: error: no --input: the pipeline needs x: float32[N, 4]; pass --input "
+                                "FILE.npy (each array saved with numpy.save)")
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["inspect", "a.onxx"], "a.onxx: no such file (did you mean 'a.onnx'?)"),
+    (["run", "reshap.onnx", "--input", "x.npy"], "reshap.onnx: no such file (did you mean 'reshape.onnx'?)"),
+    (["run", "a.onnx", "--input", "xx.npy"], "--input x=xx.npy: no such file (did you mean 'x.npy'?)"),
+    (["inspect", "unsed.toml"], "unsed.toml: no such file (did you mean 'unused.toml'?)"),
+    (["inspect", "modle/a.onnx"], "modle/a.onnx: no such file (did you mean 'model/a.onnx'?)"),
+    (["inspect", "zzzzzzzzzz.onnx"], "zzzzzzzzzz.onnx: no such file"),
+])
+def test_a_path_typo_gets_the_near_miss_from_its_folder(work, args, hint):
+    (work / "model").mkdir()
+    r = fastseq(*args, cwd=work)
+    assert r.returncode == 1 and r.stderr.strip() == f"fastseq: error: {hint}", r.stderr
+
+
+def test_output_into_a_reader_that_leaves_ends_quietly(work):
+    """``fastseq inspect x.onnx | head``: the reader takes a line and goes; fastseq ends as a
+    command that SIGPIPE ends (141), without a word on stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "fastseq", "inspect", "a.onnx"], cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before fastseq writes
+    assert proc.wait(timeout=240) == 141
+    assert proc.stderr.read() == b""
+    proc.stderr.close()
+
+
+def test_serve_help_points_to_the_network_serving_page(work):
+    r = fastseq("serve", "--help", cwd=work)
+    assert r.returncode == 0 and "docs/netserve.md" in r.stdout and "docs/serving.md" not in r.stdout

@@ -33,7 +33,22 @@ def test_the_site_builds_strictly(tmp_path):
     # generated from the docstrings: a constructor parameter's explanation is on the page
     assert "keep_outputs" in api and "Base class of every fastseq error." in api
     security = (tmp_path / "site" / "security" / "index.html").read_text()
-    assert "--8&lt;--" not in security and "tests/test_hostile.py" in security, "SECURITY.md is included"
+    assert "tests/test_hostile.py" in security, "the threat model, with its tests"
+    assert "--8&lt;--" not in security and "Report a vulnerability" in security, "SECURITY.md's policy is included"
+
+
+def test_security_md_is_a_short_policy_and_the_threat_model_is_in_the_docs():
+    """SECURITY.md says which versions get fixes, how to report privately and what happens
+    then (as onnx's, 1.8 KB); the threat model is docs/security.md, its lines readable."""
+    policy = (ROOT / "SECURITY.md").read_text()
+    assert len(policy) < 3000
+    for part in ("## Supported versions", "## Reporting a vulnerability", "## What to expect",
+                 "private vulnerability reporting", "Report a vulnerability", "working days", "90 days"):
+        assert part in policy, part
+    model = (DOCS / "security.md").read_text()
+    assert "## What fastseq trusts" in model and "## Sources that change" in model
+    long = [k for k, line in enumerate(model.splitlines(), 1) if len(line) > 130]
+    assert not long, f"docs/security.md lines over 130 characters: {long}"
 
 
 def test_every_page_is_in_the_nav():

@@ -347,7 +347,7 @@ def test_every_malformed_answer_is_a_download_error(tmp_path, case):
 
 
 def test_an_initializer_whose_dims_overflow_or_lack_data_is_a_load_error(tmp_path):
-    """SECURITY.md promises a LoadError for tensor data of the wrong size: dims of
+    """docs/security.md promises a LoadError for tensor data of the wrong size: dims of
     [2^40, 2^40] with no data used to pass the core and fail later in ONNX Runtime."""
     from onnx import TensorProto, helper
 

@@ -101,7 +101,7 @@ def batcher_coroutine(pipe, feeds):
 
 def ray_predictor(pipe, feeds):
     """The Ray Data callable as an actor runs it, in this process: columns by input name."""
-    fray = pytest.importorskip("fastseq.integrations.ray", reason="needs the ray extra")
+    fray = pytest.importorskip("fastseq.ray", reason="needs the ray extra")
     out = fray.Predictor(pipe, drop_columns=True)(dict(feeds))
     return [out[o.name] for o in pipe.outputs]
 

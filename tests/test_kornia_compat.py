@@ -28,9 +28,9 @@ def both(*models, **kw):
 
 
 def test_builtin_image_pipeline_from_paths():
-    paths = [str(fastseq.operators.path(n)) for n in ("to_float", "resize", "normalize", "color_head")]
+    paths = [str(fastseq.ops.shipped.path(n)) for n in ("to_float", "resize", "normalize", "color_head")]
     k, f = both(*paths)
-    image = np.load(fastseq.operators.sample())
+    image = np.load(fastseq.ops.shipped.sample())
     np.testing.assert_allclose(f(image)[-1], k(image)[-1], rtol=1e-6, atol=1e-7)
 
 

@@ -20,11 +20,12 @@ LAYERS = [
     ("graph", ["fastseq.graph"]),
     ("runtime", ["fastseq.runtime"]),
     ("serving", ["fastseq.serving"]),
-    ("integrations", ["fastseq.integrations"]),
-    ("facades", ["fastseq.facades"]),
-    # the public face: the package itself, the CLI and the public names of integrations
-    ("top", ["fastseq", "fastseq.__main__", "fastseq.cli", "fastseq.ray", "fastseq.ray_serve", "fastseq.quantize", "fastseq.onnx_compose",
-             "fastseq.operators"]),
+    # each module at its public path: fastseq.ray (a package), fastseq.ray_serve, fastseq.quantize
+    ("integrations", ["fastseq.ray", "fastseq.ray_serve", "fastseq.quantize"]),
+    # fastseq.onnx_compose at its public path too
+    ("facades", ["fastseq.facades", "fastseq.onnx_compose"]),
+    # the public face: the package itself and the CLI
+    ("top", ["fastseq", "fastseq.__main__", "fastseq.cli"]),
 ]
 
 

@@ -15,7 +15,6 @@ from onnx import TensorProto, helper, parser
 import compose_fuzz
 import fastseq
 import fastseq.onnx_compose as compose
-from fastseq.facades import onnx_compose as facade
 
 #: what never happens, deliberate or not
 NEVER = ("onnx_raises_fastseq_invalid", "fastseq_invalid")
@@ -171,7 +170,7 @@ def test_a_chain_checks_each_source_once_and_never_its_growing_result(monkeypatc
         return real(model, *a, **kw)
 
     monkeypatch.setattr(onnx.checker, "check_model", counting)
-    facade._VALID.clear()
+    compose._VALID.clear()
     stages = [_model(A.replace("a (", f"s{k} (")) for k in range(5)]
     merged = compose.add_prefix(stages[0], "s0/")
     for k in range(1, 5):
@@ -252,3 +251,64 @@ def test_a_joint_whose_sides_disagree_is_onnx_checkers_call_in_onnx_compose():
     for second, what in ((shape, "shape mismatch"), (double, "element type mismatch")):
         with pytest.raises(fastseq.CompositionError, match=what):
             fastseq.merge_models(_model(A), second, io_map=[("y", "u")])
+
+
+# --- what onnx's own harness (onnx/fuzz/fuzz_compose.py) found: tests/compose_harness.py -----------
+#: categories where onnx's result or onnx's error is not what fastseq gives: never, in any input
+NOT_ONNX = ("onnx_returns_fastseq_raises", "onnx_raises_fastseq_invalid", "fastseq_invalid")
+
+
+@pytest.mark.parametrize("block", range(2))
+def test_onnx_harness_inputs_get_onnx_result_or_an_error(block):
+    """The harness's structured and raw (mutated bytes) inputs: where onnx.compose returns a
+    model that passes the full check, fastseq returns one too; fastseq never returns a model
+    that fails it. (``benches/fuzz_compose.py --harness --count 100000`` runs 100,000.)"""
+    import compose_harness
+
+    wrong = []
+    for seed in range(block * 1500, block * 1500 + 1500):
+        case = compose_harness.make_case(seed)
+        if case is not None and (verdict := compose_fuzz.compare(case)).category in NOT_ONNX:
+            wrong.append((seed, verdict))
+    assert wrong == []
+
+
+def test_a_known_field_with_another_wire_type_is_kept_as_protobuf_keeps_it():
+    """protobuf keeps a known field that arrives with another wire type as an unknown field
+    (a node's ``input``, a string, as a varint; a dim's ``dim_value``, an int64, as bytes);
+    the merged model is onnx's, those bytes carried along."""
+    m1 = _model(A)
+    m1.graph.node[0].MergeFromString(b"\x08\x05")  # NodeProto.input (1) as a varint
+    m1.graph.input[0].type.tensor_type.shape.dim[0].MergeFromString(b"\x0a\x01\x41")  # dim_value (1) as bytes
+    assert list(m1.graph.node[0].input) == ["x"]  # protobuf did not read them as the fields
+    for kw in ({}, {"prefix1": "p/", "prefix2": "q/"}):
+        ref, ours = _both(m1, _model(B), io_map=[("y", "u")], **kw)
+        assert isinstance(ref, onnx.ModelProto) and ours.SerializeToString() == ref.SerializeToString()
+        assert b"\x08\x05" in ours.SerializeToString()
+
+
+def test_a_checker_value_error_on_a_source_is_not_raised_when_the_result_passes():
+    """onnx's checker raises a plain ValueError for a tensor type it does not know; where the
+    io_map feeds that input, onnx.compose's result is valid and fastseq's is the same. A
+    result that keeps it (onnx.compose's fails the full check so) is refused with that error."""
+    b = _model(B)
+    b.graph.input[0].type.tensor_type.elem_type = 65  # no such TensorProto.DataType
+    with pytest.raises(ValueError, match="Invalid tensor data type 65"):
+        onnx.checker.check_model(b, full_check=True)
+    ref, ours = _both(_model(A), b, io_map=[("y", "u")])
+    assert isinstance(ref, onnx.ModelProto) and ours.SerializeToString() == ref.SerializeToString()
+    with pytest.raises(ValueError, match="Invalid tensor data type 65") as info:
+        compose.merge_models(_model(A), b, io_map=[])  # 'u' stays an input of type 65
+    ref, _ = _both(_model(A), b, io_map=[])
+    assert type(ref) is type(info.value) and str(ref) == str(info.value)
+
+
+@pytest.mark.parametrize("seed", [2003, 4284, 996, 1458, 1547, 2291, 2747, 3339,  # a known field, another wire type
+                                  25986, 48816, 57003, 72785,  # the checker's plain ValueError on a source
+                                  9096, 25169, 92263])  # an io_map of names protobuf hands back as bytes
+def test_what_onnx_harness_found_is_onnx_result_byte_for_byte(seed):
+    """The harness's inputs where onnx.compose returned a valid model and fastseq raised: each
+    now gives onnx's model, byte for byte."""
+    import compose_harness
+
+    assert compose_fuzz.compare(compose_harness.make_case(seed)).category == "same"

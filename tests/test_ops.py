@@ -41,9 +41,9 @@ def batch_of(name: str) -> np.ndarray:
     """uint8 RGB batches [N, H, W, 3] of several sizes and counts."""
     china, flower = photos()
     if name == "sample":
-        return np.load(fastseq.operators.sample())  # 1 x 48 x 64
+        return np.load(fastseq.ops.shipped.sample())  # 1 x 48 x 64
     if name == "digits":
-        return np.load(fastseq.operators.digits_sample())["images"]  # 4 x 64 x 64
+        return np.load(fastseq.ops.shipped.digits_sample())["images"]  # 4 x 64 x 64
     if name == "photos":
         return np.stack([china, flower])  # 2 x 427 x 640
     if name == "crops":  # 3 x 301 x 199: tall, odd sizes
@@ -255,7 +255,7 @@ def logits() -> tuple[np.ndarray, np.ndarray]:
 
     data = load_digits()
     x = ((data.images.reshape(len(data.images), -1) / 16.0 - 0.5) / 0.5).astype(np.float32)
-    labels, scores = run(onnx.load(fastseq.operators.path("digits")), x)
+    labels, scores = run(onnx.load(fastseq.ops.shipped.path("digits")), x)
     return scores, labels
 
 
@@ -364,7 +364,7 @@ def test_operators_around_a_real_classifier_read_photos_of_digits():
 
     io_maps = [[("output", "input")]] * 6 + [[("logits", "input")], [("probabilities", "input")]]
     pipe = fastseq.ONNXSequential(*DEMO, io_maps=io_maps, keep_outputs=["probabilities"])
-    sample = np.load(fastseq.operators.digits_sample())
+    sample = np.load(fastseq.ops.shipped.digits_sample())
     probs, predicted = pipe(sample["images"])
     np.testing.assert_array_equal(predicted, sample["labels"])
 
@@ -415,7 +415,7 @@ def test_a_builtin_name_has_one_meaning_and_old_names_keep_theirs_with_a_note():
     that an operator now shares still names the file (old pipelines compute what they did),
     with one FutureWarning saying how to write either."""
     shipped = fastseq.compose(["builtin:shipped/resize"])
-    original = onnx.load(fastseq.operators.path("resize"))
+    original = onnx.load(fastseq.ops.shipped.path("resize"))
     assert [n.op_type for n in shipped.graph.node] == [n.op_type for n in original.graph.node]
     assert shipped.graph.output[0].type.tensor_type.shape.dim[2].dim_value == 32
     with warnings.catch_warnings():
@@ -423,7 +423,7 @@ def test_a_builtin_name_has_one_meaning_and_old_names_keep_theirs_with_a_note():
         assert fastseq.compose(["builtin:softmax"]).graph.node[0].op_type == "Softmax"
         assert fastseq.compose(["builtin:shipped/normalize"]).graph.node[0].op_type == "Sub"
         fastseq.compose(["builtin:digits"])
-    image = np.load(fastseq.operators.sample())
+    image = np.load(fastseq.ops.shipped.sample())
     files = ["builtin:shipped/to_float", "builtin:shipped/resize", "builtin:shipped/normalize", "builtin:color_head"]
     new = fastseq.ONNXSequential(
         "builtin:to_float?",
@@ -553,7 +553,7 @@ def test_the_readme_pipeline_converts_mixed_opsets_and_runs_quietly(capfd):
     ]
     with pytest.raises(fastseq.OpsetMismatchError, match=r"17 in to_float \(#0\).*18 in resize \(#2\)"):
         fastseq.ONNXSequential(*stages)
-    image = np.load(fastseq.operators.sample())
+    image = np.load(fastseq.ops.shipped.sample())
     values, indices = fastseq.ONNXSequential(*stages, auto_ir_version_conversion=True)(image)
-    assert indices[0, 0] == fastseq.operators.CLASSES.index("red") and values[0, 0] > 0.9
+    assert indices[0, 0] == fastseq.ops.shipped.CLASSES.index("red") and values[0, 0] > 0.9
     assert "onnxruntime" not in capfd.readouterr().err

@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from fastseq.graph.options import _CONFIG_KEYS, session_options_dict
+from fastseq.graph.session_settings import _CONFIG_KEYS, session_options_dict
 
 OPSET = [helper.make_opsetid("", 17)]
 EXTERNAL_KEY = "session.optimized_model_external_initializers_file_name"
@@ -166,8 +166,8 @@ def test_a_copy_carries_every_config_key_onnxruntime_reads():
              if not m.endswith(b".")}
     assert len(found) > 50
     missing = sorted(found - set(_CONFIG_KEYS))
-    assert not missing, f"add these keys to fastseq/graph/options.py's _CONFIG_KEYS: {missing}"
-    from fastseq.runtime.options import session_copy
+    assert not missing, f"add these keys to fastseq/graph/session_settings.py's _CONFIG_KEYS: {missing}"
+    from fastseq.runtime.ort_options import session_copy
 
     options = users_options()
     options.add_session_config_entry("session.intra_op.spin_duration_us", "7")
@@ -177,7 +177,7 @@ def test_a_copy_carries_every_config_key_onnxruntime_reads():
 
 
 def test_a_run_options_copy_keeps_the_callers_settings():
-    from fastseq.runtime.options import run_copy
+    from fastseq.runtime.ort_options import run_copy
 
     mine = ort.RunOptions()
     mine.logid, mine.log_verbosity_level, mine.only_execute_path_to_fetches = "mine", 1, True
@@ -251,7 +251,7 @@ def test_a_pipeline_file_cannot_make_onnx_runtime_write_a_file(tmp_path, monkeyp
 
 
 def test_a_callers_options_naming_a_file_are_an_input_error_naming_the_option(tmp_path, monkeypatch):
-    """The Python API decides as pipeline files do (SECURITY.md, "Files that ONNX Runtime
+    """The Python API decides as pipeline files do (docs/security.md, "Files that ONNX Runtime
     would write"): a session may start many times (the session cache, pickling, Ray actors),
     each writing the same file, and fastseq writes files through its writer only; the error
     names the option and the call that writes the file through fastseq's writer."""

@@ -168,7 +168,7 @@ def test_old_style_builtin_names_keep_their_models_with_one_note_each(folder):
     (folder / "new.toml").write_text(old.replace("builtin:to_float", "builtin:shipped/to_float")
                                      .replace("builtin:resize", "builtin:shipped/resize")
                                      .replace("builtin:normalize", "builtin:shipped/normalize"))
-    image = np.load(fastseq.operators.sample())
+    image = np.load(fastseq.ops.shipped.sample())
     with pytest.warns(FutureWarning) as caught:
         before = fastseq.Pipeline.from_file(folder / "old.toml")
     assert len(caught) == 3 and all("builtin:shipped/" in str(w.message) for w in caught)
@@ -176,12 +176,12 @@ def test_old_style_builtin_names_keep_their_models_with_one_note_each(folder):
         warnings.simplefilter("error")
         after = fastseq.Pipeline.from_file(folder / "new.toml")
     np.testing.assert_array_equal(before(image)[0], after(image)[0])
-    r = cli("run", "old.toml", "--input", str(fastseq.operators.sample()), cwd=folder)
+    r = cli("run", "old.toml", "--input", str(fastseq.ops.shipped.sample()), cwd=folder)
     assert r.returncode == 0, r.stderr
     notes = [ln for ln in r.stderr.splitlines() if ln.startswith("fastseq: warning:")]
     assert [ln.split()[2] for ln in notes] == ["builtin:to_float", "builtin:resize", "builtin:normalize"]
     assert len(r.stderr.splitlines()) == 4  # the three notes and the progress line
-    r = cli("run", "new.toml", "--input", str(fastseq.operators.sample()), cwd=folder)
+    r = cli("run", "new.toml", "--input", str(fastseq.ops.shipped.sample()), cwd=folder)
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
 
 

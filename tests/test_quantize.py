@@ -113,7 +113,7 @@ def test_torch_cnn_pipeline_static_per_channel_stays_close(tmp_path):
 
 def test_weights_go_to_a_data_file_above_the_limit(pipe, digits, tmp_path, monkeypatch):
     """Above 2 GB (here a lowered limit) every step keeps the weights external."""
-    from fastseq.integrations import quantize as module
+    from fastseq import quantize as module
 
     monkeypatch.setattr(module, "_LIMIT", 10_000)
     result = pipe.quantize(tmp_path / "q.onnx")

@@ -16,10 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import scale_model, session
 
-ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq[ray]'")
+ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq-onnx[ray]'")
 
 import fastseq  # noqa: E402
-import fastseq.integrations.ray as fray  # noqa: E402
+import fastseq.ray as fray  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)  # a Ray scheduling deadlock would otherwise hang CI
 TESTS = Path(__file__).parent
@@ -429,7 +429,7 @@ def test_a_local_cluster_gets_an_object_store_that_fits_the_machine(monkeypatch,
     use); with ADDRESS the cluster's own store is used as it is."""
     with open("/proc/meminfo") as f:
         available = int(next(line for line in f if line.startswith("MemAvailable")).split()[1]) * 1024
-    from fastseq.integrations.ray import local_object_store
+    from fastseq.ray import local_object_store
 
     size = local_object_store()
     assert 256 << 20 <= size <= 2 << 30

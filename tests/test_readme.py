@@ -261,7 +261,7 @@ def test_readme_block_runs(block, setup, tmp_path):
     if block.skip:
         pytest.skip(block.skip)
     if "import ray" in block.code:
-        pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq[ray]'")
+        pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq-onnx[ray]'")
     r = run_block(block, setup, tmp_path)
     assert r.returncode == 0, f"{block.file} line {block.line}:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
     for line, text in PRINTS.items():
@@ -289,7 +289,7 @@ def test_every_page_has_its_blocks_found():
     would otherwise drop its blocks from the run silently)."""
     files = {b.file for b in RUNNABLE}
     for page in ("README.md", "docs/running.md", "docs/kornia.md", "docs/onnx-compose.md", "docs/operators.md",
-                 "docs/pipelines.md", "docs/cli.md", "docs/serving.md", "docs/ray.md", "docs/install.md"):
+                 "docs/pipelines.md", "docs/cli.md", "docs/batching.md", "docs/ray.md", "docs/install.md"):
         assert page in files, page
     assert len({b.id for b in BLOCKS}) == len(BLOCKS), "block ids are unique"
 

@@ -151,14 +151,14 @@ def test_versions_are_written_as_maturin_writes_them():
 def fake_wheel(folder: Path, *, leave_out: str = "", tag: str = "cp311-abi3-manylinux_2_17_x86_64") -> Path:
     """A wheel shaped as maturin writes it, from the package's files (the extension a stand-in)."""
     version = check_dist.pep440(check_dist.cargo_version())
-    wheel = folder / f"fastseq-{version}-{tag}.whl"
-    info = f"fastseq-{version}.dist-info"
+    wheel = folder / f"{check_dist.FILE_PREFIX}-{version}-{tag}.whl"
+    info = f"{check_dist.FILE_PREFIX}-{version}.dist-info"
     with zipfile.ZipFile(wheel, "w") as z:
         for name in sorted(check_dist.package_files()):
             if name != leave_out:
                 z.write(ROOT / "python" / name, name)
         z.writestr("fastseq/_core.abi3.so", b"\x7fELF not really")
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.4\nName: fastseq\nVersion: {version}\n"
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.4\nName: {check_dist.DISTRIBUTION}\nVersion: {version}\n"
                                        "Provides-Extra: cpu\nProvides-Extra: gpu\n")
         z.writestr(f"{info}/entry_points.txt", "[console_scripts]\nfastseq=fastseq.cli:main\n")
     return wheel
@@ -209,7 +209,8 @@ def test_ci_installs_each_artifact_outside_the_tree_and_runs_the_readmes_command
         assert command in readme, command
     assert "python3 -m pip install '.[cpu,test]' && cargo test --locked && python3 -m pytest -q" in ci
     assert "fastseq demo" in ci and "bash tools/build_dist.sh" in ci and "smoke_installed.py" in ci
-    assert "dist/fastseq-*.whl dist/fastseq-*.tar.gz" in ci and "python3 -m venv" in ci
+    assert "dist/fastseq_onnx-*.whl dist/fastseq_onnx-*.tar.gz" in ci and "python3 -m venv" in ci
+    assert check_dist.FILE_PREFIX == "fastseq_onnx"  # what the globs above and the workflow's say
 
 
 # --- the real build (minutes) ------------------------------------------------------------------

@@ -351,13 +351,20 @@ def test_a_hit_takes_its_own_copy_and_changed_sources_are_a_new_key(tmp_path):
 
 def second_digest_differs(monkeypatch):
     """``_core.model_digest`` as it is on its first call and different on later ones (a
-    source rewritten between the key's read and the copy's): (the calls, the real one)."""
-    real, calls = fastseq._core.model_digest, []
+    source rewritten between the key's read and the copy's): (the calls, the real one).
+    Which call is first is decided when it is made: the key's digest and the copy's run on
+    two threads, and the core releases the GIL while it reads, so counting the calls once
+    the digest is back saw both as second now and then (both zeros: equal, and stored)."""
+    import threading
+
+    real, calls, lock = fastseq._core.model_digest, [], threading.Lock()
 
     def second_differs(model):
-        calls.append(model)
+        with lock:
+            calls.append(model)
+            first = len(calls) == 1
         digest = real(model)
-        return digest if len(calls) == 1 else "0" * len(digest)
+        return digest if first else "0" * len(digest)
 
     monkeypatch.setattr(fastseq._core, "model_digest", second_differs)
     return calls, real

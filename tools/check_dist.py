@@ -25,6 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "python" / "fastseq"
+#: the distribution's name (pyproject.toml's; the package imports as fastseq), and the
+#: prefix of its files as maturin names them (``fastseq_onnx-0.1.0-....whl``)
+DISTRIBUTION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+FILE_PREFIX = re.sub(r"[-_.]+", "_", DISTRIBUTION)
 MAX_WHEEL_BYTES = 5 * 1024 * 1024
 #: the newest glibc a Linux wheel may need (manylinux2014 = manylinux_2_17)
 MAX_GLIBC = (2, 17)
@@ -97,8 +101,10 @@ def check_wheel(wheel: Path, version: str) -> list[str]:
         problems += check_auditwheel(wheel)
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        metadata = Parser().parsestr(z.read(f"fastseq-{ver}.dist-info/METADATA").decode())
-        entry_points = z.read(f"fastseq-{ver}.dist-info/entry_points.txt").decode()
+        metadata = Parser().parsestr(z.read(f"{FILE_PREFIX}-{ver}.dist-info/METADATA").decode())
+        entry_points = z.read(f"{FILE_PREFIX}-{ver}.dist-info/entry_points.txt").decode()
+    if name != FILE_PREFIX or metadata["Name"] != DISTRIBUTION:
+        problems.append(f"{wheel.name}: distribution {metadata['Name']}, pyproject.toml says {DISTRIBUTION}")
     if metadata["Version"] != pep440(version):
         problems.append(f"{wheel.name}: METADATA says version {metadata['Version']}, Cargo.toml {version}")
     extras = set(metadata.get_all("Provides-Extra") or ())
@@ -136,7 +142,7 @@ def check_auditwheel(wheel: Path) -> list[str]:
 
 def check_sdist(sdist: Path, version: str) -> list[str]:
     print(f"{sdist.name}: {sdist.stat().st_size / 1e6:.2f} MB")
-    top = f"fastseq-{pep440(version)}"
+    top = f"{FILE_PREFIX}-{pep440(version)}"
     if sdist.name != f"{top}.tar.gz":
         return [f"{sdist.name}: expected {top}.tar.gz (the version in Cargo.toml)"]
     with tarfile.open(sdist) as t:
@@ -159,7 +165,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     folder = Path(argv[0])
-    wheels, sdists = sorted(folder.glob("fastseq-*.whl")), sorted(folder.glob("fastseq-*.tar.gz"))
+    wheels, sdists = sorted(folder.glob(f"{FILE_PREFIX}-*.whl")), sorted(folder.glob(f"{FILE_PREFIX}-*.tar.gz"))
     if len(wheels) != 1 or len(sdists) != 1:
         print(f"check_dist: expected one wheel and one sdist in {folder}, found {wheels + sdists}", file=sys.stderr)
         return 1

@@ -35,11 +35,11 @@ from pathlib import Path
 
 #: the public modules (README and docs name them); each must import on its own
 PUBLIC_MODULES = [
-    "fastseq", "fastseq.ops", "fastseq.operators", "fastseq.onnx_compose", "fastseq.quantize",
+    "fastseq", "fastseq.ops", "fastseq.ops.shipped", "fastseq.onnx_compose", "fastseq.quantize",
     "fastseq.ray", "fastseq.cli", "fastseq.errors",
 ]
 #: public modules that need an extra: without it, importing them names the extra to install
-NEEDS_EXTRA = {"fastseq.ray": "fastseq[ray]"}
+NEEDS_EXTRA = {"fastseq.ray": "ray"}
 #: files the wheel must install beside the modules
 PACKAGE_DATA = [
     "_core.pyi", "py.typed",
@@ -86,6 +86,7 @@ def installed(allow_source_tree: bool) -> Path:
 
 def carried(here: Path) -> None:
     from fastseq import _core
+    from fastseq.errors import install_command
 
     check("the _core extension is the installed one", Path(_core.__file__).resolve().parent == here, _core.__file__)
     missing = [f for f in PACKAGE_DATA if not (here / f).is_file()]
@@ -95,7 +96,7 @@ def carried(here: Path) -> None:
         r = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120)
         last = (r.stderr.strip().splitlines() or [""])[-1]
         extra = NEEDS_EXTRA.get(name)
-        if r.returncode and extra and last.startswith("ImportError") and f"pip install '{extra}'" in last:
+        if r.returncode and extra and "MissingExtraError" in last and install_command(extra) in last:
             check(f"import {name} without its extra names it", True, shown=last)
             continue
         check(f"import {name}", r.returncode == 0, last)
@@ -103,14 +104,16 @@ def carried(here: Path) -> None:
 
     unresolved = [n for n in fastseq.__all__ if getattr(fastseq, n, None) is None]
     check("every name in fastseq.__all__ resolves", not unresolved, unresolved)
-    check("fastseq.operators lists the shipped models", {"digits", "resize"} <= set(fastseq.operators.names()))
+    check("fastseq.ops.shipped lists the shipped models", {"digits", "resize"} <= set(fastseq.ops.shipped.names()))
 
 
 def versions() -> None:
     import fastseq
     from fastseq import _core
 
-    meta = importlib.metadata.version("fastseq")
+    from fastseq.errors import DISTRIBUTION
+
+    meta = importlib.metadata.version(DISTRIBUTION)  # the distribution's name, not the import's
     check("one version: fastseq.__version__, the core's and the metadata's",
           fastseq.__version__ == _core.__version__ and meta == pep440(fastseq.__version__),
           f"{fastseq.__version__}, core {_core.__version__}, metadata {meta}", shown=meta)

@@ -18,6 +18,7 @@ from fastseq.errors import (
     FastseqError,
     InputError,
     LoadError,
+    MissingExtraError,
     OperatorError,
     OpsetMismatchError,
     PipelineFileError,
@@ -52,9 +53,9 @@ _LAZY = {
     "InvalidModelError": "fastseq.errors",
     "InvalidShapesError": "fastseq.errors",
 }
-# public submodules, imported when first read as attributes (``fastseq.operators`` is the
-# shipped models; each is a module of its own, so ``import fastseq.operators`` works too)
-_MODULES = {"ops": "fastseq.ops", "operators": "fastseq.operators", "serving": "fastseq.serving"}
+# public submodules, imported when first read as attributes (``fastseq.ops.shipped`` is the
+# shipped models)
+_MODULES = {"ops": "fastseq.ops", "serving": "fastseq.serving"}
 
 if TYPE_CHECKING:
     from fastseq import ops
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
     from fastseq.graph.metadata import add_metadata
     from fastseq.graph.rename import io_name_conversion
     from fastseq.graph.spec import PipelineSpec
-    from fastseq import operators
     from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.batcher import Batcher
     from fastseq.runtime.profile import Profile
@@ -108,6 +108,7 @@ __all__ = [
     "FastseqError",
     "InputError",
     "LoadError",
+    "MissingExtraError",
     "ONNXLoader",
     "ONNXModule",
     "ONNXSequential",
@@ -132,7 +133,6 @@ __all__ = [
     "io_name_conversion",
     "load",
     "merge_models",
-    "operators",
     "ops",
     "serve",
     "serving",

@@ -440,6 +440,12 @@ def did_you_mean(name: str, candidates: _typeshed.SupportsGetItem[int, str]) -> 
     """The hint ` (did you mean 'x'?)` for `name` among `candidates`, or an empty string."""
 
 
+def name_text(data: bytes) -> str:
+    """A name's bytes as the core's text of it: UTF-8 as it is, each byte that is not kept as an
+    escape character (protobuf hands Python a `string` field that is not UTF-8 as `bytes`).
+    """
+
+
 def file_digest(path: str | os.PathLike[str]) -> str:
     """The XXH3-128 digest of a file's bytes, as hex."""
 

@@ -15,6 +15,7 @@ urllib.error costs ``import fastseq`` about 25 ms."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -160,6 +161,19 @@ class ProviderError(FastseqError, ValueError):
     __module__ = "fastseq"
 
 
+class MissingExtraError(FastseqError, ModuleNotFoundError):
+    """A feature needs an extra that is not installed (``fastseq.serve`` the ``serve`` extra,
+    ``fastseq run --ray`` the ``ray`` one, ...): the message names the feature, the extra, the
+    modules missing and the command that installs them; ``extra`` is the extra's name. A
+    ``ModuleNotFoundError`` too, as importing the missing module raises."""
+
+    __module__ = "fastseq"
+
+    def __init__(self, message: str, *, extra: str = "", name: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
+
+
 def _truncated_download_error() -> type:
     import urllib.error
 
@@ -247,6 +261,7 @@ __all__ = [
     "InvalidModelError",
     "InvalidShapesError",
     "LoadError",
+    "MissingExtraError",
     "OperatorError",
     "OpsetMismatchError",
     "PipelineFileError",
@@ -258,12 +273,48 @@ __all__ = [
 ]
 
 
+#: The distribution that installs fastseq (pyproject.toml's name; the package imports as
+#: ``fastseq``). "fastseq" on the package index is another project (Microsoft's FastSeq).
+DISTRIBUTION = "fastseq-onnx"
+
+
+def install_command(extra: str) -> str:
+    """The command that installs fastseq with ``extra``: ``pip install 'fastseq-onnx[serve]'``."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
+def require_extra(feature: str, extra: str, modules: Sequence[str]) -> None:
+    """Raises :class:`MissingExtraError` for ``feature`` when a module of ``extra`` cannot be
+    imported (looked for, not imported)."""
+    import importlib.util
+
+    missing = []
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a module set to None
+            found = False
+        if not found:
+            missing.append(module)
+    if missing:
+        raise MissingExtraError(
+            f"{feature} needs the {extra} extra, which is not installed ({', '.join(missing)} missing): "
+            f"{install_command(extra)}", extra=extra, name=missing[0])
+
+
+def missing_extra(feature: str, extra: str, error: ModuleNotFoundError) -> MissingExtraError:
+    """The :class:`MissingExtraError` for ``feature``, whose import of a module of ``extra``
+    failed with ``error``."""
+    return MissingExtraError(f"{feature} needs the {extra} extra, which is not installed ({error.name or error} "
+                             f"missing): {install_command(extra)}", extra=extra, name=error.name)
+
+
 #: Why a runtime name cannot load without ONNX Runtime, and how to install it. ONNX Runtime
 #: is an extra, not a dependency: onnxruntime-gpu and onnxruntime share a module, so pip
 #: must never install the CPU package beside the GPU one.
 NO_RUNTIME = (
     "running a pipeline needs ONNX Runtime, which is not installed: "
-    "pip install 'fastseq[cpu]' (or 'fastseq[gpu]' for onnxruntime-gpu; never both). "
+    f"{install_command('cpu')} (or '{DISTRIBUTION}[gpu]' for onnxruntime-gpu; never both). "
     "Composing and exporting (fastseq.compose*, merge_models, `fastseq merge`) work without it."
 )
 

@@ -33,6 +33,13 @@ fn did_you_mean(name: &str, candidates: Vec<String>) -> String {
     fastseq::did_you_mean(name, candidates.iter().map(String::as_str))
 }
 
+/// A name's bytes as the core's text of it: UTF-8 as it is, each byte that is not kept as an
+/// escape character (protobuf hands Python a `string` field that is not UTF-8 as `bytes`).
+#[pyfunction]
+fn name_text(data: &[u8]) -> String {
+    fastseq::name_text(data.to_vec())
+}
+
 /// The target's C environment ("gnu", "musl", "msvc"; "" where there is none).
 const TARGET_ENV: &str = if cfg!(target_env = "gnu") {
     "gnu"
@@ -84,6 +91,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(overlapping_names, m)?)?;
     m.add_function(wrap_pyfunction!(external_data_locations, m)?)?;
     m.add_function(wrap_pyfunction!(did_you_mean, m)?)?;
+    m.add_function(wrap_pyfunction!(name_text, m)?)?;
     m.add_function(wrap_pyfunction!(file_digest, m)?)?;
     m.add_function(wrap_pyfunction!(open_input, m)?)?;
     m.add_function(wrap_pyfunction!(write_private_copy, m)?)?;

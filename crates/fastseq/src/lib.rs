@@ -34,6 +34,7 @@ pub mod fuzzing;
 
 // The Rust API: what the Python bindings use, and a Rust program may.
 pub use allocator::tune_allocator;
+pub use codec::fidelity::text_of as name_text;
 pub use codec::model::{MAX_IR_VERSION, PROTOBUF_LIMIT};
 pub use codec::summary::{DimInfo, IoInfo, Summary};
 pub use error::{Error, Kind, Result};

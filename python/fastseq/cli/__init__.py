@@ -1,7 +1,8 @@
 """The ``fastseq`` command: merge, inspect and run ONNX models in build pipelines.
 
 Exit codes: 0 success, 1 a fastseq error (bad model, bad joint, failed download or write),
-2 a usage error (after the command's own usage), 130 interrupted. Every error goes to stderr
+2 a usage error (after the command's own usage), 130 interrupted, 141 the reader of its
+output left (``fastseq inspect x.onnx | head``: quietly, as a command that SIGPIPE ends). Every error goes to stderr
 as one ``fastseq: error: ...`` line, never a traceback; fastseq's warnings as one
 ``fastseq: warning: ...`` line each. What other libraries log (ONNX Runtime, Ray,
 onnxruntime.quantization) shows only with ``--verbose``.
@@ -15,6 +16,8 @@ read models and inputs, :mod:`.version` what ``--version`` prints.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 
 from fastseq.cli import cache, demo, inspect, merge, run, serve
@@ -42,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with Quiet(getattr(args, "verbose", False)) as quiet:
         try:
-            return args.func(args, quiet)
+            status = args.func(args, quiet)
+            sys.stdout.flush()  # a reader that left (`| head`) shows here, not at exit
+            return status
+        except BrokenPipeError:
+            return _reader_gone()
         except FastseqError as e:
             return error(e)
         except ModuleNotFoundError as e:
@@ -55,3 +62,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return error("interrupted", 130)
         except Exception as e:  # noqa: BLE001  (the last resort: still one line, never a traceback)
             return error(f"unexpected {type(e).__name__}: {e} (a bug in fastseq: please report it)")
+
+
+#: The exit status of a command whose reader went away (as a command killed by SIGPIPE).
+READER_GONE = 141
+
+
+def _reader_gone() -> int:
+    """``fastseq inspect x.onnx | head``: the reader took what it wanted and left. Quietly,
+    as a command killed by SIGPIPE ends: what is still buffered goes nowhere (Python would
+    print an error flushing it at exit)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # a stdout without a file descriptor (a test's capture)
+        pass
+    return READER_GONE

@@ -118,7 +118,7 @@ def cmd_merge(args: argparse.Namespace, quiet: Quiet) -> int:
 
 
 def cmd_quantize(args: argparse.Namespace, quiet: Quiet) -> int:
-    from fastseq.integrations.quantize import quantize
+    from fastseq.quantize import quantize
 
     check_output(args.output)
     quiet.runtime()

@@ -70,7 +70,9 @@ def load_npy(name: str, file: str) -> Any:
     """One --input array; anything but a readable .npy file is a one-line error."""
     path = Path(file).expanduser()
     if not path.is_file():
-        raise fail(f"--input {name}={file}: no such file")
+        from fastseq.sources.resolve import near_path
+
+        raise fail(f"--input {name}={file}: no such file{near_path(path)}")
     with open(path, "rb") as f:
         magic = f.read(6)
     if magic != b"\x93NUMPY":
@@ -114,6 +116,12 @@ def feeds(args: argparse.Namespace, pipe: Any) -> dict[str, Any]:
                 )
             array = array.astype(want)
         found[name] = array
+    missing = [i for i in pipe.inputs if i.name not in found]
+    if missing:
+        how = "--input FILE.npy" if len(inputs) == 1 else " ".join(f"--input {i.name}=FILE.npy" for i in missing)
+        given = "no --input" if not args.input else "no --input for " + ", ".join(i.name for i in missing)
+        raise fail(f"{given}: the pipeline needs {', '.join(map(str, missing))}; pass {how} "
+                   "(each array saved with numpy.save)")
     return found
 
 

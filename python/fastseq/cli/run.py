@@ -26,7 +26,7 @@ def add(sub: Any) -> None:
                                           "shape, dtype and values are summarised")
     r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                    help="run over a dataset (--input: a folder of .npy files or Parquet) on the Ray cluster at "
-                        "ADDRESS, or on a local one (needs fastseq[ray])")
+                        "ADDRESS, or on a local one (needs the ray extra)")
     r.add_argument("--concurrency", type=int, help="with --ray: actors (default: the cluster's CPUs less one)")
     r.add_argument("--batch-size", type=int, default=256, help="with --ray: rows per batch (default 256)")
     verbose_option(r)
@@ -88,11 +88,11 @@ def _run_on_ray(args: argparse.Namespace, quiet: Quiet) -> int:
         raise fail("--ray needs one --input (a folder of .npy files or a Parquet dataset) and --output "
                    "(a folder for Parquet files)")
     check_output(Path(args.output) / "part.parquet", folders=True)
-    try:
-        quiet.ray()  # before Ray is imported
-        from fastseq.integrations.ray import run_dataset
-    except ImportError as e:
-        raise fail(str(e)) from None
+    from fastseq.errors import require_extra
+
+    require_extra("fastseq run --ray", "ray", ("ray", "pyarrow"))  # before anything imports Ray
+    quiet.ray()
+    from fastseq.ray import run_dataset
     pipe = pipeline(args, quiet)
     run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
     return 0

@@ -118,14 +118,14 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
     from fastseq.serving.server import Server, say
     _log(quiet)
     pipelines = _pipelines(args, quiet)
-    app = serving.app(pipelines, row_independent=args.row_independent, warm_up=not args.no_warm_up,
+    served = serving.served(pipelines, row_independent=args.row_independent, warm_up=not args.no_warm_up,
                       max_batch_size=args.max_batch_size,
                       max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
                       max_request_bytes=args.max_request_bytes, timeout_s=args.timeout_s,
                       body_timeout_s=args.body_timeout_s, max_uploads=args.max_uploads,
                       memory_budget=args.memory_budget)
     try:
-        server = Server(app, args.host, args.port, grpc_port=args.grpc_port, announce=say, verbose=quiet.verbose)
+        server = Server(served, args.host, args.port, grpc_port=args.grpc_port, announce=say, verbose=quiet.verbose)
     except OSError as e:
         raise fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     return server.run()  # 1 where a model's warm-up failed (its line says which)
@@ -148,7 +148,7 @@ def _pipelines(args: argparse.Namespace, quiet: Quiet) -> dict[str, Any]:
         for spec in specs.values():
             spec.session_options = {**SERVING_OPTIONS, **(spec.session_options or {})}
         return {name: from_spec(spec, args, quiet) for name, spec in specs.items()}
-    from fastseq.graph.options import session_options
+    from fastseq.graph.session_settings import session_options
 
     name = args.name or (_stem(args.models[0]) if len(args.models) == 1 else "pipeline")
     return {name: pipeline(args, quiet, session_options(SERVING_OPTIONS))}

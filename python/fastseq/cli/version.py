@@ -7,6 +7,7 @@ import sys
 from typing import NoReturn
 
 from fastseq import __version__
+from fastseq.errors import install_command
 
 
 def version_text() -> str:
@@ -28,7 +29,7 @@ def version_text() -> str:
         f"fastseq {__version__}",
         f"core: {_core.__version__} ({_core.__build__})",
         f"python: {platform.python_version()} ({platform.python_implementation()}, {sys.platform})",
-        f"runtime: {', '.join(runtimes) or 'none (pip install fastseq[cpu] or fastseq[gpu])'}",
+        f"runtime: {', '.join(runtimes) or 'none (' + install_command('cpu') + ' or ' + install_command('gpu') + ')'}",
     ])
 
 

@@ -35,8 +35,8 @@ class Facade(Runnable):
     reach the integrations (Ray Data), which the runtime layer does not import."""
 
     def map_batches(self, ds: Any, **ray_kwargs: Any) -> Any:
-        """Runs this pipeline over a Ray Dataset as stateful actors (extra ``fastseq[ray]``;
+        """Runs this pipeline over a Ray Dataset as stateful actors (extra ``fastseq-onnx[ray]``;
         see :func:`fastseq.ray.map_batches`). Returns the new, lazy dataset."""
-        from fastseq.integrations import ray as fastseq_ray
+        from fastseq import ray as fastseq_ray
 
         return fastseq_ray.map_batches(self, ds, **ray_kwargs)

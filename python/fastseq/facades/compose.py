@@ -167,6 +167,15 @@ def _stage(model: ModelSource, index: int) -> Stage:
     return Stage(label, _core.decode(model.SerializeToString(), label))
 
 
+def name_of(name: object) -> str:
+    """A name as the core writes it: a ``str`` as it is, ``bytes`` (protobuf's ``str`` of a
+    name that is not UTF-8: onnx.compose takes the io_map read off a model) as the core's
+    text of those bytes, anything else through ``str``."""
+    if isinstance(name, bytes):
+        return _core.name_text(name)
+    return str(name)
+
+
 def merge_spec(
     m1: ModelSource,
     m2: ModelSource,
@@ -183,10 +192,10 @@ def merge_spec(
     meta = {"name": name, "doc_string": doc_string}
     return PipelineSpec(
         [_stage(m1, 0), _stage(m2, 1)],
-        io_maps=[[(str(o), str(i)) for o, i in io_map]],
+        io_maps=[[(name_of(o), name_of(i)) for o, i in io_map]],
         prefixes=[prefix1, prefix2],
-        only_inputs=list(inputs) if inputs else None,
-        only_outputs=list(outputs) if outputs else None,
+        only_inputs=[name_of(n) for n in inputs] if inputs else None,
+        only_outputs=[name_of(n) for n in outputs] if outputs else None,
         metadata={k: v for k, v in meta.items() if v is not None},
         entry="merge_models",
         rules="onnx.compose",

@@ -12,7 +12,7 @@ from fastseq.graph import drawing
 from fastseq.graph import pipefile, pipefile_write
 from fastseq.facades.base import Facade, build_cached
 from fastseq.graph.build import build
-from fastseq.graph.options import session_options, session_options_dict
+from fastseq.graph.session_settings import session_options, session_options_dict
 from fastseq.graph.parts import Edge
 from fastseq.graph.spec import PipelineSpec
 from fastseq.runtime.engine import SessionEngine

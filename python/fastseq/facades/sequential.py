@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from fastseq.runtime.cache import SessionCache
     import onnx
 
-    from fastseq.integrations import quantize
+    from fastseq import quantize
 
 __all__ = ["ONNXSequential", "TensorInfo"]
 
@@ -177,6 +177,6 @@ class ONNXSequential(Facade):
         """Writes an int8 build of the composed pipeline to ``path`` (``onnxruntime.quantization``;
         options as :func:`fastseq.quantize.quantize`: ``static``, ``calibration``,
         ``per_channel``, ``format``) and returns what was written."""
-        from fastseq.integrations import quantize
+        from fastseq import quantize
 
         return quantize.quantize_composed(self._engine.composed, path, " -> ".join(self._engine.labels), **options)

@@ -47,7 +47,7 @@ from typing import Any
 
 from fastseq import _core
 from fastseq.errors import LoadError, PipelineFileError
-from fastseq.graph.options import refuse_file_options, session_options
+from fastseq.graph.session_settings import refuse_file_options, session_options
 from fastseq.graph.parts import META_KEYS
 from fastseq.graph.spec import PipelineSpec
 
@@ -290,7 +290,9 @@ def _load(file: Path, origin: str) -> dict[str, Any]:
         with os.fdopen(_core.open_input(file), "rb") as f:  # the core's open: a FIFO is refused, never waited on
             raw = f.read()
     except FileNotFoundError:
-        raise PipelineFileError(f"{origin}: no such file") from None
+        from fastseq.sources.resolve import near_path
+
+        raise PipelineFileError(f"{origin}: no such file{near_path(file)}") from None
     except (OSError, LoadError) as e:  # a LoadError: not a regular file
         why = getattr(e, "strerror", None) or str(e).removeprefix(f"{file}: ")
         raise PipelineFileError(f"{origin}: cannot be read: {why}") from None

@@ -69,6 +69,10 @@ if not TYPE_CHECKING:  # type checkers see the imports above, and flag a misspel
             return DEFAULT_OPSET
         if name in _HOME_OF:
             return _all()[name]
+        if name == "shipped":  # the models shipped with fastseq (their files and samples)
+            import importlib
+
+            return importlib.import_module("fastseq.ops.shipped")
         raise AttributeError(f"module 'fastseq.ops' has no attribute '{name}'")
 
 
@@ -223,6 +227,7 @@ __all__ = [
     "parse",
     "resize",
     "rgb_to_bgr",
+    "shipped",
     "softmax",
     "to_float",
     "topk",

@@ -74,7 +74,7 @@ class Batcher:
     rather than a wrong split. A cancelled coroutine's request (``asyncio.wait_for``'s
     timeout included) is left out of its batch if that has not run yet, and its answer
     dropped if it has: either way the coroutine raises ``asyncio.CancelledError``, as
-    asyncio's cancellation does (docs/serving.md).
+    asyncio's cancellation does (docs/batching.md).
 
     A ``max_batch_size`` that is not an int >= 1, or a ``max_delay_ms`` that is not a finite
     number >= 0, is an :class:`fastseq.InputError`. ``close()`` (or leaving ``with

@@ -9,7 +9,7 @@ core from where its weights are, while the kernel writes the session's copy of t
 onnxruntime version, the machine, the providers with their options and the session options
 that steer optimisation.
 
-Trust (SECURITY.md has the threat model): the root and its entries are used only when they
+Trust (docs/security.md has the threat model): the root and its entries are used only when they
 are the user's own and nobody else can write to them (:mod:`.cachedir`); entries are made
 private, written into a private folder and renamed into place, so readers see a whole entry
 or none. What is verified is what ONNX Runtime loads: the entry's files are hard-linked into

@@ -19,7 +19,7 @@ from fastseq.runtime import session
 from fastseq.runtime.private_copy import PrivateCopy
 from fastseq.runtime.providers import Provider, check_provider_options
 from fastseq.runtime.runner import Runner
-from fastseq.runtime.options import session_copy
+from fastseq.runtime.ort_options import session_copy
 from fastseq.runtime.tensors import TensorInfo, unshaped
 
 if TYPE_CHECKING:
@@ -339,7 +339,7 @@ class SessionEngine:
         """``model`` (the composed model's bytes), ``labels`` and ``origins`` (so that errors
         there name the stages too), ``providers`` (as requested), ``session_options`` (a dict
         of their settings: SessionOptions does not pickle) and ``session_cache``."""
-        from fastseq.graph.options import session_options_dict
+        from fastseq.graph.session_settings import session_options_dict
 
         return {
             "model": self._composed.to_bytes(),
@@ -354,7 +354,7 @@ class SessionEngine:
     def from_portable(cls, state: Mapping[str, Any], options: ort.SessionOptions | None = None) -> SessionEngine:
         """The engine that :meth:`portable`'s dict describes (``model`` may also be the path
         of an exported model), its session started; ``options`` in place of the dict's."""
-        from fastseq.graph.options import session_options
+        from fastseq.graph.session_settings import session_options
 
         labels = list(state["labels"])
         engine = cls(_core.load_model(state["model"], " -> ".join(labels)), labels, origins=state.get("origins"))
@@ -365,9 +365,9 @@ class SessionEngine:
 
 
 def caller_options(options: ort.SessionOptions | None) -> None:
-    """A caller's options never make ONNX Runtime write a file (SECURITY.md, "Files that
+    """A caller's options never make ONNX Runtime write a file (docs/security.md, "Files that
     ONNX Runtime would write"); fastseq's own copies do (a cache entry, a profile)."""
-    from fastseq.graph.options import file_option
+    from fastseq.graph.session_settings import file_option
 
     if found := file_option(options):
         raise InputError(f"session_options.{found[0]}: fastseq writes files only through its own writer, and a "

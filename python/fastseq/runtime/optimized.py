@@ -12,7 +12,7 @@ import onnxruntime as ort
 from fastseq import _core
 from fastseq.errors import ExportError, RunError
 from fastseq.runtime.export import utf8_folder, utf8_name
-from fastseq.runtime.options import default_options
+from fastseq.runtime.ort_options import default_options
 from fastseq.runtime.private_copy import PrivateCopy
 from fastseq.runtime.providers import Provider, provider_name, usable_providers
 from fastseq.runtime.session import OPTIMIZED_FOR, new_session

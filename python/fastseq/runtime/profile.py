@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from statistics import median
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -60,10 +61,12 @@ class StageTime:
 
 @dataclass(frozen=True)
 class Profile:
-    """A pipeline's profile (see :meth:`fastseq.ONNXSequential.profile`). Times are means
-    per run of ONNX Runtime's own measurements: ``run_ms`` is its ``model_run``, each
-    stage the sum of its nodes' kernel times, ``unassigned_ms`` the rest of the run (the
-    executor between nodes, copies, adapters inserted between stages: ``unassigned_nodes``).
+    """A pipeline's profile (see :meth:`fastseq.ONNXSequential.profile`). Times are medians
+    over the runs of ONNX Runtime's own measurements (a stall in one run moves none of them):
+    ``run_ms`` is its ``model_run``, each stage the sum of its nodes' kernel times in a run,
+    ``unassigned_ms`` the rest of the run (the executor between nodes, copies, adapters
+    inserted between stages: ``unassigned_nodes``); the stages and the rest add up to
+    ``run_ms``.
     Under the parallel execution mode kernels overlap, and shares are of their sum instead.
     ``session_s``: the seconds the profiling session took to create."""
 
@@ -116,7 +119,7 @@ class Profile:
         hottest = self.hottest
         width = max([len("(between stages)"), *(len(s.name) + 10 for s in self.stages)])
         lines = [
-            f"{self.run_ms:.3f} ms per run (mean of {self.runs} profiled runs, ONNX Runtime's model_run) "
+            f"{self.run_ms:.3f} ms per run (median of {self.runs} profiled runs, ONNX Runtime's model_run) "
             f"on {', '.join(self.providers)}",
             f"{'stage':<{width}}  {'ms/run':>9}  {'share':>6}  {'nodes':>6}",
         ]
@@ -313,15 +316,19 @@ def _summarise(
             f"(is the temporary folder {tempfile.gettempdir()} full?)"
         )
     kernels = sorted((e for e in events if e.cat == "Node" and e.name.endswith("_kernel_time")), key=lambda e: e.ts)
-    per_stage = [0.0] * len(graph.labels)
-    per_node: dict[tuple[int, str, str], float] = {}  # (stage or -1, own name, op) -> µs
-    busy = 0.0
+    n = len(windows)
+    # Per run: each stage's time and each node's (stage or -1, own name, op) -> µs. Medians
+    # over the runs, not means: on a busy machine one run's stall would make any stage look
+    # like the hot one.
+    per_stage = [[0.0] * len(graph.labels) for _ in range(n)]
+    per_node: dict[tuple[int, str, str], list[float]] = {}
+    busy = [0.0] * n
     w = 0
     ends: dict[int, int] = {}  # per thread: where the last top-level kernel ended
     for e in kernels:
-        while w < len(windows) and e.ts >= windows[w][1]:
+        while w < n and e.ts >= windows[w][1]:
             w += 1
-        if w == len(windows):
+        if w == n:
             break
         if e.ts < windows[w][0]:
             continue  # a warm-up run's
@@ -329,25 +336,27 @@ def _summarise(
             continue  # a subgraph's node, inside its If or Loop node's time
         ends[e.tid] = e.ts + e.dur
         stage, shown, op = graph.resolve(e.name[: -len("_kernel_time")], e.node_index, e.op)
-        key = (stage, shown, op)
-        per_node[key] = per_node.get(key, 0.0) + e.dur
-        busy += e.dur
+        per_node.setdefault((stage, shown, op), [0.0] * n)[w] += e.dur
+        busy[w] += e.dur
         if stage >= 0:
-            per_stage[stage] += e.dur
-    n = len(windows)
-    run_us = sum(b - a for a, b in windows) / n
-    total = max(run_us, busy / n)  # kernels overlap only under the parallel execution mode
+            per_stage[w][stage] += e.dur
+    # kernels overlap only under the parallel execution mode: then the run is their sum
+    totals = [max(b - a, busy[k]) for k, (a, b) in enumerate(windows)]
+    stage_us = [median(run[k] for run in per_stage) for k in range(len(graph.labels))]
+    # The stages' medians and the rest make up the run's median (never less than their sum).
+    total = max(median(totals), sum(stage_us))
+    node_us = {key: median(times) for key, times in per_node.items()}
 
     def slowest(stage: int) -> tuple[NodeTime, ...]:
-        items = sorted(((us, name, op) for (s, name, op), us in per_node.items() if s == stage), reverse=True)
-        return tuple(NodeTime(name, op, us / n / 1000) for us, name, op in items[:SLOWEST])
+        items = sorted(((us, name, op) for (s, name, op), us in node_us.items() if s == stage), reverse=True)
+        return tuple(NodeTime(name, op, us / 1000) for us, name, op in items[:SLOWEST])
 
     stages = tuple(
-        StageTime(label, per_stage[k] / n / 1000, per_stage[k] / n / total, graph.counts[k], slowest(k))
+        StageTime(label, stage_us[k] / 1000, stage_us[k] / total if total else 0.0, graph.counts[k], slowest(k))
         for k, label in enumerate(graph.labels)
         if graph.counts[k]
     )
-    rest = total - sum(per_stage) / n
+    rest = total - sum(stage_us)
     profile = Profile(stages, total / 1000, rest / 1000, rest / total if total else 0.0, slowest(-1), n, session_s,
                       providers)
     object.__setattr__(profile, "note", graph.note)  # frozen: set once, here

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from fastseq.errors import human_size
 from fastseq.runtime.engine import SessionEngine
-from fastseq.runtime.options import check_log_level, run_copy
+from fastseq.runtime.ort_options import check_log_level, run_copy
 from fastseq.runtime.providers import Provider
 from fastseq.runtime.runner import Runner
 from fastseq.runtime.tensors import TensorInfo

@@ -15,7 +15,7 @@ import onnxruntime as ort
 from fastseq import _core
 from fastseq.errors import InputError
 from fastseq.runtime.inputs import InputCheck, Reader, check_feeds
-from fastseq.runtime.options import quiet_run_options, run_copy
+from fastseq.runtime.ort_options import quiet_run_options, run_copy
 from fastseq.runtime.tensors import TensorInfo
 from fastseq.runtime.timeouts import POLL, check_timeout
 

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from fastseq import _core
 from fastseq.errors import LoadError, RunError
-from fastseq.runtime.options import default_options, session_copy
+from fastseq.runtime.ort_options import default_options, session_copy
 from fastseq.runtime.private_copy import PendingCopy, PrivateCopy
 from fastseq.runtime.providers import Provider, usable_providers
 

@@ -1,7 +1,7 @@
 """Serving pipelines over the network on the KServe v2 inference protocol (Triton's, KServe's,
 Seldon MLServer's, OpenVINO Model Server's), so that the clients people have (``tritonclient``)
 call them: requests of many connections batched into one run, limits, metrics and a clean
-shutdown. Needs the ``serve`` extra (``pip install 'fastseq[serve]'``).
+shutdown. Needs the ``serve`` extra (``pip install 'fastseq-onnx[serve]'``).
 
 - :mod:`.datatypes`: the KServe datatypes of ONNX element types;
 - :mod:`.protocol`: requests and responses to and from arrays (JSON and binary tensors);
@@ -68,13 +68,14 @@ def named(pipelines: Any, name: str) -> dict[str, Any]:
     return found
 
 
-def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False, warm_up: bool = True,
-        run_with: Mapping[str, Any] | None = None, **options: Any) -> Any:
-    """The ASGI application serving ``pipelines``: one pipeline (served as ``name``) or a
-    mapping of names to pipelines. ``options``: :data:`DEFAULTS`' keys. ``warm_up=False``
-    marks the models ready without a warm-up run; ``run_with`` (by name) runs a model's
-    requests in place of its batcher (another batching: Ray Serve's)."""
-    from fastseq.serving.asgi import App
+def served(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False, warm_up: bool = True,
+            run_with: Mapping[str, Any] | None = None, **options: Any) -> Any:
+    """The models served and the limits they are served within (a
+    :class:`~fastseq.serving.service.Service`): what the server in the core and the ASGI
+    application both serve. ``pipelines``: one pipeline (served as ``name``) or a mapping of
+    names to pipelines; ``options``: :data:`DEFAULTS`' keys. ``warm_up=False`` marks the
+    models ready without a warm-up run; ``run_with`` (by name) runs a model's requests in
+    place of its batcher (another batching: Ray Serve's, on the ASGI application)."""
     from fastseq.serving.metrics import Metrics
     from fastseq.serving.model import VERSION, ServedModel
     from fastseq.serving.service import Service
@@ -87,19 +88,32 @@ def app(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False
                          run_with=(run_with or {}).get(key))
         for key, pipe in named(pipelines, name).items()
     }
-    service = Service(models, metrics, max_queue=chosen["max_queue"], max_request_bytes=chosen["max_request_bytes"],
-                      timeout_s=chosen["timeout_s"], body_timeout_s=chosen["body_timeout_s"], warm_up=warm_up,
-                      core_options={k: chosen[k] for k in CORE_OPTIONS})
-    return App(service)
+    return Service(models, metrics, max_queue=chosen["max_queue"], max_request_bytes=chosen["max_request_bytes"],
+                   timeout_s=chosen["timeout_s"], body_timeout_s=chosen["body_timeout_s"], warm_up=warm_up,
+                   core_options={k: chosen[k] for k in CORE_OPTIONS})
+
+
+def app(pipelines: Any, **kwargs: Any) -> Any:
+    """The ASGI application serving ``pipelines`` (:func:`served`'s arguments), to mount in
+    another application or run on an ASGI server: the protocol's decode and encode are the
+    core's; requests run through the runtime's batcher. Needs the ``serve`` extra (its
+    ``/metrics`` reads the process's figures with prometheus_client)."""
+    from fastseq.errors import require_extra
+
+    require_extra("fastseq.serving.app", "serve", ("prometheus_client",))
+    from fastseq.serving.asgi import App
+
+    return App(served(pipelines, **kwargs))
 
 
 def serve(pipelines: Any, *, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None,
           name: str = "pipeline", row_independent: bool = False, warm_up: bool = True, **options: Any) -> int:
     """Serves ``pipelines`` (one, as ``name``, or a dict by name) on ``host``:``port`` over
-    HTTP (and over gRPC on ``grpc_port``, if given; needs grpcio) until SIGTERM or SIGINT;
-    returns the exit status (0 after a clean shutdown). Binds to the loopback interface unless
-    told otherwise: the server has no authentication."""
+    HTTP (and over gRPC on ``grpc_port``, if given) until SIGTERM or SIGINT, on the request
+    path in the core (nothing to install beyond fastseq); returns the exit status (0 after a
+    clean shutdown). Binds to the loopback interface unless told otherwise: the server has no
+    authentication."""
     from fastseq.serving.server import Server, say
 
-    return Server(app(pipelines, name=name, row_independent=row_independent, warm_up=warm_up, **options), host, port,
-                  grpc_port=grpc_port, announce=say).run()
+    models = served(pipelines, name=name, row_independent=row_independent, warm_up=warm_up, **options)
+    return Server(models, host, port, grpc_port=grpc_port, announce=say).run()

@@ -38,13 +38,14 @@ def _log_line(error: bool, line: str) -> None:
 
 
 class Server:
-    """``app``'s models served on ``host``:``port`` (bound when made: :attr:`port` is the real
+    """The models of ``served`` (:func:`fastseq.serving.served`'s, or an ASGI app's) served on ``host``:``port`` (bound when made: :attr:`port` is the real
     one), and over gRPC on ``grpc_port`` if given. :meth:`run` blocks until stopped (a signal
     in the main thread, or :meth:`stop` from any)."""
 
-    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
+    def __init__(self, served: Any, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
                  announce: Any = None, verbose: bool = False) -> None:
-        self.app = app
+        # what fastseq.serving.served made, or the ASGI application over it
+        self.service = served.service if isinstance(served, App) else served
         self.host = host
         self._sockets = [bind(host, port)]
         self.port = self._sockets[0].getsockname()[1]
@@ -64,7 +65,7 @@ class Server:
         self.exit_code: int | None = None
 
     def _options(self) -> dict[str, Any]:
-        s = self.app.service
+        s = self.service
         return {"max_queue": s.max_queue, "max_request_bytes": s.max_request_bytes, "timeout_s": s.timeout_s,
                 "body_timeout_s": s.body_timeout_s, "version": __version__, **s.core_options}
 
@@ -72,7 +73,7 @@ class Server:
         """Serves until stopped; 0 after a clean shutdown, 1 if a model failed its warm-up."""
         from fastseq._core import start_server
 
-        service = self.app.service
+        service = self.service
         models = [(m.spec, m.batch_run()) for m in service.models.values()]
         fds = [s.detach() for s in self._sockets]
         self._core = core = start_server(models, fds[0], fds[1] if len(fds) > 1 else None, self._options(), _log_line)

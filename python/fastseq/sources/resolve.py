@@ -74,8 +74,8 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
         except (OSError, ValueError) as e:  # a name too long, a NUL byte, a loop of links
             raise LoadError(f"{os.fspath(model)[:200]}: cannot be read: {getattr(e, 'strerror', None) or e}") from None
         if not path.exists():
-            hint = ""
-            if not path.suffix:
+            hint = near_path(path)
+            if not hint and not path.suffix:
                 hint = f" (a Hub id is written 'hf://{model}')"
             raise LoadError(f"{path}: no such file{hint}")
         return Resolved(str(path), path.name)
@@ -85,10 +85,48 @@ def resolve_local(model: ModelSource, index: int) -> Resolved:
     )
 
 
+#: A folder with more entries than this is not listed for a near miss (a typo costs no scan
+#: of a huge folder).
+NEAR_LISTING = 10_000
+
+
+def near_path(path: Path) -> str:
+    """`` (did you mean 'models/model.onnx'?)`` for a path that does not exist: the first part
+    of it that is missing, matched against the entries of the folder above it (the path
+    with that part replaced, as the user wrote the rest); an empty string when nothing there
+    is close."""
+    parts = path.parts
+    for k in range(len(parts)):
+        here = Path(*parts[: k + 1])
+        try:
+            if here.exists():
+                continue
+            with os.scandir(here.parent) as entries:
+                names = [e.name for _, e in zip(range(NEAR_LISTING + 1), entries)]
+        except (OSError, ValueError):  # an unreadable folder, a name too long: no hint
+            return ""
+        if len(names) > NEAR_LISTING:
+            return ""
+        hint = _core.did_you_mean(parts[k], names)
+        if not hint:
+            return ""
+        # Each near miss as the whole path, so that it can be pasted.
+        for near in _core.did_you_mean(parts[k], names)[len(" (did you mean "):-2].split(" or "):
+            whole = str(Path(*parts[:k], near.strip("'"), *parts[k + 1:]))
+            hint = hint.replace(near, f"'{whole}'", 1)
+        return hint
+    return ""
+
+
+def no_such_file(path: str | os.PathLike[str]) -> str:
+    """``PATH: no such file``, with the near miss in its folder if there is one."""
+    return f"{os.fspath(path)}: no such file{near_path(Path(os.fspath(path)).expanduser())}"
+
+
 def resolve_builtin(model: str) -> Resolved:
     """``builtin:NAME?KEY=VALUE&...`` (or a bare ``NAME``) is an operator built by
-    :mod:`fastseq.ops`; ``builtin:shipped/NAME`` a model shipped in ``fastseq/operators``,
-    byte for byte (which a name means: ``fastseq.operators.named``)."""
+    :mod:`fastseq.ops`; ``builtin:shipped/NAME`` a model shipped in ``fastseq/ops/shipped``,
+    byte for byte (which a name means: ``fastseq.ops.shipped.named``)."""
     from fastseq import ops
     from fastseq.ops import shipped as operators
 

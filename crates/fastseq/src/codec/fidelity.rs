@@ -233,4 +233,29 @@ mod tests {
         assert_eq!(m.encode_to_vec(), model);
         assert_eq!(m.encoded_len(), model.len());
     }
+
+    #[test]
+    fn a_known_field_with_another_wire_type_is_kept_as_unknown() {
+        // protobuf keeps it as an unknown field (and writes it after the known ones); prost
+        // would refuse the message. OperatorSetIdProto: domain (1, a string) as a varint,
+        // version (2, an int64) as bytes, then the real domain.
+        let raw = [0x08, 0x05, 0x12, 0x01, 0x41, 0x0a, 0x01, b'd'];
+        let back = OperatorSetIdProto::decode(&raw[..]).unwrap();
+        assert_eq!(back.domain.as_deref(), Some("d"));
+        assert_eq!(back.version, None);
+        assert_eq!(back.unknown_fields, [0x08, 0x05, 0x12, 0x01, 0x41]);
+        assert_eq!(back.encode_to_vec(), [0x0a, 0x01, b'd', 0x08, 0x05, 0x12, 0x01, 0x41]);
+        // A message field (the model's graph, 7) as a varint; a repeated int64 packed or not
+        // is read either way (TensorShapeProto's dims are messages: use TensorProto.dims, 1).
+        let model = ModelProto::decode(&[0x38, 0x01][..]).unwrap();
+        assert!(model.graph.is_none());
+        assert_eq!(model.unknown_fields, [0x38, 0x01]);
+        let packed = crate::codec::proto::TensorProto::decode(&[0x0a, 0x02, 0x02, 0x03, 0x08, 0x04][..]).unwrap();
+        assert_eq!(packed.dims, [2, 3, 4]);
+        assert!(packed.unknown_fields.is_empty());
+        // A oneof's variant (TypeProto.tensor_type, 1, a message) as a varint.
+        let typed = crate::codec::proto::TypeProto::decode(&[0x08, 0x07][..]).unwrap();
+        assert!(typed.value.is_none());
+        assert_eq!(typed.unknown_fields, [0x08, 0x07]);
+    }
 }

@@ -125,7 +125,7 @@ pub fn open_regular(path: &Path, shown: &dyn std::fmt::Display) -> Result<(File,
 /// a mapped file that another program truncates (as `onnx.save` does when it rewrites a
 /// model in place) turns the next access into SIGBUS, and a same-size rewrite would change
 /// a pipeline's weights under it. Memory the process owns cannot change; the peak RSS is
-/// the same as a mapping's (touched file pages count too). Measured in SECURITY.md.
+/// the same as a mapping's (touched file pages count too). Measured in docs/security.md.
 pub fn read_path(path: &Path) -> Result<Bytes> {
     let shown = path.display();
     let (file, meta) = open_regular(path, &shown)?;

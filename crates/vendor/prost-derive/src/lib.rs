@@ -142,9 +142,19 @@ fn try_message(input: TokenStream) -> Result<TokenStream, Error> {
         let merge = field.merge(&prost_path, quote!(value));
         let tags = field.tags().into_iter().map(|tag| quote!(#tag));
         let tags = Itertools::intersperse(tags, quote!(|));
+        // fastseq: where the message keeps unknown fields, a known field that arrives with
+        // another wire type is kept as one, as protobuf does, rather than refused.
+        let other_wire = match &unknown {
+            Some(_) => {
+                let wire_ok = field.wire_ok(&prost_path);
+                quote!(if !#wire_ok { return #skip; })
+            }
+            None => quote!(),
+        };
 
         quote! {
             #(#tags)* => {
+                #other_wire
                 let mut value = &mut self.#field_ident;
                 #merge.map_err(|mut error| {
                     error.push(STRUCT_NAME, stringify!(#field_ident));
@@ -492,6 +502,14 @@ fn try_oneof(input: TokenStream) -> Result<TokenStream, Error> {
         quote!(#deprecated #ident::#variant_ident(ref value) => #encoded_len)
     });
 
+    // fastseq: whether a variant's tag arrived with a wire type it is read from (see
+    // Field::wire_ok).
+    let wire_ok = fields.iter().map(|(_, field, _)| {
+        let tag = field.tags()[0];
+        let ok = field.wire_ok(&prost_path);
+        quote!(#tag => #ok)
+    });
+
     let expanded = quote! {
         impl #impl_generics #ident #ty_generics #where_clause {
             /// Encodes the message to a buffer.
@@ -521,6 +539,15 @@ fn try_oneof(input: TokenStream) -> Result<TokenStream, Error> {
             pub fn encoded_len(&self) -> usize {
                 match *self {
                     #(#encoded_len,)*
+                }
+            }
+
+            /// fastseq: whether field `tag` of this oneof is read from `wire_type`.
+            #[allow(unused_variables)]
+            pub fn wire_ok(tag: u32, wire_type: #prost_path::encoding::wire_type::WireType) -> bool {
+                match tag {
+                    #(#wire_ok,)*
+                    _ => false,
                 }
             }
         }

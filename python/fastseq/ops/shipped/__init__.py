@@ -1,4 +1,4 @@
-"""Models shipped with fastseq, usable as ``fastseq.operators.path("digits")`` or by name in
+"""Models shipped with fastseq, usable as ``fastseq.ops.shipped.path("digits")`` or by name in
 ``ONNXSequential("builtin:digits", ...)``: the fixed operators of the first release
 (``to_float``, ``resize`` to 32x32, ``normalize``, ``color_head``: ``builtin:NAME`` without
 parameters keeps meaning them) and the demo's digits classifier. Operators built to order

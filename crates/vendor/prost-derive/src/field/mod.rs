@@ -112,6 +112,42 @@ impl Field {
         }
     }
 
+    /// fastseq: an expression of `wire_type` (and `tag`, for a oneof) that is true where the
+    /// field can be read from that wire type. protobuf keeps a known field that arrives with
+    /// another wire type as an unknown field; prost raises, so the message's derive asks this
+    /// first where it keeps unknown fields.
+    pub fn wire_ok(&self, prost_path: &Path) -> TokenStream {
+        let wire = |name: &str| {
+            let name = syn::Ident::new(name, proc_macro2::Span::call_site());
+            quote!(#prost_path::encoding::wire_type::WireType::#name)
+        };
+        match *self {
+            Field::Scalar(ref scalar) => {
+                let own = wire(scalar.ty.wire_type_name());
+                let numeric = !matches!(scalar.ty, scalar::Ty::String | scalar::Ty::Bytes(..));
+                if numeric && matches!(scalar.kind, scalar::Kind::Repeated | scalar::Kind::Packed) {
+                    // packed or not: protobuf reads both
+                    let packed = wire("LengthDelimited");
+                    quote!((wire_type == #own || wire_type == #packed))
+                } else {
+                    quote!((wire_type == #own))
+                }
+            }
+            Field::Message(..) | Field::Map(..) => {
+                let own = wire("LengthDelimited");
+                quote!((wire_type == #own))
+            }
+            Field::Group(..) => {
+                let own = wire("StartGroup");
+                quote!((wire_type == #own))
+            }
+            Field::Oneof(ref oneof) => {
+                let ty = &oneof.ty;
+                quote!(#ty::wire_ok(tag, wire_type))
+            }
+        }
+    }
+
     /// Returns an expression which evaluates to the encoded length of the field.
     pub fn encoded_len(&self, prost_path: &Path, ident: TokenStream) -> TokenStream {
         match *self {

@@ -440,6 +440,17 @@ impl BytesTy {
 }
 
 impl Ty {
+    /// fastseq: the name of the `WireType` this type is encoded with (unpacked).
+    pub fn wire_type_name(&self) -> &'static str {
+        match self {
+            Ty::Float | Ty::Fixed32 | Ty::Sfixed32 => "ThirtyTwoBit",
+            Ty::Double | Ty::Fixed64 | Ty::Sfixed64 => "SixtyFourBit",
+            Ty::String | Ty::Bytes(..) => "LengthDelimited",
+            Ty::Int32 | Ty::Int64 | Ty::Uint32 | Ty::Uint64 | Ty::Sint32 | Ty::Sint64 | Ty::Bool
+            | Ty::Enumeration(..) => "Varint",
+        }
+    }
+
     pub fn from_attr(attr: &Meta) -> Result<Option<Ty>, Error> {
         let ty = match *attr {
             Meta::Path(ref name) if name.is_ident("float") => Ty::Float,

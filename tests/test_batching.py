@@ -1,5 +1,5 @@
-"""Serving: per-stage profiles, async calls, dynamic batching, and many threads on one
-pipeline, on real sessions, real threads and real asyncio loops."""
+"""In-process batching and concurrency: per-stage profiles, async calls, dynamic batching,
+and many threads on one pipeline, on real sessions, real threads and real asyncio loops."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_cli_profile_prints_the_table(tmp_path):
     r = fastseq_cli("profile", "pipeline.toml", "--input", "x=x.npy", "--runs", "3", "--warmup", "1")
     assert r.returncode == 0, r.stderr
     assert "light" in r.stdout and "heavy" in r.stdout and "(hottest)" in r.stdout and "(between stages)" in r.stdout
-    assert "mean of 3 profiled runs" in r.stdout and "mm0 (MatMul)" in r.stdout
+    assert "median of 3 profiled runs" in r.stdout and "mm0 (MatMul)" in r.stdout
     r = fastseq_cli("profile", "pipeline.toml", "--input", "x=missing.npy")
     assert r.returncode != 0 and "fastseq: error: --input x=missing.npy: no such file" in r.stderr
 

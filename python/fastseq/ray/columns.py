@@ -1,4 +1,4 @@
-"""A Ray dataset's columns as a pipeline's inputs (for :mod:`fastseq.integrations.ray`):
+"""A Ray dataset's columns as a pipeline's inputs (for :mod:`fastseq.ray`):
 which column feeds which input, rows stacked and checked by the runtime's one input rule
 (:mod:`fastseq.runtime.inputs`: a column converts to its input's dtype where no value
 changes), and the pipeline called on the whole batch, N rows or one row at a time."""

@@ -1,4 +1,4 @@
-"""A composed pipeline as stateful Ray Data actors (extra: ``fastseq[ray]``).
+"""A composed pipeline as stateful Ray Data actors (extra: ``fastseq-onnx[ray]``).
 
 ``pipe.map_batches(ds, compute=ray.data.ActorPoolStrategy(size=4), batch_size=256)`` or
 ``ds.map_batches(fastseq.ray.Predictor, fn_constructor_kwargs={"pipeline": pipe}, ...)``.
@@ -9,7 +9,7 @@ builds one ONNX Runtime session in ``__init__``, with intra-op threads sized to 
 gave the actor and the CUDA provider when Ray gave it a GPU. Per batch, only the batch's
 columns move. An ``InferenceSession`` cannot be pickled, so none ever is.
 
-This module and :mod:`.ray_columns` (the columns as inputs) are the only ones that import Ray.
+The code is here and in :mod:`.columns` (a dataset's columns as the pipeline's inputs).
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ import numpy as np
 
 try:
     import ray
-except ImportError as e:  # the extra is not installed
-    raise ImportError(f"fastseq.ray needs Ray Data: pip install 'fastseq[ray]' ({e})") from e
+except ModuleNotFoundError as e:  # the extra is not installed: a typed error that names it
+    from fastseq.errors import missing_extra
+
+    raise missing_extra("fastseq.ray", "ray", e) from e
 
 from fastseq import _core
 from fastseq.errors import InputError
-from fastseq.graph.options import session_options, session_options_dict
-from fastseq.integrations.ray_columns import as_columns, batch_len, check_schema, map_hint, routes, run_rows, stack
-from fastseq.runtime.options import default_options
+from fastseq.graph.session_settings import session_options, session_options_dict
+from fastseq.ray.columns import as_columns, batch_len, check_schema, map_hint, routes, run_rows, stack
+from fastseq.runtime.ort_options import default_options
 from fastseq.runtime.providers import provider_name
 from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.runtime.runnable import Runnable
@@ -78,7 +80,7 @@ def _shipment(pipe: Engine | Pipelined, put: Any) -> Shipment:
 
 def describe_options(options: Any) -> dict[str, Any]:
     """An ``ort.SessionOptions`` as a plain, picklable dict (None: an empty dict, the
-    defaults): :func:`fastseq.graph.options.session_options_dict`, the one description of them."""
+    defaults): :func:`fastseq.graph.session_settings.session_options_dict`, the one description of them."""
     return session_options_dict(options)
 
 

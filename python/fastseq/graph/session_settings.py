@@ -12,7 +12,7 @@ from fastseq import _core
 # SessionOptions attributes a pipeline file may set; enums are written by name.
 # Config entries ONNX Runtime lets us read back by key (it has no way to list them): every
 # key that onnxruntime 1.32 reads (its headers' and its library's), so that a copy of a
-# caller's options (runtime/options.py) and a pipeline sent to a Ray actor keep what is set;
+# caller's options (runtime/ort_options.py) and a pipeline sent to a Ray actor keep what is set;
 # tests/test_options.py checks the list against the installed onnxruntime.
 _CONFIG_KEYS = (
     "ep.context_embed_mode", "ep.context_enable", "ep.context_file_path",
@@ -89,8 +89,8 @@ _NO_FILES = "fastseq lets ONNX Runtime write no file of its own; export the mode
 
 #: Options that make ONNX Runtime write (or read) a file at a path they name, or in the
 #: working folder: the value is what to use instead. Switches count only when on, paths
-#: when not empty. Never taken from a pipeline file or a caller (see SECURITY.md, "Files
-#: that ONNX Runtime would write"): fastseq sets some on copies of its own (runtime/options.py).
+#: when not empty. Never taken from a pipeline file or a caller (see docs/security.md, "Files
+#: that ONNX Runtime would write"): fastseq sets some on copies of its own (runtime/ort_options.py).
 FILE_OPTIONS = {
     "optimized_model_filepath": _OPTIMISED,
     "session.optimized_model_filepath": _OPTIMISED,

@@ -6,7 +6,7 @@ here, so that threads sharing one options object never see each other's settings
 
 ONNX Runtime cannot copy an options object and lets a program read back only its attributes
 and its config entries by key: the copy carries every attribute and every config key that
-onnxruntime reads (:data:`fastseq.graph.options._CONFIG_KEYS`, the one description of
+onnxruntime reads (:data:`fastseq.graph.session_settings._CONFIG_KEYS`, the one description of
 session options; run options' keys below). What it cannot read back is not carried: custom
 operator libraries (a session that needs one fails loudly on the copy, see
 :func:`fastseq.runtime.session.make`), initializers added with ``add_initializer``, free
@@ -41,7 +41,7 @@ def session_copy(options: ort.SessionOptions | None) -> ort.SessionOptions:
     for None): what fastseq changes for one session goes on it."""
     if options is None:
         return default_options()
-    from fastseq.graph.options import session_options, session_options_dict
+    from fastseq.graph.session_settings import session_options, session_options_dict
 
     return session_options(session_options_dict(options))
 
