@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastseq.cli.console import Quiet, check_output, fail, make_folders, progress, verbose_option
 from fastseq.cli.inspect import print_cleanups
-from fastseq.cli.models import check_io_maps, io_map_option, is_pipeline_file, parse_opset, providers_option
+from fastseq.cli.models import check_io_maps, io_map_option, is_pipeline_file, opset_option, providers_option
 from fastseq.errors import human_size
 
 if TYPE_CHECKING:
@@ -28,9 +28,7 @@ def add(sub: Any) -> None:
                    help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
                         "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
-    m.add_argument("--opset", type=parse_opset, metavar="N|highest",
-                   help="convert the models first: ai.onnx to opset N (or the highest among them), "
-                        "other domains to the highest version they can share")
+    opset_option(m)
     m.add_argument("--optimize", action="store_true",
                    help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
                         "in a data file), so that deployments start sessions with optimisation off")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastseq.cli.console import Quiet, check_output, fail, progress, verbose_option
-from fastseq.cli.models import cast_option, feeds, input_option, io_map_option, pipeline, providers_option
+from fastseq.cli.models import cast_option, feeds, input_option, io_map_option, opset_option, pipeline, providers_option
 
 
 def add(sub: Any) -> None:
@@ -18,6 +18,7 @@ def add(sub: Any) -> None:
     r.add_argument("models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, composed in order; "
                                             "or one pipeline.toml")
     io_map_option(r)
+    opset_option(r)
     input_option(r, "; with --ray: one folder of .npy files or a Parquet dataset")
     cast_option(r)
     providers_option(r, "the execution providers, in priority order")
@@ -36,6 +37,7 @@ def add(sub: Any) -> None:
                                         "mapped back to the stages' own node names)")
     pr.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
     io_map_option(pr)
+    opset_option(pr)
     input_option(pr)
     cast_option(pr)
     providers_option(pr, "the execution providers, in priority order")

@@ -114,6 +114,7 @@ class Pipeline(Facade):
     def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
         built = build_cached(spec, session_cache)
         self.spec = spec
+        self.row_independent = spec.row_independent
         self._composed, self._labels = built.composed, built.labels
         self._described = built.described  # what a session-cache entry records
         self._plan, self._sources, self._report = built.plan, built.sources, built.report
@@ -172,5 +173,6 @@ class Pipeline(Facade):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.spec, self._plan, self._report = state["spec"], state["plan"], state["report"]
+        self.row_independent = self.spec.row_independent
         self._sources = state["sources"]
         self._restore(state, session_options(self.spec.session_options))

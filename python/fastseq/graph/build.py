@@ -174,7 +174,7 @@ def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], li
             return found[0] if len(found) == 1 else None
         if i == 0:
             return None
-        if spec.io_maps is not None:
+        if spec.io_maps is not None and spec.io_maps[i - 1] is not None:
             found = [(i - 1, out) for out, inp in spec.io_maps[i - 1] if inp == "input"]
             return found[0] if len(found) == 1 else None
         outputs = list(outputs_of(i - 1))

@@ -31,7 +31,8 @@ def check_rows(
     raise CompositionError(
         "cannot batch this pipeline: the rows of one request may depend on the others' rows, so joining "
         "requests could give each caller values it would not get alone:\n" + "\n".join(lines) + "\n"
-        "If each row's outputs depend on that row alone, say so with pipe.batcher(row_independent=True)."
+        "If each row's outputs depend on that row alone, say so with pipe.batcher(row_independent=True) "
+        "(fastseq serve --row-independent, or row_independent = true in its pipeline file)."
     )
 
 

@@ -38,8 +38,8 @@ pub enum Rules {
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// `io_maps[j]`: the (output of model j, input of model j+1) pairs of joint j, in the
-    /// models' own names. `None` joins outputs to inputs by position.
-    pub io_maps: Option<Vec<Vec<(String, String)>>>,
+    /// models' own names. `None` joins outputs to inputs by position, every joint or one.
+    pub io_maps: Option<Vec<Option<Vec<(String, String)>>>>,
     pub keep_outputs: Keep,
     /// A prefix applied to every name of model i before merging (`onnx.compose` style).
     pub prefixes: Vec<Option<String>>,
