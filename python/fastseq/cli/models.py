@@ -56,6 +56,14 @@ def opset_option(p: argparse.ArgumentParser) -> None:
                         "other domains to the highest version they can share")
 
 
+def dynamic_batch_option(p: argparse.ArgumentParser) -> None:
+    """``--dynamic-batch``: a batch-1 export given a dynamic batch axis where the core proves it."""
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="a model exported with a batch of 1: make its first axis dynamic (constant reshapes copy "
+                        "the rows' axis), where the batch analysis proves each row stays apart; refused naming the "
+                        "node otherwise")
+
+
 def providers_option(p: argparse.ArgumentParser, help: str) -> None:
     """``--providers A B`` in every command; ``--provider A --provider B`` is taken too."""
     p.add_argument("--providers", "--provider", dest="providers", action="extend", nargs="+", metavar="PROVIDER",
@@ -151,7 +159,8 @@ def pipeline(args: argparse.Namespace, quiet: Quiet, session_options: Any = None
     check_io_maps(args)
     try:
         pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None,
-                              session_options=session_options, target_opset_version=getattr(args, "opset", None))
+                              session_options=session_options, target_opset_version=getattr(args, "opset", None),
+                              dynamic_batch=getattr(args, "dynamic_batch", False))
     except OpsetMismatchError as e:  # the remedy on the command line is a flag, not a keyword
         raise OpsetMismatchError(str(e).replace(HINTS["sequential"], HINTS["cli"])) from None
     _warn_unstarted(args.providers, pipe.providers, quiet)
@@ -166,6 +175,7 @@ def from_spec(spec: Any, args: argparse.Namespace, quiet: Quiet) -> Any:
         spec.providers = list(args.providers)
     if getattr(args, "opset", None) is not None:
         spec.opset = args.opset
+    spec.dynamic_batch = spec.dynamic_batch or getattr(args, "dynamic_batch", False)
     spec.entry = "cli"
     pipe = Pipeline.from_spec(spec)
     _warn_unstarted(spec.providers, pipe.providers, quiet)

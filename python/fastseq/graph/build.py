@@ -36,6 +36,9 @@ class Built:
     #: each stage in graph order with what it was built from (``pre=resize(size=224)``,
     #: ``model.onnx``): what a session-cache entry records, to tell pipelines apart
     described: list[str] = field(default_factory=list)
+    #: each stage's model as given (bytes, a path, (path, root) or a loaded model), before any
+    #: conversion: what ``verify`` runs stage by stage
+    given: list[Any] = field(default_factory=list)
 
 
 def build(spec: PipelineSpec, converted: Store | None = None) -> Built:
@@ -93,6 +96,7 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
     labels = [st.name or r.label for st, r in zip(spec.stages, resolved)]
     sources: list[Any] = [r.data for r in resolved]
     fitted = _fit_operators(spec, sources, labels, link)
+    as_given = list(sources)
     if load:  # all stages in parallel; errors name the stage's label
         loaded = _core.load_models(sources, labels)
     if spec.opset is not None:
@@ -148,6 +152,7 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
         {label: _source_label(st.source) for label, st in given.items()},
         loaded if spec.keep_stages and loaded else None,
         [_described(label, given[label]) if label in given else label for label in order],
+        as_given,
     )
 
 

@@ -111,6 +111,8 @@ class Batcher:
                 raise InputError(f"{name} must be True or False, got {flag!r}")
         if spinning not in (None, False):
             raise InputError(f"spinning must be None (the batcher chooses) or False, got {spinning!r}")
+        # declared by the call or by the pipeline's description (a pipeline file's row_independent)
+        row_independent = row_independent or getattr(pipe, "row_independent", False) is True
         if not row_independent:  # the core's verdict first: it names the node at fault
             pipe.check_rows()
         _check_batch_axis(pipe.runner, declared=row_independent)

@@ -48,8 +48,6 @@ class Runnable:
 
     _composed: _core.Composed
     _labels: list[str]
-    #: the rows declared independent by the pipeline's description (its batcher skips the analysis)
-    row_independent: bool = False
 
     def _start(
         self,
@@ -286,13 +284,9 @@ class Runnable:
         """Dynamic batching for many concurrent callers (``batcher(x)`` from threads, ``await
         batcher.run_async(x)`` from coroutines): one worker joins everything queued along the batch
         axis and runs it once, on the CPU on a session of its own (``share_session=True``: on this one);
-        a pipeline whose rows may mix is refused unless ``row_independent=True`` (or its pipeline
-        file declares ``row_independent = true``). ``options``: :class:`fastseq.Batcher`'s keywords
-        (``row_independent``, ``share_session``, ``on_batch``)."""
+        a pipeline whose rows may mix is refused unless ``row_independent=True``. ``options``:
+        :class:`fastseq.Batcher`'s keywords (``row_independent``, ``share_session``, ``on_batch``)."""
         from fastseq.runtime.batcher import Batcher
-
-        if self.row_independent:  # declared by the pipeline's description
-            options["row_independent"] = True
 
         return Batcher(self, max_batch_size, max_delay_ms, **options)
 

@@ -26,6 +26,7 @@ use crate::merge::rows::args::Args;
 use crate::merge::rows::value::{attr, from_tensor, Dim, Val, Why, T};
 
 mod args;
+mod batch_one;
 mod elementwise;
 mod index;
 mod linalg;
@@ -34,6 +35,8 @@ mod ops;
 mod reduce;
 mod shape;
 pub mod value;
+
+pub use batch_one::{dynamic_batch, BATCH};
 
 /// One reason why the rows of a batch may mix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,7 +168,7 @@ fn input(vi: &ValueInfoProto) -> Val {
     Val::T(T::shaped(dims))
 }
 
-fn opset_of(imports: &[crate::codec::proto::OperatorSetIdProto]) -> i64 {
+pub(crate) fn opset_of(imports: &[crate::codec::proto::OperatorSetIdProto]) -> i64 {
     imports
         .iter()
         .find(|o| normalize_domain(o.domain.as_deref().unwrap_or("")).is_empty())
@@ -446,7 +449,7 @@ fn join(a: &T, b: &T) -> T {
 }
 
 /// The names a subgraph reads from outside itself (its nested subgraphs included).
-fn free_names(g: &GraphProto, out: &mut Vec<String>) {
+pub(super) fn free_names(g: &GraphProto, out: &mut Vec<String>) {
     let mut defined: HashSet<String> = g.input.iter().filter_map(|v| v.name.clone()).collect();
     defined.extend(g.initializer.iter().filter_map(|t| t.name.clone()));
     defined.extend(g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()?.name.clone()));
