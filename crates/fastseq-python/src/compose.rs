@@ -8,7 +8,7 @@ use crate::buffers::shared;
 use crate::composed::Composed;
 use crate::errors::to_py;
 use crate::sources::PySource;
-use fastseq::{Adapt, Edge, Keep, Mode, Options, Rules, Source};
+use fastseq::{Adapt, Edge, IoMap, Keep, Mode, Options, Rules, Source};
 
 fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
     Ok(match k {
@@ -64,7 +64,7 @@ pub(crate) fn compose_sources(
     py: Python<'_>,
     sources: Vec<PySource>,
     labels: Vec<String>,
-    io_maps: Option<Vec<Option<Vec<(String, String)>>>>,
+    io_maps: Option<Vec<Option<IoMap>>>,
     edges: Option<Vec<(usize, String, usize, String)>>,
     graph_inputs: Option<Vec<(String, Vec<(usize, String)>)>>,
     graph_outputs: Option<Vec<(String, usize, String)>>,

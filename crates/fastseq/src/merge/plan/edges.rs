@@ -3,7 +3,7 @@
 use crate::codec::graph::{graph, real_inputs, vi_name};
 use crate::codec::proto::{ModelProto, ValueInfoProto};
 use crate::error::{Error, Result};
-use crate::merge::options::Edge;
+use crate::merge::options::{Edge, IoMap};
 use crate::near_miss::did_you_mean;
 
 pub(crate) fn quoted(names: &[&str]) -> String {
@@ -24,7 +24,7 @@ pub(crate) fn plural(n: usize, one: &str, many: &str) -> String {
 pub fn linear_edges(
     models: &[ModelProto],
     labels: &[String],
-    io_maps: Option<&[Option<Vec<(String, String)>>]>,
+    io_maps: Option<&[Option<IoMap>]>,
 ) -> Result<(Vec<Edge>, Vec<String>)> {
     let joints = models.len() - 1;
     if let Some(maps) = io_maps {

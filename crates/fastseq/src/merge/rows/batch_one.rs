@@ -4,7 +4,7 @@
 //! The inputs' and outputs' first axes of 1 become `batch`; the value infos (shapes the
 //! export inferred for a batch of one) are dropped; every constant Reshape shape that the
 //! analysis finds giving the rows' axis a size of 1 copies it instead (`0`). The result is
-//! proved by the same analysis as any batch ([`super::row_findings`]): what it cannot prove
+//! proved by the same analysis as any batch ([`row_findings`]): what it cannot prove
 //! is refused with the node at fault, never rewritten on a guess.
 use std::collections::HashSet;
 
@@ -13,7 +13,7 @@ use crate::codec::proto::tensor_shape_proto::dimension::Value as DimValue;
 use crate::codec::proto::type_proto::Value as TypeValue;
 use crate::codec::proto::{ModelProto, TensorProto, ValueInfoProto};
 use crate::merge::rows::value::{attr, from_tensor, int_attr};
-use crate::merge::rows::{opset_of, row_findings, Finding};
+use crate::merge::rows::{free_names, opset_of, row_findings, Finding};
 
 /// The name the new batch axes are given.
 pub const BATCH: &str = "batch";
@@ -75,7 +75,7 @@ fn drop_unused(m: &mut ModelProto, replaced: &[String]) {
         let Ok(n) = decode(raw) else { return };
         for sub in crate::codec::node::subgraphs(&n) {
             let mut free = Vec::new();
-            super::free_names(sub, &mut free);
+            free_names(sub, &mut free);
             read.extend(free);
         }
         read.extend(n.input);
