@@ -95,6 +95,8 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
             raise type(e)(f"stages.{st.name}: {e}") from e
     labels = [st.name or r.label for st, r in zip(spec.stages, resolved)]
     sources: list[Any] = [r.data for r in resolved]
+    if spec.opset is not None:
+        spec = _operators_at_opset(spec, sources, labels, link)
     fitted = _fit_operators(spec, sources, labels, link)
     as_given = list(sources)
     if load:  # all stages in parallel; errors name the stage's label
@@ -154,6 +156,51 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
         [_described(label, given[label]) if label in given else label for label in order],
         as_given,
     )
+
+
+def _operators_at_opset(spec: PipelineSpec, sources: list[Any], labels: list[str], link: bool) -> PipelineSpec:
+    """Where the models are converted to one opset (``spec.opset``), the operators built
+    without ``opset=`` (``fastseq.ops.at_opset``) are built at it instead: at N for
+    ``--opset N`` (an operator that cannot be, such as resize with antialias before 18, is
+    an error naming it), at the highest among the other stages for ``highest`` (an operator
+    that cannot be stays as built, and the models are converted up to it). The models keep
+    their own opset where it is the target. ``sources`` is updated in place; returns the
+    description with the operators' new sources."""
+    from fastseq import ops
+    from fastseq.errors import OperatorError
+
+    if not any(ops.follows_opset(st.source) for st in spec.stages):
+        return spec
+    if spec.opset == "highest":
+        found = []
+        for k, st in enumerate(spec.stages):
+            if ops.follows_opset(st.source):
+                continue
+            try:
+                model = _core.load_model(sources[k], labels[k])
+            except FastseqError:
+                return spec  # the composition names what is wrong with it
+            if not link:
+                sources[k] = model  # the core composes this copy
+            found += [v for d, v in model.summary()["opsets"] if d in ("", "ai.onnx")]
+        if not found:
+            return spec
+        target = max(found)
+    else:
+        target = int(spec.opset)  # type: ignore[arg-type]
+    stages = list(spec.stages)
+    for k, st in enumerate(stages):
+        try:
+            rebuilt = ops.at_opset(st.source, target)
+        except OperatorError as e:
+            if spec.opset == "highest":
+                continue
+            message = str(e) if str(e).startswith(labels[k]) else f"{labels[k]}: {e}"
+            raise OperatorError(f"{message} (the models are converted to opset {target})") from None
+        if rebuilt is not None:
+            stages[k] = replace(st, source=rebuilt)
+            sources[k] = bytes(rebuilt) if isinstance(rebuilt, ops.Operator) else loader.resolve(rebuilt, k).data
+    return replace(spec, stages=stages)
 
 
 def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], link: bool) -> dict[int, Any]:
