@@ -67,7 +67,8 @@ class ServedModel:
                 self.batcher = Batcher(engine, max_batch_size, max_delay_ms, row_independent=row_independent,
                                        spinning=False, on_batch=on_batch)
             except CompositionError as e:
-                log.warning("model '%s' is served request by request: %s", name, str(e).split("\n")[0])
+                # the whole reason, on one line: the node at fault and the flag that overrides it
+                log.warning("model '%s' is served request by request: %s", name, " ".join(str(e).split()))
         self.max_batch_size = max_batch_size if self.batcher is not None or run_with is not None else 0
         # the one input of the common pipeline, passed by position: the batcher's short path
         self._single = next(iter(self.inputs)) if len(self.inputs) == 1 else None
