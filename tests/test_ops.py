@@ -518,7 +518,7 @@ def test_command_line_merges_and_runs_operator_strings(tmp_path):
         (lambda: ops.softmax(axis=2, rank=2), r"softmax: axis must be in \[-2, 1\] for rank 2, got 2"),
         (lambda: ops.nms(iou=1.5), r"nms: iou must be between 0 and 1"),
         (lambda: ops.nms(box_format="xywh"), r"box_format must be one of xyxy, cxcywh, got 'xywh'"),
-        (lambda: ops.center_crop(8, opset=12), r"opset must be between 13 and \d+, got 12"),
+        (lambda: ops.center_crop(8, opset=10), r"center_crop: opset must be between 11 and \d+, got 10"),
         (lambda: ops.build("topk", 1, 2, 3, 4), r"topk takes at most 3 positional arguments"),
     ],
 )

@@ -88,16 +88,29 @@ MIXING = {
         "on axis 1"),
     "flatten with axis 0": (
         x_to_y(node("Flatten", ["x"], ["y"], axis=0), dims=("N", 2, 2), out=(1, None)), "flatten", "Flatten",
-        "merges the batch axis"),
+        "batch axis of output 'y' on axis 1"),
     "reshape merging the batch axis": (
         x_to_y(node("Reshape", ["x", "shape"], ["y"]), out=(None,), inits={"shape": np.array([-1])}),
+        "reshape", "Reshape", "holds several entries per row on its batch axis"),
+    "reshape whose -1 may split rows": (
+        x_to_y(node("Reshape", ["x", "shape"], ["y"]), out=(None, 3), inits={"shape": np.array([-1, 3])}),
         "reshape", "Reshape", "may merge rows or split them"),
+    "reshape splitting merged rows unevenly": (
+        x_to_y(node("Reshape", ["x", "s1"], ["h"]), node("Reshape", ["h", "s2"], ["y"], "regroup"),
+               dims=("N", 6), out=(None, 4), inits={"s1": np.array([-1, 2]), "s2": np.array([-1, 4])}),
+        "regroup", "Reshape", "may merge rows or split them"),
+    "attention heads combined with rows of another layout": (
+        x_to_y(node("Reshape", ["x", "pairs"], ["h"], "to_pairs"), node("Reshape", ["x", "three"], ["t3"], "to_3d"),
+               node("Transpose", ["t3"], ["tt"], perm=[1, 0, 2]), node("Reshape", ["tt", "pairs"], ["o"], "outer_rows"),
+               node("Add", ["h", "o"], ["s"], "mixed_layouts"), node("Reshape", ["s", "back"], ["y"], "back"),
+               inits={"pairs": np.array([-1, 2]), "three": np.array([0, 2, 2]), "back": np.array([-1, 4])}),
+        "mixed_layouts", "Add", "hold their rows differently"),
     "reshape to N*2 rows from Shape": (
         x_to_y(*_SHAPE_N, node("Mul", ["n", "two"], ["m"]), node("Unsqueeze", ["m", "zero1"], ["m1"]),
                node("Concat", ["m1", "minus1"], ["shape"], axis=0), node("Reshape", ["x", "shape"], ["y"], "split_rows"),
                out=(None, 2), inits={"zero": np.array(0), "two": np.array(2), "zero1": np.array([0]),
                                      "minus1": np.array([-1])}),
-        "split_rows", "Reshape", "merges the batch axis with other axes"),
+        "split_rows", "Reshape", "holds several entries per row on its batch axis"),
     "concat along the batch axis": (
         x_to_y(node("Concat", ["x", "x"], ["y"], axis=0)), "concat", "Concat", "along the batch axis"),
     "split along the batch axis": (
@@ -282,13 +295,13 @@ def test_conv_nets_mlps_and_recurrent_nets_are_batched():
     same_as_alone(functions, [rows((16,), k) for k in range(5)])
 
 
-def test_a_transformer_is_refused_by_the_conservative_rule_and_batched_when_confirmed():
-    """torch's attention reshapes [L, N, E] to [L, N*heads, E/heads]: the batch axis merged
-    with the heads, which the analysis does not follow (it would need to know that the
-    heads stay inside each row). Confirmed by the user, each caller gets its own rows."""
+def test_torchs_attention_is_followed_through_the_heads_merged_with_the_rows():
+    """torch's attention reshapes [L, N, E] to [L, N*heads, E/heads], multiplies per head and
+    reshapes back through [L*N, E]: the analysis follows the rows inside the merged axes
+    (issue 41; it used to refuse this transformer), and each caller gets its own rows."""
     pipe = fastseq.ONNXSequential(FIXTURES / "torch_transformer.onnx")
-    assert "Reshape merges the batch axis with other axes" in refusal(pipe)
-    same_as_alone(pipe, [rows((12, 16), k) for k in range(4)], row_independent=True)
+    pipe.check_rows()
+    same_as_alone(pipe, [rows((12, 16), k) for k in range(4)])
 
 
 @pytest.mark.parametrize("name", ["to_float", "layout", "rgb_to_bgr", "grayscale", "resize", "resize_antialias",

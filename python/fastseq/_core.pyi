@@ -41,6 +41,14 @@ class Composed:
         call before it creates a session.
         """
 
+    def dynamic_batch(
+        self,
+    ) -> tuple[Composed | None, list[tuple[int | None, str, str, str | None, str]]]:
+        """The same model with a symbolic batch axis in place of its inputs' fixed first axis
+        of 1, where the core's analysis proves the rows stay apart: (the new model, []), or
+        (None, the reasons, as :meth:`row_mixing` gives them).
+        """
+
     def encoded_len(self) -> int:
         """Size of the serialized model in bytes (weights inline)."""
 
@@ -370,7 +378,7 @@ def error_json(message: str) -> bytes:
 def compose(
     sources: _typeshed.SupportsGetItem[int, Source],
     labels: _typeshed.SupportsGetItem[int, str],
-    io_maps: _typeshed.SupportsGetItem[int, _typeshed.SupportsGetItem[int, tuple[str, str]]] | None = None,
+    io_maps: _typeshed.SupportsGetItem[int, _typeshed.SupportsGetItem[int, tuple[str, str]] | None] | None = None,
     edges: _typeshed.SupportsGetItem[int, tuple[typing.SupportsIndex, str, typing.SupportsIndex, str]] | None = None,
     graph_inputs: _typeshed.SupportsGetItem[int, tuple[str, _typeshed.SupportsGetItem[int, tuple[typing.SupportsIndex, str]]]] | None = None,
     graph_outputs: _typeshed.SupportsGetItem[int, tuple[str, typing.SupportsIndex, str]] | None = None,
@@ -389,8 +397,8 @@ def compose(
     adapt_remedy: str | None = None,
 ) -> Composed:
     """Loads and composes `sources` (`labels` name them in errors). The linear form:
-    `io_maps[i]` joins model i to i + 1 (by position without it). The graph form: `edges`
-    (from stage, output, to stage, input), stages and edges in any order (the stages are put
+    `io_maps[i]` joins model i to i + 1 (by position without it, or where it is None). The
+    graph form: `edges` (from stage, output, to stage, input), stages and edges in any order (the stages are put
     in an order where every edge goes forward, the given one where the edges allow; a cycle
     is an error); `graph_inputs` (name, [(stage, input), ...]) and `graph_outputs` (name,
     stage, output) expose values under the caller's names (without `graph_outputs`: every

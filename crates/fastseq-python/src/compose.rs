@@ -8,7 +8,7 @@ use crate::buffers::shared;
 use crate::composed::Composed;
 use crate::errors::to_py;
 use crate::sources::PySource;
-use fastseq::{Adapt, Edge, Keep, Mode, Options, Rules, Source};
+use fastseq::{Adapt, Edge, IoMap, Keep, Mode, Options, Rules, Source};
 
 fn keep_outputs(k: Option<Bound<'_, PyAny>>) -> PyResult<Keep> {
     Ok(match k {
@@ -39,8 +39,8 @@ fn adapt(a: Option<Bound<'_, PyAny>>) -> PyResult<Adapt> {
 }
 
 /// Loads and composes `sources` (`labels` name them in errors). The linear form:
-/// `io_maps[i]` joins model i to i + 1 (by position without it). The graph form: `edges`
-/// (from stage, output, to stage, input), stages and edges in any order (the stages are put
+/// `io_maps[i]` joins model i to i + 1 (by position without it, or where it is None). The
+/// graph form: `edges` (from stage, output, to stage, input), stages and edges in any order (the stages are put
 /// in an order where every edge goes forward, the given one where the edges allow; a cycle
 /// is an error); `graph_inputs` (name, [(stage, input), ...]) and `graph_outputs` (name,
 /// stage, output) expose values under the caller's names (without `graph_outputs`: every
@@ -64,7 +64,7 @@ pub(crate) fn compose_sources(
     py: Python<'_>,
     sources: Vec<PySource>,
     labels: Vec<String>,
-    io_maps: Option<Vec<Vec<(String, String)>>>,
+    io_maps: Option<Vec<Option<IoMap>>>,
     edges: Option<Vec<(usize, String, usize, String)>>,
     graph_inputs: Option<Vec<(String, Vec<(usize, String)>)>>,
     graph_outputs: Option<Vec<(String, usize, String)>>,

@@ -214,6 +214,20 @@ impl Composed {
             .collect()
     }
 
+    /// The same model with a symbolic batch axis in place of its inputs' fixed first axis
+    /// of 1, where the core's analysis proves the rows stay apart: (the new model, []), or
+    /// (None, the reasons, as :meth:`row_mixing` gives them).
+    #[allow(clippy::type_complexity)]
+    fn dynamic_batch(
+        &self,
+        py: Python<'_>,
+    ) -> (Option<Composed>, Vec<(Option<usize>, String, String, Option<String>, String)>) {
+        match py.detach(|| self.0.dynamic_batch()) {
+            Ok(c) => (Some(Composed(c)), Vec::new()),
+            Err(found) => (None, found.into_iter().map(|f| (f.node, f.name, f.op_type, f.inner, f.reason)).collect()),
+        }
+    }
+
     /// Every top-level node of the graph, in order: (name, op_type, domain, stage), the
     /// stage an index into :meth:`origins`' stages, -1 for a node the merge inserted between
     /// stages (an adapter) or of a model without stages (loaded, without a stage map that

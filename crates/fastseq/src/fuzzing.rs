@@ -20,7 +20,8 @@ pub fn decode_and_merge(data: &[u8]) {
             round_trip(&merged);
         }
     }
-    let side_by_side = Options { io_maps: Some(vec![vec![]]), keep_outputs: Keep::Unconsumed, ..Default::default() };
+    let side_by_side =
+        Options { io_maps: Some(vec![Some(vec![])]), keep_outputs: Keep::Unconsumed, ..Default::default() };
     if let Ok(merged) = compose(vec![m.clone(), m], &["a".into(), "b".into()], &side_by_side).map(|c| c.model) {
         round_trip(&merged);
     }
@@ -40,7 +41,7 @@ pub fn compose_two(data: &[u8]) {
     for opts in [
         Options::default(),
         Options { keep_outputs: Keep::Unconsumed, ..Default::default() },
-        Options { io_maps: Some(vec![vec![]]), ..Default::default() },
+        Options { io_maps: Some(vec![Some(vec![])]), ..Default::default() },
         graph_form(&a, &b),
     ] {
         if let Ok(merged) = compose(vec![a.clone(), b.clone()], &["a".into(), "b".into()], &opts).map(|c| c.model) {

@@ -41,7 +41,7 @@ pub use error::{Error, Kind, Result};
 pub use merge::compose::{Composition, Report};
 pub use merge::metadata::merged as merge_metadata;
 pub use merge::onnx_rules::Prefixed;
-pub use merge::options::{Adapt, Edge, Keep, Options, Rules};
+pub use merge::options::{Adapt, Edge, IoMap, Keep, Options, Rules};
 pub use merge::plan::view::PlanView;
 pub use merge::rows::Finding;
 pub use near_miss::did_you_mean;

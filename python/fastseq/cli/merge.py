@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from fastseq.cli.console import Quiet, check_output, fail, make_folders, progress, verbose_option
 from fastseq.cli.inspect import print_cleanups
-from fastseq.cli.models import check_io_maps, io_map_option, is_pipeline_file, parse_opset, providers_option
+from fastseq.cli.models import (
+    check_io_maps,
+    dynamic_batch_option,
+    io_map_option,
+    is_pipeline_file,
+    opset_option,
+    providers_option,
+)
 from fastseq.errors import human_size
 
 if TYPE_CHECKING:
@@ -28,9 +35,8 @@ def add(sub: Any) -> None:
                    help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
                         "sources' data files instead of copying them")
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
-    m.add_argument("--opset", type=parse_opset, metavar="N|highest",
-                   help="convert the models first: ai.onnx to opset N (or the highest among them), "
-                        "other domains to the highest version they can share")
+    opset_option(m)
+    dynamic_batch_option(m)
     m.add_argument("--optimize", action="store_true",
                    help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
                         "in a data file), so that deployments start sessions with optimisation off")
@@ -81,6 +87,7 @@ def cmd_merge(args: argparse.Namespace, quiet: Quiet) -> int:
     spec.force_download = args.force_download
     if args.opset is not None:
         spec.opset = args.opset
+    spec.dynamic_batch = spec.dynamic_batch or args.dynamic_batch
     if args.external_data is not None:
         spec.external_data = {"auto": None, "yes": True, "no": False, "reuse": "reuse"}[args.external_data]
     spec.entry = "cli"
@@ -89,6 +96,10 @@ def cmd_merge(args: argparse.Namespace, quiet: Quiet) -> int:
         quiet.runtime()
     with progress(what):
         built = build(spec)
+        if spec.dynamic_batch:
+            from fastseq.runtime.rows import dynamic_batch
+
+            built.composed = dynamic_batch(built.composed)
         made = make_folders(args.output)
         try:
             if args.optimize:

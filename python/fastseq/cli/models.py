@@ -48,6 +48,22 @@ def io_map_option(p: argparse.ArgumentParser) -> None:
                    help="the connections of one joint; give one per joint, in order (default: by position)")
 
 
+def opset_option(p: argparse.ArgumentParser) -> None:
+    """``--opset N|highest``: the models converted before they are composed (merge, run,
+    serve and profile alike)."""
+    p.add_argument("--opset", type=parse_opset, metavar="N|highest",
+                   help="convert the models first: ai.onnx to opset N (or the highest among them), "
+                        "other domains to the highest version they can share")
+
+
+def dynamic_batch_option(p: argparse.ArgumentParser) -> None:
+    """``--dynamic-batch``: a batch-1 export given a dynamic batch axis where the core proves it."""
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="a model exported with a batch of 1: make its first axis dynamic (constant reshapes copy "
+                        "the rows' axis), where the batch analysis proves each row stays apart; refused naming the "
+                        "node otherwise")
+
+
 def providers_option(p: argparse.ArgumentParser, help: str) -> None:
     """``--providers A B`` in every command; ``--provider A --provider B`` is taken too."""
     p.add_argument("--providers", "--provider", dest="providers", action="extend", nargs="+", metavar="PROVIDER",
@@ -144,11 +160,17 @@ def pipeline(args: argparse.Namespace, quiet: Quiet, session_options: Any = None
         from fastseq.graph import pipefile
 
         return from_spec(pipefile.read(file), args, quiet)
+    from fastseq.errors import OpsetMismatchError
     from fastseq.facades.sequential import ONNXSequential
+    from fastseq.graph.convert import HINTS
 
     check_io_maps(args)
-    pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None,
-                          session_options=session_options)
+    try:
+        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None,
+                              session_options=session_options, target_opset_version=getattr(args, "opset", None),
+                              dynamic_batch=getattr(args, "dynamic_batch", False))
+    except OpsetMismatchError as e:  # the remedy on the command line is a flag, not a keyword
+        raise OpsetMismatchError(str(e).replace(HINTS["sequential"], HINTS["cli"])) from None
     _warn_unstarted(args.providers, pipe.providers, quiet)
     return pipe
 
@@ -159,6 +181,10 @@ def from_spec(spec: Any, args: argparse.Namespace, quiet: Quiet) -> Any:
 
     if args.providers:
         spec.providers = list(args.providers)
+    if getattr(args, "opset", None) is not None:
+        spec.opset = args.opset
+    spec.dynamic_batch = spec.dynamic_batch or getattr(args, "dynamic_batch", False)
+    spec.entry = "cli"
     pipe = Pipeline.from_spec(spec)
     _warn_unstarted(spec.providers, pipe.providers, quiet)
     return pipe

@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from fastseq.cli.console import Quiet, check_output, fail, progress, verbose_option
-from fastseq.cli.models import cast_option, feeds, input_option, io_map_option, pipeline, providers_option
+from fastseq.cli.models import (
+    cast_option,
+    dynamic_batch_option,
+    feeds,
+    input_option,
+    io_map_option,
+    opset_option,
+    pipeline,
+    providers_option,
+)
 
 
 def add(sub: Any) -> None:
@@ -18,6 +27,8 @@ def add(sub: Any) -> None:
     r.add_argument("models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, composed in order; "
                                             "or one pipeline.toml")
     io_map_option(r)
+    opset_option(r)
+    dynamic_batch_option(r)
     input_option(r, "; with --ray: one folder of .npy files or a Parquet dataset")
     cast_option(r)
     providers_option(r, "the execution providers, in priority order")
@@ -36,6 +47,8 @@ def add(sub: Any) -> None:
                                         "mapped back to the stages' own node names)")
     pr.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
     io_map_option(pr)
+    opset_option(pr)
+    dynamic_batch_option(pr)
     input_option(pr)
     cast_option(pr)
     providers_option(pr, "the execution providers, in priority order")
@@ -43,6 +56,20 @@ def add(sub: Any) -> None:
     pr.add_argument("--warmup", type=int, default=3, help="runs before the profiled ones (default 3)")
     verbose_option(pr)
     pr.set_defaults(func=cmd_profile)
+
+    v = sub.add_parser("verify", help="run the composed pipeline and its stages one by one as given (before "
+                                      "conversion and optimisation) and compare each output")
+    v.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
+    io_map_option(v)
+    opset_option(v)
+    dynamic_batch_option(v)
+    input_option(v)
+    cast_option(v)
+    providers_option(v, "the execution providers of the composed pipeline, in priority order")
+    v.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
+    v.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
+    verbose_option(v)
+    v.set_defaults(func=cmd_verify)
 
 
 def npz_path(output: str) -> Path:
@@ -120,3 +147,13 @@ def cmd_profile(args: argparse.Namespace, quiet: Quiet) -> int:
         profile = pipe.profile(runs=args.runs, warmup=args.warmup, **inputs)
     print(profile)
     return 0
+
+
+def cmd_verify(args: argparse.Namespace, quiet: Quiet) -> int:
+    """Exit 0 where every output agrees within the tolerances, 1 where one does not."""
+    pipe = pipeline(args, quiet)
+    inputs = feeds(args, pipe)
+    with progress("verifying"):
+        parity = pipe.verify(rtol=args.rtol, atol=args.atol, **inputs)
+    print(parity)
+    return 0 if parity.ok else 1

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastseq.cli.console import Quiet, fail, verbose_option
-from fastseq.cli.models import io_map_option, providers_option
+from fastseq.cli.models import dynamic_batch_option, io_map_option, opset_option, providers_option
 
 
 #: The session options the server starts its pipelines with, where a pipeline file's own
@@ -101,6 +101,8 @@ def add(sub: Any) -> None:
     s.add_argument("--row-independent", action="store_true",
                    help="batch a pipeline whose rows the analysis cannot show to stay apart (you know they do)")
     io_map_option(s)
+    opset_option(s)
+    dynamic_batch_option(s)
     providers_option(s, "the execution providers, in priority order")
     verbose_option(s)
     s.set_defaults(func=cmd_serve)

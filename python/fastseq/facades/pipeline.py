@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastseq.graph import drawing
 from fastseq.graph import pipefile, pipefile_write
-from fastseq.facades.base import Facade, build_cached
+from fastseq.facades.base import Facade, build_cached, flag
 from fastseq.graph.build import build
 from fastseq.graph.session_settings import session_options, session_options_dict
 from fastseq.graph.parts import Edge
@@ -47,6 +47,10 @@ class Pipeline(Facade):
     ``session_cache`` (where ONNX Runtime's optimised model is kept between starts: a
     folder, True, or a :class:`SessionCache`),
     calls, ``run(..., timeout=)``, ``bind``, ``export(..., optimized=True)``.
+    ``row_independent=True`` declares that each row's outputs depend on that row alone (its
+    batcher and ``fastseq serve`` batch it without the core's analysis); ``dynamic_batch=True``
+    gives a batch-1 export a dynamic batch axis where the analysis proves it (as
+    ONNXSequential's).
     """
 
     spec: PipelineSpec
@@ -70,6 +74,8 @@ class Pipeline(Facade):
         force_download: bool = False,
         token: str | bool | None = None,
         session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
+        row_independent: bool = False,
+        dynamic_batch: bool = False,
     ) -> None:
         spec = PipelineSpec.graph(
             stages,
@@ -88,6 +94,8 @@ class Pipeline(Facade):
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
             force_download=force_download,
             token=token,
+            row_independent=flag("row_independent", row_independent),
+            dynamic_batch=flag("dynamic_batch", dynamic_batch),
         )
         self._build(spec, session_cache)
 
@@ -115,6 +123,8 @@ class Pipeline(Facade):
     def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
         built = build_cached(spec, session_cache)
         self.spec = spec
+        self.row_independent = spec.row_independent
+        self._given = built.given  # the stages as given: what verify() runs one by one
         # described: what a session-cache entry records of the stages
         self._engine = SessionEngine(built.composed, built.labels, described=built.described)
         self._plan, self._sources, self._report = built.plan, built.sources, built.report
@@ -173,5 +183,6 @@ class Pipeline(Facade):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.spec, self._plan, self._report = state["spec"], state["plan"], state["report"]
+        self.row_independent = self.spec.row_independent
         self._sources = state["sources"]
         self._engine = SessionEngine.from_portable(state, session_options(self.spec.session_options))

@@ -12,7 +12,7 @@ from fastseq.sources import resolve as loader
 from fastseq.runtime.engine import SessionEngine
 from fastseq.runtime.providers import Provider
 from fastseq.errors import CompositionError
-from fastseq.facades.base import Facade, build_cached
+from fastseq.facades.base import Facade, build_cached, flag
 from fastseq.runtime.tensors import TensorInfo
 from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
@@ -83,6 +83,10 @@ class ONNXSequential(Facade):
             shapes' sizes and names (``[N, 32] -> [N, 1, 32]`` is an Unsqueeze of axis 1);
             where several would fit, the error says so and none is inserted. Default False:
             a mismatch is an error that names the adapter that would fix it.
+        dynamic_batch: a model exported with a batch of 1 (its inputs' first axis a fixed 1)
+            gets a dynamic batch axis: constant Reshape shapes copy the rows' axis, where the
+            core's batch analysis proves each row stays apart; where it cannot, a
+            CompositionError names the stage and node (docs/real-models.md).
 
     Raises:
         LoadError, DownloadError: a source is missing, corrupt or cannot be downloaded.
@@ -108,6 +112,7 @@ class ONNXSequential(Facade):
         sha256: str | Sequence[str | None] | None = None,
         session_cache: SessionCache | str | os.PathLike[str] | bool | None = None,
         adapt: bool | Sequence[int] = False,
+        dynamic_batch: bool = False,
     ) -> None:
         if not models:
             raise TypeError("ONNXSequential needs at least one model")
@@ -126,8 +131,10 @@ class ONNXSequential(Facade):
             entry="sequential",
             keep_stages=True,
             adapt=adapt if isinstance(adapt, bool) else list(adapt),
+            dynamic_batch=flag("dynamic_batch", dynamic_batch),
         )
         built = build_cached(spec, session_cache)
+        self._given = built.given  # the stages as given: what verify() runs one by one
         # The loaded models (stages) share their weights with the composed one: combine()
         # composes them again without reading or downloading anything. described: what a
         # session-cache entry records of the stages.

@@ -36,6 +36,9 @@ class Built:
     #: each stage in graph order with what it was built from (``pre=resize(size=224)``,
     #: ``model.onnx``): what a session-cache entry records, to tell pipelines apart
     described: list[str] = field(default_factory=list)
+    #: each stage's model as given (bytes, a path, (path, root) or a loaded model), before any
+    #: conversion: what ``verify`` runs stage by stage
+    given: list[Any] = field(default_factory=list)
 
 
 def build(spec: PipelineSpec, converted: Store | None = None) -> Built:
@@ -92,7 +95,10 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
             raise type(e)(f"stages.{st.name}: {e}") from e
     labels = [st.name or r.label for st, r in zip(spec.stages, resolved)]
     sources: list[Any] = [r.data for r in resolved]
+    if spec.opset is not None:
+        spec = _operators_at_opset(spec, sources, labels, link)
     fitted = _fit_operators(spec, sources, labels, link)
+    as_given = list(sources)
     if load:  # all stages in parallel; errors name the stage's label
         loaded = _core.load_models(sources, labels)
     if spec.opset is not None:
@@ -148,7 +154,53 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
         {label: _source_label(st.source) for label, st in given.items()},
         loaded if spec.keep_stages and loaded else None,
         [_described(label, given[label]) if label in given else label for label in order],
+        as_given,
     )
+
+
+def _operators_at_opset(spec: PipelineSpec, sources: list[Any], labels: list[str], link: bool) -> PipelineSpec:
+    """Where the models are converted to one opset (``spec.opset``), the operators built
+    without ``opset=`` (``fastseq.ops.at_opset``) are built at it instead: at N for
+    ``--opset N`` (an operator that cannot be, such as resize with antialias before 18, is
+    an error naming it), at the highest among the other stages for ``highest`` (an operator
+    that cannot be stays as built, and the models are converted up to it). The models keep
+    their own opset where it is the target. ``sources`` is updated in place; returns the
+    description with the operators' new sources."""
+    from fastseq import ops
+    from fastseq.errors import OperatorError
+
+    if not any(ops.follows_opset(st.source) for st in spec.stages):
+        return spec
+    if spec.opset == "highest":
+        found = []
+        for k, st in enumerate(spec.stages):
+            if ops.follows_opset(st.source):
+                continue
+            try:
+                model = _core.load_model(sources[k], labels[k])
+            except FastseqError:
+                return spec  # the composition names what is wrong with it
+            if not link:
+                sources[k] = model  # the core composes this copy
+            found += [v for d, v in model.summary()["opsets"] if d in ("", "ai.onnx")]
+        if not found:
+            return spec
+        target = max(found)
+    else:
+        target = int(spec.opset)  # type: ignore[arg-type]
+    stages = list(spec.stages)
+    for k, st in enumerate(stages):
+        try:
+            rebuilt = ops.at_opset(st.source, target)
+        except OperatorError as e:
+            if spec.opset == "highest":
+                continue
+            message = str(e) if str(e).startswith(labels[k]) else f"{labels[k]}: {e}"
+            raise OperatorError(f"{message} (the models are converted to opset {target})") from None
+        if rebuilt is not None:
+            stages[k] = replace(st, source=rebuilt)
+            sources[k] = bytes(rebuilt) if isinstance(rebuilt, ops.Operator) else loader.resolve(rebuilt, k).data
+    return replace(spec, stages=stages)
 
 
 def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], link: bool) -> dict[int, Any]:
@@ -174,7 +226,7 @@ def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], li
             return found[0] if len(found) == 1 else None
         if i == 0:
             return None
-        if spec.io_maps is not None:
+        if spec.io_maps is not None and spec.io_maps[i - 1] is not None:
             found = [(i - 1, out) for out, inp in spec.io_maps[i - 1] if inp == "input"]
             return found[0] if len(found) == 1 else None
         outputs = list(outputs_of(i - 1))

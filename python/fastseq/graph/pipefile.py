@@ -1,7 +1,7 @@
 """Pipeline files: a :class:`~fastseq.graph.spec.PipelineSpec` as TOML, read here with the
 standard library's ``tomllib`` (:mod:`.pipefile_write` writes them). Stages that run one after
-another are a chain, each feeding the next by position (``io_map`` joins by name; given
-for one joint, it is given for each, as ``--io-map`` is)::
+another are a chain, each feeding the next by position (``io_map`` joins one joint by name,
+where that joint needs it; the others still join by position)::
 
     chain = ["pre", "backbone", { stage = "head", io_map = ["features:x"] }]
 
@@ -55,7 +55,8 @@ from fastseq.graph.spec import PipelineSpec
 REMOTE = ("http://", "https://", "hf://", "builtin:")
 KEYS = (
     "stages", "chain", "edges", "inputs", "outputs", "opset", "ir_version", "metadata", "model_version",
-    "external_data", "providers", "session_options", "prune", "dedupe", "adapt", "cache_dir",
+    "external_data", "providers", "session_options", "prune", "dedupe", "adapt", "cache_dir", "row_independent",
+    "dynamic_batch",
 )
 
 
@@ -148,7 +149,7 @@ def _parse(data: dict[str, Any], folder: Path, origin: str, prefix: str) -> Pipe
             elif kind is int and not low <= value <= high:
                 raise bad(key, f"expected an integer from {low} to {high}, got {value}")
             options[key] = value
-    for key in ("prune", "dedupe"):
+    for key in ("prune", "dedupe", "row_independent", "dynamic_batch"):
         if key in data:
             if not isinstance(data[key], bool):
                 raise bad(key, "expected true or false")
@@ -222,7 +223,7 @@ def _chain(
 ) -> PipelineSpec:
     """The chain form: ``chain`` lists every stage once, in the order they run; each is a
     stage name, or ``{ stage = NAME, io_map = ["OUT:IN", ...] }`` to join it to the one
-    before by name. The core joins the rest by position, as ONNXSequential does."""
+    before by name; a joint without one joins by position, as ONNXSequential does."""
     from fastseq.errors import CompositionError
     from fastseq.graph.parse import _stage, _Where, parse_io_pair
 
@@ -266,11 +267,7 @@ def _chain(
     if left:
         raise bad("chain", f"stage{'s' * (len(left) > 1)} {', '.join(left)} of [stages] {'are' if len(left) > 1 else 'is'}"
                   " not in the chain; list each stage where it runs")
-    named = [j for j, m in enumerate(maps) if m is not None]
-    if named and len(named) != len(maps):
-        by_position = [f"chain[{j + 1}]" for j, m in enumerate(maps) if m is None]
-        raise bad(f"chain[{named[0] + 1}].io_map", f"joins by name, so every joint must ({', '.join(by_position)} "
-                  "join by position): give each stage after the first an io_map, or none of them")
+    named = any(m is not None for m in maps)  # the other joints join by position
     if isinstance(adapt, list) and any(isinstance(a, str) for a in adapt):
         raise bad("adapt", "a chain's adapters are given as true or as edge indices (fastseq inspect lists them)")
     try:

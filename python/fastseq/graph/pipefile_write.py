@@ -44,6 +44,9 @@ def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
     for key in ("opset", "ir_version", "model_version", "cache_dir"):
         if getattr(spec, key) is not None:
             top[key] = getattr(spec, key)
+    for key in ("row_independent", "dynamic_batch"):
+        if getattr(spec, key):
+            top[key] = True
     for key in ("prune", "dedupe"):
         value = getattr(spec, key)
         if spec.is_graph and value is not None or not spec.is_graph and not value:  # a chain's are on in a file
@@ -84,7 +87,8 @@ def _chain_entries(spec: PipelineSpec) -> list[Any]:
     if spec.io_maps is None:
         return names
     return [names[0]] + [
-        {"stage": name, "io_map": [f"{o}:{i}" for o, i in pairs]} for name, pairs in zip(names[1:], spec.io_maps)
+        name if pairs is None else {"stage": name, "io_map": [f"{o}:{i}" for o, i in pairs]}
+        for name, pairs in zip(names[1:], spec.io_maps)
     ]
 
 

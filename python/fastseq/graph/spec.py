@@ -34,11 +34,12 @@ __all__ = ["META_KEYS", "Edge", "Exposed", "IoInfo", "IoMap", "PipelineSpec", "S
 class PipelineSpec:
     """What to compose and how to run it. A graph when ``edges`` is a list (stages named,
     any order: the core sorts them topologically), else a chain joined by ``io_maps``
-    (``io_maps[i]`` joins model ``i`` to ``i + 1``; None joins by position)."""
+    (``io_maps[i]`` joins model ``i`` to ``i + 1``; None, for all of them or one joint,
+    joins by position)."""
 
     stages: list[Stage]
     edges: list[Edge] | None = None
-    io_maps: list[list[tuple[str, str]]] | None = None
+    io_maps: list[list[tuple[str, str]] | None] | None = None
     #: graph: exposed input name -> the (stage, input) pairs it feeds
     inputs: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     #: graph: the exposed outputs; None: every output that no edge consumes
@@ -70,6 +71,12 @@ class PipelineSpec:
     origin: str | None = None
     #: the entry point that built it (a key of convert.HINTS): an opset mismatch names its remedy
     entry: str = "compose"
+    #: declared by the user: each row's outputs depend on that row alone (the batcher and
+    #: fastseq serve batch it without the core's analysis)
+    row_independent: bool = False
+    #: stages whose inputs have a fixed first axis of 1 (a batch-1 export) get a dynamic one,
+    #: where the core's analysis shows the graph keeps each row apart
+    dynamic_batch: bool = False
     #: keep the loaded stage models in the result (ONNXSequential.combine re-wires them)
     keep_stages: bool = False
     #: chain of two: "onnx.compose" merges them as onnx.compose.merge_models does (the

@@ -16,8 +16,10 @@ Images: :func:`to_float`, :func:`layout`, :func:`rgb_to_bgr`, :func:`grayscale`,
 :func:`resize`, :func:`center_crop`, :func:`letterbox`, :func:`normalize`. Outputs:
 :func:`flatten`, :func:`softmax`, :func:`argmax`, :func:`topk`, :func:`nms`. Bad names or
 parameters raise :class:`OperatorError`. The models are built at the default-domain opset
-:data:`DEFAULT_OPSET` unless an option needs a later one or ``opset=`` says otherwise: the
-stages of a pipeline share one opset.
+:data:`DEFAULT_OPSET` unless an option needs a later one or ``opset=`` says otherwise (11 or
+later: where an op took its current form after 11, the earlier form that computes the same is
+written): the stages of a pipeline share one opset, and a pipeline converted to one builds
+its operators at it (:func:`at_opset`).
 
 Building one imports neither onnx nor numpy; ``op.to_onnx()`` is an ``onnx.ModelProto`` of
 it, and an operator reads like one (``op.graph.node``, ``op.SerializeToString()``).
@@ -186,6 +188,48 @@ def refit(op: Operator, rank: int) -> Operator:
     return build(name, **params, rank=rank)
 
 
+def follows_opset(source: Any) -> bool:
+    """Whether ``source`` is an operator built without ``opset=`` (an :class:`Operator`, or
+    a ``builtin:NAME?...`` string of one): what :func:`at_opset` builds again. Models,
+    shipped files and operators that name their opset are not."""
+    if isinstance(source, Operator):
+        return source.recipe is not None and source.recipe[2].get("opset") is None
+    if not (isinstance(source, str) and source.startswith("builtin:")):
+        return False
+    from fastseq.ops import shipped
+
+    spec = source[len("builtin:") :]
+    name, mark, _ = spec.partition("?")
+    if name.startswith(shipped.PREFIX) or (not mark and name in shipped.names()):
+        return False  # a shipped file, converted like any model
+    try:
+        return parse(spec)[1].get("opset") is None
+    except OperatorError:
+        return False  # left for the build to refuse
+
+
+def at_opset(source: Any, version: int) -> Any:
+    """``source`` built again at default-domain opset ``version`` where it follows the
+    pipeline's opset (:func:`follows_opset`): an :class:`Operator` again, a ``builtin:``
+    string naming the opset; None for anything else. Raises the operator's
+    :class:`OperatorError` where it cannot be built at ``version`` (``antialias=True`` needs
+    opset 18). What a pipeline converted to one opset does with its operators: builds them
+    at it, rather than converting them with onnx's version converter (which has no way down
+    from most ops' current versions)."""
+    if not follows_opset(source):
+        return None
+    if isinstance(source, Operator):
+        assert source.recipe is not None
+        name, args, params = source.recipe
+        return build(name, *args, **{**params, "opset": version})
+    name, params = parse(source[len("builtin:") :])
+    try:  # refused here, naming the operator, where it cannot be built at version
+        build(name, **{**params, "opset": version})
+    except OperatorError as e:
+        raise OperatorError(f"{source}: {e}") from None
+    return f"builtin:{to_string(name, {**params, 'opset': version})}"
+
+
 def _lookup(name: str, others: Sequence[str]) -> Callable[..., Any]:
     operators = _all()
     if name not in operators:
@@ -214,9 +258,11 @@ __all__ = [
     "OperatorError",
     "Tensor",
     "argmax",
+    "at_opset",
     "build",
     "center_crop",
     "flatten",
+    "follows_opset",
     "from_string",
     "grayscale",
     "layout",

@@ -7,6 +7,7 @@ so that building a first operator costs milliseconds, not the 1-2 s of ``import 
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import struct
@@ -22,13 +23,18 @@ from fastseq.ops.operator import Operator, Tensor
 #: caller passes ``opset=``. 17 is what ``torch.onnx.export`` writes by default, and the
 #: opset of the shipped ``builtin:`` models: stages must share one opset to compose.
 DEFAULT_OPSET = 17
-#: Softmax, Split, ReduceSum and Resize took their current form in opset 13.
-MIN_OPSET = 13
+#: The earliest opset an operator is built at: 11 is where Resize takes the output size, Pad
+#: and Slice their pads and bounds as inputs, TopK its k as an input, and where
+#: NonMaxSuppression's and GatherND's forms stand (torch.onnx.export's default for years,
+#: so many exported models import it). Where an op took its current form later (ReduceSum's
+#: axes and Resize's optional roi and scales in 13, Softmax's one axis in 13, integer Max in
+#: 12), :class:`Graph` writes the earlier form that computes the same.
+MIN_OPSET = 11
 #: The lowest IR version that carries each opset (onnx.helper.VERSION_TABLE): the models
 #: are written with it, as ``onnx.helper.find_min_ir_version_for`` picks. Its last key is
 #: the latest opset an operator can be built at.
-IR_FOR_OPSET = {13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11, 24: 12, 25: 13,
-                26: 13, 27: 13, 28: 14}
+IR_FOR_OPSET = {11: 6, 12: 7, 13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11,
+                24: 12, 25: 13, 26: 13, 27: 13, 28: 14}
 LATEST_OPSET = max(IR_FOR_OPSET)
 
 #: ONNX element types used in Cast nodes and declarations (TensorProto.FLOAT, .INT64).
@@ -94,7 +100,10 @@ def operator(f: Callable[P, Operator]) -> Callable[P, Operator]:
     @functools.wraps(f)
     def build(*args: P.args, **params: P.kwargs) -> Operator:
         check_arguments(f, args, params, "", f.__name__ + "({}=...)")
-        return f(*args, **params)
+        model = f(*args, **params)
+        # A copy: a list the caller edits later must not change what builds it again.
+        model.recipe = (f.__name__, *copy.deepcopy((args, params)))
+        return model
 
     return build
 
@@ -290,7 +299,12 @@ def opset(op: str, value: Any, needed: int = MIN_OPSET, why: str = "") -> int:
     if value is None:
         return max(DEFAULT_OPSET, needed)
     version = integer(op, "opset", value)
-    if not MIN_OPSET <= version <= LATEST_OPSET:
+    if version < MIN_OPSET:
+        raise fail(op, f"opset must be between {MIN_OPSET} and {LATEST_OPSET}, got {version}: opset {version} lacks "
+                       f"the forms of the ops that operators are built from (Resize with an output size, Pad and "
+                       f"Slice with their bounds as inputs, TopK with k as an input arrived in opsets 10 and 11); "
+                       f"convert the model to opset {MIN_OPSET} or later instead")
+    if version > LATEST_OPSET:
         raise fail(op, f"opset must be between {MIN_OPSET} and {LATEST_OPSET}, got {version}")
     if version < needed:
         raise fail(op, f"{why} needs opset {needed} or later, got opset={version}")
@@ -310,8 +324,11 @@ class Graph:
     ``(name, dtype, dims, flat values)``: a description that :meth:`model` encodes (and
     that the tests build again with onnx.helper, to compare)."""
 
-    def __init__(self, op: str) -> None:
+    def __init__(self, op: str, version: int) -> None:
         self.op = op
+        #: The default-domain opset the model is built at: the helpers below write each op in
+        #: the form that opset defines.
+        self.version = version
         self.nodes: list[tuple[str, list[str], list[str], str, dict[str, Any]]] = []
         self.constants: list[tuple[str, str, list[int], list[float | int]]] = []
         self._count = 0
@@ -348,10 +365,36 @@ class Graph:
         self.nodes.append((op_type, list(inputs), names, self._name(f"{op_type}_node"), attrs))
         return names[0] if len(names) == 1 else names
 
+    def reduce(self, op_type: str, x: str, axes: Sequence[int], keepdims: int) -> str:
+        """``op_type`` (ReduceSum, ReduceMax ...) of ``x`` over ``axes``: the axes an input
+        from the opset where that op took them so (ReduceSum 13, the others 18), an
+        attribute before."""
+        if self.version >= (13 if op_type == "ReduceSum" else 18):
+            return self.node(op_type, [x, self.ints(list(axes), "axis")], keepdims=keepdims)
+        return self.node(op_type, [x], axes=list(axes), keepdims=keepdims)
+
+    def int_max(self, a: str, b: str) -> str:
+        """The larger of two integer tensors, element by element: Max from opset 12 (before
+        it, Max takes floats only), ``Where(a < b, b, a)`` before."""
+        if self.version >= 12:
+            return self.node("Max", [a, b])
+        return self.node("Where", [self.node("Less", [a, b]), b, a])
+
+    def resize(self, x: str, sizes: str, outputs: int | Sequence[str] = 1, **attrs: Any) -> str:
+        """Resize of ``x`` to ``sizes`` (int64, one per axis). From opset 13 its roi and
+        scales may be left out (empty names); before, both are required inputs, and given
+        empty (with sizes, Resize 11 reads neither)."""
+        if self.version >= 13:
+            return self.node("Resize", [x, "", "", sizes], outputs, **attrs)
+        empty = self.const([], "float32", [0], "empty")
+        return self.node("Resize", [x, empty, empty, sizes], outputs, **attrs)
+
     def model(self, call: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], version: int) -> Operator:
         """The finished operator: the model (IR version the lowest that the opset allows)
-        and what it declares."""
+        and what it declares. ``version`` is the graph's own (the nodes were written for it)."""
         from fastseq._core import __version__
+
+        assert version == self.version, (version, self.version)
 
         data = _proto.model(
             self.op,

@@ -63,8 +63,17 @@ def softmax(axis: int = -1, *, dtype: Any = "float32", rank: int | None = None, 
     ax = _axis(op, axis, len(shape))
     name, _ = g.dtype(op, dtype, g.FLOATS)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
-    graph.node("Softmax", ["input"], ["probabilities"], axis=ax)
+    graph = g.Graph(op, version)
+    last = len(shape) - 1
+    if version >= 13 or ax % len(shape) == last:
+        graph.node("Softmax", ["input"], ["probabilities"], axis=ax)
+    else:
+        # Before opset 13 Softmax normalises over every axis from ``axis`` on at once (the
+        # input read as 2-D): swap the axis with the last, normalise that one, swap back.
+        perm = list(range(len(shape)))
+        perm[ax % len(shape)], perm[last] = last, ax % len(shape)
+        swapped = graph.node("Transpose", ["input"], perm=perm)
+        graph.node("Transpose", [graph.node("Softmax", [swapped], axis=-1)], ["probabilities"], perm=perm)
     call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
     model = graph.model(call, [g.tensor("input", name, shape)], [g.tensor("probabilities", name, shape)], version)
     return _fitted(model, rank, dict(axis=ax, dtype=name, opset=opset))
@@ -84,7 +93,7 @@ def argmax(
     keep = g.flag(op, "keepdims", keepdims)
     name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     graph.node("ArgMax", ["input"], ["indices"], axis=ax, keepdims=int(keep))
     call = g.call_text(op, dict(axis=ax, keepdims=keep, dtype=name, rank=len(shape)))
     outputs = [g.tensor("indices", "int64", _without(shape, ax, keep))]
@@ -113,7 +122,7 @@ def topk(
     big = g.flag(op, "largest", largest)
     name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     graph.node(
         "TopK",
         ["input", graph.ints([count], "k")],
@@ -143,7 +152,7 @@ def flatten(axis: int = 1, *, dtype: Any = "float32", rank: int | None = None, o
         raise g.fail(op, f"axis must be at most the rank ({len(shape)}), got {ax}")
     name, _ = g.dtype(op, dtype, g.FLOATS + g.INTEGERS)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     graph.node("Flatten", ["input"], ["output"], axis=ax)
     call = g.call_text(op, dict(axis=ax, dtype=name, rank=len(shape)))
     out_shape = [_product(shape[:ax]), _product(shape[ax:])]
@@ -180,7 +189,7 @@ def nms(
     fmt = g.choice(op, "box_format", box_format, ("xyxy", "cxcywh"))
     scores_order = g.choice(op, "scores_layout", scores_layout, ("NCB", "NBC"))
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     scores = "scores" if scores_order == "NCB" else graph.node("Transpose", ["scores"], perm=[0, 2, 1])
     selected = graph.node(
         "NonMaxSuppression",

@@ -58,7 +58,7 @@ def to_float(
                      f"{largest} * {scale!r}")
     g.normal(op, "scale", [factor], out_name)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     cast = graph.node("Cast", ["input"], to=out_elem)
     graph.node("Mul", [cast, graph.scalar(factor, out_name, "scale")], ["output"])
     call = g.call_text(op, dict(scale=scale, dtype=name, to=out_name, rank=len(shape)))
@@ -77,7 +77,7 @@ def layout(
         raise g.fail(op, f"src and dst must name the same axes, got {a!r} and {b!r}")
     name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     graph.node("Transpose", ["input"], ["output"], perm=[a.index(axis) for axis in b])
     call = g.call_text(op, dict(src=a, dst=b, dtype=name))
     return graph.model(call, [g.tensor("input", name, list(a))], [g.tensor("output", name, list(b))], version)
@@ -90,7 +90,7 @@ def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | Non
     order = g.image_layout(op, layout)
     name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     graph.node("Gather", ["input", graph.ints([2, 1, 0], "order")], ["output"], axis=order.index("C"))
     shape = _dims(order, C=3)
     call = g.call_text(op, dict(layout=order, dtype=name))
@@ -113,10 +113,10 @@ def grayscale(
     version = g.opset(op, opset)
     axis = order.index("C")
     work = "float32" if name == "uint8" else name
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     x = graph.node("Cast", ["input"], to=g.FLOAT) if name == "uint8" else "input"
     weights = graph.const(list(LUMA), work, [3 if a == "C" else 1 for a in order], "luma")
-    luma = graph.node("ReduceSum", [graph.node("Mul", [x, weights]), graph.ints([axis], "axis")], keepdims=1)
+    luma = graph.reduce("ReduceSum", graph.node("Mul", [x, weights]), [axis], keepdims=1)
     if name == "uint8":
         # Round half up and clamp, as Pillow's fixed-point conversion does.
         rounded = graph.node("Floor", [graph.node("Add", [luma, graph.scalar(0.5)])])
@@ -167,7 +167,7 @@ def normalize(
     g.normal(op, "std", s, name)
     version = g.opset(op, opset)
     bshape = [channels if a == "C" else 1 for a in order]
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     # One value for all channels is repeated to one per channel.
     mean_c = graph.const(m * (channels // len(m)), name, bshape, "mean")
     std_c = graph.const(s * (channels // len(s)), name, bshape, "std")
@@ -240,7 +240,7 @@ def _resize_nodes(
             nchw_shape = graph.node("Gather", [shape, graph.ints([0, 3, 1, 2], "perm")])
             x = graph.node("Reshape", [graph.node("Transpose", [x], perm=[0, 3, 1, 2]), nchw_shape])
             sizes = graph.node("Gather", [sizes, graph.ints([0, 3, 1, 2], "perm")])
-        y = graph.node("Resize", [x, "", "", sizes], **attrs)
+        y = graph.resize(x, sizes, **attrs)
         if order == "NHWC":
             y = graph.node("Transpose", [y], perm=[0, 2, 3, 1])
         if elem != g.FLOAT:
@@ -248,7 +248,7 @@ def _resize_nodes(
             y = graph.node("Cast", [graph.node("Clip", [graph.node("Round", [y]), lo, hi])], to=elem)
         graph.node("Identity", [y], [out])
     else:
-        graph.node("Resize", ["input", "", "", sizes], [out], **attrs)
+        graph.resize("input", sizes, [out], **attrs)
     return scale
 
 
@@ -297,7 +297,7 @@ def resize(
         op, size, mode, antialias, cubic_coeff, layout, dtype, opset
     )
     aspect = _aspect(op, keep_aspect)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     _resize_nodes(graph, order, hw, chosen, aspect, aa, coeff, name, elem, "output")
     out_hw = dict(H=hw[0], W=hw[1]) if aspect is None else dict(H="resized_H", W="resized_W")
     call = g.call_text(
@@ -314,7 +314,7 @@ def resize(
 def _pad_centred(graph: g.Graph, order: str, x: str, have: str, want: str, fill: str, out: str) -> tuple[str, str]:
     """Pads ``x`` (height and width ``have``, int64 [2]) to ``want`` with ``fill``, half on
     each side (the odd pixel after); returns the [h, w] pads before and after."""
-    missing = graph.node("Max", [graph.node("Sub", [want, have]), graph.ints([0, 0], "zeros")])
+    missing = graph.int_max(graph.node("Sub", [want, have]), graph.ints([0, 0], "zeros"))
     # Integer Div on non-negative values is floor division.
     before = graph.node("Div", [missing, graph.ints(2, "two")])
     after = graph.node("Sub", [missing, before])
@@ -341,13 +341,11 @@ def center_crop(
     order = g.image_layout(op, layout)
     name, _ = g.dtype(op, dtype, g.INTEGERS + g.FLOATS)
     version = g.opset(op, opset)
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     axes = graph.ints([order.index("H"), order.index("W")], "hw_axes")
     in_hw = graph.node("Gather", [graph.node("Shape", ["input"]), axes])
     target = graph.ints(hw, "size")
-    start = graph.node(
-        "Div", [graph.node("Max", [graph.node("Sub", [in_hw, target]), graph.ints([0, 0])]), graph.ints(2)]
-    )
+    start = graph.node("Div", [graph.int_max(graph.node("Sub", [in_hw, target]), graph.ints([0, 0])), graph.ints(2)])
     # Slice stops at the edge: an image smaller than size comes out whole, then is padded.
     cropped = graph.node("Slice", ["input", start, graph.node("Add", [start, target]), axes])
     cropped_hw = graph.node("Gather", [graph.node("Shape", [cropped]), axes])
@@ -389,7 +387,7 @@ def letterbox(
         low, high = g.INT_RANGE[name]
         if value != int(value) or not low <= value <= high:
             raise g.fail(op, f"fill must be an integer in [{low}, {high}] for {name} images, got {fill!r}")
-    graph = g.Graph(op)
+    graph = g.Graph(op, version)
     resized = f"{op}/resized"
     scale = _resize_nodes(graph, order, hw, chosen, "not_larger", aa, coeff, name, elem, resized)
     axes = graph.ints([order.index("H"), order.index("W")], "hw_axes")

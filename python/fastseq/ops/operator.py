@@ -38,7 +38,7 @@ class Operator:
     ``opset_import``, ``ir_version`` ...) are read from a fresh ``ModelProto``: a read-only
     view (edit the result of :meth:`to_onnx` instead)."""
 
-    __slots__ = ("name", "call", "inputs", "outputs", "_data", "fit")
+    __slots__ = ("name", "call", "inputs", "outputs", "_data", "fit", "recipe")
 
     def __init__(
         self,
@@ -48,6 +48,7 @@ class Operator:
         inputs: tuple[Tensor, ...],
         outputs: tuple[Tensor, ...],
         fit: tuple[str, dict[str, Any]] | None = None,
+        recipe: tuple[str, tuple[Any, ...], dict[str, Any]] | None = None,
     ):
         self.name = name
         self.call = call
@@ -57,6 +58,9 @@ class Operator:
         #: (operator, its other arguments) where the operator was built without ``rank=``:
         #: a pipeline builds it again for the rank of what feeds it (``fastseq.ops.refit``).
         self.fit = fit
+        #: (operator, positional arguments, keyword arguments): the call that built it, which
+        #: builds it again at another opset (``fastseq.ops.at_opset``).
+        self.recipe = recipe
 
     def SerializeToString(self) -> bytes:  # noqa: N802 (ModelProto's spelling, which onnx and onnxruntime call)
         """The serialized model, as ``onnx.ModelProto.SerializeToString`` gives it."""
@@ -85,7 +89,7 @@ class Operator:
         return hash(self._data)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Operator, (self.name, self.call, self._data, self.inputs, self.outputs, self.fit)
+        return Operator, (self.name, self.call, self._data, self.inputs, self.outputs, self.fit, self.recipe)
 
     def __repr__(self) -> str:
         ins = ", ".join(map(str, self.inputs))

@@ -113,6 +113,8 @@ class Batcher:
         if spinning not in (None, False):
             raise InputError(f"spinning must be None (the batcher chooses) or False, got {spinning!r}")
         engine = engine_of(pipe)
+        # declared by the call or by the pipeline's description (a pipeline file's row_independent)
+        row_independent = row_independent or getattr(pipe, "row_independent", False) is True
         batchable(engine, row_independent)
         self.max_batch_size = int(max_batch_size)
         self.max_delay_ms = float(max_delay_ms)
@@ -388,30 +390,39 @@ def _check_settings(max_batch_size: Any, max_delay_ms: Any) -> None:
 def batchable(engine: Engine, row_independent: bool = False) -> None:
     """Whether requests to ``engine``'s pipeline may be joined along their first axis (the
     batcher's rule, and the network server's): a CompositionError saying why not.
-    ``row_independent`` skips the core's check that no node mixes rows."""
+    ``row_independent`` (declared) skips the core's check that no node mixes rows."""
     if not row_independent:  # the core's verdict first: it names the node at fault
         engine.check_rows()
-    _check_batch_axis(engine.runner)
+    _check_batch_axis(engine.runner, declared=row_independent)
 
 
-def _check_batch_axis(runner: Runner) -> None:
-    """Refuses a pipeline whose inputs and outputs do not all share a dynamic first axis."""
-    named: dict[str, str] = {}  # first axis name -> the first input or output that has it
+def _check_batch_axis(runner: Runner, declared: bool = False) -> None:
+    """Refuses a pipeline whose inputs and outputs do not all share a dynamic first axis.
+
+    The outputs' first axes may carry other names than the inputs' (paddle2onnx names each
+    ``p2o.DynamicDimension.N``): the core's analysis has followed the inputs' batch axis to
+    axis 0 of every output by then, or the user has declared the rows independent
+    (``declared``), which also takes differently named inputs as one batch axis."""
+    named: dict[str, str] = {}  # first axis name -> the first input that has it
     for kind, infos in (("input", runner.inputs), ("output", runner.outputs)):
         for info in infos:
             if info.shape is None or info.dtype is None:
                 continue  # not described, or a sequence: the rows of each run are checked instead
             if not info.shape or isinstance(info.shape[0], int):
                 what = "is a scalar" if not info.shape else f"has a fixed first axis {info}"
+                hint = ("" if not info.shape or info.shape[0] != 1 or kind != "input" else
+                        "; a model exported with a batch of 1 may be made batchable with dynamic_batch=True "
+                        "(fastseq ... --dynamic-batch)")
                 raise CompositionError(
                     f"cannot batch this pipeline: {kind} '{info.name}' {what}; the batcher joins requests "
-                    "along a dynamic first axis that every input and output has"
+                    f"along a dynamic first axis that every input and output has{hint}"
                 )
-            if isinstance(info.shape[0], str):
+            if kind == "input" and isinstance(info.shape[0], str):
                 named.setdefault(info.shape[0], f"{kind} '{info.name}'")
-    if len(named) > 1:
+    if len(named) > 1 and not declared:
         raise CompositionError(
-            "cannot batch this pipeline: its first axes have different names ("
+            "cannot batch this pipeline: its inputs' first axes have different names ("
             + ", ".join(f"'{axis}' on {where}" for axis, where in named.items())
-            + "), so they need not be one batch axis"
+            + "), so they need not be one batch axis; if they are (each request gives every input the same "
+            "number of rows), say so with row_independent=True (fastseq serve --row-independent)"
         )

@@ -5,6 +5,7 @@ own names, for the batcher to refuse a pipeline whose rows may mix."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastseq.errors import CompositionError
 
@@ -24,15 +25,39 @@ def check_rows(
     start of its range that the merge inserted (adapters)."""
     if not findings:
         return
+    raise CompositionError(
+        "cannot batch this pipeline: the rows of one request may depend on the others' rows, so joining "
+        "requests could give each caller values it would not get alone:\n"
+        + _listed(findings, stages, renamed, inserted) + "\n"
+        "If each row's outputs depend on that row alone, say so with pipe.batcher(row_independent=True) "
+        "(fastseq serve --row-independent, or row_independent = true in its pipeline file)."
+    )
+
+
+def dynamic_batch(composed: Any) -> Any:
+    """``composed`` (a ``_core.Composed``) with a dynamic batch axis in place of its inputs'
+    fixed first axis of 1 (the core's adapter, ``Composed.dynamic_batch``), or a
+    :class:`CompositionError` naming the stage and node where it cannot be proved."""
+    made, findings = composed.dynamic_batch()
+    if made is not None:
+        return made
+    stages, renamed = composed.origins()
+    raise CompositionError(
+        "cannot give this pipeline a dynamic batch axis (dynamic_batch=True, --dynamic-batch): the graph keeps "
+        "its batch of 1 where the analysis cannot show that each row stays apart:\n"
+        + _listed(findings, stages, renamed, composed.inserted_nodes())
+        + "\nRe-export the model with a dynamic first axis (torch.onnx.export(..., dynamic_axes={name: {0: "
+        "'batch'}}))."
+    )
+
+
+def _listed(findings: Sequence[tuple[int | None, str, str, str | None, str]], stages: Sequence[tuple[str, int, int]],
+            renamed: Mapping[str, tuple[int, str]], inserted: Sequence[int]) -> str:
     lines = [f"- {where(node, name, op, stages, renamed, inserted)}{f', at {inner}' if inner else ''}: {reason}"
              for node, name, op, inner, reason in findings[:SHOWN]]
     if len(findings) > SHOWN:
         lines.append(f"- and {len(findings) - SHOWN} more")
-    raise CompositionError(
-        "cannot batch this pipeline: the rows of one request may depend on the others' rows, so joining "
-        "requests could give each caller values it would not get alone:\n" + "\n".join(lines) + "\n"
-        "If each row's outputs depend on that row alone, say so with pipe.batcher(row_independent=True)."
-    )
+    return "\n".join(lines)
 
 
 def where(

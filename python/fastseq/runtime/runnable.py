@@ -194,6 +194,8 @@ class Runnable:
         :class:`fastseq.Batcher`'s keywords (``row_independent``, ``share_session``, ``on_batch``)."""
         from fastseq.runtime.batcher import Batcher
 
+        if getattr(self, "row_independent", False) is True:  # declared by the pipeline's description
+            options.setdefault("row_independent", True)
         return Batcher(self._engine, max_batch_size, max_delay_ms, **options)
 
     def check_rows(self) -> None:

@@ -60,6 +60,8 @@ class ServedModel:
         self.output_index = {n: k for k, n in enumerate(self.output_order)}
         self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
         self._batcher: Any = None
+        # declared by the caller (--row-independent) or by the pipeline's description (its file's row_independent)
+        row_independent = row_independent or getattr(pipe, "row_independent", False) is True
         self._batching = dict(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, row_independent=row_independent,
                               spinning=False, on_batch=on_batch)
         self.batched = False
@@ -68,6 +70,7 @@ class ServedModel:
                 batchable(engine, row_independent)
                 self.batched = True
             except CompositionError as e:
+                # the whole reason, on one line: the node at fault and the flag that overrides it
                 log.warning("model '%s' is served request by request: %s", name, " ".join(str(e).split()))
         self.max_delay_ms = float(max_delay_ms)
         self.max_batch_size = max_batch_size if self.batched or run_with is not None else 0

@@ -367,7 +367,7 @@ fn apply_prefixes(models: &mut [ModelProto], opts: &Options) -> Option<Options> 
     out.io_maps = opts.io_maps.as_ref().map(|maps| {
         maps.iter()
             .enumerate()
-            .map(|(j, pairs)| pairs.iter().map(|(o, i)| (name(j, o), name(j + 1, i))).collect())
+            .map(|(j, pairs)| pairs.as_ref().map(|p| p.iter().map(|(o, i)| (name(j, o), name(j + 1, i))).collect()))
             .collect()
     });
     out.edges = opts.edges.as_ref().map(|edges| {
@@ -441,7 +441,7 @@ mod tests {
         let mut first = scale(1);
         first.graph.as_mut().unwrap().node[1] = node("Relu", &["t"], &["out"]);
         first.graph.as_mut().unwrap().output[0].name = Some("out".into());
-        let opts = Options { io_maps: Some(vec![vec![("out".into(), "x".into())]]), ..Default::default() };
+        let opts = Options { io_maps: Some(vec![Some(vec![("out".into(), "x".into())])]), ..Default::default() };
         let merged = compose(vec![first, if_model], &labels(2), &opts).unwrap().model;
         let g = merged.graph.unwrap();
         let if_node = crate::codec::node::decode(&g.node[3]).unwrap();
@@ -451,7 +451,7 @@ mod tests {
 
     #[test]
     fn joint_errors_are_typed_and_use_user_names() {
-        let opts = Options { io_maps: Some(vec![vec![("y".into(), "X".into())]]), ..Default::default() };
+        let opts = Options { io_maps: Some(vec![Some(vec![("y".into(), "X".into())])]), ..Default::default() };
         let err = compose(vec![scale(1), scale(1)], &labels(2), &opts).unwrap_err();
         assert_eq!(err.kind, Kind::Composition);
         assert!(err.message.contains("'X' is not an input of m1.onnx (did you mean 'x'?)"), "{}", err.message);
@@ -523,7 +523,7 @@ mod tests {
         assert_eq!(alone.stages(), c.stages());
         assert!(!has_map(&alone.model) && has_map(&alone.for_file()));
         // A stage of a larger composition: its map says nothing of the merged graph.
-        let opts = Options { io_maps: Some(vec![vec![("y".into(), "x".into())]]), ..Default::default() };
+        let opts = Options { io_maps: Some(vec![Some(vec![("y".into(), "x".into())])]), ..Default::default() };
         let larger = compose(vec![written.clone(), scale(1)], &labels(2), &opts).unwrap();
         assert!(!has_map(&larger.model));
         assert_eq!(larger.stages().iter().map(|s| s.label.as_str()).collect::<Vec<_>>(), ["m0.onnx", "m1.onnx"]);

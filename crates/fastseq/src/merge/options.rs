@@ -33,13 +33,17 @@ pub enum Rules {
     OnnxCompose,
 }
 
+/// One joint of the linear form: the (output of model j, input of model j+1) pairs that
+/// join two models, in the models' own names.
+pub type IoMap = Vec<(String, String)>;
+
 /// How to compose. The linear form (`io_maps`, `keep_outputs`, `inputs`, `outputs`) and the
 /// graph form (`edges`, `graph_inputs`, `graph_outputs`) both become edges in the plan.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// `io_maps[j]`: the (output of model j, input of model j+1) pairs of joint j, in the
-    /// models' own names. `None` joins outputs to inputs by position.
-    pub io_maps: Option<Vec<Vec<(String, String)>>>,
+    /// models' own names. `None` joins outputs to inputs by position, every joint or one.
+    pub io_maps: Option<Vec<Option<IoMap>>>,
     pub keep_outputs: Keep,
     /// A prefix applied to every name of model i before merging (`onnx.compose` style).
     pub prefixes: Vec<Option<String>>,

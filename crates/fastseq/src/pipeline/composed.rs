@@ -14,7 +14,7 @@ use crate::merge::compose::Composition;
 use crate::merge::metadata::with_metadata;
 use crate::merge::onnx_rules::{overlapping_names, prefix_names, Prefixed};
 use crate::merge::rename::rename_values;
-use crate::merge::rows::{row_findings, Finding};
+use crate::merge::rows::{dynamic_batch, row_findings, Finding};
 use crate::storage::external::check_sources;
 
 /// See the module's notes.
@@ -115,6 +115,13 @@ impl Composed {
     /// [`crate::merge::rows`]): empty when every output keeps each row apart.
     pub fn row_findings(&self) -> Vec<Finding> {
         row_findings(self.model())
+    }
+
+    /// The same pipeline with a symbolic batch axis where its inputs' first axis is a fixed
+    /// 1 (a batch-1 export; see [`crate::merge::rows::dynamic_batch`]), or why not. Only
+    /// constants and value infos change: the nodes keep their places, so origins still hold.
+    pub fn dynamic_batch(&self) -> std::result::Result<Composed, Vec<Finding>> {
+        dynamic_batch(self.model()).map(|m| self.with_model(m))
     }
 
     /// A load error naming the file if a source file this model still refers to (weights

@@ -3,7 +3,7 @@
 use crate::codec::graph::{graph, real_inputs, vi_name};
 use crate::codec::proto::{ModelProto, ValueInfoProto};
 use crate::error::{Error, Result};
-use crate::merge::options::Edge;
+use crate::merge::options::{Edge, IoMap};
 use crate::near_miss::did_you_mean;
 
 pub(crate) fn quoted(names: &[&str]) -> String {
@@ -18,12 +18,13 @@ pub(crate) fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 /// The linear form as edges, the one place it is converted: `io_maps[j]` joins stage j to
-/// stage j + 1; without io_maps, outputs join real inputs by position. Returns the edges
+/// stage j + 1; without io_maps (or without an entry for joint j: a pipeline file gives one
+/// only where a joint needs it), outputs join real inputs by position. Returns the edges
 /// and, per edge, how errors name it ("joint j (a -> b)").
 pub fn linear_edges(
     models: &[ModelProto],
     labels: &[String],
-    io_maps: Option<&[Vec<(String, String)>]>,
+    io_maps: Option<&[Option<IoMap>]>,
 ) -> Result<(Vec<Edge>, Vec<String>)> {
     let joints = models.len() - 1;
     if let Some(maps) = io_maps {
@@ -41,8 +42,8 @@ pub fn linear_edges(
     let (mut edges, mut names) = (Vec::new(), Vec::new());
     for j in 0..joints {
         let where_ = format!("joint {j} ({} -> {})", labels[j], labels[j + 1]);
-        let pairs: Vec<(String, String)> = match io_maps {
-            Some(maps) => maps[j].clone(),
+        let pairs: Vec<(String, String)> = match io_maps.and_then(|maps| maps[j].as_ref()) {
+            Some(pairs) => pairs.clone(),
             None => {
                 let outs: Vec<&str> = graph(&models[j]).output.iter().map(vi_name).collect();
                 let ins: Vec<&str> = real_inputs(&models[j + 1]).into_iter().map(vi_name).collect();

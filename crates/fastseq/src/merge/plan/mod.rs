@@ -359,7 +359,7 @@ mod tests {
         assert_eq!(edges, [edge(0, "y", 1, "x")]);
         assert_eq!(wheres, ["joint 0 (m0.onnx -> m1.onnx)"]);
         // io_maps and edges together are refused.
-        let both = Options { io_maps: Some(vec![vec![]]), edges: Some(vec![]), ..Default::default() };
+        let both = Options { io_maps: Some(vec![Some(vec![])]), edges: Some(vec![]), ..Default::default() };
         assert!(composition_error(vec![scale(1), scale(1)], &both).contains("not both"));
     }
 }

@@ -172,11 +172,31 @@ pub fn ints_of(op: &str, ins: &[&T]) -> Option<(bool, Vec<Elem>)> {
             ("Add", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(a.checked_add(*b)?),
             ("Sub", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(a.checked_sub(*b)?),
             ("Mul", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(a.checked_mul(*b)?),
+            // The size of a batch axis merged with `b` entries per row (attention's N * heads).
+            ("Mul", [r, Elem::Known(b)] | [Elem::Known(b), r]) if r.per_row().is_some() && *b > 0 => {
+                Elem::rows(r.per_row()?.checked_mul(*b)?)
+            }
+            ("Div", [r, Elem::Known(b)]) if *b > 0 && r.per_row().is_some_and(|c| c % b == 0) => {
+                Elem::rows(r.per_row()? / b)
+            }
             ("Div", [Elem::Known(a), Elem::Known(b)]) if *b != 0 => Elem::Known(a.checked_div(*b)?),
             // Integer Mod (fmod=0) takes the divisor's sign, as Python's %.
             ("Mod", [Elem::Known(a), Elem::Known(b)]) if *b != 0 => Elem::Known(((a % b) + b) % b),
             ("Max", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(*a.max(b)),
             ("Min", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(*a.min(b)),
+            // torch's expand writes Where(Equal(shape, -1), ones, shape): a batch size is
+            // never negative, so it is never -1.
+            ("Equal", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(i64::from(a == b)),
+            ("Equal", [r, Elem::Known(v)] | [Elem::Known(v), r]) if *v < 0 && r.per_row().is_some() => Elem::Known(0),
+            ("Where", [Elem::Known(c), a, b]) => {
+                if *c != 0 {
+                    *a
+                } else {
+                    *b
+                }
+            }
+            ("Where", [c, a, b]) if a == b && !c.on_n() => *a,
+            ("Where", [c, a, b]) if !c.on_n() && !a.on_n() && !b.on_n() => Elem::Free,
             ("Add" | "Sub", [x, Elem::Known(0)]) | ("Add", [Elem::Known(0), x]) => *x,
             ("Mul" | "Div", [x, Elem::Known(1)]) | ("Mul", [Elem::Known(1), x]) => *x,
             (_, e) if e.iter().any(|x| x.on_n()) => Elem::OnN,
@@ -226,9 +246,27 @@ mod tests {
         let one = T::ints(true, vec![Elem::Known(1)]);
         let four = T::ints(true, vec![Elem::Known(4)]);
         assert_eq!(ints_of("Mul", &[&n, &one]), Some((true, vec![Elem::Batch])));
-        assert_eq!(ints_of("Mul", &[&n, &four]), Some((true, vec![Elem::OnN])));
+        assert_eq!(ints_of("Mul", &[&n, &four]), Some((true, vec![Elem::Rows(4)])));
+        let eight = T::ints(true, vec![Elem::Rows(8)]);
+        assert_eq!(ints_of("Div", &[&eight, &four]), Some((true, vec![Elem::Rows(2)])));
+        assert_eq!(ints_of("Add", &[&eight, &four]), Some((true, vec![Elem::OnN])));
         assert_eq!(ints_of("Add", &[&four, &one]), Some((true, vec![Elem::Known(5)])));
         let v = T::ints(false, vec![Elem::Known(2), Elem::Free]);
         assert_eq!(ints_of("Div", &[&v, &four]), Some((false, vec![Elem::Known(0), Elem::Free])));
+    }
+
+    #[test]
+    fn torchs_expand_shape_keeps_the_batch_size() {
+        // Where(Equal(s, -1), ones, s) for s = [N, L]: N is never -1, L is unknown.
+        let s = T::ints(false, vec![Elem::Batch, Elem::Free]);
+        let minus = T::ints(false, vec![Elem::Known(-1), Elem::Known(-1)]);
+        let ones = T::ints(false, vec![Elem::Known(1), Elem::Known(1)]);
+        let (_, eq) = ints_of("Equal", &[&s, &minus]).unwrap();
+        assert_eq!(eq, vec![Elem::Known(0), Elem::Free]);
+        let cond = T::ints(false, eq);
+        assert_eq!(ints_of("Where", &[&cond, &ones, &s]), Some((false, vec![Elem::Batch, Elem::Free])));
+        // A condition computed from the batch size does not choose a batch-free value.
+        let on_n = T::ints(false, vec![Elem::OnN, Elem::OnN]);
+        assert_eq!(ints_of("Where", &[&on_n, &ones, &s]).unwrap().1, vec![Elem::OnN, Elem::OnN]);
     }
 }

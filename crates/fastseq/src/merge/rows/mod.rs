@@ -26,6 +26,7 @@ use crate::merge::rows::args::Args;
 use crate::merge::rows::value::{attr, from_tensor, Dim, Val, Why, T};
 
 mod args;
+mod batch_one;
 mod elementwise;
 mod index;
 mod linalg;
@@ -34,6 +35,8 @@ mod ops;
 mod reduce;
 mod shape;
 pub mod value;
+
+pub use batch_one::{dynamic_batch, BATCH};
 
 /// One reason why the rows of a batch may mix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +106,11 @@ pub fn row_findings(model: &ModelProto) -> Vec<Finding> {
         let finding = match scope.get(&name) {
             Some(Val::Mixed(why)) => Some(describe(Some(why.node), why.inner.clone(), why.reason.clone())),
             Some(Val::T(t)) => match t.batch() {
+                Some(0) if t.merged.is_some() => Some(describe(
+                    at,
+                    None,
+                    format!("output '{name}' holds several entries per row on its batch axis (merged with other axes)"),
+                )),
                 Some(0) => None,
                 None if t.loose => None,
                 Some(k) => Some(describe(
@@ -160,7 +168,7 @@ fn input(vi: &ValueInfoProto) -> Val {
     Val::T(T::shaped(dims))
 }
 
-fn opset_of(imports: &[crate::codec::proto::OperatorSetIdProto]) -> i64 {
+pub(crate) fn opset_of(imports: &[crate::codec::proto::OperatorSetIdProto]) -> i64 {
     imports
         .iter()
         .find(|o| normalize_domain(o.domain.as_deref().unwrap_or("")).is_empty())
@@ -278,9 +286,20 @@ impl Cx<'_> {
             return Ok(self.call(f, node, at, &ins, site));
         }
         let opset = if normalize_domain(domain).is_empty() { site.opset } else { 0 };
+        // Rows merged with other axes (attention's heads) stay in their blocks only where
+        // every value combined lays them out the same way; outputs keep that layout unless
+        // the operator re-lays them (Reshape, Flatten).
+        let mut layouts = ins.iter().flatten().filter(|t| t.batch().is_some()).map(T::layout);
+        let layout = layouts.next();
+        if layout.is_some_and(|l| layouts.any(|m| m != l)) {
+            return Err(Fault::Here(format!("{op} combines values whose batch axes hold their rows differently")));
+        }
+        let relays = matches!(op, "Reshape" | "Flatten") && normalize_domain(domain).is_empty();
+        let merged = layout.filter(|l| *l != (1, 1) && !relays);
         let outs = ops::step(&Args { node, ins: &ins, opset }).map_err(Fault::Here)?;
         Ok((0..node.output.len())
             .map(|k| match outs.get(k) {
+                Some(Ok(t)) if merged.is_some() && t.batch().is_some() => Val::T(T { merged, ..t.clone() }),
                 Some(Ok(t)) => Val::T(t.clone()),
                 Some(Err(reason)) => Val::Mixed(Why { node: usize::MAX, inner: None, reason: reason.clone() }),
                 None => Val::Mixed(Why {
@@ -335,7 +354,9 @@ impl Cx<'_> {
             .zip(other)
             .map(|pair| match pair {
                 (Val::Mixed(w), _) | (_, Val::Mixed(w)) => Val::Mixed(w.clone()),
-                (Val::T(a), Val::T(b)) if a.batch() == b.batch() && a.rank() == b.rank() => Val::T(join(a, b)),
+                (Val::T(a), Val::T(b)) if a.batch() == b.batch() && a.rank() == b.rank() && a.merged == b.merged => {
+                    Val::T(join(a, b))
+                }
                 _ => Val::Mixed(Why {
                     node: usize::MAX,
                     inner: None,
@@ -423,11 +444,12 @@ fn join(a: &T, b: &T) -> T {
         floats: None,
         on_n: a.on_n || b.on_n,
         loose: a.loose || b.loose,
+        merged: a.merged,
     }
 }
 
 /// The names a subgraph reads from outside itself (its nested subgraphs included).
-fn free_names(g: &GraphProto, out: &mut Vec<String>) {
+pub(super) fn free_names(g: &GraphProto, out: &mut Vec<String>) {
     let mut defined: HashSet<String> = g.input.iter().filter_map(|v| v.name.clone()).collect();
     defined.extend(g.initializer.iter().filter_map(|t| t.name.clone()));
     defined.extend(g.sparse_initializer.iter().filter_map(|s| s.values.as_ref()?.name.clone()));

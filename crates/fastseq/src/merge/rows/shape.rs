@@ -59,7 +59,7 @@ fn dim_of(e: Elem) -> R<Dim> {
         Elem::Known(v) => Ok(Dim::Fixed(v)),
         Elem::Free => Ok(Dim::Free),
         Elem::Batch => Ok(Dim::Batch),
-        Elem::OnN => Err("computed from the number of rows".into()),
+        Elem::Rows(_) | Elem::OnN => Err("computed from the number of rows".into()),
     }
 }
 
@@ -71,10 +71,6 @@ fn product_dim(dims: &[Dim]) -> Dim {
     product(dims).map_or(Dim::Free, Dim::Fixed)
 }
 
-fn ones(dims: &[Dim]) -> bool {
-    dims.iter().all(|d| *d == Dim::Fixed(1))
-}
-
 fn shape(args: &Args) -> R<Outs> {
     let x = args.need(0)?;
     let Some(dims) = x.dims() else { return one(T::shaped(vec![Dim::Free])) };
@@ -82,11 +78,12 @@ fn shape(args: &Args) -> R<Outs> {
     let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
     let start = clamp(int_attr(args.node, "start").unwrap_or(0));
     let end = clamp(int_attr(args.node, "end").unwrap_or(r)).max(start);
+    let (outer, inner) = x.layout();
     let elems = dims[start..end]
         .iter()
         .map(|d| match d {
             Dim::Fixed(v) => Elem::Known(*v),
-            Dim::Batch => Elem::Batch,
+            Dim::Batch => outer.checked_mul(inner).map_or(Elem::OnN, Elem::rows),
             Dim::Free => Elem::Free,
         })
         .collect();
@@ -120,91 +117,149 @@ fn reshape(args: &Args) -> R<Outs> {
     };
     let allowzero = int_attr(args.node, "allowzero").unwrap_or(0) == 1;
     let xdims = dims_of(args, x)?;
-    // Resolve 0 (copy the input's dim) and keep -1 apart (None).
-    let mut want: Vec<Option<Dim>> = Vec::with_capacity(target.len());
-    let copied: Vec<bool> = target.iter().map(|e| *e == Elem::Known(0) && !allowzero).collect();
+    let Some(b) = x.batch() else {
+        return reshape_fixed(x, xdims, &target, allowzero);
+    };
+    let xdims = xdims.expect("rows have dims");
+    let (outer, inner) = x.layout();
+    // Each target entry: a size, the batch axis (N times a factor) or -1 (None).
+    let mut want: Vec<Option<Want>> = Vec::with_capacity(target.len());
     for (k, e) in target.iter().enumerate() {
         want.push(match e {
-            Elem::Known(0) if !allowzero => match xdims.and_then(|d| d.get(k)) {
-                Some(d) => Some(*d),
-                None if x.batch().is_none() => Some(Dim::Free),
+            Elem::Known(0) if !allowzero => match xdims.get(k) {
+                Some(Dim::Batch) => Some(Want::Rows(outer.checked_mul(inner).ok_or("Reshape's sizes overflow")?)),
+                Some(d) => Some(Want::Size(*d)),
                 None => return Err("Reshape copies an axis that its input does not have".into()),
             },
             Elem::Known(-1) => None,
-            Elem::OnN if x.batch().is_some() => {
+            Elem::OnN => {
                 return Err("Reshape merges the batch axis with other axes (its shape is computed from the number \
                             of rows)"
                     .into())
             }
+            e => match e.per_row() {
+                Some(c) => Some(Want::Rows(c)),
+                None => Some(Want::Size(dim_of(*e)?)),
+            },
+        });
+    }
+    let rows: Vec<usize> = (0..want.len()).filter(|&k| matches!(want[k], Some(Want::Rows(_)))).collect();
+    if rows.len() > 1 {
+        return Err("Reshape puts the batch size on two axes".into());
+    }
+    let minus = want.iter().position(Option::is_none);
+    let Some(at) = rows.first().copied().or(minus) else {
+        return Err(format!("Reshape to {} does not keep a batch axis", show_target(&target)));
+    };
+    let sizes = |range: &[Option<Want>]| -> Option<i64> {
+        range.iter().try_fold(1i64, |acc, w| match w {
+            Some(Want::Size(Dim::Fixed(v))) => acc.checked_mul(*v),
+            _ => None,
+        })
+    };
+    // The entries before the batch axis: the same axes copied, or a known number of them
+    // that divides the entries before the rows (outer blocks).
+    let (front, row) = (&xdims[..b], &xdims[b + 1..]);
+    let copied = at == b
+        && (0..b).all(|k| {
+            target[k] == Elem::Known(0) && !allowzero
+                || matches!((want[k], front[k]), (Some(Want::Size(Dim::Fixed(w))), Dim::Fixed(f)) if w == f)
+        });
+    let new_outer = if copied {
+        outer
+    } else {
+        let before = product(front).and_then(|p| p.checked_mul(outer));
+        match (before, sizes(&want[..at])) {
+            (Some(p), Some(f)) if f > 0 && p % f == 0 => p / f,
+            _ => {
+                return Err(format!(
+                    "Reshape to {} moves entries across the batch axis (the axes before it change)",
+                    show_target(&target)
+                ))
+            }
+        }
+    };
+    let new_inner = match want[at] {
+        Some(Want::Rows(c)) if c % new_outer == 0 => c / new_outer,
+        Some(Want::Rows(_)) => {
+            return Err(format!("Reshape to {} splits the rows of the batch axis", show_target(&target)));
+        }
+        // [.., -1, rest]: the -1 holds the rows only if `rest` divides each row's entries.
+        _ => {
+            let after = product(row).and_then(|p| p.checked_mul(inner));
+            match (after, sizes(&want[at + 1..])) {
+                (Some(p), Some(r)) if r > 0 && p % r == 0 => p / r,
+                _ => {
+                    return Err(format!(
+                        "Reshape to {} may merge rows or split them: it cannot be told that each row keeps its own \
+                         (give the batch axis as 0 or from Shape)",
+                        show_target(&target)
+                    ))
+                }
+            }
+        }
+    };
+    let mut dims: Vec<Dim> = want
+        .iter()
+        .map(|w| match w {
+            Some(Want::Size(d)) => *d,
+            _ => Dim::Free,
+        })
+        .collect();
+    dims[at] = Dim::Batch;
+    // A -1 after the batch axis: the row's entries left over, where they are known.
+    if let Some(p) = minus.filter(|&p| p != at) {
+        let rest: Vec<Option<Want>> =
+            want.iter().enumerate().filter(|(k, _)| *k != p && *k != at).map(|(_, w)| *w).collect();
+        let total = product(front).and_then(|f| f.checked_mul(outer)?.checked_mul(inner)?.checked_mul(product(row)?));
+        if let (Some(t), Some(r)) = (total, sizes(&rest)) {
+            let per = new_outer.checked_mul(new_inner).and_then(|c| c.checked_mul(r)).filter(|d| *d > 0);
+            if let Some(d) = per {
+                dims[p] = Dim::Fixed(t / d);
+            }
+        }
+    }
+    let merged = (new_outer, new_inner);
+    one(T { merged: (merged != (1, 1)).then_some(merged), ..T::shaped(dims) })
+}
+
+/// One entry of a Reshape's target, for a value with rows.
+#[derive(Clone, Copy, PartialEq)]
+enum Want {
+    Size(Dim),
+    /// The batch axis: N times this many entries.
+    Rows(i64),
+}
+
+/// A Reshape of a value without a batch axis.
+fn reshape_fixed(x: &T, xdims: Option<&[Dim]>, target: &[Elem], allowzero: bool) -> R<Outs> {
+    let mut want: Vec<Option<Dim>> = Vec::with_capacity(target.len());
+    for (k, e) in target.iter().enumerate() {
+        want.push(match e {
+            Elem::Known(0) if !allowzero => Some(xdims.and_then(|d| d.get(k)).copied().unwrap_or(Dim::Free)),
+            Elem::Known(-1) => None,
+            Elem::Batch | Elem::Rows(_) => {
+                return Err("Reshape spreads a value without a batch axis over the batch axis".into())
+            }
             e => Some(dim_of(*e).map_err(|_| "Reshape gives a value a shape computed from the number of rows")?),
         });
     }
-    let batches = want.iter().filter(|d| **d == Some(Dim::Batch)).count();
-    let Some(b) = x.batch() else {
-        if batches > 0 {
-            return Err("Reshape spreads a value without a batch axis over the batch axis".into());
-        }
-        let mut t = T::shaped(want.iter().map(|d| d.unwrap_or(Dim::Free)).collect());
-        if let (Some(d), Some(n)) = (want.iter().position(Option::is_none), x.numel()) {
-            let rest: Vec<Dim> = want.iter().flatten().copied().collect();
-            if let Some(p) = product(&rest).filter(|p| *p > 0) {
-                t.dims.as_mut().expect("shaped")[d] = Dim::Fixed(n / p);
-            }
-        }
-        t.on_n = x.on_n;
-        if x.ints.is_some() && want.len() <= 1 {
-            t.ints.clone_from(&x.ints);
-            t.on_n = x.ints.as_ref().is_some_and(|e| e.iter().any(|e| e.on_n()));
-            if want.is_empty() {
-                t.dims = Some(vec![]);
-            }
-        }
-        return one(t);
-    };
-    let xdims = xdims.expect("rows have dims");
-    let (front, row) = (&xdims[..b], &xdims[b + 1..]);
-    if batches > 1 {
-        return Err("Reshape puts the batch size on two axes".into());
-    }
-    let at = match (batches, want.iter().position(Option::is_none)) {
-        (1, _) => want.iter().position(|d| *d == Some(Dim::Batch)).expect("counted"),
-        (0, Some(p)) => p,
-        _ => return Err(format!("Reshape to {} does not keep a batch axis", show_target(&target))),
-    };
-    // Each row keeps its place only if the axes before the batch axis hold as many entries
-    // as before (the same axes copied, or the same known product).
-    let copies =
-        at == b && (0..b).all(|k| copied[k] || (want[k] == Some(front[k]) && matches!(front[k], Dim::Fixed(_))));
-    let wanted_front: Option<Vec<Dim>> = want[..at].iter().copied().collect();
-    let products = matches!((product(front), wanted_front.as_deref().and_then(product)), (Some(a), Some(c)) if a == c);
-    if !copies && !products {
-        return Err(format!(
-            "Reshape to {} moves entries across the batch axis (the axes before it change)",
-            show_target(&target)
-        ));
-    }
-    if batches == 0 {
-        // [.., -1, rest]: the -1 is the batch axis only if `rest` holds exactly one row.
-        let rest: Option<Vec<Dim>> = want[at + 1..].iter().copied().collect();
-        if !matches!((product(row), rest.as_deref().and_then(product)), (Some(a), Some(c)) if a == c) {
-            return Err(format!(
-                "Reshape to {} may merge rows or split them: it cannot be told that each row keeps its own \
-                 (give the batch axis as 0 or from Shape)",
-                show_target(&target)
-            ));
+    let mut t = T::shaped(want.iter().map(|d| d.unwrap_or(Dim::Free)).collect());
+    if let (Some(d), Some(n)) = (want.iter().position(Option::is_none), x.numel()) {
+        let rest: Vec<Dim> = want.iter().flatten().copied().collect();
+        if let Some(p) = product(&rest).filter(|p| *p > 0) {
+            t.dims.as_mut().expect("shaped")[d] = Dim::Fixed(n / p);
         }
     }
-    let mut dims: Vec<Dim> = want.iter().map(|d| d.unwrap_or(Dim::Free)).collect();
-    dims[at] = Dim::Batch;
-    if let Some(p) = want[at + 1..].iter().position(Option::is_none).map(|p| p + at + 1) {
-        let known: Vec<Dim> = want[at + 1..].iter().flatten().copied().collect();
-        if let (Some(a), Some(c)) = (product(row), product(&known)) {
-            if c > 0 {
-                dims[p] = Dim::Fixed(a / c);
-            }
+    t.on_n = x.on_n;
+    if x.ints.is_some() && want.len() <= 1 {
+        t.ints.clone_from(&x.ints);
+        t.on_n = x.ints.as_ref().is_some_and(|e| e.iter().any(|e| e.on_n()));
+        if want.is_empty() {
+            t.dims = Some(vec![]);
         }
     }
-    one(T::shaped(dims))
+    one(t)
 }
 
 fn show_target(target: &[Elem]) -> String {
@@ -214,6 +269,7 @@ fn show_target(target: &[Elem]) -> String {
             Elem::Known(v) => v.to_string(),
             Elem::Free => "?".into(),
             Elem::Batch => "N".into(),
+            Elem::Rows(c) => format!("N*{c}"),
             Elem::OnN => "f(N)".into(),
         })
         .collect();
@@ -230,17 +286,19 @@ fn flatten(args: &Args) -> R<Outs> {
         return Err(format!("Flatten's axis {a} is out of range"));
     }
     let a = a as usize;
-    let out = match x.batch() {
-        None => vec![product_dim(&dims[..a]), product_dim(&dims[a..])],
-        Some(b) if b < a => {
-            if !ones(&dims[..b]) || !ones(&dims[b + 1..a]) {
-                return Err(format!("Flatten with axis {a} merges the batch axis with other axes"));
-            }
-            vec![Dim::Batch, product_dim(&dims[a..])]
-        }
-        Some(_) => return Err(format!("Flatten with axis {a} merges the batch axis with the other axes")),
+    let Some(b) = x.batch() else {
+        return one(T { on_n: x.on_n, ..T::shaped(vec![product_dim(&dims[..a]), product_dim(&dims[a..])]) });
     };
-    one(T { on_n: x.on_n, ..T::shaped(out) })
+    // The batch axis merged with the axes flattened with it: known sizes before and after
+    // it say how (outer, inner) its rows are laid out.
+    let (outer, inner) = x.layout();
+    let (lo, hi) = if b < a { (0, a) } else { (a, dims.len()) };
+    let merged = product(&dims[lo..b])
+        .and_then(|f| f.checked_mul(outer))
+        .zip(product(&dims[b + 1..hi]).and_then(|r| r.checked_mul(inner)))
+        .ok_or_else(|| format!("Flatten with axis {a} merges the batch axis with axes of sizes that cannot be told"))?;
+    let out = if b < a { vec![Dim::Batch, product_dim(&dims[a..])] } else { vec![product_dim(&dims[..a]), Dim::Batch] };
+    one(T { on_n: x.on_n, merged: (merged != (1, 1)).then_some(merged), ..T::shaped(out) })
 }
 
 fn squeeze(args: &Args) -> R<Outs> {
@@ -509,7 +567,7 @@ fn tile(args: &Args) -> R<Outs> {
             (Dim::Batch, Elem::Known(1)) => Dim::Batch,
             (Dim::Batch, _) => return Err("Tile repeats the batch axis".into()),
             (Dim::Fixed(1), Elem::Batch) => Dim::Batch,
-            (_, Elem::Batch | Elem::OnN) => {
+            (_, e) if e.on_n() => {
                 return Err("Tile repeats a value a number of times computed from the number of rows".into())
             }
             (Dim::Fixed(n), Elem::Known(k)) => Dim::Fixed(n * k),
@@ -525,12 +583,27 @@ fn tile(args: &Args) -> R<Outs> {
 fn constant_of_shape(args: &Args) -> R<Outs> {
     let input = args.need(0)?;
     match &input.ints {
-        Some(e) => one(as_shape(e, "ConstantOfShape")?),
+        Some(e) => {
+            let mut t = as_shape(e, "ConstantOfShape")?;
+            // A small vector of one integer (torch's expand writes ones of a shape's length).
+            if let ([Elem::Known(n)], Some(v)) = (e.as_slice(), fill(args)) {
+                if (0..=4096).contains(n) {
+                    t.ints = Some(vec![Elem::Known(v); *n as usize]);
+                }
+            }
+            one(t)
+        }
         None if input.fixed() => {
             one(input.numel().map_or_else(|| T::opaque(false), |n| T::shaped(vec![Dim::Free; n as usize])))
         }
         None => Err("ConstantOfShape makes a value whose shape is computed from the batch".into()),
     }
+}
+
+/// ConstantOfShape's value, where it is an integer (0 without one: a float zero, not told).
+fn fill(args: &Args) -> Option<i64> {
+    let t = crate::merge::rows::value::attr(args.node, "value")?.t.as_ref()?;
+    crate::merge::rows::value::from_tensor(t).known_one()
 }
 
 fn range(args: &Args) -> R<Outs> {

@@ -23,13 +23,34 @@ pub enum Elem {
     Free,
     /// Exactly the number of rows.
     Batch,
+    /// The number of rows times this (> 1): the size of a batch axis merged with other
+    /// axes (attention's `[L, N * heads, D]`).
+    Rows(i64),
     /// Computed from the number of rows (not the number itself).
     OnN,
 }
 
 impl Elem {
     pub fn on_n(self) -> bool {
-        matches!(self, Elem::Batch | Elem::OnN)
+        matches!(self, Elem::Batch | Elem::Rows(_) | Elem::OnN)
+    }
+
+    /// The number of rows times `c`, as an element.
+    pub fn rows(c: i64) -> Elem {
+        if c == 1 {
+            Elem::Batch
+        } else {
+            Elem::Rows(c)
+        }
+    }
+
+    /// How many entries per row, if it is the number of rows times a known factor.
+    pub fn per_row(self) -> Option<i64> {
+        match self {
+            Elem::Batch => Some(1),
+            Elem::Rows(c) => Some(c),
+            _ => None,
+        }
     }
 }
 
@@ -47,6 +68,11 @@ pub struct T {
     /// Rows whose rank is not known (an input declared without a shape): only element-wise
     /// operators follow it, with its batch axis first.
     pub loose: bool,
+    /// A batch axis merged with other axes, `(outer, inner)`: it holds `outer` blocks of N
+    /// rows of `inner` entries each (size `outer * N * inner`), in that order, as a Reshape
+    /// of `[.., outer, N, inner, ..]` lays them out. None: one entry per row. Values whose
+    /// batch axes are merged differently are never combined.
+    pub merged: Option<(i64, i64)>,
 }
 
 impl T {
@@ -59,7 +85,7 @@ impl T {
     pub fn ints(scalar: bool, elems: Vec<Elem>) -> T {
         let dims = if scalar { vec![] } else { vec![Dim::Fixed(elems.len() as i64)] };
         let on_n = elems.iter().any(|e| e.on_n());
-        T { dims: Some(dims), ints: Some(elems), floats: None, on_n, loose: false }
+        T { dims: Some(dims), ints: Some(elems), floats: None, on_n, loose: false, merged: None }
     }
 
     /// A value whose shape is not known: the same whatever the batch, unless `on_n`.
@@ -74,6 +100,11 @@ impl T {
     /// Where its batch axis is, if it has one.
     pub fn batch(&self) -> Option<usize> {
         self.dims.as_ref()?.iter().position(|d| *d == Dim::Batch)
+    }
+
+    /// How the batch axis holds the rows: `(outer, inner)`, `(1, 1)` for one entry per row.
+    pub fn layout(&self) -> (i64, i64) {
+        self.merged.unwrap_or((1, 1))
     }
 
     /// The same whatever the batch: no batch axis, nothing computed from the row count.
