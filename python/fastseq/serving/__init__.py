@@ -1,20 +1,26 @@
 """Serving pipelines over the network on the KServe v2 inference protocol (Triton's, KServe's,
-Seldon MLServer's, OpenVINO Model Server's), so that the clients people have (``tritonclient``)
-call them: requests of many connections batched into one run, limits, metrics and a clean
-shutdown. Needs the ``serve`` extra (``pip install 'fastseq-onnx[serve]'``).
+Seldon MLServer's, OpenVINO Model Server's), so that the clients people have (``tritonclient``,
+``perf_analyzer``) call them: requests of many connections batched into one run, limits,
+metrics and a clean shutdown.
+
+The request path is the core's (``crates/fastseq-serve``: HTTP/1.1 and gRPC, the protocol,
+batching, limits and metrics in Rust), entered in Python once a batch; Python keeps what is
+decided once per pipeline:
 
 - :mod:`.datatypes`: the KServe datatypes of ONNX element types;
-- :mod:`.protocol`: requests and responses to and from arrays (JSON and binary tensors);
-- :mod:`.model`: one pipeline as served (its description, its batcher, its warm-up);
-- :mod:`.metrics`: what is counted, in Prometheus' format;
-- :mod:`.service`: what every request meets (admission, timeouts, failures, the lifecycle);
-- :mod:`.asgi`: the protocol over HTTP as an ASGI application (routes, bodies, answers);
-- :mod:`.grpc_service`: the protocol over gRPC (Triton's ``GRPCInferenceService``);
-- :mod:`.server`: the process on uvicorn (the socket, signals).
+- :mod:`.model`: one pipeline as served (its description for the core, its batching, its
+  warm-up);
+- :mod:`.runs`: what the core's server calls once a batch (the pipeline's runner);
+- :mod:`.server`: the process: sockets bound, the core's server started, signals, the drain.
+
+And the ASGI application, to mount in another (``fastseq.serving.app``; the ``serve`` extra),
+which runs requests through the runtime's batcher with the core's decode and encode:
+
+- :mod:`.protocol`: requests and responses to and from arrays (the core's functions);
+- :mod:`.metrics`, :mod:`.service`, :mod:`.asgi`: its counts, admission and routes.
 
 ``fastseq.serve(pipe)`` blocks serving one pipeline (or a dict of them by name);
-``fastseq.serving.app(pipe)`` is the ASGI application to mount in another; ``fastseq serve``
-is the command."""
+``fastseq.serving.app(pipe)`` is the ASGI application; ``fastseq serve`` is the command."""
 
 from __future__ import annotations
 
