@@ -64,8 +64,12 @@ def _matmul_model(weights, dim: int, name: str):
         nodes.append(helper.make_node("MatMul", [prev, f"w{k}"], [out], name=f"matmul{k}"))
         prev = out
     g = helper.make_graph(
-        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, dim])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dim])], inits)
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dim])],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -80,12 +84,22 @@ def gen_node_heavy(folder: Path, models: int = 50, nodes: int = 600, batch: int 
         ns, prev = [], "x"
         for k in range(nodes):
             out = "y" if k == nodes - 1 else f"n{k}"
-            ns.append(helper.make_node("Add", [prev, "c"], [out], name=f"add{k}") if k % 2 == 0
-                      else helper.make_node("Relu", [prev], [out], name=f"relu{k}"))
+            ns.append(
+                helper.make_node("Add", [prev, "c"], [out], name=f"add{k}")
+                if k % 2 == 0
+                else helper.make_node("Relu", [prev], [out], name=f"relu{k}")
+            )
             prev = out
-        g = helper.make_graph(ns, f"block{i}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 64])], [c])
-        _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
+        g = helper.make_graph(
+            ns,
+            f"block{i}",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 64])],
+            [c],
+        )
+        _save(
+            helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx"
+        )
 
 
 def _weight_chain(folder: Path, models: int, per_model: int, mats: int, external: bool) -> None:
@@ -118,27 +132,53 @@ def gen_subgraphs(folder: Path, models: int = 20) -> None:
     np = _np()
     for i in range(models):
         c = numpy_helper.from_array(np.full(64, 0.5, np.float32), "c")
-        then_g = helper.make_graph([helper.make_node("Mul", ["x", "c"], ["a"])], "then", [],
-                                   [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 64])])
-        else_g = helper.make_graph([helper.make_node("Sub", ["x", "c"], ["b"])], "else", [],
-                                   [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 64])])
+        then_g = helper.make_graph(
+            [helper.make_node("Mul", ["x", "c"], ["a"])],
+            "then",
+            [],
+            [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 64])],
+        )
+        else_g = helper.make_graph(
+            [helper.make_node("Sub", ["x", "c"], ["b"])],
+            "else",
+            [],
+            [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 64])],
+        )
         body = helper.make_graph(
-            [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["acc", "c"], ["acc_out"])],
-            "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-                     helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                     helper.make_tensor_value_info("acc", TensorProto.FLOAT, [1, 64])],
-            [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-             helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 64])])
+            [
+                helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+                helper.make_node("Add", ["acc", "c"], ["acc_out"]),
+            ],
+            "body",
+            [
+                helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("acc", TensorProto.FLOAT, [1, 64]),
+            ],
+            [
+                helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 64]),
+            ],
+        )
         g = helper.make_graph(
-            [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
-             helper.make_node("Greater", ["s", "zero"], ["cond"]),
-             helper.make_node("If", ["cond"], ["t"], then_branch=then_g, else_branch=else_g),
-             helper.make_node("Loop", ["n", "", "t"], ["y"], body=body)],
-            f"sub{i}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+            [
+                helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                helper.make_node("Greater", ["s", "zero"], ["cond"]),
+                helper.make_node("If", ["cond"], ["t"], then_branch=then_g, else_branch=else_g),
+                helper.make_node("Loop", ["n", "", "t"], ["y"], body=body),
+            ],
+            f"sub{i}",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
-            [c, numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
-             numpy_helper.from_array(np.array(2, np.int64), "n")])
-        _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
+            [
+                c,
+                numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                numpy_helper.from_array(np.array(2, np.int64), "n"),
+            ],
+        )
+        _save(
+            helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx"
+        )
 
 
 def gen_dag(folder: Path, stages: int = 20, nodes: int = 1500) -> None:
@@ -158,18 +198,29 @@ def gen_dag(folder: Path, stages: int = 20, nodes: int = 1500) -> None:
         body = nodes - len(ns)
         for k in range(body):
             out = "y" if k == body - 1 else f"n{k}"
-            ns.append(helper.make_node("Add", [prev, "c"], [out], name=f"add{k}") if k % 2 == 0
-                      else helper.make_node("Relu", [prev], [out], name=f"relu{k}"))
+            ns.append(
+                helper.make_node("Add", [prev, "c"], [out], name=f"add{k}")
+                if k % 2 == 0
+                else helper.make_node("Relu", [prev], [out], name=f"relu{k}")
+            )
             prev = out
-        inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 64]) for n in (["x", "skip"] if skip else ["x"])]
-        g = helper.make_graph(ns, f"stage{i}", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [c])
-        _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx")
+        inputs = [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 64]) for n in (["x", "skip"] if skip else ["x"])
+        ]
+        g = helper.make_graph(
+            ns, f"stage{i}", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [c]
+        )
+        _save(
+            helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx"
+        )
         if i >= 1:
             edges.append(f'  "m{i - 1:02d}.y -> m{i:02d}.x",')
         if skip:
             edges.append(f'  "m{i - 2:02d}.y -> m{i:02d}.skip",')
     stage_lines = [f'm{i:02d} = "m{i:02d}.onnx"' for i in range(stages)]
-    (folder / "pipeline.toml").write_text("edges = [\n" + "\n".join(edges) + "\n]\n\n[stages]\n" + "\n".join(stage_lines) + "\n")
+    (folder / "pipeline.toml").write_text(
+        "edges = [\n" + "\n".join(edges) + "\n]\n\n[stages]\n" + "\n".join(stage_lines) + "\n"
+    )
 
 
 CASES = {
@@ -196,8 +247,7 @@ def case_files(case: str) -> list[Path]:
 
 
 def input_bytes(files: list[Path]) -> int:
-    return sum(f.stat().st_size for f in files) + sum(
-        f.stat().st_size for f in files[0].parent.glob("*.bin"))
+    return sum(f.stat().st_size for f in files) + sum(f.stat().st_size for f in files[0].parent.glob("*.bin"))
 
 
 def count_nodes(files: list[Path]) -> int:
@@ -358,7 +408,7 @@ def measure(tool: str, case: str, mode: str, timeout: float, session: bool) -> d
     if line is None:
         tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
         return {"ok": False, "error": f"crashed (exit {p.returncode}): {tail[:160]}"}
-    r = json.loads(line[len("RESULT "):])
+    r = json.loads(line[len("RESULT ") :])
     if r["ok"]:
         r["output_bytes"] = sum(f.stat().st_size for f in out_dir.glob(f"{tool}-{mode}.onnx*"))
     for f in out_dir.glob(f"{tool}-{mode}.onnx*"):
@@ -369,16 +419,39 @@ def measure(tool: str, case: str, mode: str, timeout: float, session: bool) -> d
 # --- the run --------------------------------------------------------------------------------
 PLAN = {
     # case: [(tool, mode, session)], fastseq first
-    "node_heavy": [("fastseq", "inline", True), ("onnx.compose", "inline", False),
-                   ("fastseq.onnx_compose", "inline", True), ("kornia", "inline", False), ("copy", "-", False)],
-    "weight_heavy": [("fastseq", "inline", True), ("onnx.compose", "inline", False), ("kornia", "inline", False),
-                     ("copy", "-", False)],
-    "subgraphs": [("fastseq", "inline", True), ("onnx.compose", "inline", True),
-                  ("fastseq.onnx_compose", "inline", True), ("kornia", "inline", True), ("copy", "-", False)],
-    "big3": [("fastseq", "inline", True), ("onnx.compose", "inline", False), ("kornia", "inline", False),
-             ("copy", "-", False)],
-    "big10": [("fastseq", "reuse", False), ("fastseq", "external", False), ("onnx.compose", "inline", False),
-              ("kornia", "inline", False), ("copy", "-", False)],
+    "node_heavy": [
+        ("fastseq", "inline", True),
+        ("onnx.compose", "inline", False),
+        ("fastseq.onnx_compose", "inline", True),
+        ("kornia", "inline", False),
+        ("copy", "-", False),
+    ],
+    "weight_heavy": [
+        ("fastseq", "inline", True),
+        ("onnx.compose", "inline", False),
+        ("kornia", "inline", False),
+        ("copy", "-", False),
+    ],
+    "subgraphs": [
+        ("fastseq", "inline", True),
+        ("onnx.compose", "inline", True),
+        ("fastseq.onnx_compose", "inline", True),
+        ("kornia", "inline", True),
+        ("copy", "-", False),
+    ],
+    "big3": [
+        ("fastseq", "inline", True),
+        ("onnx.compose", "inline", False),
+        ("kornia", "inline", False),
+        ("copy", "-", False),
+    ],
+    "big10": [
+        ("fastseq", "reuse", False),
+        ("fastseq", "external", False),
+        ("onnx.compose", "inline", False),
+        ("kornia", "inline", False),
+        ("copy", "-", False),
+    ],
     # The peers chain models pairwise: neither takes skip edges, so only the copy compares.
     "dag": [("fastseq", "inline", True), ("copy", "-", False)],
 }
@@ -387,12 +460,15 @@ PLAN = {
 def run(cases: list[str], timeout: float) -> dict:
     try:
         import kornia  # noqa: F401
+
         have_kornia = True
     except Exception:
         have_kornia = False
         print("kornia is not installed (pip install -r benches/requirements.txt): skipping it", file=sys.stderr)
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-              "cases": {}}
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "cases": {},
+    }
     for case in cases:
         files = case_files(case)
         size, nodes = input_bytes(files), count_nodes(files)
@@ -440,8 +516,16 @@ def run(cases: list[str], timeout: float) -> dict:
 
 def _fmt_row(r: dict) -> list[str]:
     if not r.get("ok"):
-        return [r["tool"] + ("" if r["mode"] in ("inline", "-") else f" ({r['mode']})"), "fails: " + r["error"],
-                "", "", "", "", "", ""]
+        return [
+            r["tool"] + ("" if r["mode"] in ("inline", "-") else f" ({r['mode']})"),
+            "fails: " + r["error"],
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+        ]
     status = "ok" if "session_error" not in r else "invalid model: " + r["session_error"][:70]
     return [
         r["tool"] + ("" if r["mode"] in ("inline", "-") else f" ({r['mode']})"),
@@ -457,8 +541,16 @@ def _fmt_row(r: dict) -> list[str]:
 
 def table(report: dict) -> str:
     lines = [f"Measured on {report['machine']}, {report.get('date', '')}.", ""]
-    head = ["tool", "result", "merge+export s (median)", "time / fastseq", "time / copy", "throughput", "peak RSS",
-            "session s"]
+    head = [
+        "tool",
+        "result",
+        "merge+export s (median)",
+        "time / fastseq",
+        "time / copy",
+        "throughput",
+        "peak RSS",
+        "session s",
+    ]
     for case, c in report["cases"].items():
         lines.append(f"**{case}**: {c['description']} ({c['input_bytes'] / MB:.0f} MB, {c['nodes']} nodes)")
         lines.append("")

@@ -85,8 +85,11 @@ def main() -> None:
     args = ap.parse_args()
     skipped: dict[str, str] = {}
     entries = corpus.build(args.folder, args.only, skipped)
-    lines = ["| model | exporter | rows alone vs together | fastseq | parity (max abs diff) | rows/s batched "
-             "(16 callers) | rows/s one row a call |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | exporter | rows alone vs together | fastseq | parity (max abs diff) | rows/s batched "
+        "(16 callers) | rows/s one row a call |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for e in entries:
         lines.append(row(e, args.requests))
         print(lines[-1], flush=True)

@@ -77,7 +77,9 @@ def cnn_model(path: Path) -> None:
         helper.make_node("Gemm", ["features", "w3", "b3"], ["logits"], transB=1, name="fc"),
     ]
     graph = helper.make_graph(
-        nodes, "cnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 20, 20])],
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 20, 20])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
         [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 16, 3, 3), w("b2", 16), w("w3", 10, 16), w("b3", 10)],
     )
@@ -92,8 +94,12 @@ def cases() -> dict[str, tuple[str, list[str], str, list[int]]]:
         cnn_model(cnn)
     return {
         "cnn": ("small CNN: 3x20x20 -> two 3x3 convs -> 10", [str(cnn)], "image", [1, 3, 20, 20]),
-        "tabular": ("tabular: skl2onnx scaler + MLP 64-256-10",
-                    [str(FIXTURES / "digits_scaler.onnx"), str(FIXTURES / "digits_mlp.onnx")], "X", [1, 64]),
+        "tabular": (
+            "tabular: skl2onnx scaler + MLP 64-256-10",
+            [str(FIXTURES / "digits_scaler.onnx"), str(FIXTURES / "digits_mlp.onnx")],
+            "X",
+            [1, 64],
+        ),
     }
 
 
@@ -111,8 +117,21 @@ def build(sources: list[str]):
 def start(mode: str, sources: list[str]) -> tuple[subprocess.Popen, int]:
     """A server process for ``mode``; returns it and its port once it is ready."""
     if mode.startswith("serve"):
-        cmd = [sys.executable, "-m", "fastseq", "serve", *sources, "--name", "m", "--port", "0",
-               "--max-batch-size", "1" if mode == "serve-b1" else "32", "--max-queue", "1024"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "fastseq",
+            "serve",
+            *sources,
+            "--name",
+            "m",
+            "--port",
+            "0",
+            "--max-batch-size",
+            "1" if mode == "serve-b1" else "32",
+            "--max-queue",
+            "1024",
+        ]
     elif mode == "null":
         cmd = [sys.executable, __file__, "--null-server", *sources]
     else:
@@ -174,8 +193,7 @@ def hand_server(sources: list[str]) -> None:
     async def ready(request):
         return Response(b"")
 
-    app = Starlette(routes=[Route("/v2/models/m/infer", infer, methods=["POST"]),
-                            Route("/v2/health/ready", ready)])
+    app = Starlette(routes=[Route("/v2/models/m/infer", infer, methods=["POST"]), Route("/v2/health/ready", ready)])
     sock = bind("127.0.0.1", 0)
     print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
     print("ready", file=sys.stderr, flush=True)
@@ -196,9 +214,14 @@ def null_server(sources: list[str], shape: list[int]) -> None:
     pipe = build(sources)
     model = ServedModel("m", pipe, max_batch_size=1)
     outputs = pipe(np.random.default_rng(0).random(shape, dtype=np.float32))
-    body, length = encode_infer("m", "1", None, [(model.outputs[n], a, True) for n, a in zip(model.output_order, outputs)])
-    headers = [(b"content-type", b"application/octet-stream"), (b"content-length", str(len(body)).encode()),
-               (b"inference-header-content-length", str(length).encode())]
+    body, length = encode_infer(
+        "m", "1", None, [(model.outputs[n], a, True) for n, a in zip(model.output_order, outputs)]
+    )
+    headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"content-length", str(len(body)).encode()),
+        (b"inference-header-content-length", str(length).encode()),
+    ]
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
@@ -211,14 +234,14 @@ def null_server(sources: list[str], shape: list[int]) -> None:
     sock = bind("127.0.0.1", 0)
     print(f"listening on http://127.0.0.1:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
     print("ready", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, loop="uvloop", http="httptools", access_log=False, log_level="warning",
-                            lifespan="off")
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", access_log=False, log_level="warning", lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
 
 
 # --- the clients --------------------------------------------------------------------------------
-def client(port: int, input_name: str, shape: list[int], seconds: float, requests: int | None = None,
-           expected: object = None) -> dict:
+def client(
+    port: int, input_name: str, shape: list[int], seconds: float, requests: int | None = None, expected: object = None
+) -> dict:
     """``CLIENTS`` threads, one tritonclient.http connection each, one row a request; each
     thread's first answer is compared with ``expected`` (pipe(row)'s first output)."""
     import numpy as np
@@ -286,9 +309,13 @@ def summary(done: list[tuple[float, float]], start: float, seconds: float, error
     window = sorted(end - begin for begin, end in done if lo <= end < hi)
     if not window:
         return {"rows_s": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"), "errors": errors, "total": len(done)}
-    return {"rows_s": len(window) / seconds, "p50_ms": window[len(window) // 2] * 1000,
-            "p99_ms": window[min(len(window) - 1, int(len(window) * 0.99))] * 1000, "errors": errors,
-            "total": len(done)}
+    return {
+        "rows_s": len(window) / seconds,
+        "p50_ms": window[len(window) // 2] * 1000,
+        "p99_ms": window[min(len(window) - 1, int(len(window) * 0.99))] * 1000,
+        "errors": errors,
+        "total": len(done),
+    }
 
 
 def in_process(sources: list[str], shape: list[int], seconds: float) -> dict:
@@ -369,29 +396,45 @@ def rss_run(sources: list[str], input_name: str, shape: list[int], requests: int
         stop(proc)
     if result["errors"]:
         raise RuntimeError(f"{result['errors']} of {requests} requests failed; the first: {result['first_error']}")
-    return {"requests": requests, "seconds": elapsed, "errors": result.get("errors", 0),
-            "rss_before_mb": before["process_resident_memory_bytes"] / 2**20,
-            "rss_after_mb": after["process_resident_memory_bytes"] / 2**20,
-            "fds_before": before["process_open_fds"], "fds_after": after["process_open_fds"],
-            "threads_before": before["fastseq_threads"], "threads_after": after["fastseq_threads"]}
+    return {
+        "requests": requests,
+        "seconds": elapsed,
+        "errors": result.get("errors", 0),
+        "rss_before_mb": before["process_resident_memory_bytes"] / 2**20,
+        "rss_after_mb": after["process_resident_memory_bytes"] / 2**20,
+        "fds_before": before["process_open_fds"],
+        "fds_after": after["process_open_fds"],
+        "threads_before": before["fastseq_threads"],
+        "threads_after": after["fastseq_threads"],
+    }
 
 
 # --- the report ---------------------------------------------------------------------------------
 def measure(quick: bool) -> dict:
     seconds = 1.5 if quick else MEASURE_S
     repeats = 1 if quick else REPEATS
-    report: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "clients": CLIENTS,
-                    "measure_s": seconds, "repeats": repeats, "date": time.strftime("%Y-%m-%d"), "pipelines": {}}
+    report: dict = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "clients": CLIENTS,
+        "measure_s": seconds,
+        "repeats": repeats,
+        "date": time.strftime("%Y-%m-%d"),
+        "pipelines": {},
+    }
     for name, (description, sources, input_name, shape) in cases().items():
         rounds: dict[str, list[dict]] = {m: [] for m in MODES}
         for k in range(repeats):
             for mode in MODES:  # in turns: a busy spell lands on all of them alike
                 print(f"{name}: round {k + 1} of {repeats}: {mode} ...", file=sys.stderr, flush=True)
                 rounds[mode].append(one(mode, sources, input_name, shape, seconds))
-        medians = {m: {key: statistics.median(r.get(key, float("nan")) for r in rs)
-                       for key in ("rows_s", "p50_ms", "p99_ms", "server_us")}
-                   | {"errors": sum(r["errors"] for r in rs), "runs": [round(r["rows_s"]) for r in rs]}
-                   for m, rs in rounds.items()}
+        medians = {
+            m: {
+                key: statistics.median(r.get(key, float("nan")) for r in rs)
+                for key in ("rows_s", "p50_ms", "p99_ms", "server_us")
+            }
+            | {"errors": sum(r["errors"] for r in rs), "runs": [round(r["rows_s"]) for r in rs]}
+            for m, rs in rounds.items()
+        }
         report["pipelines"][name] = {"description": description, "modes": medians}
     if not quick:
         _, sources, input_name, shape = cases()["cnn"]
@@ -401,30 +444,39 @@ def measure(quick: bool) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = [f"{report['clients']} client threads (tritonclient.http, one row a request) on {report['machine']}, "
-             f"{report['date']}; medians of {report['repeats']} rounds of {report['measure_s']:g} s",
-             "", "| pipeline | server | rows/s | p50 ms | p99 ms | server CPU µs/request | rounds (rows/s) |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = [
+        f"{report['clients']} client threads (tritonclient.http, one row a request) on {report['machine']}, "
+        f"{report['date']}; medians of {report['repeats']} rounds of {report['measure_s']:g} s",
+        "",
+        "| pipeline | server | rows/s | p50 ms | p99 ms | server CPU µs/request | rounds (rows/s) |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     for name, p in report["pipelines"].items():
         for mode, m in p["modes"].items():
             cpu = "" if m["server_us"] != m["server_us"] else f"{m['server_us']:.0f}"
-            lines.append(f"| {name} | {MODES[mode]} | {m['rows_s']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
-                         f"{cpu} | {', '.join(f'{r:,}' for r in m['runs'])} |")
+            lines.append(
+                f"| {name} | {MODES[mode]} | {m['rows_s']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
+                f"{cpu} | {', '.join(f'{r:,}' for r in m['runs'])} |"
+            )
     lines.append("")
     for name, p in report["pipelines"].items():
         m = p["modes"]
         rate = {k: v["rows_s"] for k, v in m.items()}
-        lines.append(f"- {name}: batching on/off {rate['serve'] / rate['serve-b1']:.2f}x (target 1.5x, goal 2x "
-                     f"on the CNN); serve/in-process batcher {rate['serve'] / rate['in-process']:.0%} (target 50%; "
-                     f"the client's own ceiling, a server that runs nothing, is "
-                     f"{rate['null'] / rate['in-process']:.0%}); serve/hand-written {rate['serve'] / rate['hand']:.2f}x "
-                     "(must beat 1x)")
+        lines.append(
+            f"- {name}: batching on/off {rate['serve'] / rate['serve-b1']:.2f}x (target 1.5x, goal 2x "
+            f"on the CNN); serve/in-process batcher {rate['serve'] / rate['in-process']:.0%} (target 50%; "
+            f"the client's own ceiling, a server that runs nothing, is "
+            f"{rate['null'] / rate['in-process']:.0%}); serve/hand-written {rate['serve'] / rate['hand']:.2f}x "
+            "(must beat 1x)"
+        )
     if "rss" in report:
         r = report["rss"]
-        lines.append(f"- {r['requests']:,} requests to fastseq serve (cnn) in {r['seconds']:.0f} s, {r['errors']} "
-                     f"errors: RSS {r['rss_before_mb']:.1f} MB before, {r['rss_after_mb']:.1f} MB after; open files "
-                     f"{r['fds_before']:.0f} -> {r['fds_after']:.0f}; threads {r['threads_before']:.0f} -> "
-                     f"{r['threads_after']:.0f}")
+        lines.append(
+            f"- {r['requests']:,} requests to fastseq serve (cnn) in {r['seconds']:.0f} s, {r['errors']} "
+            f"errors: RSS {r['rss_before_mb']:.1f} MB before, {r['rss_after_mb']:.1f} MB after; open files "
+            f"{r['fds_before']:.0f} -> {r['fds_after']:.0f}; threads {r['threads_before']:.0f} -> "
+            f"{r['threads_after']:.0f}"
+        )
     return "\n".join(lines)
 
 

@@ -55,6 +55,8 @@ import bench  # noqa: E402  (the case generators and helpers)
 OUT = HERE / "out"
 RESULTS = OUT / "runtime.json"
 MB = 1 << 20
+
+
 def gen_cnn(folder: Path) -> None:
     """A resnet18-shaped CNN built with onnx (random weights, 11.7M parameters, 47 MB): a 7x7
     stem, four stages of two basic blocks, a BatchNormalization after every Conv (ONNX Runtime
@@ -71,10 +73,15 @@ def gen_cnn(folder: Path) -> None:
 
     def conv(x: str, cin: int, cout: int, k: int, stride: int, name: str, relu: bool = True) -> str:
         w = const(f"{name}.w", rng.standard_normal((cout, cin, k, k)) * (2 / (cin * k * k)) ** 0.5)
-        nodes.append(helper.make_node("Conv", [x, w], [f"{name}.c"], kernel_shape=[k, k], strides=[stride] * 2,
-                                      pads=[k // 2] * 4))
-        bn = [const(f"{name}.{p}", v) for p, v in (("g", np.ones(cout)), ("b", np.zeros(cout)),
-                                                 ("m", np.zeros(cout)), ("v", np.ones(cout)))]
+        nodes.append(
+            helper.make_node(
+                "Conv", [x, w], [f"{name}.c"], kernel_shape=[k, k], strides=[stride] * 2, pads=[k // 2] * 4
+            )
+        )
+        bn = [
+            const(f"{name}.{p}", v)
+            for p, v in (("g", np.ones(cout)), ("b", np.zeros(cout)), ("m", np.zeros(cout)), ("v", np.ones(cout)))
+        ]
         nodes.append(helper.make_node("BatchNormalization", [f"{name}.c", *bn], [f"{name}.bn"]))
         if not relu:
             return f"{name}.bn"
@@ -89,14 +96,24 @@ def gen_cnn(folder: Path) -> None:
             stride, name = (2 if stage and not block else 1), f"s{stage}b{block}"
             h = conv(conv(x, cin, cout, 3, stride, f"{name}.1"), cout, cout, 3, 1, f"{name}.2", relu=False)
             skip = x if stride == 1 and cin == cout else conv(x, cin, cout, 1, stride, f"{name}.down", relu=False)
-            nodes += [helper.make_node("Add", [h, skip], [f"{name}.sum"]),
-                      helper.make_node("Relu", [f"{name}.sum"], [f"{name}.out"])]
+            nodes += [
+                helper.make_node("Add", [h, skip], [f"{name}.sum"]),
+                helper.make_node("Relu", [f"{name}.sum"], [f"{name}.out"]),
+            ]
             x, cin = f"{name}.out", cout
-    fc_w, fc_b = const("fc.w", rng.standard_normal((1000, 512)) * 512 ** -0.5), const("fc.b", np.zeros(1000))
-    nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"]), helper.make_node("Flatten", ["gap"], ["flat"]),
-              helper.make_node("Gemm", ["flat", fc_w, fc_b], ["y"], transB=1)]
-    g = helper.make_graph(nodes, "resnet18", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 224, 224])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1000])], inits)
+    fc_w, fc_b = const("fc.w", rng.standard_normal((1000, 512)) * 512**-0.5), const("fc.b", np.zeros(1000))
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("Gemm", ["flat", fc_w, fc_b], ["y"], transB=1),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "resnet18",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1000])],
+        inits,
+    )
     bench._save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / "m00.onnx")
 
 
@@ -114,31 +131,42 @@ def gen_folded(folder: Path, blocks: int = 100, dim: int = 384) -> None:
         return name
 
     inits: list = []
-    nodes, t = [], const("c0", rng.standard_normal((dim, dim)) / dim ** 0.5)
+    nodes, t = [], const("c0", rng.standard_normal((dim, dim)) / dim**0.5)
     for k in range(blocks):
-        w, b = const(f"w{k}", rng.standard_normal((dim, dim)) / dim ** 0.5), const(f"b{k}", np.full(dim, 0.01))
-        nodes += [helper.make_node("MatMul", [t, w], [f"m{k}"]), helper.make_node("Add", [f"m{k}", b], [f"a{k}"]),
-                  helper.make_node("Relu", [f"a{k}"], [f"t{k}"])]
+        w, b = const(f"w{k}", rng.standard_normal((dim, dim)) / dim**0.5), const(f"b{k}", np.full(dim, 0.01))
+        nodes += [
+            helper.make_node("MatMul", [t, w], [f"m{k}"]),
+            helper.make_node("Add", [f"m{k}", b], [f"a{k}"]),
+            helper.make_node("Relu", [f"a{k}"], [f"t{k}"]),
+        ]
         t = f"t{k}"
     nodes.append(helper.make_node("MatMul", ["x", t], ["y"]))
-    g = helper.make_graph(nodes, "folded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], inits)
+    g = helper.make_graph(
+        nodes,
+        "folded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
+        inits,
+    )
     bench._save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / "m00.onnx")
 
 
 CASES = {
     "node_heavy": (bench.gen_node_heavy, "50 models x 600 nodes (30,000 nodes)"),
-    "weight_heavy8": (lambda folder: bench._weight_chain(folder, 8, 64 * MB, 1, external=False),
-                      "8 models x 64 MB (512 MB of weights)"),
-    "matmul4_8": (lambda folder: bench._weight_chain(folder, 8, 64 * MB, 4, external=False),
-                  "8 models x 4 MatMul blocks of 2048 x 2048 (512 MB)"),
+    "weight_heavy8": (
+        lambda folder: bench._weight_chain(folder, 8, 64 * MB, 1, external=False),
+        "8 models x 64 MB (512 MB of weights)",
+    ),
+    "matmul4_8": (
+        lambda folder: bench._weight_chain(folder, 8, 64 * MB, 4, external=False),
+        "8 models x 4 MatMul blocks of 2048 x 2048 (512 MB)",
+    ),
     "cnn": (gen_cnn, "resnet18-shaped CNN (47 MB, Conv + BatchNorm + Relu)"),
     "folded": (gen_folded, "weights computed from constants (100 MatMul + Add + Relu, 59 MB)"),
 }
 READY_CASES = "node_heavy,weight_heavy8,matmul4_8"
 CACHE_CASES = ["cnn", "node_heavy", "folded", "weight_heavy8"]
-TOOLS = ["fastseq cold", "fastseq cached", "kornia", "onnxruntime on the merged file",
-         "onnxruntime on external data"]
+TOOLS = ["fastseq cold", "fastseq cached", "kornia", "onnxruntime on the merged file", "onnxruntime on external data"]
 CACHE_TOOLS = TOOLS[:2]
 RUNS = 3
 
@@ -191,9 +219,19 @@ def worker(tool: str, case: str, cache: str) -> None:
         path = merged_file(case, external=tool == "onnxruntime on external data")
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     elapsed, cpu = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
-    print("RESULT " + json.dumps({"s": elapsed, "sys": cpu.ru_stime - cpu0.ru_stime,
-                                  "user": cpu.ru_utime - cpu0.ru_utime, "peak_rss": bench.peak_rss(),
-                                  "base_rss": base, "inputs": len(session.get_inputs())}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "s": elapsed,
+                "sys": cpu.ru_stime - cpu0.ru_stime,
+                "user": cpu.ru_utime - cpu0.ru_utime,
+                "peak_rss": bench.peak_rss(),
+                "base_rss": base,
+                "inputs": len(session.get_inputs()),
+            }
+        )
+    )
 
 
 def merged_file(case: str, external: bool = False) -> Path:
@@ -224,7 +262,7 @@ def measure(tool: str, case: str, cache: str) -> dict:
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1][:160]}
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def warm(folder: Path) -> None:
@@ -252,9 +290,13 @@ def ready_table(cases: list[str], tools: list[str], repeats: int = RUNS) -> dict
             if not ok:
                 rows[tool] = {"error": rs[0].get("error", "failed")}
                 continue
-            rows[tool] = {"s": statistics.median(r["s"] for r in ok), "runs": sorted(r["s"] for r in ok),
-                          "sys": statistics.median(r["sys"] for r in ok),
-                          "peak_rss": max(r["peak_rss"] for r in ok), "base_rss": min(r["base_rss"] for r in ok)}
+            rows[tool] = {
+                "s": statistics.median(r["s"] for r in ok),
+                "runs": sorted(r["s"] for r in ok),
+                "sys": statistics.median(r["sys"] for r in ok),
+                "peak_rss": max(r["peak_rss"] for r in ok),
+                "base_rss": min(r["base_rss"] for r in ok),
+            }
         report[case] = {"description": CASES[case][1], "rows": rows}
     return report
 
@@ -267,9 +309,12 @@ def per_call(repeats: int = 7, number: int = 20000) -> dict:
 
     import fastseq
 
-    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "one",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     pipe = fastseq.ONNXSequential(model, session_cache=False)
     session = pipe.get_session()
@@ -313,8 +358,11 @@ def classifier(path: Path) -> None:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("GlobalAveragePool", ["image"], ["pooled"]), helper.make_node("Flatten", ["pooled"], ["flat"]),
-         helper.make_node("Gemm", ["flat", "w"], ["logits"], transB=1)],
+        [
+            helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+            helper.make_node("Gemm", ["flat", "w"], ["logits"], transB=1),
+        ],
         "classifier",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 224, 224])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1000])],
@@ -343,8 +391,14 @@ def operators(repeats: int = 7) -> dict:
         "python -c pass": [sys.executable, "-c", "pass"],
         "python -c 'import onnx'": [sys.executable, "-c", "import onnx"],
         "fastseq merge model.onnx": [*merge, "model.onnx", "-o", "plain.onnx"],
-        "fastseq merge 'builtin:to_float?scale=1/255' model.onnx 'builtin:softmax'":
-            [*merge, "builtin:to_float?scale=1/255", "model.onnx", "builtin:softmax", "-o", "ops.onnx"],
+        "fastseq merge 'builtin:to_float?scale=1/255' model.onnx 'builtin:softmax'": [
+            *merge,
+            "builtin:to_float?scale=1/255",
+            "model.onnx",
+            "builtin:softmax",
+            "-o",
+            "ops.onnx",
+        ],
     }
     walls: dict[str, list[float]] = {k: [] for k in commands}
     builds: list[list[float]] = []
@@ -354,8 +408,9 @@ def operators(repeats: int = 7) -> dict:
     for _ in range(repeats):  # in turns, so that the machine's drift hits every command alike
         for name, cmd in commands.items():
             walls[name].append(wall(cmd, folder))
-        out = subprocess.run([sys.executable, "-c", FIRST_BUILD], capture_output=True, text=True, check=True,
-                             env=COMPILED)
+        out = subprocess.run(
+            [sys.executable, "-c", FIRST_BUILD], capture_output=True, text=True, check=True, env=COMPILED
+        )
         first, second, onnx_loaded, numpy_loaded = out.stdout.split()
         builds.append([float(first), float(second)])
         loaded = {"onnx": onnx_loaded == "True", "numpy": numpy_loaded == "True"}
@@ -385,8 +440,11 @@ def operator_tables(report: dict) -> str:
     lines.append(
         f"The two operators add {(with_ops - plain) * 1e3:+.0f} ms to the merge; importing onnx, which building "
         f"them cost before, takes {onnx_import * 1e3:.0f} ms here. After a build, "
-        + (f"{' and '.join(loaded)} {'is' if len(loaded) == 1 else 'are'} loaded." if loaded
-           else "neither onnx nor numpy is loaded.")
+        + (
+            f"{' and '.join(loaded)} {'is' if len(loaded) == 1 else 'are'} loaded."
+            if loaded
+            else "neither onnx nor numpy is loaded."
+        )
     )
     return "\n".join(lines)
 
@@ -404,8 +462,12 @@ def tables(report: dict) -> str:
             if "error" in r:
                 cells = ["fails: " + r["error"][:60], "", "", ""]
             else:
-                cells = [f"{r['s']:.2f} s", ", ".join(f"{x:.2f}" for x in r["runs"]), f"{r['sys']:.2f} s",
-                         f"{r['peak_rss'] / MB:,.0f} MB"]
+                cells = [
+                    f"{r['s']:.2f} s",
+                    ", ".join(f"{x:.2f}" for x in r["runs"]),
+                    f"{r['sys']:.2f} s",
+                    f"{r['peak_rss'] / MB:,.0f} MB",
+                ]
             lines.append("| " + " | ".join([c["description"], tool, *cells]) + " |")
     lines.append("")
     calls = report["per_call"] or {}
@@ -424,11 +486,15 @@ def targets(report: dict) -> list[str]:
         rows = c["rows"]
         cold, cached, kor, ortf, orte = (rows.get(t, {}) for t in TOOLS)
         if "s" in cold and "s" in ortf:
-            out.append(f"- {case}: cold ready {cold['s'] / ortf['s']:.2f}x ONNX Runtime on the merged file "
-                       f"(target <= 1.1x), peak RSS {cold['peak_rss'] / ortf['peak_rss']:.2f}x (target <= 1.2x)")
+            out.append(
+                f"- {case}: cold ready {cold['s'] / ortf['s']:.2f}x ONNX Runtime on the merged file "
+                f"(target <= 1.1x), peak RSS {cold['peak_rss'] / ortf['peak_rss']:.2f}x (target <= 1.2x)"
+            )
         if "s" in cold and "s" in orte:
-            out.append(f"- {case}: cold ready {cold['s'] / orte['s']:.2f}x ONNX Runtime on external data "
-                       f"(target <= 1.3x), peak RSS {cold['peak_rss'] / orte['peak_rss']:.2f}x")
+            out.append(
+                f"- {case}: cold ready {cold['s'] / orte['s']:.2f}x ONNX Runtime on external data "
+                f"(target <= 1.3x), peak RSS {cold['peak_rss'] / orte['peak_rss']:.2f}x"
+            )
         if "s" in cold and "s" in cached:
             out.append(f"- {case}: from the cache {cold['s'] / cached['s']:.1f}x faster than cold")
         if "s" in kor and "s" in cold:
@@ -436,9 +502,11 @@ def targets(report: dict) -> list[str]:
     calls = report["per_call"]
     if not calls:
         return out
-    out.append(f"- pipe(x) costs {calls['pipe(x)'] - calls['session.run']:+.2f} us against session.run; the bound "
-               f"path {calls['pipe.bind(x).run()'] - calls['run_with_iobinding']:+.2f} us against "
-               "run_with_iobinding (target: within 1 us)")
+    out.append(
+        f"- pipe(x) costs {calls['pipe(x)'] - calls['session.run']:+.2f} us against session.run; the bound "
+        f"path {calls['pipe.bind(x).run()'] - calls['run_with_iobinding']:+.2f} us against "
+        "run_with_iobinding (target: within 1 us)"
+    )
     return out
 
 
@@ -466,8 +534,13 @@ def converted_start(repeats: int = 7) -> dict:
     load = [os.getloadavg()[0]]
 
     def start(cache_arg: str) -> dict:
-        out = subprocess.run([sys.executable, "-c", CONVERTED, model, cache_arg], capture_output=True, text=True,
-                             timeout=600, env=COMPILED)
+        out = subprocess.run(
+            [sys.executable, "-c", CONVERTED, model, cache_arg],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=COMPILED,
+        )
         if out.returncode:
             raise RuntimeError(out.stderr.strip().splitlines()[-1])
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -480,8 +553,11 @@ def converted_start(repeats: int = 7) -> dict:
     load.append(os.getloadavg()[0])
     assert all(r["cache"] == "hit" for r in runs["cached"]), runs["cached"]
     return {
-        name: {"s": statistics.median(r["s"] for r in rs), "runs": sorted(r["s"] for r in rs),
-               "onnx": any(r["onnx"] for r in rs)}
+        name: {
+            "s": statistics.median(r["s"] for r in rs),
+            "runs": sorted(r["s"] for r in rs),
+            "onnx": any(r["onnx"] for r in rs),
+        }
         for name, rs in runs.items()
     } | {"load": load}
 
@@ -494,31 +570,39 @@ def converted_table(report: dict) -> str:
         return f"{r['s']:.3f} s ({' '.join(f'{x:.3f}' for x in r['runs'])}); onnx {'imported' if r['onnx'] else 'not imported'}"
 
     ratio = cold["s"] / cached["s"]
-    return "\n".join([
-        f"Measured on {report['machine']}, {report['date']} (load average {c['load'][0]:.1f} at the start, "
-        f"{c['load'][1]:.1f} at the end); medians of {len(cold['runs'])} starts, each in a fresh process, in turns.",
-        "",
-        "| the README's operator pipeline (antialias=True: converted to opset 18) | cold | from the session cache | "
-        "cached / cold |",
-        "|---|---|---|---|",
-        f"| ready to call | {cell(cold)} | {cell(cached)} | {ratio:.1f}x faster |",
-        "",
-        f"- target: a cached start at least 3x faster than cold, onnx not imported: "
-        f"{'met' if ratio >= 3 and not cached['onnx'] else 'missed'}",
-    ])
+    return "\n".join(
+        [
+            f"Measured on {report['machine']}, {report['date']} (load average {c['load'][0]:.1f} at the start, "
+            f"{c['load'][1]:.1f} at the end); medians of {len(cold['runs'])} starts, each in a fresh process, in turns.",
+            "",
+            "| the README's operator pipeline (antialias=True: converted to opset 18) | cold | from the session cache | "
+            "cached / cold |",
+            "|---|---|---|---|",
+            f"| ready to call | {cell(cold)} | {cell(cached)} | {ratio:.1f}x faster |",
+            "",
+            f"- target: a cached start at least 3x faster than cold, onnx not imported: "
+            f"{'met' if ratio >= 3 and not cached['onnx'] else 'missed'}",
+        ]
+    )
 
 
 def cache_table(report: dict) -> str:
-    lines = [f"Measured on {report['machine']}, {report['date']}; medians of {RUNS} starts, each in its own process.",
-             "", "| ready to call | fastseq cold | fastseq from its session cache | cached / cold |", "|---|---|---|---|"]
+    lines = [
+        f"Measured on {report['machine']}, {report['date']}; medians of {RUNS} starts, each in its own process.",
+        "",
+        "| ready to call | fastseq cold | fastseq from its session cache | cached / cold |",
+        "|---|---|---|---|",
+    ]
     for c in report["ready"].values():
         cold, cached = (c["rows"].get(t, {}) for t in CACHE_TOOLS)
         if "s" not in cold or "s" not in cached:
             lines.append(f"| {c['description']} | {cold.get('error', '?')} | {cached.get('error', '?')} | |")
             continue
         runs = " ".join(f"{r:.2f}" for r in cached["runs"])
-        lines.append(f"| {c['description']} | {cold['s']:.2f} s ({' '.join(f'{r:.2f}' for r in cold['runs'])}) | "
-                     f"{cached['s']:.2f} s ({runs}) | {cold['s'] / cached['s']:.1f}x faster |")
+        lines.append(
+            f"| {c['description']} | {cold['s']:.2f} s ({' '.join(f'{r:.2f}' for r in cold['runs'])}) | "
+            f"{cached['s']:.2f} s ({runs}) | {cold['s'] / cached['s']:.1f}x faster |"
+        )
     return "\n".join(lines)
 
 
@@ -530,8 +614,11 @@ def main() -> None:
     p.add_argument("--operators", action="store_true", help="only the operators' table")
     p.add_argument("--runs", type=int, default=RUNS, help="measurements of each tool (medians)")
     p.add_argument("--no-per-call", action="store_true", help="skip the per-call table")
-    p.add_argument("--converted", action="store_true",
-                   help="only the cached start of a pipeline that needs conversion, against cold")
+    p.add_argument(
+        "--converted",
+        action="store_true",
+        help="only the cached start of a pipeline that needs conversion, against cold",
+    )
     a = p.parse_args()
     if a.worker:
         worker(*a.worker)
@@ -551,7 +638,11 @@ def main() -> None:
             bench.write_readme_section("operators", text)
         return
     if a.cases == "cache":
-        report = {"machine": machine, "date": time.strftime("%Y-%m-%d"), "ready": ready_table(CACHE_CASES, CACHE_TOOLS, a.runs)}
+        report = {
+            "machine": machine,
+            "date": time.strftime("%Y-%m-%d"),
+            "ready": ready_table(CACHE_CASES, CACHE_TOOLS, a.runs),
+        }
         OUT.mkdir(exist_ok=True)
         (OUT / "cache.json").write_text(json.dumps(report, indent=2))
         text = cache_table(report)
@@ -561,13 +652,18 @@ def main() -> None:
         return
     try:
         import kornia  # noqa: F401
+
         tools = TOOLS
     except Exception:
         print("kornia is not installed (pip install -r benches/requirements.txt): skipping it", file=sys.stderr)
         tools = [t for t in TOOLS if t != "kornia"]
-    report = {"machine": machine, "date": time.strftime("%Y-%m-%d"),
-              "ready": ready_table(a.cases.split(","), tools, a.runs),
-              "per_call": None if a.no_per_call else per_call(), "operators": operators()}
+    report = {
+        "machine": machine,
+        "date": time.strftime("%Y-%m-%d"),
+        "ready": ready_table(a.cases.split(","), tools, a.runs),
+        "per_call": None if a.no_per_call else per_call(),
+        "operators": operators(),
+    }
     OUT.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))
     text = tables(report)

@@ -66,16 +66,24 @@ def pipelines() -> dict[str, tuple[str, object, object]]:
     chain = sorted(folder.glob("m*.onnx"))
     models, nodes = NODE_HEAVY
     return {
-        "tabular": ("tabular: skl2onnx scaler + MLP 64-256-10",
-                    fastseq.ONNXSequential(FIXTURES / "digits_scaler.onnx", FIXTURES / "digits_mlp.onnx"),
-                    rng.random((1, 64), dtype=np.float32)),
-        "conv": ("convolutional: torch CNN backbone + head, 3x32x32",
-                 fastseq.Pipeline({"backbone": FIXTURES / "torch_cnn_backbone.onnx", "head": FIXTURES / "torch_head.onnx"},
-                                  edges=["backbone.features -> head.features"]),
-                 rng.random((1, 3, 32, 32), dtype=np.float32)),
-        "node_heavy": (f"node-heavy: {models} models x {nodes} nodes ({models * nodes:,} nodes)",
-                       fastseq.ONNXSequential(*chain, io_maps=[[("y", "x")]] * (len(chain) - 1)),
-                       rng.random((1, 64), dtype=np.float32)),
+        "tabular": (
+            "tabular: skl2onnx scaler + MLP 64-256-10",
+            fastseq.ONNXSequential(FIXTURES / "digits_scaler.onnx", FIXTURES / "digits_mlp.onnx"),
+            rng.random((1, 64), dtype=np.float32),
+        ),
+        "conv": (
+            "convolutional: torch CNN backbone + head, 3x32x32",
+            fastseq.Pipeline(
+                {"backbone": FIXTURES / "torch_cnn_backbone.onnx", "head": FIXTURES / "torch_head.onnx"},
+                edges=["backbone.features -> head.features"],
+            ),
+            rng.random((1, 3, 32, 32), dtype=np.float32),
+        ),
+        "node_heavy": (
+            f"node-heavy: {models} models x {nodes} nodes ({models * nodes:,} nodes)",
+            fastseq.ONNXSequential(*chain, io_maps=[[("y", "x")]] * (len(chain) - 1)),
+            rng.random((1, 64), dtype=np.float32),
+        ),
     }
 
 
@@ -156,8 +164,11 @@ def ceiling(pipe, row) -> dict:
         pipe(x)
         times.append(time.perf_counter() - t0)
     cpu = time.process_time() - cpu
-    return {"rows_s": MAX_BATCH * len(times) / sum(times), "batch_ms": statistics.median(times) * 1000,
-            "cpu_us": cpu / (MAX_BATCH * len(times)) * 1e6}
+    return {
+        "rows_s": MAX_BATCH * len(times) / sum(times),
+        "batch_ms": statistics.median(times) * 1000,
+        "cpu_us": cpu / (MAX_BATCH * len(times)) * 1e6,
+    }
 
 
 def profile_overhead(pipe, row, runs: int = 20, warmup: int = 3) -> dict:
@@ -205,14 +216,19 @@ def measure(name: str, pipe, row) -> dict:
         return {key: statistics.median(r[key] for r in results) for key in results[0]}
 
     print(f"{name}: profile ...", file=sys.stderr, flush=True)
-    return {"ceiling": median(runs.pop("ceiling")), "modes": {m: median(r) for m, r in runs.items()},
-            "start": batcher_start(pipe), "profile": profile_overhead(pipe, row)}
+    return {
+        "ceiling": median(runs.pop("ceiling")),
+        "modes": {m: median(r) for m, r in runs.items()},
+        "start": batcher_start(pipe),
+        "profile": profile_overhead(pipe, row),
+    }
 
 
 def batcher_start(pipe, runs: int = 5) -> dict:
     """What ``pipe.batcher()`` costs before the first request: the core's row check alone,
     and the whole start (the check; the batchers' own session is made with the first batch
     that has a thread)."""
+
     def best(call) -> float:
         times = []
         for _ in range(runs):
@@ -232,9 +248,12 @@ def mixing() -> dict:
 
     import fastseq
 
-    g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=0, name="over_rows")], "mix",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    g = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=0, name="over_rows")],
+        "mix",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
     pipe = fastseq.ONNXSequential(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     try:
         pipe.batcher()
@@ -250,8 +269,12 @@ def mixing() -> dict:
         for t in threads:
             t.join()
     alone = [pipe(x)[0] for x in xs]
-    return {"refused": refused, "alone": float(alone[0][0, 0]), "joined": float(got[0][0, 0]),
-            "worst_error": float(max(abs(g - a).max() for g, a in zip(got, alone)))}
+    return {
+        "refused": refused,
+        "alone": float(alone[0][0, 0]),
+        "joined": float(got[0][0, 0]),
+        "worst_error": float(max(abs(g - a).max() for g, a in zip(got, alone))),
+    }
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -262,7 +285,8 @@ def tables(report: dict) -> str:
         f"max_batch_size={MAX_BATCH}, max_delay_ms={MAX_DELAY_MS:g}.",
         "",
         "| rows/s (p50 / p99 latency; CPU per row) | ceiling: 1 thread, 32 rows per call | "
-        + " | ".join(MODES.values()) + " |",
+        + " | ".join(MODES.values())
+        + " |",
         "|" + "---|" * (len(MODES) + 2),
     ]
     for r in report["pipelines"].values():
@@ -272,21 +296,32 @@ def tables(report: dict) -> str:
             m = r["modes"][mode]
             cells.append(f"{m['rows_s']:,.0f} ({m['p50_ms']:.1f} / {m['p99_ms']:.1f} ms; {m['cpu_us']:.0f} µs)")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| starting a batcher | the core's row check | pipe.batcher() (the check; its own session comes with the first batch of threads) |",
-              "|---|---|---|"]
+    lines += [
+        "",
+        "| starting a batcher | the core's row check | pipe.batcher() (the check; its own session comes with the first batch of threads) |",
+        "|---|---|---|",
+    ]
     for r in report["pipelines"].values():
         lines.append(f"| {r['description']} | {r['start']['row_check_ms']:.2f} ms | {r['start']['start_ms']:.1f} ms |")
     m = report.get("mixing")
     if m:
-        lines += ["", f"Rows that mix (Softmax over the batch axis): pipe.batcher() refuses it "
-                      f"({m['refused'].lstrip('- ')}); forced with row_independent=True, 8 joined one-row requests "
-                      f"get {m['joined']:.4g} where pipe(x) alone gives {m['alone']:.4g} (worst error {m['worst_error']:.3g})."]
-    lines += ["", "| profile overhead | profiling session created | profiled run | plain run (pipe(x), 32 rows) |",
-              "|---|---|---|---|"]
+        lines += [
+            "",
+            f"Rows that mix (Softmax over the batch axis): pipe.batcher() refuses it "
+            f"({m['refused'].lstrip('- ')}); forced with row_independent=True, 8 joined one-row requests "
+            f"get {m['joined']:.4g} where pipe(x) alone gives {m['alone']:.4g} (worst error {m['worst_error']:.3g}).",
+        ]
+    lines += [
+        "",
+        "| profile overhead | profiling session created | profiled run | plain run (pipe(x), 32 rows) |",
+        "|---|---|---|---|",
+    ]
     for r in report["pipelines"].values():
         p = r["profile"]
-        lines.append(f"| {r['description']} | {p['session_s'] * 1000:.0f} ms | {p['profiled_run_ms']:.2f} ms "
-                     f"({p['profiled_run_ms'] / p['plain_run_ms']:.1f}x) | {p['plain_run_ms']:.2f} ms |")
+        lines.append(
+            f"| {r['description']} | {p['session_s'] * 1000:.0f} ms | {p['profiled_run_ms']:.2f} ms "
+            f"({p['profiled_run_ms'] / p['plain_run_ms']:.1f}x) | {p['plain_run_ms']:.2f} ms |"
+        )
     lines += ["", *targets(report)]
     return "\n".join(lines)
 
@@ -300,7 +335,9 @@ def targets(report: dict) -> list[str]:
 
     if "conv" in runs:
         share = rate("conv", "b") / runs["conv"]["ceiling"]["rows_s"]
-        out.append(f"- conv: (b) reaches {share:.0%} of the ceiling (target >= 70%): {'met' if share >= 0.7 else 'missed'}")
+        out.append(
+            f"- conv: (b) reaches {share:.0%} of the ceiling (target >= 70%): {'met' if share >= 0.7 else 'missed'}"
+        )
     if "tabular" in runs:
         x = rate("tabular", "b") / rate("tabular", "a")
         out.append(f"- tabular: (b) {x:.1f}x the rows/s of (a) (target >= 3x): {'met' if x >= 3 else 'missed'}")
@@ -308,12 +345,16 @@ def targets(report: dict) -> list[str]:
         x = rate(name, "d") / rate(name, "a")
         p99_a, p99_d = r["modes"]["a"]["p99_ms"], r["modes"]["d"]["p99_ms"]
         verdict = "met (goal > 1x: met)" if x > 1 else "met (goal > 1x: missed)" if x >= 0.9 else "missed"
-        out.append(f"- {name}: (d) {x:.2f}x the rows/s of (a) (target >= 0.9x): {verdict}; (d) p99 {p99_d:.1f} ms "
-                   f"against (a)'s {p99_a:.1f} ms (target lower): {'met' if p99_d < p99_a else 'missed'}")
+        out.append(
+            f"- {name}: (d) {x:.2f}x the rows/s of (a) (target >= 0.9x): {verdict}; (d) p99 {p99_d:.1f} ms "
+            f"against (a)'s {p99_a:.1f} ms (target lower): {'met' if p99_d < p99_a else 'missed'}"
+        )
         bound = MAX_DELAY_MS + 2 * r["ceiling"]["batch_ms"]
         p99 = r["modes"]["b"]["p99_ms"]
-        out.append(f"- {name}: (b) p99 {p99:.1f} ms against max_delay_ms + two batch runs = {bound:.1f} ms: "
-                   f"{'met' if p99 <= bound else 'missed'}")
+        out.append(
+            f"- {name}: (b) p99 {p99:.1f} ms against max_delay_ms + two batch runs = {bound:.1f} ms: "
+            f"{'met' if p99 <= bound else 'missed'}"
+        )
     return out
 
 
@@ -325,8 +366,11 @@ def main() -> None:
     chosen = a.pipelines.split(",")
     import onnx  # noqa: F401  (a process's first profile imports it: not the profile's own cost)
 
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-              "date": time.strftime("%Y-%m-%d"), "pipelines": {}}
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "pipelines": {},
+    }
     start_load = os.getloadavg()[0]
     for name, (description, pipe, row) in pipelines().items():
         if name in chosen:

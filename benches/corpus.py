@@ -24,14 +24,41 @@ from typing import Any
 import numpy as np
 
 RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
-OCR_MODELS = {"ppocr_v4_det": "ch_PP-OCRv4_det_infer.onnx", "ppocr_v4_rec": "ch_PP-OCRv4_rec_infer.onnx",
-              "ppocr_cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx"}
+OCR_MODELS = {
+    "ppocr_v4_det": "ch_PP-OCRv4_det_infer.onnx",
+    "ppocr_v4_rec": "ch_PP-OCRv4_rec_infer.onnx",
+    "ppocr_cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+}
 #: the torch-made models, by name (built by _torch_models)
-TORCH = ["resnet18", "resnet18_dynamo", "mobilenet_v3_small", "squeezenet1_1", "efficientnet_b0", "lraspp_segmenter",
-         "vit_tiny", "bert_tiny", "distilbert_tiny", "hf_vit_tiny", "class_token_encoder", "lstm", "mlp", "mlp_dynamo",
-         "centred (mixes)", "batch_attention (mixes)"]
-LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
-         "vgg19", "zfnet512"]
+TORCH = [
+    "resnet18",
+    "resnet18_dynamo",
+    "mobilenet_v3_small",
+    "squeezenet1_1",
+    "efficientnet_b0",
+    "lraspp_segmenter",
+    "vit_tiny",
+    "bert_tiny",
+    "distilbert_tiny",
+    "hf_vit_tiny",
+    "class_token_encoder",
+    "lstm",
+    "mlp",
+    "mlp_dynamo",
+    "centred (mixes)",
+    "batch_attention (mixes)",
+]
+LIGHT = [
+    "bvlc_alexnet",
+    "densenet121",
+    "inception_v1",
+    "inception_v2",
+    "resnet50",
+    "shufflenet",
+    "squeezenet",
+    "vgg19",
+    "zfnet512",
+]
 
 
 @dataclass
@@ -54,6 +81,7 @@ def floats(*shape: int) -> Callable[[int, int], list[np.ndarray]]:
 
 def tokens(length: int, vocab: int, mask: bool) -> Callable[[int, int], list[np.ndarray]]:
     """Token ids and, where the model takes one, an attention mask with padding at the end."""
+
     def make(n: int, seed: int) -> list[np.ndarray]:
         rng = np.random.default_rng(seed)
         ids = rng.integers(1, vocab, (n, length)).astype(np.int64)
@@ -61,14 +89,16 @@ def tokens(length: int, vocab: int, mask: bool) -> Callable[[int, int], list[np.
             return [ids]
         m = np.ones((n, length), np.int64)
         for k in range(n):
-            m[k, length - int(rng.integers(0, length // 2)):] = 0
+            m[k, length - int(rng.integers(0, length // 2)) :] = 0
         return [ids, m]
+
     return make
 
 
 # --- torch -------------------------------------------------------------------------------------------
-def _export(module: Any, args: tuple[Any, ...], path: Path, names: list[str], outs: list[str],
-            dynamo: bool = False) -> None:
+def _export(
+    module: Any, args: tuple[Any, ...], path: Path, names: list[str], outs: list[str], dynamo: bool = False
+) -> None:
     import torch
 
     module.eval()
@@ -79,16 +109,39 @@ def _export(module: Any, args: tuple[Any, ...], path: Path, names: list[str], ou
         if dynamo:
             batch = torch.export.Dim("batch", min=1, max=1024)
             shapes = tuple({0: batch} for _ in args)  # by position: forward's own argument names vary
-            torch.onnx.export(module, args, str(path), input_names=names, output_names=outs, dynamo=True,
-                              dynamic_shapes=shapes, external_data=False)
+            torch.onnx.export(
+                module,
+                args,
+                str(path),
+                input_names=names,
+                output_names=outs,
+                dynamo=True,
+                dynamic_shapes=shapes,
+                external_data=False,
+            )
         else:
             axes = {n: {0: "batch"} for n in [*names, *outs]}
-            torch.onnx.export(module, args, str(path), input_names=names, output_names=outs, dynamic_axes=axes,
-                              opset_version=17, dynamo=False)
+            torch.onnx.export(
+                module,
+                args,
+                str(path),
+                input_names=names,
+                output_names=outs,
+                dynamic_axes=axes,
+                opset_version=17,
+                dynamo=False,
+            )
 
 
-def _torch_models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, ...], list[str], list[str]]],
-                                       Callable[[int, int], list[np.ndarray]], bool]]:
+def _torch_models() -> dict[
+    str,
+    tuple[
+        str,
+        Callable[[], tuple[Any, tuple[Any, ...], list[str], list[str]]],
+        Callable[[int, int], list[np.ndarray]],
+        bool,
+    ],
+]:
     """name -> (exporter, make (module, example args, input names, output names), rows, dynamo)."""
     import torch
     import torchvision
@@ -142,8 +195,11 @@ def _torch_models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, .
             if kind == "bert":
                 model = tr.BertModel(tr.BertConfig(vocab_size=100, max_position_embeddings=64, **small))
             elif kind == "distilbert":
-                model = tr.DistilBertModel(tr.DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=2,
-                                                               hidden_dim=64, max_position_embeddings=64))
+                model = tr.DistilBertModel(
+                    tr.DistilBertConfig(
+                        vocab_size=100, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64
+                    )
+                )
             else:
                 model = tr.ViTModel(tr.ViTConfig(image_size=32, patch_size=8, num_channels=3, **small))
             model.config.return_dict = False
@@ -151,6 +207,7 @@ def _torch_models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, .
                 return (Wrapped(model), (torch.randn(2, 3, 32, 32),), ["pixel_values"], ["hidden"])
             ids = torch.randint(1, 100, (2, 12))
             return (Wrapped(model), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"], ["hidden"])
+
         return make
 
     class Wrapped(nn.Module):
@@ -163,41 +220,97 @@ def _torch_models() -> dict[str, tuple[str, Callable[[], tuple[Any, tuple[Any, .
 
     torch.manual_seed(0)
     return {
-        "resnet18": ("torchvision, torch.onnx (TorchScript)", tv(lambda: torchvision.models.resnet18()),
-                     floats(3, 64, 64), False),
-        "resnet18_dynamo": ("torchvision, torch.onnx (dynamo)", tv(lambda: torchvision.models.resnet18()),
-                            floats(3, 64, 64), True),
-        "mobilenet_v3_small": ("torchvision, torch.onnx (TorchScript)",
-                               tv(lambda: torchvision.models.mobilenet_v3_small()), floats(3, 64, 64), False),
-        "squeezenet1_1": ("torchvision, torch.onnx (TorchScript)", tv(lambda: torchvision.models.squeezenet1_1()),
-                          floats(3, 64, 64), False),
-        "efficientnet_b0": ("torchvision, torch.onnx (TorchScript)",
-                            tv(lambda: torchvision.models.efficientnet_b0()), floats(3, 64, 64), False),
-        "lraspp_segmenter": ("torchvision, torch.onnx (TorchScript)",
-                             lambda: (Seg(torchvision.models.segmentation.lraspp_mobilenet_v3_large(
-                                 weights=None, weights_backbone=None)), (torch.randn(2, 3, 64, 64),), ["image"],
-                                 ["mask"]), floats(3, 64, 64), False),
-        "vit_tiny": ("torchvision, torch.onnx (TorchScript)",
-                     tv(lambda: torchvision.models.VisionTransformer(32, 8, 2, 2, 32, 64, num_classes=10), 32),
-                     floats(3, 32, 32), False),
+        "resnet18": (
+            "torchvision, torch.onnx (TorchScript)",
+            tv(lambda: torchvision.models.resnet18()),
+            floats(3, 64, 64),
+            False,
+        ),
+        "resnet18_dynamo": (
+            "torchvision, torch.onnx (dynamo)",
+            tv(lambda: torchvision.models.resnet18()),
+            floats(3, 64, 64),
+            True,
+        ),
+        "mobilenet_v3_small": (
+            "torchvision, torch.onnx (TorchScript)",
+            tv(lambda: torchvision.models.mobilenet_v3_small()),
+            floats(3, 64, 64),
+            False,
+        ),
+        "squeezenet1_1": (
+            "torchvision, torch.onnx (TorchScript)",
+            tv(lambda: torchvision.models.squeezenet1_1()),
+            floats(3, 64, 64),
+            False,
+        ),
+        "efficientnet_b0": (
+            "torchvision, torch.onnx (TorchScript)",
+            tv(lambda: torchvision.models.efficientnet_b0()),
+            floats(3, 64, 64),
+            False,
+        ),
+        "lraspp_segmenter": (
+            "torchvision, torch.onnx (TorchScript)",
+            lambda: (
+                Seg(torchvision.models.segmentation.lraspp_mobilenet_v3_large(weights=None, weights_backbone=None)),
+                (torch.randn(2, 3, 64, 64),),
+                ["image"],
+                ["mask"],
+            ),
+            floats(3, 64, 64),
+            False,
+        ),
+        "vit_tiny": (
+            "torchvision, torch.onnx (TorchScript)",
+            tv(lambda: torchvision.models.VisionTransformer(32, 8, 2, 2, 32, 64, num_classes=10), 32),
+            floats(3, 32, 32),
+            False,
+        ),
         "bert_tiny": ("transformers BertModel, torch.onnx (TorchScript)", hf("bert"), tokens(12, 100, True), False),
-        "distilbert_tiny": ("transformers DistilBertModel, torch.onnx (TorchScript)", hf("distilbert"),
-                            tokens(12, 100, True), False),
+        "distilbert_tiny": (
+            "transformers DistilBertModel, torch.onnx (TorchScript)",
+            hf("distilbert"),
+            tokens(12, 100, True),
+            False,
+        ),
         "hf_vit_tiny": ("transformers ViTModel, torch.onnx (TorchScript)", hf("vit"), floats(3, 32, 32), False),
-        "class_token_encoder": ("torch.nn, torch.onnx (TorchScript)",
-                                lambda: (Classifier(), (torch.randn(2, 6, 16),), ["x"], ["logits"]), floats(6, 16),
-                                False),
-        "lstm": ("torch.nn, torch.onnx (TorchScript)", lambda: (Lstm(), (torch.randn(2, 10, 8),), ["x"], ["y"]),
-                 floats(10, 8), False),
-        "mlp": ("torch.nn, torch.onnx (TorchScript)", lambda: (Mlp(), (torch.randn(2, 16),), ["x"], ["y"]),
-                floats(16), False),
-        "mlp_dynamo": ("torch.nn, torch.onnx (dynamo)", lambda: (Mlp(), (torch.randn(2, 16),), ["x"], ["y"]),
-                       floats(16), True),
-        "centred (mixes)": ("torch.nn, torch.onnx (TorchScript)",
-                            lambda: (Centred(), (torch.randn(2, 16),), ["x"], ["y"]), floats(16), False),
-        "batch_attention (mixes)": ("torch.nn, torch.onnx (TorchScript)",
-                                    lambda: (BatchAttention(), (torch.randn(2, 16),), ["x"], ["y"]), floats(16),
-                                    False),
+        "class_token_encoder": (
+            "torch.nn, torch.onnx (TorchScript)",
+            lambda: (Classifier(), (torch.randn(2, 6, 16),), ["x"], ["logits"]),
+            floats(6, 16),
+            False,
+        ),
+        "lstm": (
+            "torch.nn, torch.onnx (TorchScript)",
+            lambda: (Lstm(), (torch.randn(2, 10, 8),), ["x"], ["y"]),
+            floats(10, 8),
+            False,
+        ),
+        "mlp": (
+            "torch.nn, torch.onnx (TorchScript)",
+            lambda: (Mlp(), (torch.randn(2, 16),), ["x"], ["y"]),
+            floats(16),
+            False,
+        ),
+        "mlp_dynamo": (
+            "torch.nn, torch.onnx (dynamo)",
+            lambda: (Mlp(), (torch.randn(2, 16),), ["x"], ["y"]),
+            floats(16),
+            True,
+        ),
+        "centred (mixes)": (
+            "torch.nn, torch.onnx (TorchScript)",
+            lambda: (Centred(), (torch.randn(2, 16),), ["x"], ["y"]),
+            floats(16),
+            False,
+        ),
+        "batch_attention (mixes)": (
+            "torch.nn, torch.onnx (TorchScript)",
+            lambda: (BatchAttention(), (torch.randn(2, 16),), ["x"], ["y"]),
+            floats(16),
+            False,
+        ),
     }
 
 
@@ -221,8 +334,12 @@ def _ocr(folder: Path) -> dict[str, Path] | str:
     wheels = folder / "wheels"
     found = list(wheels.glob("rapidocr_onnxruntime-*.whl")) if wheels.is_dir() else []
     if not found:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", RAPIDOCR, "-d", str(wheels),
-                               "-q"], capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", RAPIDOCR, "-d", str(wheels), "-q"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         found = list(wheels.glob("rapidocr_onnxruntime-*.whl"))
         if not found:
             return f"pip download {RAPIDOCR} failed: {done.stderr.strip()[-200:]}"
@@ -284,19 +401,26 @@ def build(folder: Path, only: list[str] | None = None, skipped: dict[str, str] |
             shapes = {"ppocr_v4_det": (3, 64, 64), "ppocr_v4_rec": (3, 48, 96), "ppocr_cls": (3, 48, 192)}
             for name, path in ocr.items():
                 if want(name):
-                    entries.append(Entry(name, "paddle2onnx (rapidocr-onnxruntime 1.4.4's wheel)", path,
-                                         floats(*shapes[name])))
+                    entries.append(
+                        Entry(name, "paddle2onnx (rapidocr-onnxruntime 1.4.4's wheel)", path, floats(*shapes[name]))
+                    )
     for name in LIGHT:
         if want(f"light_{name}"):
             path = _light(name)
-            entries.append(Entry(f"light_{name}", "onnx wheel backend/test/data/light (batch 1)", path,
-                                 _light_rows(path), batch_one=True))
+            entries.append(
+                Entry(
+                    f"light_{name}",
+                    "onnx wheel backend/test/data/light (batch 1)",
+                    path,
+                    _light_rows(path),
+                    batch_one=True,
+                )
+            )
     return entries
 
 
 # --- the truth ------------------------------------------------------------------------------------
-def alone_vs_together(session: Any, rows: Callable[[int, int], list[np.ndarray]], n: int = 4,
-                      seed: int = 0) -> float:
+def alone_vs_together(session: Any, rows: Callable[[int, int], list[np.ndarray]], n: int = 4, seed: int = 0) -> float:
     """The largest difference between ``n`` rows run together and each run alone, over every
     output, relative to the output's size where it is over 1 (0 for a model that keeps its
     rows apart, up to float noise)."""
@@ -305,9 +429,9 @@ def alone_vs_together(session: Any, rows: Callable[[int, int], list[np.ndarray]]
     together = session.run(None, dict(zip(names, xs)))
     worst = 0.0
     for k in range(n):
-        alone = session.run(None, dict(zip(names, [x[k:k + 1] for x in xs])))
+        alone = session.run(None, dict(zip(names, [x[k : k + 1] for x in xs])))
         for t, a in zip(together, alone):
-            t, a = np.asarray(t, np.float64)[k:k + 1], np.asarray(a, np.float64)
+            t, a = np.asarray(t, np.float64)[k : k + 1], np.asarray(a, np.float64)
             if t.shape != a.shape:
                 return float("inf")
             # relative to the output's size, but never below 1: values near 0 (a detector's

@@ -31,8 +31,13 @@ def model(dim: int = 1024, layers: int = 8):
         out = "y" if k == layers - 1 else f"h{k}"
         nodes.append(helper.make_node("Relu", [f"m{k}"], [out]))
         prev = out
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], inits)
+    g = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
+        inits,
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -74,16 +79,25 @@ def main() -> int:
     x = np.random.default_rng(1).standard_normal((64, 1024)).astype(np.float32)
     ref = cpu(x)[0]
     out = gpu(x)[0]
-    rows.append(("CUDA vs CPU (numpy in/out)", f"max abs diff {np.abs(out - ref).max():.2e}",
-                 "ok" if np.allclose(out, ref, rtol=1e-3, atol=1e-3) else "MISMATCH"))
+    rows.append(
+        (
+            "CUDA vs CPU (numpy in/out)",
+            f"max abs diff {np.abs(out - ref).max():.2e}",
+            "ok" if np.allclose(out, ref, rtol=1e-3, atol=1e-3) else "MISMATCH",
+        )
+    )
 
     xt = torch.from_numpy(x).cuda()
     bound = gpu.bind(xt, outputs="torch")
     (yt,) = bound()
     torch.cuda.synchronize()
-    rows.append(("bound torch CUDA in/out", f"output on {yt.device}, max abs diff "
-                 f"{np.abs(yt.cpu().numpy() - ref).max():.2e}",
-                 "ok" if yt.is_cuda and np.allclose(yt.cpu().numpy(), ref, rtol=1e-3, atol=1e-3) else "MISMATCH"))
+    rows.append(
+        (
+            "bound torch CUDA in/out",
+            f"output on {yt.device}, max abs diff {np.abs(yt.cpu().numpy() - ref).max():.2e}",
+            "ok" if yt.is_cuda and np.allclose(yt.cpu().numpy(), ref, rtol=1e-3, atol=1e-3) else "MISMATCH",
+        )
+    )
     (yt2,) = bound()
     rows.append(("output buffer reused", str(yt2.data_ptr() == yt.data_ptr()), ""))
 
@@ -105,8 +119,10 @@ def main() -> int:
         ("host<->device copies avoided per call", f"4 ({copies_mb:.2f} MB)", ""),
     ]
     table = ["| check | result | |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
-    text = (f"device_check on {torch.cuda.get_device_name(0)}, onnxruntime {ort.__version__}, "
-            f"{time.strftime('%Y-%m-%d')}\n\n" + "\n".join(table))
+    text = (
+        f"device_check on {torch.cuda.get_device_name(0)}, onnxruntime {ort.__version__}, "
+        f"{time.strftime('%Y-%m-%d')}\n\n" + "\n".join(table)
+    )
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "device_check.md").write_text(text + "\n")

@@ -71,8 +71,10 @@ def main() -> int:
         if args.verbose and (seed - args.start) % 1000 == 999:
             print(f"{seed - args.start + 1} cases, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     took = time.perf_counter() - t0
-    print(f"{args.count} inputs (seeds {args.start}..{args.start + args.count - 1}) in {took:.0f} s"
-          + (f"; {refused} refused by protobuf, {args.count - refused} cases" if args.harness else ""))
+    print(
+        f"{args.count} inputs (seeds {args.start}..{args.start + args.count - 1}) in {took:.0f} s"
+        + (f"; {refused} refused by protobuf, {args.count - refused} cases" if args.harness else "")
+    )
     for cat, n in counts.most_common():
         known = sum(k for (c, _), k in why.items() if c == cat)
         print(f"  {cat:32} {n:6}" + (f"   ({known} deliberate, {n - known} not)" if known else ""))

@@ -285,8 +285,15 @@ def make_case(seed: int) -> Case:
 
 
 def _flags(r: random.Random) -> dict:
-    names = ("rename_nodes", "rename_edges", "rename_inputs", "rename_outputs", "rename_initializers",
-             "rename_value_infos", "rename_functions")
+    names = (
+        "rename_nodes",
+        "rename_edges",
+        "rename_inputs",
+        "rename_outputs",
+        "rename_initializers",
+        "rename_value_infos",
+        "rename_functions",
+    )
     return {k: False for k in names if r.random() < 0.15}
 
 

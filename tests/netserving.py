@@ -26,10 +26,18 @@ import fastseq
 
 #: every KServe datatype and the ONNX type it carries
 TYPES = {
-    "BOOL": TensorProto.BOOL, "UINT8": TensorProto.UINT8, "UINT16": TensorProto.UINT16,
-    "UINT32": TensorProto.UINT32, "UINT64": TensorProto.UINT64, "INT8": TensorProto.INT8,
-    "INT16": TensorProto.INT16, "INT32": TensorProto.INT32, "INT64": TensorProto.INT64,
-    "FP16": TensorProto.FLOAT16, "FP32": TensorProto.FLOAT, "FP64": TensorProto.DOUBLE,
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
     "BYTES": TensorProto.STRING,
 }
 
@@ -47,13 +55,15 @@ def cnn() -> onnx.ModelProto:
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
 
     return _model(
-        [helper.make_node("Conv", ["image", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["c1"], ["r1"]),
-         helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
-         helper.make_node("Relu", ["c2"], ["r2"]),
-         helper.make_node("GlobalAveragePool", ["r2"], ["pooled"]),
-         helper.make_node("Flatten", ["pooled"], ["features"], axis=1),
-         helper.make_node("Gemm", ["features", "w3", "b3"], ["logits"], transB=1)],
+        [
+            helper.make_node("Conv", ["image", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c2"], ["r2"]),
+            helper.make_node("GlobalAveragePool", ["r2"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["features"], axis=1),
+            helper.make_node("Gemm", ["features", "w3", "b3"], ["logits"], transB=1),
+        ],
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 20, 20])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
         [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("w3", 10, 8), w("b3", 10)],
@@ -74,16 +84,22 @@ def several() -> onnx.ModelProto:
     """x float [N, 4] and k int64 [N, 1]: total = x + k (float), doubled = 2k (int64), norm = |x|^2 [N, 1]."""
     two = numpy_helper.from_array(np.array(2, np.int64), "two")
     return _model(
-        [helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT),
-         helper.make_node("Add", ["x", "kf"], ["total"]),
-         helper.make_node("Mul", ["k", "two"], ["doubled"]),
-         helper.make_node("Mul", ["x", "x"], ["sq"]),
-         helper.make_node("ReduceSum", ["sq", "axes"], ["norm"], keepdims=1)],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
-         helper.make_tensor_value_info("k", TensorProto.INT64, ["N", 1])],
-        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N", 4]),
-         helper.make_tensor_value_info("doubled", TensorProto.INT64, ["N", 1]),
-         helper.make_tensor_value_info("norm", TensorProto.FLOAT, ["N", 1])],
+        [
+            helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["x", "kf"], ["total"]),
+            helper.make_node("Mul", ["k", "two"], ["doubled"]),
+            helper.make_node("Mul", ["x", "x"], ["sq"]),
+            helper.make_node("ReduceSum", ["sq", "axes"], ["norm"], keepdims=1),
+        ],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, ["N", 1]),
+        ],
+        [
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("doubled", TensorProto.INT64, ["N", 1]),
+            helper.make_tensor_value_info("norm", TensorProto.FLOAT, ["N", 1]),
+        ],
         [two, numpy_helper.from_array(np.array([1], np.int64), "axes")],
     )
 
@@ -92,35 +108,46 @@ def busy(convs: int = 10, size: int = 256) -> onnx.ModelProto:
     """x [N, 1] -> a [N, 16, size, size] map of it -> ``convs`` 3x3 convs -> its mean, y [N, 1]:
     each row costs the same whatever its value (about 25 ms a conv here), one row included."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("Reshape", ["x", "as_map"], ["x4"]),
-             helper.make_node("Expand", ["x4", "map"], ["h0"])]
-    inits = [numpy_helper.from_array(np.array([-1, 1, 1, 1], np.int64), "as_map"),
-             numpy_helper.from_array(np.array([1, 16, size, size], np.int64), "map"),
-             numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.05).astype(np.float32), "w"),
-             numpy_helper.from_array(np.array([1, 2, 3], np.int64), "axes")]
+    nodes = [helper.make_node("Reshape", ["x", "as_map"], ["x4"]), helper.make_node("Expand", ["x4", "map"], ["h0"])]
+    inits = [
+        numpy_helper.from_array(np.array([-1, 1, 1, 1], np.int64), "as_map"),
+        numpy_helper.from_array(np.array([1, 16, size, size], np.int64), "map"),
+        numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.05).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([1, 2, 3], np.int64), "axes"),
+    ]
     for k in range(convs):
         nodes.append(helper.make_node("Conv", [f"h{k}", "w"], [f"h{k + 1}"], pads=[1, 1, 1, 1]))
     nodes.append(helper.make_node("ReduceMean", [f"h{convs}", "axes"], ["y0"], keepdims=0))
     nodes.append(helper.make_node("Unsqueeze", ["y0", "one"], ["y"]))
     inits.append(numpy_helper.from_array(np.array([1], np.int64), "one"))
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], inits, opset=18)
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        inits,
+        opset=18,
+    )
 
 
 def lookup() -> onnx.ModelProto:
     """idx int64 [N, 1] -> y = 10 * idx [N, 1], by a Gather from a table of 5: an index of 5 or
     more fails in ONNX Runtime, at run time (no check before can see it)."""
     table = numpy_helper.from_array(np.arange(5, dtype=np.float32) * 10, "table")
-    return _model([helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)],
-                  [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N", 1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [table])
+    return _model(
+        [helper.make_node("Gather", ["table", "idx"], ["y"], axis=0)],
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        [table],
+    )
 
 
 def mixing() -> onnx.ModelProto:
     """Softmax over the batch axis: a row's output depends on the other rows."""
-    return _model([helper.make_node("Softmax", ["x"], ["y"], axis=0)],
-                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    return _model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
 
 
 def pipe(model: onnx.ModelProto, **kwargs) -> fastseq.ONNXSequential:
@@ -166,9 +193,14 @@ class Process:
     """``fastseq serve ARGS --port 0`` in a process of its own: its port once listening."""
 
     def __init__(self, *args: str, env: dict | None = None, cwd: Path | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "fastseq", "serve", *args, "--port", "0"],
-                                     stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})}, cwd=cwd)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fastseq", "serve", *args, "--port", "0"],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+        )
         self.lines: list[str] = []
         self.port = self.grpc_port = None
         self._listening = threading.Event()
@@ -199,8 +231,9 @@ class Process:
         return self.proc.wait(timeout)
 
 
-def wrong_answers(connect, make_input, pipe, rows, model: str = "cnn", input_name: str = "image",
-                  output: str = "logits") -> list[tuple[int, int]]:
+def wrong_answers(
+    connect, make_input, pipe, rows, model: str = "cnn", input_name: str = "image", output: str = "logits"
+) -> list[tuple[int, int]]:
     """Callers at once, one per ``rows[k]``, each on a connection of its own (``connect()``),
     sending its requests ``rows[k][j]`` (any number of rows each, 0 included) one after
     another; the (k, j) of each answer that is not what ``pipe(x)`` gives, shape included."""
@@ -278,5 +311,6 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def infer_json(name: str, x: np.ndarray, datatype: str = "FP32", input_name: str = "image") -> bytes:
-    return json.dumps({"inputs": [{"name": input_name, "shape": list(x.shape), "datatype": datatype,
-                                   "data": x.reshape(-1).tolist()}]}).encode()
+    return json.dumps(
+        {"inputs": [{"name": input_name, "shape": list(x.shape), "datatype": datatype, "data": x.reshape(-1).tolist()}]}
+    ).encode()

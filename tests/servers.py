@@ -140,8 +140,12 @@ def serve_hub(root: Path) -> _Server:
             self.owner.requests.append((self.command, self.path, dict(self.headers)))
             base = root / org / repo / folder
             entries = [
-                {"type": "file" if p.is_file() else "directory", "path": f"{folder}/{p.name}",
-                 "oid": "0" * 40, "size": p.stat().st_size if p.is_file() else 0}
+                {
+                    "type": "file" if p.is_file() else "directory",
+                    "path": f"{folder}/{p.name}",
+                    "oid": "0" * 40,
+                    "size": p.stat().st_size if p.is_file() else 0,
+                }
                 for p in (sorted(base.iterdir()) if base.is_dir() else [])
             ]
             body = json.dumps(entries).encode()

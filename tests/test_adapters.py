@@ -38,7 +38,8 @@ def test_unsqueeze_matches_numpy_on_every_axis(short, k):
     long = short[:k] + [1] + short[k:]
     pipe = fastseq.Pipeline(
         {"a": identity(short, short, "a"), "b": identity(long, long, "b")},
-        edges=["a.y -> b.x"], adapt=True,
+        edges=["a.y -> b.x"],
+        adapt=True,
     )
     x = np.random.default_rng(k).standard_normal([3 if d == "N" else d for d in short]).astype(np.float32)
     (y,) = pipe(x)
@@ -71,7 +72,8 @@ def test_an_ambiguous_edge_lists_what_would_fit():
     with pytest.raises(fastseq.CompositionError) as info:
         fastseq.Pipeline(
             {"a": identity(["a", "b"], ["a", "b"], "a"), "b": identity(["c", "d", "e"], ["c", "d", "e"], "b")},
-            edges=["a.y -> b.x"], adapt=True,
+            edges=["a.y -> b.x"],
+            adapt=True,
         )
     text = str(info.value)
     assert "several adapters would fit (Unsqueeze of axis 0, Unsqueeze of axis 1, Unsqueeze of axis 2)" in text
@@ -101,15 +103,23 @@ def test_a_failing_adapter_names_its_edge():
 
     lying = identity(["N", "M", "K"], ["N", 1, "K"], "a")  # declares an axis of 1 it does not have
     b = helper.make_model(
-        helper.make_graph([helper.make_node("Identity", ["u"], ["v"])], "b",
-                          [helper.make_tensor_value_info("u", TensorProto.FLOAT, ["N", "K"])],
-                          [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["N", "K"])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        helper.make_graph(
+            [helper.make_node("Identity", ["u"], ["v"])],
+            "b",
+            [helper.make_tensor_value_info("u", TensorProto.FLOAT, ["N", "K"])],
+            [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["N", "K"])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     graph = fastseq.Pipeline({"a": lying, "b": b}, edges=["a.y -> b.u"], adapt=True)
     chain = fastseq.ONNXSequential(lying, b, adapt=True)
     x = np.ones((2, 3, 4), np.float32)
-    for pipe, edge in ((graph, "a.y -> b.u"), (pickle.loads(pickle.dumps(graph)), "a.y -> b.u"),
-                       (chain, "a (#0).y -> b (#1).u")):
+    for pipe, edge in (
+        (graph, "a.y -> b.u"),
+        (pickle.loads(pickle.dumps(graph)), "a.y -> b.u"),
+        (chain, "a (#0).y -> b (#1).u"),
+    ):
         with pytest.raises(fastseq.RunError) as info:
             pipe(x)
         text = str(info.value)

@@ -147,8 +147,10 @@ def test_a_thread_interrupted_while_it_waits_leaves_the_others_their_answers(mon
             same(got[k], pipe(inputs[k]))
 
 
-@pytest.mark.parametrize("when", ["while its batch runs", "once run, before its loop is called back",
-                                  "once answered, before the task resumes"])
+@pytest.mark.parametrize(
+    "when",
+    ["while its batch runs", "once run, before its loop is called back", "once answered, before the task resumes"],
+)
 def test_a_coroutine_cancelled_before_it_has_its_rows_raises_cancelled_error(monkeypatch, when):
     """Issue 37, item 4: a cancelled coroutine raises CancelledError, as asyncio's cancellation
     does, whenever the cancel lands before the task has resumed with its rows: while a slow
@@ -258,8 +260,9 @@ def test_the_batchers_own_session_does_not_spin_and_follows_the_pipelines():
     spinning.add_session_config_entry("session.intra_op.allow_spinning", "1")
     spinning_pipe = light_heavy(session_options=spinning)
     with spinning_pipe.batcher() as b:  # the caller's own choice stands, on the pipeline's own session
-        assert b._serving.session.get_session_options().get_session_config_entry(
-            "session.intra_op.allow_spinning") == "1"
+        assert (
+            b._serving.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+        )
         assert b._serving is spinning_pipe.runner
     with pipe.batcher(spinning=False) as b:  # coroutines' batches too on the spinning-off session
         assert b._runner(True) is pipe.engine.batch_runner() is not pipe.runner
@@ -300,6 +303,7 @@ def test_a_batcher_of_coroutines_alone_never_makes_a_second_session():
     weights once; the batchers' own session comes with the first batch that has a thread."""
     pipe = light_heavy()
     with pipe.batcher() as b:
+
         async def coroutines():
             return await asyncio.gather(*(b.run_async(rows(k + 1)) for k in range(4)))
 
@@ -334,8 +338,9 @@ def test_the_batchers_own_session_starts_from_the_session_cache(tmp_path):
     assert pipe.session_info["cache"] == "stored"
     with pipe.batcher() as b:
         assert b._serving.session is not pipe.get_session()
-        assert b._serving.session.get_session_options().get_session_config_entry(
-            "session.intra_op.allow_spinning") == "0"
+        assert (
+            b._serving.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        )
         same(b(rows(3)), pipe(rows(3)))
     again = light_heavy(session_cache=tmp_path / "cache")  # a hit: its own session too
     assert again.session_info["cache"] == "hit"
@@ -405,23 +410,40 @@ def test_run_all_joins_what_shares_a_key_and_keeps_each_answer_its_own():
     from onnx import TensorProto as T
     from onnx import helper, numpy_helper
 
-    ident = helper.make_model(helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", T.FLOAT, ["N", "W"])],
-        [helper.make_tensor_value_info("y", T.FLOAT, ["N", "W"])]), opset_imports=[helper.make_opsetid("", 17)],
-        ir_version=8)
+    ident = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", T.FLOAT, ["N", "W"])],
+            [helper.make_tensor_value_info("y", T.FLOAT, ["N", "W"])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     p = fastseq.ONNXSequential(ident)
-    feeds = [{"x": np.full((1, 2), k, np.float32)} for k in range(5)] + [{"x": np.ones((2, 3), np.float32)},
-                                                                         {"x": np.zeros((1, 2), np.float64)}]
+    feeds = [{"x": np.full((1, 2), k, np.float32)} for k in range(5)] + [
+        {"x": np.ones((2, 3), np.float32)},
+        {"x": np.zeros((1, 2), np.float64)},
+    ]
     answers = batches.run_all(p.runner, feeds, 2)
     for f, a in zip(feeds[:6], answers[:6]):
         np.testing.assert_array_equal(a[0], f["x"])
     assert isinstance(answers[6], fastseq.InputError)  # float64 for float32: refused for that request alone
     table = numpy_helper.from_array(np.arange(5, dtype=np.float32), "table")
-    lookup = helper.make_model(helper.make_graph(
-        [helper.make_node("Gather", ["table", "i"], ["y"], axis=0)], "g",
-        [helper.make_tensor_value_info("i", T.INT64, ["N", 1])], [helper.make_tensor_value_info("y", T.FLOAT, ["N", 1])],
-        [table]), opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    lookup = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Gather", ["table", "i"], ["y"], axis=0)],
+            "g",
+            [helper.make_tensor_value_info("i", T.INT64, ["N", 1])],
+            [helper.make_tensor_value_info("y", T.FLOAT, ["N", 1])],
+            [table],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     q = fastseq.ONNXSequential(lookup)
-    answers = batches.run_all(q.runner, [{"i": np.array([[1]])}, {"i": np.array([[9]])}, {"i": np.array([[2], [3]])}], 8)
+    answers = batches.run_all(
+        q.runner, [{"i": np.array([[1]])}, {"i": np.array([[9]])}, {"i": np.array([[2], [3]])}], 8
+    )
     assert answers[0][0].tolist() == [[1.0]] and answers[2][0].tolist() == [[2.0], [3.0]]
     assert isinstance(answers[1], fastseq.RunError)

@@ -34,15 +34,21 @@ def matmuls(n: int, dim: int = 128, seed: int = 0, batch: str | int | None = "N"
         out = "y" if k == n - 1 else f"h{k}"
         nodes.append(helper.make_node("MatMul", [prev, "w"], [out], name=f"mm{k}"))
         prev = out
-    g = helper.make_graph(nodes, f"mm{n}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dim])], [w])
+    g = helper.make_graph(
+        nodes,
+        f"mm{n}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, dim])],
+        [w],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def light_heavy(**kwargs) -> fastseq.Pipeline:
     """Two stages, the second doing ten times the work of the first."""
-    return fastseq.Pipeline({"light": matmuls(1, seed=1), "heavy": matmuls(10, seed=2)},
-                            edges=["light.y -> heavy.x"], **kwargs)
+    return fastseq.Pipeline(
+        {"light": matmuls(1, seed=1), "heavy": matmuls(10, seed=2)}, edges=["light.y -> heavy.x"], **kwargs
+    )
 
 
 def slow_model(intra_op_threads: int) -> fastseq.ONNXSequential:
@@ -53,13 +59,19 @@ def slow_model(intra_op_threads: int) -> fastseq.ONNXSequential:
         nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
         prev = f"h{k}"
     nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    g = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])], [w])
+    g = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])],
+        [w],
+    )
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = intra_op_threads
-    return fastseq.ONNXSequential(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
-                                  session_options=options)
+    return fastseq.ONNXSequential(
+        helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), session_options=options
+    )
 
 
 def rows(k: int, dim: int = 128, seed: int = 0) -> np.ndarray:
@@ -74,6 +86,7 @@ def same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 
 
 # --- profiles -----------------------------------------------------------------------------------
+
 
 def run_in_thread(call, timeout: float = 60):
     """``call()`` in a thread of its own, failing the test (not hanging it) past ``timeout``."""
@@ -92,6 +105,7 @@ def run_in_thread(call, timeout: float = 60):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
 
 def test_profile_maps_the_time_back_to_the_stages_and_their_own_node_names():
     pipe = light_heavy()
@@ -123,7 +137,9 @@ def test_profile_table_dict_and_drawing():
     assert not options.enable_profiling  # the pipeline's options are its own again
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     table = str(p)
-    assert f"{p.hottest.name} (hottest)" in table and "light" in table and "heavy" in table and "(between stages)" in table
+    assert (
+        f"{p.hottest.name} (hottest)" in table and "light" in table and "heavy" in table and "(between stages)" in table
+    )
     assert "mm0 (MatMul)" in table
     data = json.loads(json.dumps(p.to_dict()))
     assert data["hottest"] == p.hottest.name and [s["name"] for s in data["stages"]] == ["light", "heavy"]
@@ -146,10 +162,15 @@ def test_profile_of_a_chain_names_its_models_and_counts_adapters_between_stages(
     assert [(s.name, s.nodes) for s in p.stages] == [(seq.engine.labels[0], 2), (seq.engine.labels[1], 3)]
     # An adapter the merge inserts between stages (here a Cast) belongs to no stage.
     as_double = helper.make_model(
-        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "d",
-                          [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 128])],
-                          [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 128])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            "d",
+            [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 128])],
+            [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 128])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     pipe = fastseq.Pipeline({"a": matmuls(1), "b": as_double}, edges=["a.y -> b.x"], adapt=True)
     p = pipe.profile(rows(2), runs=2, warmup=1)
     assert [s.nodes for s in p.stages] == [1, 1]
@@ -159,10 +180,15 @@ def test_profile_of_a_chain_names_its_models_and_counts_adapters_between_stages(
 def test_a_stage_node_named_like_an_adapter_is_still_the_stages_work():
     # The core says which nodes it inserted; a name is not the test.
     lookalike = helper.make_model(
-        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="fastseq/adapt0/Cast")], "d",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="fastseq/adapt0/Cast")],
+            "d",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     pipe = fastseq.Pipeline({"a": matmuls(1), "b": lookalike}, edges=["a.y -> b.x"])
     p = pipe.profile(rows(2), runs=2, warmup=1)
     assert [s.nodes for s in p.stages] == [1, 1]
@@ -199,8 +225,9 @@ def test_cli_profile_prints_the_table(tmp_path):
     np.save(tmp_path / "x.npy", rows(4))
 
     def fastseq_cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path,
-                              timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        )
 
     r = fastseq_cli("profile", "pipeline.toml", "--input", "x=x.npy", "--runs", "3", "--warmup", "1")
     assert r.returncode == 0, r.stderr
@@ -340,8 +367,9 @@ def test_batcher_under_64_coroutines_with_mixed_batch_sizes_and_named_inputs():
     expected = [pipe(x) for x in inputs]
 
     async def main(batcher):
-        return await asyncio.gather(*(batcher.run_async(x) if k % 2 else batcher.run_async(x=x)
-                                      for k, x in enumerate(inputs)))
+        return await asyncio.gather(
+            *(batcher.run_async(x) if k % 2 else batcher.run_async(x=x) for k, x in enumerate(inputs))
+        )
 
     with pipe.batcher(max_batch_size=16, max_delay_ms=5) as batcher:
         got = asyncio.run(main(batcher))
@@ -361,6 +389,7 @@ def test_batcher_fails_only_the_bad_request_before_joining():
     }
     results: dict = {}
     with pipe.batcher(max_batch_size=7, max_delay_ms=10_000) as batcher:  # the good ones fill one batch
+
         def call(key, *args, **named):
             try:
                 results[key] = batcher(*args, **named)
@@ -385,9 +414,13 @@ def test_batcher_fails_only_the_bad_request_before_joining():
 def gather_model() -> onnx.ModelProto:
     """y = table[i]: an index out of range fails the run (ONNX Runtime checks it)."""
     table = numpy_helper.from_array(np.arange(4, dtype=np.float32), "table")
-    g = helper.make_graph([helper.make_node("Gather", ["table", "i"], ["y"], name="lookup")], "gather",
-                          [helper.make_tensor_value_info("i", TensorProto.INT64, ["N"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])], [table])
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "i"], ["y"], name="lookup")],
+        "gather",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])],
+        [table],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -400,6 +433,7 @@ def test_a_joint_run_that_fails_is_run_again_per_request_so_only_the_bad_caller_
     indices.insert(7, np.array([99], np.int64))
     results: list = [None] * 16
     with pipe.batcher(max_batch_size=23, max_delay_ms=10_000) as batcher:  # all sixteen (23 rows) in one run
+
         def call(k):
             try:
                 results[k] = batcher(indices[k])
@@ -602,6 +636,7 @@ def test_coroutines_get_only_their_own_error_for_a_bad_request_before_or_in_the_
 
         async def again():  # the batcher goes on: a later batch of good requests, row for row
             return await asyncio.gather(*(batcher.run_async(i) for i in good + [good[0]]))
+
         for g, i in zip(asyncio.run(again()), good + [good[0]]):
             same(g, pipe(i))
     assert isinstance(wrong, fastseq.InputError) and "expects int64" in str(wrong)
@@ -686,10 +721,15 @@ def test_close_ends_the_worker_thread_after_the_batches_given_to_it():
 
 def test_requests_with_other_axes_or_too_many_rows_run_apart():
     wide = helper.make_model(
-        helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "relu",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "D"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "D"])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            "relu",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "D"])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "D"])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     pipe = fastseq.ONNXSequential(wide)
     inputs = [rows(1, dim=3, seed=1), rows(2, dim=5, seed=2), rows(9, dim=3, seed=3), rows(1, dim=3, seed=4)]
 
@@ -704,8 +744,11 @@ def test_requests_with_other_axes_or_too_many_rows_run_apart():
 def test_batcher_refuses_a_pipeline_without_a_shared_dynamic_batch_axis():
     with pytest.raises(fastseq.CompositionError, match="input 'x' has a fixed first axis"):
         fastseq.ONNXSequential(matmuls(1, batch=1)).batcher()
-    two = fastseq.Pipeline({"a": matmuls(1), "b": matmuls(1, batch="B")}, inputs={"xa": ["a.x"], "xb": ["b.x"]},
-                           outputs=["ya=a.y", "yb=b.y"])
+    two = fastseq.Pipeline(
+        {"a": matmuls(1), "b": matmuls(1, batch="B")},
+        inputs={"xa": ["a.x"], "xb": ["b.x"]},
+        outputs=["ya=a.y", "yb=b.y"],
+    )
     with pytest.raises(fastseq.CompositionError, match="first axes have different names"):
         two.batcher()
     with pytest.raises(ValueError, match="max_batch_size"):
@@ -718,12 +761,20 @@ def test_an_output_that_does_not_keep_the_rows_is_an_error_not_a_wrong_split():
     # checked and refused rather than handing out wrong rows.
     shape = numpy_helper.from_array(np.array([-1, 2], np.int64), "shape")
     total = helper.make_model(
-        helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], "reshape",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        helper.make_graph(
+            [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")],
+            "reshape",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+            [shape],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     pipe = fastseq.ONNXSequential(total)
-    with pytest.raises(fastseq.CompositionError, match=r"node 'reshape' \(Reshape\): output 'y' holds several entries per row"):
+    with pytest.raises(
+        fastseq.CompositionError, match=r"node 'reshape' \(Reshape\): output 'y' holds several entries per row"
+    ):
         pipe.batcher()
     with pipe.batcher(max_batch_size=2, max_delay_ms=10_000, row_independent=True) as batcher:
         results: list = [None, None]
@@ -741,6 +792,8 @@ def test_an_output_that_does_not_keep_the_rows_is_an_error_not_a_wrong_split():
             t.join()
     assert all(isinstance(r, fastseq.RunError) and "does not keep the batch axis" in str(r) for r in results)
     assert results[0] is not results[1]  # each caller raises its own
+
+
 def test_many_threads_calling_one_pipeline_get_what_one_thread_gets():
     pipe = light_heavy()
     inputs = [rows(1 + k % 3, seed=k) for k in range(16)]

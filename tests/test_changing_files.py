@@ -132,12 +132,7 @@ def test_linked_external_data_rewritten_after_load_is_refused_by_name(tmp_path):
 def folder_matches_its_model(folder: Path, name: str, extra: set[str] = frozenset()) -> set[str]:
     """Asserts the folder holds the model and exactly the data files it references."""
     model = onnx.load(str(folder / name), load_external_data=False)
-    referenced = {
-        e.value
-        for t in model.graph.initializer
-        for e in t.external_data
-        if e.key == "location"
-    }
+    referenced = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
     assert set(os.listdir(folder)) == {name, *referenced, *extra}
     return referenced
 
@@ -328,7 +323,9 @@ def test_external_data_sizes_follow_dtype_and_dims(tmp_path, tensor, nbytes):
     onnx.checker.check_model(merged)
     if nbytes:  # one byte less than the dims need is refused
         with_entries(path, length=str(nbytes - 1))
-        with pytest.raises(fastseq.LoadError, match=f"needs {nbytes} bytes but its external data in 'm.bin' has length {nbytes - 1}"):
+        with pytest.raises(
+            fastseq.LoadError, match=f"needs {nbytes} bytes but its external data in 'm.bin' has length {nbytes - 1}"
+        ):
             fastseq.compose([path])
 
 
@@ -347,7 +344,10 @@ def test_inline_raw_data_of_the_wrong_size_is_a_load_error():
     it gave a model that fastseq (and ONNX Runtime) then refused."""
     model = scale_model(2.0, shape=(2, 256))
     model.graph.initializer[0].raw_data = model.graph.initializer[0].raw_data[:8]
-    with pytest.raises(fastseq.LoadError, match=r"tensor 'c' \(float \[256\]\) holds 8 bytes of raw_data but its type and dims need 1024"):
+    with pytest.raises(
+        fastseq.LoadError,
+        match=r"tensor 'c' \(float \[256\]\) holds 8 bytes of raw_data but its type and dims need 1024",
+    ):
         fastseq.compose([model])
     with pytest.raises(fastseq.LoadError, match="holds 8 bytes of raw_data"):
         fastseq.ONNXSequential(model.SerializeToString())

@@ -14,14 +14,19 @@ from conftest import scale_model
 
 
 def fastseq(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_demo_classifies_the_bundled_digits_without_network(tmp_path):
     r = fastseq("demo", "-o", str(tmp_path / "demo.onnx"))
     assert r.returncode == 0, r.stderr
     assert "prediction: 3 0 7 4 (4 of 4 right)" in r.stdout
-    assert "builtin:resize?size=8,8&mode=linear -> builtin:normalize?mean=0.5&std=0.5 -> builtin:flatten -> builtin:digits" in r.stdout
+    assert (
+        "builtin:resize?size=8,8&mode=linear -> builtin:normalize?mean=0.5&std=0.5 -> builtin:flatten -> builtin:digits"
+        in r.stdout
+    )
     onnx.checker.check_model(str(tmp_path / "demo.onnx"))
 
 
@@ -85,8 +90,10 @@ def int64_model(path) -> None:
         [helper.make_node("Add", ["ids", "ids"], ["twice"]), helper.make_node("Cast", ["twice"], ["f"], to=1)],
         "ids",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 3])],
-        [helper.make_tensor_value_info("twice", TensorProto.INT64, ["N", 3]),
-         helper.make_tensor_value_info("f", TensorProto.FLOAT, ["N", 3])],
+        [
+            helper.make_tensor_value_info("twice", TensorProto.INT64, ["N", 3]),
+            helper.make_tensor_value_info("f", TensorProto.FLOAT, ["N", 3]),
+        ],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
@@ -155,13 +162,14 @@ def test_run_input_names_are_checked(tmp_path):
     onnx.save(scale_model(2.0), tmp_path / "a.onnx")
     np.save(tmp_path / "x.npy", np.ones((2, 4), np.float32))
     r = fastseq("run", "a.onnx", "--input", "xx=x.npy", cwd=tmp_path)
-    assert r.returncode == 1 and r.stderr.strip() == "fastseq: error: 'xx' is not an input (did you mean 'x'?); inputs: x"
+    assert (
+        r.returncode == 1 and r.stderr.strip() == "fastseq: error: 'xx' is not an input (did you mean 'x'?); inputs: x"
+    )
     onnx.save(scale_model(3.0, inp="in"), tmp_path / "b.onnx")
     two = ["a.onnx", "b.onnx", "--io-map", ""]  # a joint without connections: two graph inputs
     r = fastseq("run", *two, "--input", "x.npy", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.strip() == (
-        "fastseq: error: --input 'x.npy': expected NAME=FILE.npy; the inputs are x: float32[2, 4], "
-        "in: float32[2, 4]"
+        "fastseq: error: --input 'x.npy': expected NAME=FILE.npy; the inputs are x: float32[2, 4], in: float32[2, 4]"
     )
 
 
@@ -172,9 +180,12 @@ def reshape_model(shape) -> onnx.ModelProto:
 
     s = numpy_helper.from_array(np.array(shape, np.int64), "s")
     g = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "r",
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+        "r",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [s])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [s],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -201,7 +212,9 @@ def error_workspace(root) -> None:
     stages = '[stages]\na = "a.onnx"\nb = "b.onnx"\n'
     (root / "garbage.toml").write_bytes(b"\xff\xfe\x00garbage\x80")
     (root / "deep.toml").write_text("edges = " + "[" * 5000 + "]" * 5000 + "\n" + stages)
-    (root / "deep_stage.toml").write_text('[stages]\na = { source = "a.onnx", sha256 = ' + "[" * 5000 + "]" * 5000 + " }\n")
+    (root / "deep_stage.toml").write_text(
+        '[stages]\na = { source = "a.onnx", sha256 = ' + "[" * 5000 + "]" * 5000 + " }\n"
+    )
     (root / "sha.toml").write_text('[stages]\na = { source = "a.onnx", sha256 = 5 }\n')
     (root / "edges3.toml").write_text("edges = 3\n" + stages)
     (root / "providers.toml").write_text('providers = "x"\n' + stages)
@@ -270,7 +283,10 @@ ERRORS = [
     (["profile", "a.onnx", "--input", "x=nope.npy"], "nope.npy: no such file"),
     (["profile", "a.onnx", "--input", "x=x.npy", "--runs", "0"], "profile needs runs >= 1"),
     # providers
-    (["run", "a.onnx", "--input", "x=x.npy", "--provider", "CUDAExecutionProvder"], "did you mean 'CUDAExecutionProvider'"),
+    (
+        ["run", "a.onnx", "--input", "x=x.npy", "--provider", "CUDAExecutionProvder"],
+        "did you mean 'CUDAExecutionProvider'",
+    ),
     (["merge", "a.onnx", "-o", "m.onnx", "--optimize", "--providers", "Bogus"], "unknown execution provider 'Bogus'"),
     # built-in operators
     (["inspect", "builtin:nms?max_boxes=99999999999999999999"], "max_boxes must be at most"),
@@ -306,13 +322,19 @@ def test_every_error_is_one_line_and_a_non_zero_exit(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     error_workspace(tmp_path)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FASTSEQ_DOWNLOAD_DEADLINE": "20", "HF_HOME": str(tmp_path / "hf"),
-           "FASTSEQ_CACHE": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "FASTSEQ_DOWNLOAD_DEADLINE": "20",
+        "HF_HOME": str(tmp_path / "hf"),
+        "FASTSEQ_CACHE": str(tmp_path / "cache"),
+    }
 
     def attempt(case):
         args, _ = case
-        return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path,
-                              timeout=120, env=env)
+        return subprocess.run(
+            [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120, env=env
+        )
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(attempt, ERRORS))

@@ -27,8 +27,9 @@ PROGRESS = re.compile(r"^[\w .'/-]+: done in \d+\.\d\ds$")
 
 
 def fastseq(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 240):
-    return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
+    )
 
 
 def stray(stderr: str) -> list[str]:
@@ -39,36 +40,46 @@ def stray(stderr: str) -> list[str]:
 def reshape_model() -> onnx.ModelProto:
     """x [N, 4] -> Reshape to [3, 3]: fails when it runs."""
     g = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "r",
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+        "r",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array([3, 3], np.int64), "s")])
+        [numpy_helper.from_array(np.array([3, 3], np.int64), "s")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def gather_model() -> onnx.ModelProto:
     """Gathers index 7 of an axis of 4: fails when it runs."""
     g = helper.make_graph(
-        [helper.make_node("Gather", ["x", "i"], ["y"], name="gather", axis=1)], "g",
+        [helper.make_node("Gather", ["x", "i"], ["y"], name="gather", axis=1)],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array([7], np.int64), "i")])
+        [numpy_helper.from_array(np.array([7], np.int64), "i")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def conv_model() -> onnx.ModelProto:
     """A small classifier over images of any size [N, 3, H, W] -> logits [N, 10]."""
     rng = np.random.default_rng(0)
-    g = helper.make_graph([
-        helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
-        helper.make_node("Relu", ["c"], ["r"]),
-        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
-        helper.make_node("Flatten", ["p"], ["f"]),
-        helper.make_node("MatMul", ["f", "w2"], ["logits"]),
-    ], "conv", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+    g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+            helper.make_node("Relu", ["c"], ["r"]),
+            helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+            helper.make_node("Flatten", ["p"], ["f"]),
+            helper.make_node("MatMul", ["f", "w2"], ["logits"]),
+        ],
+        "conv",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, "H", "W"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
-        [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
-         numpy_helper.from_array(rng.standard_normal((8, 10)).astype(np.float32), "w2")])
+        [
+            numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.standard_normal((8, 10)).astype(np.float32), "w2"),
+        ],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -80,23 +91,28 @@ def work(tmp_path: Path) -> Path:
     np.save(tmp_path / "x.npy", np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
     (tmp_path / "unused.toml").write_text(
         'edges = ["a.y -> sm.input", "sm.probabilities -> top.input"]\noutputs = ["top.values"]\n'
-        '[stages]\na = "a.onnx"\nsm = "builtin:softmax"\ntop = "builtin:topk?k=2"\n')
+        '[stages]\na = "a.onnx"\nsm = "builtin:softmax"\ntop = "builtin:topk?k=2"\n'
+    )
     return tmp_path
 
 
 # --- usage ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args,usage,hint", [
-    (["merge", "a.onnx", "a.onnx", "--io-maps", "y:x", "-o", "m.onnx"], "fastseq merge", "'--io-map'"),
-    (["merge", "a.onnx", "a.onnx", "--io-maps=y:x", "-o", "m.onnx"], "fastseq merge", "'--io-map'"),
-    (["run", "a.onnx", "--inputs", "x.npy"], "fastseq run", "'--input'"),
-    (["profile", "a.onnx", "--input", "x.npy", "--run", "3", "--warmups", "1"], "fastseq profile", "'--warmup'"),
-    (["inspect", "unused.toml", "--svgg", "p.svg"], "fastseq inspect", "'--svg'"),
-    (["cache", "list", "--dryrun"], "fastseq cache", "'--dry-run'"),
-    (["quantize", "a.onnx", "-o", "q.onnx", "--per-chanel"], "fastseq quantize", "'--per-channel'"),
-    (["merg", "a.onnx"], "fastseq [-h]", "'merge'"),
-    (["cache", "lsit"], "fastseq cache", "'list'"),
-])
+
+@pytest.mark.parametrize(
+    "args,usage,hint",
+    [
+        (["merge", "a.onnx", "a.onnx", "--io-maps", "y:x", "-o", "m.onnx"], "fastseq merge", "'--io-map'"),
+        (["merge", "a.onnx", "a.onnx", "--io-maps=y:x", "-o", "m.onnx"], "fastseq merge", "'--io-map'"),
+        (["run", "a.onnx", "--inputs", "x.npy"], "fastseq run", "'--input'"),
+        (["profile", "a.onnx", "--input", "x.npy", "--run", "3", "--warmups", "1"], "fastseq profile", "'--warmup'"),
+        (["inspect", "unused.toml", "--svgg", "p.svg"], "fastseq inspect", "'--svg'"),
+        (["cache", "list", "--dryrun"], "fastseq cache", "'--dry-run'"),
+        (["quantize", "a.onnx", "-o", "q.onnx", "--per-chanel"], "fastseq quantize", "'--per-channel'"),
+        (["merg", "a.onnx"], "fastseq [-h]", "'merge'"),
+        (["cache", "lsit"], "fastseq cache", "'list'"),
+    ],
+)
 def test_a_misspelt_flag_gets_its_commands_usage_and_the_near_miss(work, args, usage, hint):
     r = fastseq(*args, cwd=work)
     assert r.returncode == 2, r.stderr
@@ -109,8 +125,11 @@ def test_a_misspelt_flag_gets_its_commands_usage_and_the_near_miss(work, args, u
 
 # --- quiet ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [["inspect", "unused.toml"], ["run", "unused.toml", "--input", "x.npy"],
-                                     ["merge", "unused.toml", "-o", "m.onnx"]])
+
+@pytest.mark.parametrize(
+    "command",
+    [["inspect", "unused.toml"], ["run", "unused.toml", "--input", "x.npy"], ["merge", "unused.toml", "-o", "m.onnx"]],
+)
 def test_fastseqs_own_warning_is_one_line(work, command):
     r = fastseq(*command, cwd=work)
     assert r.returncode == 0, r.stderr
@@ -120,11 +139,14 @@ def test_fastseqs_own_warning_is_one_line(work, command):
     assert "UserWarning" not in r.stderr and "sys.exit" not in r.stderr
 
 
-@pytest.mark.parametrize("command,says", [
-    (["run", "a.onnx", "gather.onnx", "--input", "x.npy"], "indices element out of data bounds"),
-    (["profile", "a.onnx", "gather.onnx", "--input", "x.npy", "--runs", "1"], "indices element out of data bounds"),
-    (["run", "reshape.onnx", "--input", "x.npy"], "cannot be reshaped"),
-])
+@pytest.mark.parametrize(
+    "command,says",
+    [
+        (["run", "a.onnx", "gather.onnx", "--input", "x.npy"], "indices element out of data bounds"),
+        (["profile", "a.onnx", "gather.onnx", "--input", "x.npy", "--runs", "1"], "indices element out of data bounds"),
+        (["run", "reshape.onnx", "--input", "x.npy"], "cannot be reshaped"),
+    ],
+)
 def test_a_failing_run_says_its_error_once(work, command, says):
     r = fastseq(*command, cwd=work)
     assert r.returncode == 1
@@ -140,8 +162,17 @@ def test_quantize_keeps_shape_inference_logs_unless_verbose(work):
     """A center crop before a classifier over images of any size: ONNX Runtime's symbolic
     shape inference logs that it cannot compare floor(Max(...)) sizes."""
     onnx.save(conv_model(), work / "conv.onnx")
-    r = fastseq("merge", "builtin:to_float?", "builtin:layout?src=NHWC&dst=NCHW", "builtin:center_crop?size=48",
-                "conv.onnx", "builtin:softmax", "-o", "pipe.onnx", cwd=work)
+    r = fastseq(
+        "merge",
+        "builtin:to_float?",
+        "builtin:layout?src=NHWC&dst=NCHW",
+        "builtin:center_crop?size=48",
+        "conv.onnx",
+        "builtin:softmax",
+        "-o",
+        "pipe.onnx",
+        cwd=work,
+    )
     assert r.returncode == 0 and not stray(r.stderr), r.stderr
     r = fastseq("quantize", "pipe.onnx", "-o", "q.onnx", cwd=work)
     assert r.returncode == 0 and "wrote q.onnx" in r.stdout, r.stderr
@@ -151,12 +182,14 @@ def test_quantize_keeps_shape_inference_logs_unless_verbose(work):
 
 
 def test_provider_options_a_provider_ignores_are_one_warning(work):
-    (work / "prov.toml").write_text('chain = ["a"]\nproviders = [{ name = "CPUExecutionProvider", arena = 1 }]\n'
-                                    '[stages]\na = "a.onnx"\n')
+    (work / "prov.toml").write_text(
+        'chain = ["a"]\nproviders = [{ name = "CPUExecutionProvider", arena = 1 }]\n[stages]\na = "a.onnx"\n'
+    )
     r = fastseq("run", "prov.toml", "--input", "x.npy", cwd=work)
     assert r.returncode == 0, r.stderr
     assert [ln for ln in r.stderr.splitlines() if ln.startswith("fastseq: warning:")] == [
-        "fastseq: warning: CPUExecutionProvider takes no options in this onnxruntime build: arena is ignored"]
+        "fastseq: warning: CPUExecutionProvider takes no options in this onnxruntime build: arena is ignored"
+    ]
     assert not stray(r.stderr)
 
 
@@ -167,26 +200,44 @@ def test_a_ray_run_is_quiet_and_a_ray_failure_said_once(work):
     for i in range(3):
         np.save(work / "ds" / f"{i}.npy", np.full((5, 4), i, np.float32))
     env = {**os.environ, "RAY_ADDRESS": ""}
-    r = fastseq("run", "a.onnx", "--input", "ds", "-o", "out", "--ray", "--concurrency", "1", cwd=work, env=env,
-                timeout=500)
+    r = fastseq(
+        "run", "a.onnx", "--input", "ds", "-o", "out", "--ray", "--concurrency", "1", cwd=work, env=env, timeout=500
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote 15 rows to out" in r.stdout
     assert not stray(r.stderr), r.stderr
-    r = fastseq("run", "reshape.onnx", "--input", "ds", "-o", "out2", "--ray", "--concurrency", "1", cwd=work,
-                env=env, timeout=500)
+    r = fastseq(
+        "run",
+        "reshape.onnx",
+        "--input",
+        "ds",
+        "-o",
+        "out2",
+        "--ray",
+        "--concurrency",
+        "1",
+        cwd=work,
+        env=env,
+        timeout=500,
+    )
     assert r.returncode == 1
     assert len(r.stderr.splitlines()) == 1 and "cannot be reshaped" in r.stderr, r.stderr
 
 
 # --- outputs ---------------------------------------------------------------------------------------
 
+
 def test_an_output_that_cannot_be_written_fails_before_the_model_runs(work):
     """reshape.onnx fails when it runs: the error being the output's proves nothing ran."""
     (work / "folder").mkdir()
-    for output, says in (("/nonexistent/dir/out.npz", "cannot write /nonexistent/dir/out.npz: the folder "
-                                                      "/nonexistent/dir does not exist"),
-                         ("folder", "cannot write folder: it is a directory"),
-                         ("x.npy/out.npz", "cannot write x.npy/out.npz: the folder x.npy does not exist")):
+    for output, says in (
+        (
+            "/nonexistent/dir/out.npz",
+            "cannot write /nonexistent/dir/out.npz: the folder /nonexistent/dir does not exist",
+        ),
+        ("folder", "cannot write folder: it is a directory"),
+        ("x.npy/out.npz", "cannot write x.npy/out.npz: the folder x.npy does not exist"),
+    ):
         r = fastseq("run", "reshape.onnx", "--input", "x.npy", "-o", output, cwd=work)
         assert r.returncode == 1 and r.stderr.splitlines() == [f"fastseq: error: {says}"], r.stderr
     r = fastseq("merge", "a.onnx", "-o", "x.npy/m.onnx", cwd=work)
@@ -236,7 +287,8 @@ def test_a_full_disk_keeps_the_previous_output_and_names_the_file(work, tmp_path
         assert r.returncode == 1
         assert not stray(r.stderr), r.stderr
         assert [ln for ln in r.stderr.splitlines() if ln.startswith("fastseq:")] == [
-            f"fastseq: error: cannot write {previous}: No space left on device (os error 28)"]
+            f"fastseq: error: cannot write {previous}: No space left on device (os error 28)"
+        ]
         assert previous.read_bytes() == kept
         assert [p.name for p in disk.iterdir()] == ["out.npz"], "nothing half-written is left"
 
@@ -257,12 +309,16 @@ def test_a_read_only_output_is_refused_for_an_ordinary_user(work):
         scratch = shared / "scratch"
         scratch.mkdir()
         scratch.chmod(0o777)
-        warm = ("from fastseq.cli import main\n"
-                f"main(['run', {str(work / 'a.onnx')!r}, '--input', {str(work / 'x.npy')!r}, '-o', "
-                f"{str(scratch / 'w.npz')!r}])")
+        warm = (
+            "from fastseq.cli import main\n"
+            f"main(['run', {str(work / 'a.onnx')!r}, '--input', {str(work / 'x.npy')!r}, '-o', "
+            f"{str(scratch / 'w.npz')!r}])"
+        )
         for target, says in ((out, "it is read-only (Permission denied"), (locked / "out.npz", "Permission denied")):
-            code = (f"sys.exit(main(['run', {str(shared / 'reshape.onnx')!r}, '--input', {str(shared / 'x.npy')!r}, "
-                    f"'-o', {str(target)!r}]))")
+            code = (
+                f"sys.exit(main(['run', {str(shared / 'reshape.onnx')!r}, '--input', {str(shared / 'x.npy')!r}, "
+                f"'-o', {str(target)!r}]))"
+            )
             r = unprivileged.run(code, warm)
             assert r.returncode == 1, r.stderr
             (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("fastseq: error:")]
@@ -276,9 +332,16 @@ def test_a_read_only_output_is_refused_for_an_ordinary_user(work):
 def test_processes_writing_one_output_leave_one_whole_archive(work):
     for k in range(4):
         np.save(work / f"x{k}.npy", np.full((2, 4), k, np.float32))
-    procs = [subprocess.Popen([sys.executable, "-m", "fastseq", "run", "a.onnx", "--input", f"x{k}.npy", "-o",
-                               "out.npz"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fastseq", "run", "a.onnx", "--input", f"x{k}.npy", "-o", "out.npz"],
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(4)
+    ]
     for p in procs:
         _, err = p.communicate(timeout=240)
         assert p.returncode == 0, err
@@ -289,6 +352,7 @@ def test_processes_writing_one_output_leave_one_whole_archive(work):
 
 # --- the session cache --------------------------------------------------------------------------------
 
+
 def test_cache_list_tells_pipelines_of_operators_apart(work):
     code = (
         "import sys, fastseq\nfrom fastseq import ops\n"
@@ -296,8 +360,9 @@ def test_cache_list_tells_pipelines_of_operators_apart(work):
         "    fastseq.ONNXSequential(ops.to_float(), ops.resize(size), ops.softmax(axis=1),"
         " session_cache=sys.argv[1])\n"
     )
-    r = subprocess.run([sys.executable, "-c", code, str(work / "cache")], cwd=work, capture_output=True, text=True,
-                       timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(work / "cache")], cwd=work, capture_output=True, text=True, timeout=240
+    )
     assert r.returncode == 0, r.stderr
     r = fastseq("cache", "list", "--dir", "cache", cwd=work)
     assert r.returncode == 0 and not stray(r.stderr), r.stderr
@@ -311,22 +376,28 @@ def test_cache_list_tells_pipelines_of_operators_apart(work):
 
 # --- what a new user tripped over (issue 42) --------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", ["run", "profile"])
 def test_run_and_profile_without_input_say_how_to_pass_it(work, command):
     r = fastseq(command, "a.onnx", cwd=work)
     assert r.returncode == 1 and not stray(r.stderr)
-    assert r.stderr.strip() == ("fastseq: error: no --input: the pipeline needs x: float32[N, 4]; pass --input "
-                                "FILE.npy (each array saved with numpy.save)")
+    assert r.stderr.strip() == (
+        "fastseq: error: no --input: the pipeline needs x: float32[N, 4]; pass --input "
+        "FILE.npy (each array saved with numpy.save)"
+    )
 
 
-@pytest.mark.parametrize("args,hint", [
-    (["inspect", "a.onxx"], "a.onxx: no such file (did you mean 'a.onnx'?)"),
-    (["run", "reshap.onnx", "--input", "x.npy"], "reshap.onnx: no such file (did you mean 'reshape.onnx'?)"),
-    (["run", "a.onnx", "--input", "xx.npy"], "--input x=xx.npy: no such file (did you mean 'x.npy'?)"),
-    (["inspect", "unsed.toml"], "unsed.toml: no such file (did you mean 'unused.toml'?)"),
-    (["inspect", "modle/a.onnx"], "modle/a.onnx: no such file (did you mean 'model/a.onnx'?)"),
-    (["inspect", "zzzzzzzzzz.onnx"], "zzzzzzzzzz.onnx: no such file"),
-])
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (["inspect", "a.onxx"], "a.onxx: no such file (did you mean 'a.onnx'?)"),
+        (["run", "reshap.onnx", "--input", "x.npy"], "reshap.onnx: no such file (did you mean 'reshape.onnx'?)"),
+        (["run", "a.onnx", "--input", "xx.npy"], "--input x=xx.npy: no such file (did you mean 'x.npy'?)"),
+        (["inspect", "unsed.toml"], "unsed.toml: no such file (did you mean 'unused.toml'?)"),
+        (["inspect", "modle/a.onnx"], "modle/a.onnx: no such file (did you mean 'model/a.onnx'?)"),
+        (["inspect", "zzzzzzzzzz.onnx"], "zzzzzzzzzz.onnx: no such file"),
+    ],
+)
 def test_a_path_typo_gets_the_near_miss_from_its_folder(work, args, hint):
     (work / "model").mkdir()
     r = fastseq(*args, cwd=work)
@@ -336,8 +407,9 @@ def test_a_path_typo_gets_the_near_miss_from_its_folder(work, args, hint):
 def test_output_into_a_reader_that_leaves_ends_quietly(work):
     """``fastseq inspect x.onnx | head``: the reader takes a line and goes; fastseq ends as a
     command that SIGPIPE ends (141), without a word on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "fastseq", "inspect", "a.onnx"], cwd=work,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastseq", "inspect", "a.onnx"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     proc.stdout.close()  # the reader is gone before fastseq writes
     assert proc.wait(timeout=240) == 141
     assert proc.stderr.read() == b""

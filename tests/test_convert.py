@@ -50,7 +50,9 @@ def test_skl2onnx_ml_3_and_ml_1_merge_at_ml_3_and_match_sklearn(iris):
     b = to_onnx(clf, Xs[:1], target_opset=OPSETS, options={"zipmap": False})  # LinearClassifier, ml 1
     assert _imports(a)["ai.onnx.ml"] == 3 and _imports(b)["ai.onnx.ml"] == 1
 
-    with pytest.raises(fastseq.OpsetMismatchError, match=r"'ai.onnx.ml': 1 in .*; 3 in .*auto_ir_version_conversion=True"):
+    with pytest.raises(
+        fastseq.OpsetMismatchError, match=r"'ai.onnx.ml': 1 in .*; 3 in .*auto_ir_version_conversion=True"
+    ):
         fastseq.ONNXSequential(a, b, io_maps=_joint(a, b))
     pipe = fastseq.ONNXSequential(a, b, io_maps=_joint(a, b), auto_ir_version_conversion=True)
     assert dict(map(tuple, pipe.summary()["opsets"]))["ai.onnx.ml"] == 3
@@ -130,12 +132,14 @@ def test_onnx_test_cases_binarizer_ml_1_and_tree_ensemble_ml_5():
 def _gelu_model(name: str, ms_version: int, op: str = "Gelu", domain: str = "com.microsoft") -> onnx.ModelProto:
     node = helper.make_node(op, ["x"], ["y"], domain=domain if op == "Gelu" else "")
     graph = helper.make_graph(
-        [node], name,
+        [node],
+        name,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, ms_version)],
-                             ir_version=8)
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, ms_version)], ir_version=8
+    )
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -174,17 +178,25 @@ def test_a_model_importing_a_custom_domain_it_does_not_use_follows_the_other():
 
 def test_local_functions_do_not_tie_their_domain_version():
     """A call of the model's own local function does not depend on its domain's version."""
+
     def with_function(name: str, version: int, scale: float) -> onnx.ModelProto:
-        body = [helper.make_node("Constant", [], ["s"], value=helper.make_tensor("s", TensorProto.FLOAT, [], [scale])),
-                helper.make_node("Mul", ["a", "s"], ["b"])]
+        body = [
+            helper.make_node("Constant", [], ["s"], value=helper.make_tensor("s", TensorProto.FLOAT, [], [scale])),
+            helper.make_node("Mul", ["a", "s"], ["b"]),
+        ]
         fn = helper.make_function("local.fns", "Scale", ["a"], ["b"], body, [helper.make_opsetid("", 17)])
         graph = helper.make_graph(
-            [helper.make_node("Scale", ["x"], ["y"], domain="local.fns")], name,
+            [helper.make_node("Scale", ["x"], ["y"], domain="local.fns")],
+            name,
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
         )
-        return helper.make_model(graph, functions=[fn], ir_version=8,
-                                 opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local.fns", version)])
+        return helper.make_model(
+            graph,
+            functions=[fn],
+            ir_version=8,
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local.fns", version)],
+        )
 
     a, b = with_function("a", 1, 2.0), with_function("b", 4, 3.0)
     with pytest.raises(fastseq.OpsetMismatchError):
@@ -211,8 +223,18 @@ def test_cli_hint_names_the_flag_and_the_flag_works(iris, tmp_path):
     onnx.save(a, tmp_path / "a.onnx")
     onnx.save(b, tmp_path / "b.onnx")
     io_map = f"{a.graph.output[0].name}:{b.graph.input[0].name}"
-    cmd = [sys.executable, "-m", "fastseq", "merge", str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx"),
-           "--io-map", io_map, "-o", str(tmp_path / "m.onnx")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastseq",
+        "merge",
+        str(tmp_path / "a.onnx"),
+        str(tmp_path / "b.onnx"),
+        "--io-map",
+        io_map,
+        "-o",
+        str(tmp_path / "m.onnx"),
+    ]
     refused = subprocess.run(cmd, capture_output=True, text=True)
     assert refused.returncode == 1
     assert "--opset highest" in refused.stderr and "auto_ir_version_conversion" not in refused.stderr
@@ -225,15 +247,30 @@ def test_function_bodies_move_with_the_model_and_are_checked(iris):
     """A local function whose body uses ai.onnx.ml at the model's version moves with it."""
     X, _, scaler, _ = iris
     body = [helper.make_node("Binarizer", ["a"], ["b"], domain="ai.onnx.ml", threshold=0.5)]
-    fn = helper.make_function("local.fns", "Threshold", ["a"], ["b"], body,
-                              [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    fn = helper.make_function(
+        "local.fns",
+        "Threshold",
+        ["a"],
+        ["b"],
+        body,
+        [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)],
+    )
     graph = helper.make_graph(
-        [helper.make_node("Threshold", ["x"], ["y"], domain="local.fns")], "thresholds",
+        [helper.make_node("Threshold", ["x"], ["y"], domain="local.fns")],
+        "thresholds",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
     )
-    thresholds = helper.make_model(graph, functions=[fn], ir_version=8, opset_imports=[
-        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1), helper.make_opsetid("local.fns", 1)])
+    thresholds = helper.make_model(
+        graph,
+        functions=[fn],
+        ir_version=8,
+        opset_imports=[
+            helper.make_opsetid("", 17),
+            helper.make_opsetid("ai.onnx.ml", 1),
+            helper.make_opsetid("local.fns", 1),
+        ],
+    )
     a = to_onnx(scaler, X[:1], target_opset=OPSETS)  # ml 3
     merged = fastseq.compose([a, thresholds], io_maps=[[(a.graph.output[0].name, "x")]], opset="highest")
     assert _imports(merged)["ai.onnx.ml"] == 3

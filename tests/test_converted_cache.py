@@ -40,17 +40,22 @@ def conv_model(path: Path, scale: float = 1.0, bias: float = 0.0) -> Path:
     rng = np.random.default_rng(1)
     w = numpy_helper.from_array((rng.standard_normal((16, 3, 3, 3)) * scale).astype(np.float32), "w")
     b = numpy_helper.from_array(np.full(16, bias, np.float32), "b")
-    g = helper.make_graph([helper.make_node("Conv", ["input", "w", "b"], ["features"], pads=[1, 1, 1, 1])], "conv",
-                          [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, "H", "W"])],
-                          [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", 16, "H", "W"])], [w, b])
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w", "b"], ["features"], pads=[1, 1, 1, 1])],
+        "conv",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", 16, "H", "W"])],
+        [w, b],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     return path
 
 
 def start(model: Path, cache: Path, out: Path) -> dict:
     """The pipeline started in a fresh process: how it started, and whether onnx was loaded."""
-    r = subprocess.run([sys.executable, "-c", START, str(model), str(cache), str(out)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", START, str(model), str(cache), str(out)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -60,8 +65,13 @@ X = np.random.default_rng(0).random((2, 3, 24, 24), dtype=np.float32)  # START's
 
 def build(model: Path, cache: Path | bool) -> fastseq.ONNXSequential:
     """START's pipeline, built in this process."""
-    return fastseq.ONNXSequential(ops.resize(16, antialias=True), ops.normalize(), str(model),
-                                  auto_ir_version_conversion=True, session_cache=cache)
+    return fastseq.ONNXSequential(
+        ops.resize(16, antialias=True),
+        ops.normalize(),
+        str(model),
+        auto_ir_version_conversion=True,
+        session_cache=cache,
+    )
 
 
 def warned(model: Path, cache: Path) -> tuple[fastseq.ONNXSequential, list[str]]:
@@ -91,8 +101,10 @@ def test_a_hit_converts_nothing_and_never_imports_onnx(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "hit.npy"), expected(model), rtol=1e-5, atol=1e-5)
     # normalize (opset 17) and the Conv were converted; resize (18) was not. Listed as such.
     kept = converted_entries(cache)
-    assert sorted(e["labels"][0] for e in kept) == ["conv.onnx (converted to ai.onnx 18)",
-                                                    "normalize (#1) (converted to ai.onnx 18)"]
+    assert sorted(e["labels"][0] for e in kept) == [
+        "conv.onnx (converted to ai.onnx 18)",
+        "normalize (#1) (converted to ai.onnx 18)",
+    ]
     assert not any(e["damaged"] for e in kept) and {e["onnx"] for e in kept} == {onnx.__version__}
     assert all(e["hits"] == 1 for e in kept)
 
@@ -152,12 +164,19 @@ def test_converted_stages_are_kept_only_with_a_session_cache_and_the_key_names_t
     fastseq.ONNXSequential(ops.normalize(), str(model), ops.resize(16, antialias=True), auto_ir_version_conversion=True)
     assert not (tmp_path / "home").exists()
     parts = convert._converter()
-    assert parts == {"onnx": onnx.__version__,
-                     "converter": __import__("hashlib").sha256(Path(convert.__file__).read_bytes()).hexdigest()}
+    assert parts == {
+        "onnx": onnx.__version__,
+        "converter": __import__("hashlib").sha256(Path(convert.__file__).read_bytes()).hexdigest(),
+    }
     # What the key's naming does: another converter's entries are not this one's.
     cache = tmp_path / "cache"
-    build = lambda: fastseq.ONNXSequential(ops.normalize(), str(model), ops.resize(16, antialias=True),  # noqa: E731
-                                           auto_ir_version_conversion=True, session_cache=cache)
+    build = lambda: fastseq.ONNXSequential(
+        ops.normalize(),
+        str(model),
+        ops.resize(16, antialias=True),  # noqa: E731
+        auto_ir_version_conversion=True,
+        session_cache=cache,
+    )
     build()
     kept = len(converted_entries(cache))
     build()
@@ -170,8 +189,12 @@ def test_converted_stages_are_kept_only_with_a_session_cache_and_the_key_names_t
 def test_cache_list_shows_converted_stages(tmp_path):
     model, cache = conv_model(tmp_path / "conv.onnx"), tmp_path / "cache"
     start(model, cache, tmp_path / "first.npy")
-    r = subprocess.run([sys.executable, "-m", "fastseq", "cache", "list", "--dir", str(cache)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "fastseq", "cache", "list", "--dir", str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "conv.onnx (converted to ai.onnx 18)" in r.stdout and "damaged" not in r.stdout
 
@@ -218,8 +241,15 @@ def test_two_processes_converting_at_once_keep_one_entry_per_stage(tmp_path):
     the pipeline's result, each converted stage is kept once, and a third start is a hit
     that converts nothing."""
     model, cache = conv_model(tmp_path / "conv.onnx"), tmp_path / "cache"
-    procs = [subprocess.Popen([sys.executable, "-c", START, str(model), str(cache), str(tmp_path / f"{k}.npy")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", START, str(model), str(cache), str(tmp_path / f"{k}.npy")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(2)
+    ]
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
@@ -227,5 +257,7 @@ def test_two_processes_converting_at_once_keep_one_entry_per_stage(tmp_path):
     for k in range(2):
         np.testing.assert_allclose(np.load(tmp_path / f"{k}.npy"), want, rtol=1e-5, atol=1e-5)
     assert sorted(e["labels"][0] for e in converted_entries(cache)) == [
-        "conv.onnx (converted to ai.onnx 18)", "normalize (#1) (converted to ai.onnx 18)"]
+        "conv.onnx (converted to ai.onnx 18)",
+        "normalize (#1) (converted to ai.onnx 18)",
+    ]
     assert start(model, cache, tmp_path / "third.npy") == {"cache": "hit", "onnx": False}

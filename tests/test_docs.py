@@ -26,8 +26,14 @@ def test_the_site_builds_strictly(tmp_path):
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
         pytest.skip("mkdocs is not installed: pip install '.[test]' brings mkdocs, mkdocs-material, mkdocstrings")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     # generated from the docstrings: a constructor parameter's explanation is on the page
@@ -42,8 +48,15 @@ def test_security_md_is_a_short_policy_and_the_threat_model_is_in_the_docs():
     then (as onnx's, 1.8 KB); the threat model is docs/security.md, its lines readable."""
     policy = (ROOT / "SECURITY.md").read_text()
     assert len(policy) < 3000
-    for part in ("## Supported versions", "## Reporting a vulnerability", "## What to expect",
-                 "private vulnerability reporting", "Report a vulnerability", "working days", "90 days"):
+    for part in (
+        "## Supported versions",
+        "## Reporting a vulnerability",
+        "## What to expect",
+        "private vulnerability reporting",
+        "Report a vulnerability",
+        "working days",
+        "90 days",
+    ):
         assert part in policy, part
     model = (DOCS / "security.md").read_text()
     assert "## What fastseq trusts" in model and "## Sources that change" in model
@@ -63,7 +76,9 @@ def directives() -> set[str]:
 
 def test_the_api_reference_names_every_public_name():
     listed = directives()
-    errors_members = re.search(r"::: fastseq\.errors\n\s+options:\n\s+members: \[([^\]]+)\]", (DOCS / "api.md").read_text())
+    errors_members = re.search(
+        r"::: fastseq\.errors\n\s+options:\n\s+members: \[([^\]]+)\]", (DOCS / "api.md").read_text()
+    )
     listed |= {f"fastseq.errors.{m.strip()}" for m in errors_members.group(1).split(",")}
     missing = []
     for name in fastseq.__all__:
@@ -91,8 +106,9 @@ def test_the_stubs_errors_are_the_ones_fastseq_errors_defines():
 
     tree = ast.parse((ROOT / "python" / "fastseq" / "_core.pyi").read_text())
     assert not [n.name for n in tree.body if isinstance(n, ast.ClassDef) and hasattr(errors, n.name)]
-    reexported = {a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "fastseq.errors"
-                  for a in n.names}
+    reexported = {
+        a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "fastseq.errors" for a in n.names
+    }
     assert reexported == {"FastseqError", "LoadError", "CompositionError", "OpsetMismatchError", "ExportError"}
     assert all(getattr(_core, name) is getattr(errors, name) for name in reexported)
 

@@ -68,8 +68,16 @@ def test_classes_derive_from_what_kornia_and_onnx_compose_raise():
     # kornia raises ValueError for a missing model, an HTTP error or a forbidden download,
     # TimeoutError for a stalled one, urllib's ContentTooShortError for a short one;
     # onnx.compose ValueError for models it cannot join.
-    for name in ("LoadError", "DownloadError", "PipelineFileError", "OperatorError", "CompositionError",
-                 "OpsetMismatchError", "InputError", "ProviderError"):
+    for name in (
+        "LoadError",
+        "DownloadError",
+        "PipelineFileError",
+        "OperatorError",
+        "CompositionError",
+        "OpsetMismatchError",
+        "InputError",
+        "ProviderError",
+    ):
         assert issubclass(getattr(fastseq, name), ValueError), name
     assert issubclass(fastseq.DownloadTimeoutError, (fastseq.DownloadError, TimeoutError))
     assert issubclass(fastseq.RunTimeoutError, TimeoutError)
@@ -141,9 +149,11 @@ def test_errors_raised_in_a_process_pool_arrive_as_themselves(tmp_path):
 
 
 def test_import_fastseq_pays_neither_for_pickle_nor_for_urllib():
-    code = ("import sys, fastseq\n"
-            "print(sorted(m for m in ('pickle', 'urllib.error') if m in sys.modules))\n"
-            "assert fastseq.TruncatedDownloadError.__mro__[1] is fastseq.DownloadError\n"
-            "print('urllib.error' in sys.modules)\n")
+    code = (
+        "import sys, fastseq\n"
+        "print(sorted(m for m in ('pickle', 'urllib.error') if m in sys.modules))\n"
+        "assert fastseq.TruncatedDownloadError.__mro__[1] is fastseq.DownloadError\n"
+        "print('urllib.error' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["[]", "True"]

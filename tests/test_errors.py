@@ -27,7 +27,9 @@ def test_unknown_io_map_names_suggest_the_near_miss():
     with pytest.raises(fastseq.CompositionError) as e:
         fastseq.compose([a, b], io_maps=[[("logit", "features")]])
     assert "'logit' is not an output of scale (#0) (did you mean 'logits'?)" in str(e.value)
-    with pytest.raises(fastseq.CompositionError, match=r"'feature' is not an input of scale \(#1\) \(did you mean 'features'\?\)"):
+    with pytest.raises(
+        fastseq.CompositionError, match=r"'feature' is not an input of scale \(#1\) \(did you mean 'features'\?\)"
+    ):
         fastseq.compose([a, b], io_maps=[[("logits", "feature")]])
 
 
@@ -43,13 +45,17 @@ def test_errors_use_the_users_names_not_internal_prefixes():
 def test_element_type_mismatch_is_an_error():
     a = scale_model(2.0, dtype=TensorProto.FLOAT)
     b = scale_model(2.0, dtype=TensorProto.DOUBLE)
-    with pytest.raises(fastseq.CompositionError, match="element type mismatch: output 'y' is float but input 'x' expects double"):
+    with pytest.raises(
+        fastseq.CompositionError, match="element type mismatch: output 'y' is float but input 'x' expects double"
+    ):
         fastseq.compose([a, b])
 
 
 def test_static_shape_mismatch_is_an_error_and_symbolic_dims_are_not():
     a, b = scale_model(2.0, shape=(2, 4)), scale_model(2.0, shape=(3, 4))
-    with pytest.raises(fastseq.CompositionError, match=r"shape mismatch: output 'y' has shape \[2, 4\] but input 'x' expects \[3, 4\]"):
+    with pytest.raises(
+        fastseq.CompositionError, match=r"shape mismatch: output 'y' has shape \[2, 4\] but input 'x' expects \[3, 4\]"
+    ):
         fastseq.compose([a, b])
     rank = scale_model(2.0, shape=(1, 2, 4))
     with pytest.raises(fastseq.CompositionError, match="shape mismatch"):
@@ -64,11 +70,17 @@ def test_duplicate_connections_are_errors():
         fastseq.compose([a, b], io_maps=[[("y", "x"), ("y", "x")]])
     two = helper.make_model(
         helper.make_graph(
-            [helper.make_node("Neg", ["x"], ["y"]), helper.make_node("Abs", ["x"], ["z"])], "two",
+            [helper.make_node("Neg", ["x"], ["y"]), helper.make_node("Abs", ["x"], ["z"])],
+            "two",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
-             helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+            [
+                helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
+                helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4]),
+            ],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     with pytest.raises(fastseq.CompositionError, match="input 'x' of scale \\(#1\\) is fed twice, by 'y' and by 'z'"):
         fastseq.compose([two, b], io_maps=[[("y", "x"), ("z", "x")]])
 
@@ -76,10 +88,14 @@ def test_duplicate_connections_are_errors():
 def test_positional_joints_with_different_counts_list_both_sides():
     two_in = helper.make_model(
         helper.make_graph(
-            [helper.make_node("Add", ["a", "b"], ["s"])], "add",
+            [helper.make_node("Add", ["a", "b"], ["s"])],
+            "add",
             [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in "ab"],
-            [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 4])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+            [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 4])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     with pytest.raises(fastseq.CompositionError) as e:
         fastseq.compose([scale_model(1.0), two_in])
     assert "has 1 output ('y') and add (#1) has 2 inputs ('a', 'b'); pass io_maps" in str(e.value)

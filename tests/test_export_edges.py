@@ -65,8 +65,9 @@ def test_a_name_of_the_longest_legal_length_is_written_on_every_path(kind, tmp_p
     for scale in (1.0, 2.0):
         write_any(kind, scale, target)
         computes(kind, target, scale, tmp_path)
-        data = set() if inline else referenced(onnx.load(str(target), format=FORMATS.get(kind),
-                                                         load_external_data=False))
+        data = (
+            set() if inline else referenced(onnx.load(str(target), format=FORMATS.get(kind), load_external_data=False))
+        )
         assert {p.name for p in out.iterdir()} == {target.name, *data}
 
 
@@ -85,8 +86,20 @@ def test_a_name_that_is_not_utf8_is_written_on_every_path(kind, tmp_path):
         assert list(folder.iterdir()) == []
         return
     if kind == "merge_optimize":  # the command line as bytes, as a shell passes them
-        r = subprocess.run([sys.executable, "-m", "fastseq", "merge", str(tmp_path / "src" / "s2.onnx"), "-o",
-                            os.fsencode(target), "--optimize"], capture_output=True, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fastseq",
+                "merge",
+                str(tmp_path / "src" / "s2.onnx"),
+                "-o",
+                os.fsencode(target),
+                "--optimize",
+            ],
+            capture_output=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
     else:
         write_any(kind, 2.0, target)
@@ -109,8 +122,9 @@ def test_a_location_through_a_link_out_of_the_folder_is_an_export_error(kind, tm
     (out / "sub").symlink_to(elsewhere, target_is_directory=True)
     pipe = fastseq.ONNXSequential(matmul_model(1.0))
     target = out / "m.onnx"
-    with pytest.raises(fastseq.ExportError, match=re.escape(f"cannot write {target}: its data file sub/w.bin") +
-                       ".*symbolic link"):
+    with pytest.raises(
+        fastseq.ExportError, match=re.escape(f"cannot write {target}: its data file sub/w.bin") + ".*symbolic link"
+    ):
         pipe.export(target, save_as_external_data=True, location="sub/w.bin")
     assert sorted(p.name for p in out.iterdir()) == ["sub"] and list(elsewhere.iterdir()) == []
     # A real folder of that name takes it, and the export loads back.
@@ -134,11 +148,17 @@ def test_an_optimised_export_on_a_full_disk_is_an_export_error_naming_the_target
     full disk its failure is an ExportError naming the target, in Python and as the CLI's one
     line; the old file stays and nothing is left beside it. Needs root for the tmpfs."""
     w = np.random.default_rng(1).standard_normal((512, 512)).astype(np.float32)  # 1 MB
-    big = onnx.helper.make_model(onnx.helper.make_graph(
-        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 512])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 512])],
-        [onnx.numpy_helper.from_array(w, "w")]), opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    big = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "big",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 512])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 512])],
+            [onnx.numpy_helper.from_array(w, "w")],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     onnx.save(big, tmp_path / "big.onnx")
     with tmpfs(tmp_path / "full", "512k") as disk:
         target = disk / "m.onnx"
@@ -148,8 +168,12 @@ def test_an_optimised_export_on_a_full_disk_is_an_export_error_naming_the_target
             pipe.export(target, optimized=True)
         assert "bug" not in str(e.value)
         assert [p.name for p in disk.iterdir()] == ["m.onnx"] and target.read_bytes() == b"old model"
-        r = subprocess.run([sys.executable, "-m", "fastseq", "merge", str(tmp_path / "big.onnx"), "-o", str(target),
-                            "--optimize"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "fastseq", "merge", str(tmp_path / "big.onnx"), "-o", str(target), "--optimize"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1, r.stderr
         assert lines[0].startswith(f"fastseq: error: cannot write {target}: ") and "bug" not in lines[0]
@@ -160,14 +184,30 @@ def test_a_model_that_onnx_runtime_refuses_is_not_called_a_write_error(tmp_path)
     """The optimised export tells ONNX Runtime refusing the model (a RunError naming the
     stage) from failing to write it (an ExportError): only a write that fails is the latter."""
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("NoSuchOp", ["x"], ["y"], domain="no.such.domain")], "bad",
+        [onnx.helper.make_node("NoSuchOp", ["x"], ["y"], domain="no.such.domain")],
+        "bad",
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
-                                                         onnx.helper.make_opsetid("no.such.domain", 1)])
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    model = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("no.such.domain", 1)]
+    )
     onnx.save(model, tmp_path / "bad.onnx")
-    r = subprocess.run([sys.executable, "-m", "fastseq", "merge", str(tmp_path / "bad.onnx"), "-o",
-                        str(tmp_path / "o.onnx"), "--optimize"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastseq",
+            "merge",
+            str(tmp_path / "bad.onnx"),
+            "-o",
+            str(tmp_path / "o.onnx"),
+            "--optimize",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and "cannot write" not in r.stderr, r.stderr
     assert not (tmp_path / "o.onnx").exists()
 
@@ -178,7 +218,7 @@ PLAIN = {
     "compose_to_file": "fastseq.compose_to_file([src / 's2.onnx'], target)",
     "reuse": "fastseq.compose_to_file([src / 'e2.onnx'], target, external_data='reuse')",
     "merge": "from fastseq import cli\nif cli.main(['merge', str(src / 's2.onnx'), '-o', str(target)]) != 0:\n"
-             "    raise fastseq.ExportError('merge failed')",
+    "    raise fastseq.ExportError('merge failed')",
 }
 
 
@@ -197,19 +237,22 @@ def test_a_read_only_target_is_an_export_error_for_an_ordinary_user_on_the_plain
             folder.mkdir()
             folder.chmod(0o777)
         onnx.save(matmul_model(2.0), src / "s2.onnx")
-        onnx.save(matmul_model(2.0), src / "e2.onnx", save_as_external_data=True, location="e2.bin",
-                  size_threshold=0)
+        onnx.save(matmul_model(2.0), src / "e2.onnx", save_as_external_data=True, location="e2.bin", size_threshold=0)
         for p in src.iterdir():
             p.chmod(0o644)
         target = out / "m.onnx"
         target.write_bytes(b"old model")
         target.chmod(0o444)
         (shared / "warm").mkdir()
-        warm = (f"import fastseq\nfrom pathlib import Path\nsrc, target = Path({str(src)!r}), "
-                f"Path({str(shared / 'warm' / 'm.onnx')!r})\n{PLAIN[kind]}\n")  # loads every module as root
-        code = (f"src, target = Path({str(src)!r}), Path({str(target)!r})\ntry:\n"
-                + "".join(f"    {line}\n" for line in PLAIN[kind].splitlines())
-                + "except fastseq.ExportError as e:\n    print(e)\nelse:\n    print('written')\n")
+        warm = (
+            f"import fastseq\nfrom pathlib import Path\nsrc, target = Path({str(src)!r}), "
+            f"Path({str(shared / 'warm' / 'm.onnx')!r})\n{PLAIN[kind]}\n"
+        )  # loads every module as root
+        code = (
+            f"src, target = Path({str(src)!r}), Path({str(target)!r})\ntry:\n"
+            + "".join(f"    {line}\n" for line in PLAIN[kind].splitlines())
+            + "except fastseq.ExportError as e:\n    print(e)\nelse:\n    print('written')\n"
+        )
         r = unprivileged.run(code, warm)
         assert r.returncode == 0, r.stderr
         assert f"cannot write {target}: it is read-only" in r.stdout or kind == "merge", r.stdout + r.stderr

@@ -44,8 +44,10 @@ def p2o(names=("p2o.DynamicDimension.0", "p2o.DynamicDimension.3"), second: str 
     """A paddle2onnx-like model: each dynamic axis named apart, the batch too."""
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     ins = [helper.make_tensor_value_info("x", F, [names[0], 3, 8, 8])]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Softmax", ["c"], ["y"], axis=1)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Softmax", ["c"], ["y"], axis=1),
+    ]
     if second is not None:
         ins.append(helper.make_tensor_value_info("z", F, [second, 4, 8, 8]))
         nodes[-1] = helper.make_node("Softmax", ["c"], ["s"], axis=1)
@@ -90,9 +92,13 @@ def test_a_batch_one_export_is_made_batchable_and_computes_what_it_did(name):
 def test_what_the_adapter_cannot_prove_is_refused_naming_the_node():
     """A token of the export's one row joined beside the patches: Concat cannot take N rows."""
     token = numpy_helper.from_array(np.ones((1, 1, 4), np.float32), "token")
-    g = helper.make_graph([helper.make_node("Concat", ["token", "x"], ["y"], "with_token", axis=1)], "t",
-                          [helper.make_tensor_value_info("x", F, [1, 5, 4])],
-                          [helper.make_tensor_value_info("y", F, [1, 6, 4])], [token])
+    g = helper.make_graph(
+        [helper.make_node("Concat", ["token", "x"], ["y"], "with_token", axis=1)],
+        "t",
+        [helper.make_tensor_value_info("x", F, [1, 5, 4])],
+        [helper.make_tensor_value_info("y", F, [1, 6, 4])],
+        [token],
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(fastseq.CompositionError) as info:
         fastseq.ONNXSequential(m, dynamic_batch=True)
@@ -105,17 +111,25 @@ def test_what_the_adapter_cannot_prove_is_refused_naming_the_node():
 
 
 def test_a_pipeline_file_declares_row_independence_and_a_dynamic_batch(tmp_path):
-    mixing = helper.make_model(helper.make_graph(
-        [helper.make_node("Softmax", ["x"], ["y"], "over_rows", axis=0)], "g",
-        [helper.make_tensor_value_info("x", F, ["N", 4])], [helper.make_tensor_value_info("y", F, ["N", 4])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    mixing = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Softmax", ["x"], ["y"], "over_rows", axis=0)],
+            "g",
+            [helper.make_tensor_value_info("x", F, ["N", 4])],
+            [helper.make_tensor_value_info("y", F, ["N", 4])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     onnx.save(mixing, tmp_path / "m.onnx")
     (tmp_path / "p.toml").write_text('chain = ["m"]\nrow_independent = true\n[stages]\nm = "m.onnx"\n')
     pipe = fastseq.Pipeline.from_file(tmp_path / "p.toml")
     assert pipe.row_independent
     pipe.batcher().close()  # declared: not refused
     assert "row_independent = true" in pipe.to_file(tmp_path / "w.toml").read_text()
-    (tmp_path / "d.toml").write_text(f'chain = ["net"]\ndynamic_batch = true\n[stages]\nnet = "{LIGHT / "light_squeezenet.onnx"}"\n')
+    (tmp_path / "d.toml").write_text(
+        f'chain = ["net"]\ndynamic_batch = true\n[stages]\nnet = "{LIGHT / "light_squeezenet.onnx"}"\n'
+    )
     assert fastseq.Pipeline.from_file(tmp_path / "d.toml").inputs[0].shape[0] == "batch"
     (tmp_path / "bad.toml").write_text('chain = ["m"]\nrow_independent = "yes"\n[stages]\nm = "m.onnx"\n')
     with pytest.raises(fastseq.PipelineFileError, match="row_independent: expected true or false"):
@@ -125,10 +139,16 @@ def test_a_pipeline_file_declares_row_independence_and_a_dynamic_batch(tmp_path)
 def test_the_served_request_by_request_line_gives_the_whole_reason_and_the_flag(caplog):
     from fastseq.serving.model import ServedModel
 
-    mixing = helper.make_model(helper.make_graph(
-        [helper.make_node("Softmax", ["x"], ["y"], "over_rows", axis=0)], "g",
-        [helper.make_tensor_value_info("x", F, ["N", 4])], [helper.make_tensor_value_info("y", F, ["N", 4])]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    mixing = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Softmax", ["x"], ["y"], "over_rows", axis=0)],
+            "g",
+            [helper.make_tensor_value_info("x", F, ["N", 4])],
+            [helper.make_tensor_value_info("y", F, ["N", 4])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     with caplog.at_level(logging.WARNING, logger="fastseq.serve"):
         served = ServedModel("mix", fastseq.ONNXSequential(mixing))
     assert served.batcher is None
@@ -139,8 +159,9 @@ def test_the_served_request_by_request_line_gives_the_whole_reason_and_the_flag(
 # --- the parity check ------------------------------------------------------------------------------------
 def test_verify_reports_each_output_and_names_the_first_stage_that_parts():
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
-    pipe = fastseq.Pipeline({"a": scale_model(2.0, shape=("N", 4)), "b": scale_model(3.0, shape=("N", 4))},
-                            edges=["a.y -> b.x"], opset=18)
+    pipe = fastseq.Pipeline(
+        {"a": scale_model(2.0, shape=("N", 4)), "b": scale_model(3.0, shape=("N", 4))}, edges=["a.y -> b.x"], opset=18
+    )
     parity = pipe.verify(x, rtol=0, atol=0)
     assert parity.ok and [d.name for d in parity.outputs] == ["y"] and parity.outputs[0].max_abs == 0
     # The stage as given differs from what was composed (as a conversion gone wrong would):
@@ -155,8 +176,9 @@ def test_verify_reports_each_output_and_names_the_first_stage_that_parts():
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=240
+    )
 
 
 def test_the_command_line_verifies_and_converts_opsets(tmp_path):

@@ -37,23 +37,27 @@ def test_external_inputs_are_read_in_place_and_written_inline_or_beside(two_exte
     x = np.ones((2, N), np.float32)
     merged = fastseq.compose([two_external / "a.onnx", two_external / "b.onnx"])
     assert all(t.data_location == TensorProto.DEFAULT and t.raw_data for t in merged.graph.initializer)
-    out = fastseq.compose_to_file([two_external / "a.onnx", two_external / "b.onnx"], tmp_path / "m.onnx",
-                                  external_data=True)
+    out = fastseq.compose_to_file(
+        [two_external / "a.onnx", two_external / "b.onnx"], tmp_path / "m.onnx", external_data=True
+    )
     np.testing.assert_allclose(run_file(out, x), 6.0)
 
 
 def test_reuse_links_the_source_data_files_instead_of_copying(two_external, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    out = fastseq.compose_to_file([two_external / "a.onnx", two_external / "b.onnx"], out_dir / "m.onnx",
-                                  external_data="reuse")
+    out = fastseq.compose_to_file(
+        [two_external / "a.onnx", two_external / "b.onnx"], out_dir / "m.onnx", external_data="reuse"
+    )
     model = onnx.load(str(out), load_external_data=False)
     locations = sorted({e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"})
     assert len(locations) == 2 and all(loc.startswith("m.onnx.") for loc in locations)
     # Hard links: the same inodes as the sources, no bytes copied. (onnx.checker refuses
     # hard-linked data as a potential attack; ONNX Runtime loads it.)
     assert {os.stat(out_dir / loc).st_ino for loc in locations} == {
-        os.stat(two_external / "a.bin").st_ino, os.stat(two_external / "b.bin").st_ino}
+        os.stat(two_external / "a.bin").st_ino,
+        os.stat(two_external / "b.bin").st_ino,
+    }
     np.testing.assert_allclose(run_file(out, np.ones((2, N), np.float32)), 6.0)
 
 

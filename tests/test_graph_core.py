@@ -118,7 +118,9 @@ def test_skip_and_fan_in_over_the_onnx_test_models():
     relu, sigmoid, tanh = (pytorch_converted(n) for n in ("test_ReLU", "test_Sigmoid", "test_Tanh"))
     vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 4, 5])  # noqa: E731
     total = helper.make_model(
-        helper.make_graph([helper.make_node("Sum", ["a", "b", "s"], ["1"])], "sum", [vi("a"), vi("b"), vi("s")], [vi("1")]),
+        helper.make_graph(
+            [helper.make_node("Sum", ["a", "b", "s"], ["1"])], "sum", [vi("a"), vi("b"), vi("s")], [vi("1")]
+        ),
         opset_imports=[helper.make_opsetid("", 6)],
         ir_version=3,
     )
@@ -185,7 +187,9 @@ def test_adapters_cast_and_add_the_batch_axis_only_when_asked():
     with pytest.raises(fastseq.CompositionError) as e:
         _core.compose(*args, edges=[(0, "w", 1, "features")])
     assert "edge 0 (pre.w -> head.features): element type mismatch: output 'w' is double" in str(e.value)
-    assert str(e.value).endswith("pass adapt=True (or this edge's index in adapt) to insert a Cast to float, Unsqueeze of axis 0")
+    assert str(e.value).endswith(
+        "pass adapt=True (or this edge's index in adapt) to insert a Cast to float, Unsqueeze of axis 0"
+    )
     for adapt in (True, [0]):
         composed = _core.compose(*args, edges=[(0, "w", 1, "features")], adapt=adapt)
         merged = model(composed)
@@ -204,8 +208,11 @@ def test_symbolic_dims_joined_by_an_edge_share_one_name():
     x = np.abs(np.random.default_rng(2).standard_normal((5, 4))).astype(np.float32)
     np.testing.assert_allclose(run(merged, {"x": x})["y"], 6 * x, rtol=1e-6)
     with pytest.raises(fastseq.CompositionError, match=r"output 'y' has shape \[2, 4\] but input 'x' expects \[3, 4\]"):
-        _core.compose([scale_model(1.0).SerializeToString(), scale_model(1.0, shape=(3, 4)).SerializeToString()],
-                      ["a", "b"], edges=[(0, "y", 1, "x")])
+        _core.compose(
+            [scale_model(1.0).SerializeToString(), scale_model(1.0, shape=(3, 4)).SerializeToString()],
+            ["a", "b"],
+            edges=[(0, "y", 1, "x")],
+        )
 
 
 def reshaper(name: str) -> onnx.ModelProto:
@@ -214,8 +221,10 @@ def reshaper(name: str) -> onnx.ModelProto:
         helper.make_graph(
             [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")],
             name,
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
-             helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+            ],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", "cols"])],
         ),
         opset_imports=[helper.make_opsetid("", 17)],
@@ -248,9 +257,14 @@ def test_graph_errors_are_composition_errors_in_the_users_names():
     labels = ["pre", "mid", "post"]
     with pytest.raises(fastseq.CompositionError, match="^edges: the edges make a cycle: mid -> post -> mid$"):
         _core.compose(srcs, labels, edges=[(1, "y", 2, "x"), (2, "y", 1, "x")])
-    with pytest.raises(fastseq.CompositionError, match=r"^edges\[0\]: 'pre\.Y' is not an output of pre \(did you mean 'y'\?\)$"):
+    with pytest.raises(
+        fastseq.CompositionError, match=r"^edges\[0\]: 'pre\.Y' is not an output of pre \(did you mean 'y'\?\)$"
+    ):
         _core.compose(srcs, labels, edges=[(0, "Y", 1, "x")])
-    with pytest.raises(fastseq.CompositionError, match=r"^edges\[1\]: 'post\.x' is fed twice: by edges\[0\] \(pre\.y -> post\.x\) and by mid\.y -> post\.x$"):
+    with pytest.raises(
+        fastseq.CompositionError,
+        match=r"^edges\[1\]: 'post\.x' is fed twice: by edges\[0\] \(pre\.y -> post\.x\) and by mid\.y -> post\.x$",
+    ):
         _core.compose(srcs, labels, edges=[(0, "y", 2, "x"), (1, "y", 2, "x")])
     with pytest.raises(fastseq.CompositionError, match="pass either io_maps"):
         _core.compose(srcs, labels, io_maps=[[], []], edges=[])
@@ -271,8 +285,12 @@ def test_the_linear_form_is_unchanged_and_reports_nothing(x24):
 def test_pruning_keeps_what_subgraphs_read_from_outer_scopes(x24):
     """Both If branches read the outer initializer 'c': pruning must see through them."""
     m = if_model_reading_outer_initializer()
-    composed = _core.compose([m.SerializeToString()] * 3, ["a", "b", "c"], edges=[(0, "y", 1, "x"), (0, "y", 2, "x")],
-                             graph_outputs=[("out", 1, "y")])
+    composed = _core.compose(
+        [m.SerializeToString()] * 3,
+        ["a", "b", "c"],
+        edges=[(0, "y", 1, "x"), (0, "y", 2, "x")],
+        graph_outputs=[("out", 1, "y")],
+    )
     merged = model(composed)
     assert composed.report()["pruned"]["stages"] == ["c"]
     # The pruned copy's weights go with it; the second copy's are the first one's (deduplicated).

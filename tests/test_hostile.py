@@ -76,8 +76,8 @@ def test_invalid_utf8_in_a_name_is_kept_and_runs_as_the_source_does():
     composed = fastseq.compose_bytes([data])
     assert b"\xff\xfe\x80u" in composed
     x = np.random.default_rng(0).standard_normal((2, 4), dtype=np.float32)
-    ours, = ort.InferenceSession(composed).run(None, {"x": x})
-    theirs, = ort.InferenceSession(data).run(None, {"x": x})
+    (ours,) = ort.InferenceSession(composed).run(None, {"x": x})
+    (theirs,) = ort.InferenceSession(data).run(None, {"x": x})
     np.testing.assert_array_equal(ours, theirs)
 
 
@@ -353,8 +353,13 @@ def test_an_initializer_whose_dims_overflow_or_lack_data_is_a_load_error(tmp_pat
 
     def model(tensor):
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
-        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [tensor])
+        graph = helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "g",
+            [x],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+            [tensor],
+        )
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
     huge = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1 << 40, 1 << 40])

@@ -74,8 +74,11 @@ def test_hf_hub_offline_set_at_run_time_is_honoured(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # after huggingface_hub was imported
     pipe = fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache)
     np.testing.assert_allclose(pipe(X)[0], np.maximum(2 * X, 0))
-    with pytest.raises(fastseq.DownloadError, match=r"hf://acme/models/other.onnx: other.onnx of acme/models at main "
-                                                    r"is not in the cache and HF_HUB_OFFLINE is set"):
+    with pytest.raises(
+        fastseq.DownloadError,
+        match=r"hf://acme/models/other.onnx: other.onnx of acme/models at main "
+        r"is not in the cache and HF_HUB_OFFLINE is set",
+    ):
         fastseq.ONNXSequential("hf://acme/models/other.onnx", cache_dir=cache)
     with pytest.raises(fastseq.DownloadError, match="force_download=True needs the Hub, but HF_HUB_OFFLINE is set"):
         fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache, force_download=True)
@@ -84,11 +87,17 @@ def test_hf_hub_offline_set_at_run_time_is_honoured(hub, tmp_path, monkeypatch):
 
 def test_missing_file_revision_and_repository_are_named(hub, tmp_path):
     cache = tmp_path / "c"
-    with pytest.raises(fastseq.DownloadError, match=r"^hf://acme/models/nope.onnx: nope.onnx not found in acme/models at main$"):
+    with pytest.raises(
+        fastseq.DownloadError, match=r"^hf://acme/models/nope.onnx: nope.onnx not found in acme/models at main$"
+    ):
         fastseq.ONNXSequential("hf://acme/models/nope.onnx", cache_dir=cache)
-    with pytest.raises(fastseq.DownloadError, match=r"^hf://acme/models@v9/double.onnx: revision v9 not found in acme/models$"):
+    with pytest.raises(
+        fastseq.DownloadError, match=r"^hf://acme/models@v9/double.onnx: revision v9 not found in acme/models$"
+    ):
         fastseq.ONNXSequential("hf://acme/models@v9/double.onnx", cache_dir=cache)
-    with pytest.raises(fastseq.DownloadError, match=r"repository acme/nothing not found at http://127.0.0.1:\d+ \(a private"):
+    with pytest.raises(
+        fastseq.DownloadError, match=r"repository acme/nothing not found at http://127.0.0.1:\d+ \(a private"
+    ):
         fastseq.ONNXSequential("hf://acme/nothing/double.onnx", cache_dir=cache)
     # kornia's short form names the same things
     with pytest.raises(fastseq.DownloadError, match="repository kornia/ONNX_models not found"):
@@ -99,8 +108,13 @@ def test_missing_external_data_companion_is_named(hub, tmp_path):
     _, root = hub
     folder = root / "acme" / "models" / "ext"
     folder.mkdir()
-    onnx.save(scale_model(2.0, shape=(2, 512)), folder / "big.onnx", save_as_external_data=True,
-              location="big.weights", size_threshold=0)
+    onnx.save(
+        scale_model(2.0, shape=(2, 512)),
+        folder / "big.onnx",
+        save_as_external_data=True,
+        location="big.weights",
+        size_threshold=0,
+    )
     (folder / "big.weights").unlink()
     with pytest.raises(fastseq.DownloadError, match=r"ext/big.weights not found in acme/models at main"):
         fastseq.ONNXSequential("hf://acme/models/ext/big.onnx", cache_dir=tmp_path / "c")
@@ -111,12 +125,17 @@ def test_force_download_failures_carry_the_cause(hub, tmp_path, monkeypatch):
     cache = tmp_path / "c"
     fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache)
     server.fail_next = 1
-    with pytest.raises(fastseq.DownloadError, match=r"answered HTTP 503 for double.onnx \(.*503.*\) and force_download=True asks for a fresh copy"):
+    with pytest.raises(
+        fastseq.DownloadError,
+        match=r"answered HTTP 503 for double.onnx \(.*503.*\) and force_download=True asks for a fresh copy",
+    ):
         fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache, force_download=True)
     monkeypatch.setenv("HF_ENDPOINT", _closed_port())
     with pytest.raises(fastseq.DownloadError) as info:
         fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache, force_download=True)
-    assert "is unreachable (" in str(info.value) and str(info.value).endswith("and force_download=True asks for a fresh copy")
+    assert "is unreachable (" in str(info.value) and str(info.value).endswith(
+        "and force_download=True asks for a fresh copy"
+    )
     assert isinstance(info.value.__cause__, Exception)  # the network error itself, for tracebacks
     # without force_download the cached copy still serves
     pipe = fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache)

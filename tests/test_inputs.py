@@ -23,9 +23,11 @@ OPSET = [helper.make_opsetid("", 17)]
 def pair_model() -> onnx.ModelProto:
     """y = a + b, both float32[N, 4]."""
     graph = helper.make_graph(
-        [helper.make_node("Add", ["a", "b"], ["y"])], "pair",
+        [helper.make_node("Add", ["a", "b"], ["y"])],
+        "pair",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 4]) for n in ("a", "b")],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
     return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
 
 
@@ -33,9 +35,11 @@ def free_model() -> onnx.ModelProto:
     """y = relu(x), x and y declared without a shape (make_tensor_value_info(..., None)),
     which ONNX Runtime runs with any shape and reports as rank 0."""
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "free",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "free",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
 
 
@@ -53,8 +57,11 @@ FREE = RNG.standard_normal((2, 3, 5)).astype(np.float32)
 # case -> (model, feeds by name, the reference output or None for an InputError)
 CASES = {
     "right dtype": ("pair", {"a": A, "b": B}, A + B),
-    "safe cast": ("pair", {"a": (A * 8).astype(np.int16), "b": B.astype(np.float16)},
-                  (A * 8).astype(np.int16).astype(np.float32) + B.astype(np.float16).astype(np.float32)),
+    "safe cast": (
+        "pair",
+        {"a": (A * 8).astype(np.int16), "b": B.astype(np.float16)},
+        (A * 8).astype(np.int16).astype(np.float32) + B.astype(np.float16).astype(np.float32),
+    ),
     "unsafe cast": ("pair", {"a": A.astype(np.float64), "b": B}, None),
     "wrong rank": ("pair", {"a": A[..., None], "b": B}, None),
     "wrong dim": ("pair", {"a": WIDE[:, :5].copy(), "b": B}, None),
@@ -148,17 +155,32 @@ def test_the_rule_is_numpys_safe_casts():
 def test_a_refused_dtype_names_the_stage_that_reads_the_input():
     """The error names the input, both dtypes and, in a pipeline of several stages, the
     stage that reads the input in its own name."""
-    first = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["pixels"], ["h"])], "first",
-        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])]), opset_imports=OPSET, ir_version=8)
-    second = helper.make_model(helper.make_graph(
-        [helper.make_node("Neg", ["h"], ["y"])], "second",
-        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])]), opset_imports=OPSET, ir_version=8)
+    first = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["pixels"], ["h"])],
+            "first",
+            [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["N", 4])],
+            [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
+        ),
+        opset_imports=OPSET,
+        ir_version=8,
+    )
+    second = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Neg", ["h"], ["y"])],
+            "second",
+            [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        ),
+        opset_imports=OPSET,
+        ir_version=8,
+    )
     pipe = fastseq.Pipeline({"prep": first, "net": second}, edges=["prep.h -> net.h"])
-    with pytest.raises(fastseq.InputError, match=r"input 'pixels' expects float32, got float64, which does not "
-                       r"convert without changing values \(read by stage prep as 'pixels'\); .*astype"):
+    with pytest.raises(
+        fastseq.InputError,
+        match=r"input 'pixels' expects float32, got float64, which does not "
+        r"convert without changing values \(read by stage prep as 'pixels'\); .*astype",
+    ):
         pipe(A.astype(np.float64))
     with pytest.raises(fastseq.InputError, match=r"read by stage prep as 'pixels'"):
         pipe.bind(A.astype(np.float64))
@@ -175,10 +197,16 @@ def test_inputs_declared_without_a_shape_take_any_rank(pipes):
         np.testing.assert_array_equal(asyncio.run(pipe.run_async(x))[0], np.maximum(x, 0))
     with pipe.batcher() as b:
         np.testing.assert_array_equal(b(FREE)[0], np.maximum(FREE, 0))
-    scalar = helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "scalar",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])]), opset_imports=OPSET, ir_version=8)
+    scalar = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "scalar",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        ),
+        opset_imports=OPSET,
+        ir_version=8,
+    )
     strict = fastseq.ONNXSequential(scalar)
     assert strict.inputs[0].shape == ()
     assert strict(np.float32(-1))[0] == 0
@@ -202,12 +230,24 @@ def test_feeds_that_are_not_a_mapping_are_an_input_error(pipes):
 
 
 # --- settings and arguments -----------------------------------------------------------------------
-@pytest.mark.parametrize("setting", [
-    {"max_delay_ms": math.nan}, {"max_delay_ms": math.inf}, {"max_delay_ms": -1}, {"max_delay_ms": "32"},
-    {"max_delay_ms": True}, {"max_delay_ms": 1e300},
-    {"max_batch_size": 0}, {"max_batch_size": -1}, {"max_batch_size": "32"}, {"max_batch_size": 2.5},
-    {"max_batch_size": math.inf}, {"max_batch_size": True},
-], ids=str)
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"max_delay_ms": math.nan},
+        {"max_delay_ms": math.inf},
+        {"max_delay_ms": -1},
+        {"max_delay_ms": "32"},
+        {"max_delay_ms": True},
+        {"max_delay_ms": 1e300},
+        {"max_batch_size": 0},
+        {"max_batch_size": -1},
+        {"max_batch_size": "32"},
+        {"max_batch_size": 2.5},
+        {"max_batch_size": math.inf},
+        {"max_batch_size": True},
+    ],
+    ids=str,
+)
 def test_batcher_settings_are_checked_with_a_typed_error(pipes, setting):
     """Issue 26 (5): max_delay_ms=nan was taken and coroutine requests never ran; inf, 0, -1
     and "32" gave untyped errors. Each is an InputError (a ValueError) naming the setting."""
@@ -230,9 +270,19 @@ def test_a_batcher_without_delay_runs_coroutine_requests(pipes):
         np.testing.assert_array_equal(out, np.maximum(FREE * k, 0))
 
 
-@pytest.mark.parametrize("arguments", [
-    {"runs": 0}, {"runs": 2.5}, {"runs": "3"}, {"runs": True}, {"warmup": -1}, {"warmup": 1.0}, {"warmup": None},
-], ids=str)
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"runs": 0},
+        {"runs": 2.5},
+        {"runs": "3"},
+        {"runs": True},
+        {"warmup": -1},
+        {"warmup": 1.0},
+        {"warmup": None},
+    ],
+    ids=str,
+)
 def test_profile_arguments_are_checked_with_a_typed_error(pipes, arguments):
     """Issue 26 (10): profile(runs=0) gave ValueError, runs=2.5 TypeError, warmup=-1 ran."""
     (name,) = arguments

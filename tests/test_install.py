@@ -28,9 +28,9 @@ def test_composing_and_exporting_need_no_runtime(tmp_path):
         onnx.save(scale_model(float(k)), str(tmp_path / f"m{k}.onnx"))
     r = without_runtime(f"""
 import fastseq
-fastseq.compose_to_file([{str(tmp_path / 'm2.onnx')!r}, {str(tmp_path / 'm3.onnx')!r}], {str(tmp_path / 'a.onnx')!r})
+fastseq.compose_to_file([{str(tmp_path / "m2.onnx")!r}, {str(tmp_path / "m3.onnx")!r}], {str(tmp_path / "a.onnx")!r})
 from fastseq.cli import main
-assert main(["merge", {str(tmp_path / 'm2.onnx')!r}, {str(tmp_path / 'm3.onnx')!r}, "-o", {str(tmp_path / 'b.onnx')!r}]) == 0
+assert main(["merge", {str(tmp_path / "m2.onnx")!r}, {str(tmp_path / "m3.onnx")!r}, "-o", {str(tmp_path / "b.onnx")!r}]) == 0
 assert 'onnxruntime' not in sys.modules or sys.modules['onnxruntime'] is None
 """)
     assert r.returncode == 0, r.stderr
@@ -43,7 +43,7 @@ def test_running_says_which_extra_to_install(tmp_path):
     r = without_runtime(f"""
 import fastseq
 try:
-    fastseq.ONNXSequential({str(tmp_path / 'm.onnx')!r})
+    fastseq.ONNXSequential({str(tmp_path / "m.onnx")!r})
 except ModuleNotFoundError as e:
     assert e.name == "onnxruntime"
     print(e)
@@ -57,8 +57,10 @@ except ModuleNotFoundError as e:
 
 def test_the_extras_never_put_both_runtimes_in_one_environment():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
     def runtimes(reqs):
         return {r.split(">")[0].split("=")[0].split("[")[0].strip() for r in reqs} & {"onnxruntime", "onnxruntime-gpu"}
+
     assert not runtimes(project["dependencies"])
     extras = project["optional-dependencies"]
     assert runtimes(extras["cpu"]) == {"onnxruntime"} and runtimes(extras["gpu"]) == {"onnxruntime-gpu"}
@@ -68,8 +70,18 @@ def test_the_extras_never_put_both_runtimes_in_one_environment():
 # --- the name to install: pyproject.toml's, never the import name --------------------------------
 #: where install hints are written: the package's messages and docstrings, the docs, the
 #: scripts, the workflows and the tests' skip reasons
-HINTED = ["python/**/*.py", "docs/**/*.md", "README.md", "CHANGELOG.md", "SECURITY.md", "tools/*", "benches/*.py",
-          ".github/**/*.yml", ".ci/run", "tests/**/*.py"]
+HINTED = [
+    "python/**/*.py",
+    "docs/**/*.md",
+    "README.md",
+    "CHANGELOG.md",
+    "SECURITY.md",
+    "tools/*",
+    "benches/*.py",
+    ".github/**/*.yml",
+    ".ci/run",
+    "tests/**/*.py",
+]
 #: ``NAME[EXTRAS]`` as a hint writes it: quoted, in backticks, or right after ``pip install``
 HINT = re.compile(r"""(?:['"`]|pip install )([A-Za-z][\w.-]*)\[([\w, -]+)\]""")
 
@@ -85,8 +97,11 @@ def test_every_install_hint_names_the_distribution_that_installs_fastseq():
     assert name == errors.DISTRIBUTION != "fastseq"
     assert errors.install_command("serve") == f"pip install '{name}[serve]'" and f"'{name}[cpu]'" in errors.NO_RUNTIME
     # other packages' extras (ray[serve], uvicorn[standard]) are theirs: pyproject's dependencies
-    others = {re.split(r"[\[<>=!~ ;]", r)[0].lower() for reqs in [project["dependencies"],
-              *project["optional-dependencies"].values()] for r in reqs}
+    others = {
+        re.split(r"[\[<>=!~ ;]", r)[0].lower()
+        for reqs in [project["dependencies"], *project["optional-dependencies"].values()]
+        for r in reqs
+    }
     found, wrong = 0, []
     for pattern in HINTED:
         for path in sorted(REPO.glob(pattern)):
@@ -114,8 +129,10 @@ def test_a_missing_extra_is_a_typed_error_naming_it_and_the_command():
         require_extra("fastseq.serve", "serve", ("uvicorn", "fastseq_no_such_module"))
     assert isinstance(info.value, ModuleNotFoundError) and info.value.extra == "serve"
     assert info.value.name == "fastseq_no_such_module"
-    assert str(info.value) == ("fastseq.serve needs the serve extra, which is not installed (fastseq_no_such_module "
-                               "missing): pip install 'fastseq-onnx[serve]'")
+    assert str(info.value) == (
+        "fastseq.serve needs the serve extra, which is not installed (fastseq_no_such_module "
+        "missing): pip install 'fastseq-onnx[serve]'"
+    )
     require_extra("fastseq.serve", "serve", ("json",))  # all there: nothing raised
 
 
@@ -127,18 +144,22 @@ def without(modules: list[str], code: str) -> subprocess.CompletedProcess:
 
 def test_the_asgi_app_without_its_extra_names_the_extra(tmp_path):
     onnx.save(scale_model(2.0), str(tmp_path / "m.onnx"))
-    r = without(["prometheus_client"], f"""
+    r = without(
+        ["prometheus_client"],
+        f"""
 import fastseq
-pipe = fastseq.ONNXSequential({str(tmp_path / 'm.onnx')!r})
+pipe = fastseq.ONNXSequential({str(tmp_path / "m.onnx")!r})
 try:
     fastseq.serving.app(pipe)
 except fastseq.MissingExtraError as e:
     assert isinstance(e, ModuleNotFoundError) and e.extra == "serve" and e.name == "prometheus_client"
     print(e)
-""")
+""",
+    )
     assert r.returncode == 0, r.stderr
-    assert ("needs the serve extra, which is not installed (prometheus_client missing): "
-            "pip install 'fastseq-onnx[serve]'") in r.stdout, r.stdout
+    assert (
+        "needs the serve extra, which is not installed (prometheus_client missing): pip install 'fastseq-onnx[serve]'"
+    ) in r.stdout, r.stdout
 
 
 def test_fastseq_serve_needs_no_extra(tmp_path):
@@ -150,8 +171,10 @@ def test_fastseq_serve_needs_no_extra(tmp_path):
 
     onnx.save(scale_model(2.0, shape=("N", 2)), str(tmp_path / "m.onnx"))
     hide = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in ("uvicorn", "prometheus_client", "grpc"))
-    code = hide + f"from fastseq.cli import main\nsys.exit(main(['serve', {str(tmp_path / 'm.onnx')!r}, '--port', '0', " \
-                  "'--grpc-port', '0']))"
+    code = (
+        hide + f"from fastseq.cli import main\nsys.exit(main(['serve', {str(tmp_path / 'm.onnx')!r}, '--port', '0', "
+        "'--grpc-port', '0']))"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -177,9 +200,14 @@ def test_ray_without_its_extra_names_the_extra_in_python_and_on_the_command_line
     r = without(["ray"], "import fastseq.ray")
     assert r.returncode == 1 and "fastseq.MissingExtraError: fastseq.ray needs the ray extra" in r.stderr
     assert "pip install 'fastseq-onnx[ray]'" in r.stderr
-    r = without(["ray"], f"""from fastseq.cli import main
-sys.exit(main(["run", {str(tmp_path / 'm.onnx')!r}, "--input", {str(tmp_path / 'rows')!r},
-               "--output", {str(tmp_path / 'out')!r}, "--ray"]))""")
+    r = without(
+        ["ray"],
+        f"""from fastseq.cli import main
+sys.exit(main(["run", {str(tmp_path / "m.onnx")!r}, "--input", {str(tmp_path / "rows")!r},
+               "--output", {str(tmp_path / "out")!r}, "--ray"]))""",
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr
-    assert r.stderr.strip() == ("fastseq: error: fastseq run --ray needs the ray extra, which is not installed "
-                                "(ray missing): pip install 'fastseq-onnx[ray]'")
+    assert r.stderr.strip() == (
+        "fastseq: error: fastseq run --ray needs the ray extra, which is not installed "
+        "(ray missing): pip install 'fastseq-onnx[ray]'"
+    )

@@ -33,10 +33,13 @@ DIM = 512  # 1 MiB float32 weights: well above the size left in the file (64 KiB
 
 def matmul_model(seed: int, dim: int = DIM, name: str = "mm") -> onnx.ModelProto:
     w = (np.random.default_rng(seed).standard_normal((dim, dim)) / dim).astype(np.float32)
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], name,
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
-                          [numpy_helper.from_array(w, "w")])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
+        [numpy_helper.from_array(w, "w")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -80,8 +83,11 @@ def test_weights_are_copied_once_by_the_kernel_and_the_pipeline_maps_them(tmp_pa
     private.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(private))
     models = [matmul_model(k) for k in range(3)]
-    paths = [save(models[0], tmp_path / "a.onnx"), save(models[1], tmp_path / "b.onnx", external=True),
-             save(models[2], tmp_path / "c.onnx")]
+    paths = [
+        save(models[0], tmp_path / "a.onnx"),
+        save(models[1], tmp_path / "b.onnx", external=True),
+        save(models[2], tmp_path / "c.onnx"),
+    ]
     pipe = fastseq.ONNXSequential(*paths, session_cache=False)
     weights = 3 * DIM * DIM * 4
     assert pipe.session_info["copied"] == weights, "every weight byte copied once, by the kernel"
@@ -227,10 +233,13 @@ def test_a_source_rewritten_in_a_loop_during_builds_never_mixes_or_crashes(tmp_p
     versions = []
     for k in (1, 2):
         w = np.full((1024, 1024), float(k), np.float32)  # 4 MiB: the copy takes a while
-        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
-                              [numpy_helper.from_array(w, "w")])
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "mm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
+            [numpy_helper.from_array(w, "w")],
+        )
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
         folder = tmp_path / f"v{k}"
         folder.mkdir()
@@ -242,8 +251,13 @@ def test_a_source_rewritten_in_a_loop_during_builds_never_mixes_or_crashes(tmp_p
     changing = [str(v.parent / target.name) for v in versions]
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(target), *changing, "20"])
     try:
-        build = subprocess.run([sys.executable, "-c", BUILDER, str(src), "40"], capture_output=True, text=True,
-                               timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        build = subprocess.run(
+            [sys.executable, "-c", BUILDER, str(src), "40"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
     finally:
         writer.kill()
         writer.wait()
@@ -266,9 +280,12 @@ def sparse_inline_gather(path: Path, name: str, mark: float) -> None:
     with row 7 holding ``mark`` and the rest zeros. Written field by field (onnx would
     build the whole table in memory)."""
     table = name + "_table"
-    g = helper.make_graph([helper.make_node("Gather", [table, name + "_i"], [name + "_y"])], name,
-                          [helper.make_tensor_value_info(name + "_i", TensorProto.INT64, [2])],
-                          [helper.make_tensor_value_info(name + "_y", TensorProto.FLOAT, [2, 1024])])
+    g = helper.make_graph(
+        [helper.make_node("Gather", [table, name + "_i"], [name + "_y"])],
+        name,
+        [helper.make_tensor_value_info(name + "_i", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info(name + "_y", TensorProto.FLOAT, [2, 1024])],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     n = ROWS * 4096
     head = varint(1 << 3) + varint(ROWS) + varint(1 << 3) + varint(1024)  # dims
@@ -383,12 +400,18 @@ def test_many_pipelines_release_their_memory_and_files_when_dropped(tmp_path):
     paths = []
     for k in range(2):
         w = np.random.default_rng(k).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB each
-        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
-                              [numpy_helper.from_array(w, "w")])
-        paths.append(save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
-                          tmp_path / f"m{k}.onnx"))
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])],
+            "mm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
+            [numpy_helper.from_array(w, "w")],
+        )
+        paths.append(
+            save(
+                helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / f"m{k}.onnx"
+            )
+        )
     private = tmp_path / "tmp"
     private.mkdir()
     env = {**os.environ, "TMPDIR": str(private), "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -443,8 +466,12 @@ def test_fastseqs_own_keys_in_a_source_are_not_trusted(tmp_path):
     # Inline data with the keys (and an absolute location) beside it: the data is inline.
     m = onnx.load(str(path))
     w = m.graph.initializer[0]
-    for key, value in (("location", str(secret)), ("offset", "0"), ("length", str(st.st_size)),
-                       ("fastseq:range", identity)):
+    for key, value in (
+        ("location", str(secret)),
+        ("offset", "0"),
+        ("length", str(st.st_size)),
+        ("fastseq:range", identity),
+    ):
         e = w.external_data.add()
         e.key, e.value = key, value
     assert w.data_location != TensorProto.EXTERNAL

@@ -28,10 +28,14 @@ X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
 def add_model(inp="a", other="b", out="s"):
     """s = a + b: a second model with two inputs, to re-wire."""
     g = helper.make_graph(
-        [helper.make_node("Add", [inp, other], [out])], "add",
-        [helper.make_tensor_value_info(inp, TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info(other, TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 4])])
+        [helper.make_node("Add", [inp, other], [out])],
+        "add",
+        [
+            helper.make_tensor_value_info(inp, TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info(other, TensorProto.FLOAT, [2, 4]),
+        ],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 4])],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -40,12 +44,19 @@ def two_output_model():
     two = numpy_helper.from_array(np.full((4,), 2.0, np.float32), "two")
     one = numpy_helper.from_array(np.full((4,), 1.0, np.float32), "one")
     g = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["m"]), helper.make_node("Relu", ["m"], ["p"]),
-         helper.make_node("Sub", ["m", "one"], ["q"])], "split",
+        [
+            helper.make_node("Mul", ["x", "two"], ["m"]),
+            helper.make_node("Relu", ["m"], ["p"]),
+            helper.make_node("Sub", ["m", "one"], ["q"]),
+        ],
+        "split",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("q", TensorProto.FLOAT, [2, 4])],
-        [two, one])
+        [
+            helper.make_tensor_value_info("p", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("q", TensorProto.FLOAT, [2, 4]),
+        ],
+        [two, one],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -53,9 +64,11 @@ def constant_model(n=512):
     """y = x + c where c is a Constant node's attribute tensor (not an initializer)."""
     c = numpy_helper.from_array(np.arange(n, dtype=np.float32), "cval")
     g = helper.make_graph(
-        [helper.make_node("Constant", [], ["c"], value=c), helper.make_node("Add", ["x", "c"], ["y"])], "const",
+        [helper.make_node("Constant", [], ["c"], value=c), helper.make_node("Add", ["x", "c"], ["y"])],
+        "const",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, n])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n])],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -300,14 +313,24 @@ def test_as_methods_pass_provider_options(monkeypatch):
     assert seen[-1] == [("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})]
     with pytest.warns(RuntimeWarning) if "CUDAExecutionProvider" not in ort.get_available_providers() else _nothing():
         pipe.as_cuda(0, gpu_mem_limit=1 << 30)
-    assert pipe.engine.requested_providers == [("CUDAExecutionProvider", {"device_id": 0, "gpu_mem_limit": 1 << 30}),
-                               "CPUExecutionProvider"]
-    with pytest.warns(RuntimeWarning) if "TensorrtExecutionProvider" not in ort.get_available_providers() else _nothing():
+    assert pipe.engine.requested_providers == [
+        ("CUDAExecutionProvider", {"device_id": 0, "gpu_mem_limit": 1 << 30}),
+        "CPUExecutionProvider",
+    ]
+    with (
+        pytest.warns(RuntimeWarning) if "TensorrtExecutionProvider" not in ort.get_available_providers() else _nothing()
+    ):
         pipe.as_tensorrt(1, trt_fp16_enable=True)
-    assert pipe.engine.requested_providers[0] == ("TensorrtExecutionProvider", {"device_id": 1, "trt_fp16_enable": True})
+    assert pipe.engine.requested_providers[0] == (
+        "TensorrtExecutionProvider",
+        {"device_id": 1, "trt_fp16_enable": True},
+    )
     with pytest.warns(RuntimeWarning):
         pipe.as_openvino("CPU", precision="FP32")
-    assert pipe.engine.requested_providers[0] == ("OpenVINOExecutionProvider", {"device_type": "CPU", "precision": "FP32"})
+    assert pipe.engine.requested_providers[0] == (
+        "OpenVINOExecutionProvider",
+        {"device_type": "CPU", "precision": "FP32"},
+    )
     np.testing.assert_allclose(pipe(X)[0], np.maximum(2 * X, 0))
 
 
@@ -444,8 +467,9 @@ def test_loader_urls_with_data_configs_and_cache_layout(tmp_path):
         assert config == {"size": [224, 224], "mean": [0.5]}
         assert (cache / "http" / host / "pre.json").is_file()
         assert fastseq.ONNXLoader.load_config(www / "pre.json") == config
-        path = fastseq.ONNXLoader.download_to_cache(f"{server.url}/pre.json", "configs/pre", cache_dir=cache,
-                                                    suffix=".json")
+        path = fastseq.ONNXLoader.download_to_cache(
+            f"{server.url}/pre.json", "configs/pre", cache_dir=cache, suffix=".json"
+        )
         assert path == str(cache / "configs" / "pre.json") and json.loads(Path(path).read_text()) == config
         target = tmp_path / "deep" / "er" / "file.json"
         fastseq.ONNXLoader.download(f"{server.url}/pre.json", str(target))
@@ -519,8 +543,11 @@ def test_run_composes_several_models_and_explains_bad_inputs(tmp_path, capsys, m
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], np.maximum(np.maximum(2 * X, 0) * 3, 0))
     np.savez(tmp_path / "x.npz", x=X)
     (tmp_path / "x.txt").write_text("1 2 3")
-    for file, match in [("x.npz", r"not a .npy file \(an .npz archive"), ("x.txt", "not a .npy file"),
-                        ("gone.npy", "no such file")]:
+    for file, match in [
+        ("x.npz", r"not a .npy file \(an .npz archive"),
+        ("x.txt", "not a .npy file"),
+        ("gone.npy", "no such file"),
+    ]:
         with pytest.raises(SystemExit, match=match):
             cli.main(["run", "a.onnx", "b.onnx", "--io-map", "h:in", "--input", f"x={file}"])
     with pytest.raises(SystemExit, match="2 models have 1 joint"):
@@ -538,7 +565,11 @@ def test_add_metadata_function_edits_the_model_in_place_like_kornia():
     helper.set_model_props(model, {"version": "old", "k": "v"})
     assert fastseq.add_metadata(model, [("k", "w"), ("x", 1)]) is model
     assert [(p.key, p.value) for p in model.metadata_props] == [
-        ("version", fastseq.__version__), ("k", "w"), ("source", "fastseq"), ("x", "1")]
+        ("version", fastseq.__version__),
+        ("k", "w"),
+        ("source", "fastseq"),
+        ("x", "1"),
+    ]
     onnx.checker.check_model(model)
 
 

@@ -70,8 +70,9 @@ def test_an_http_error_a_forbidden_download_and_a_short_transfer(www, tmp_path):
         error = raised(lambda: loader.download(f"{server.url}/a.onnx", str(folder / "off.pth"), False))
         assert isinstance(error, ValueError) and "not found" in str(error) and len(server.requests) == asked, side
         server.truncate = True
-        error = raised(lambda: loader.download_to_cache(f"{server.url}/a.onnx", "m", cache_dir=str(folder),
-                                                        suffix=".pth"))
+        error = raised(
+            lambda: loader.download_to_cache(f"{server.url}/a.onnx", "m", cache_dir=str(folder), suffix=".pth")
+        )
         server.truncate = False
         assert isinstance(error, urllib.error.ContentTooShortError), side
         assert len(server.requests) == asked + 1 and list(folder.iterdir()) == [], side  # one attempt
@@ -109,15 +110,24 @@ def test_the_same_cache_paths(www, tmp_path, monkeypatch):
     server, root = www
     (root / "sub").mkdir()
     onnx.save(scale_model(2.0), root / "sub" / "a.onnx")
-    cases = [("some_model", None, ".onnx"), (os.path.join("operators", "m"), None, ".onnx"),
-             ("m.onnx", "cache", ".onnx"), ("a/b", "~/cache", ".json"), ("m", "", None)]
+    cases = [
+        ("some_model", None, ".onnx"),
+        (os.path.join("operators", "m"), None, ".onnx"),
+        ("m.onnx", "cache", ".onnx"),
+        ("a/b", "~/cache", ".json"),
+        ("m", "", None),
+    ]
     for hub_cache_dir in (".kornia_hub", str(tmp_path / "custom")):
         monkeypatch.setattr(kornia_config, "hub_cache_dir", hub_cache_dir)
         for case in cases:
             assert SIDES["kornia"]._get_file_path(*case) == SIDES["fastseq"]._get_file_path(*case), case
     monkeypatch.setattr(kornia_config, "hub_cache_dir", ".kornia_hub")
-    urls = [f"{server.url}/a.onnx", f"{server.url}/sub/../a.onnx", f"{server.url}/a.onnx?v=2",
-            f"{server.url}//sub/./a.onnx"]
+    urls = [
+        f"{server.url}/a.onnx",
+        f"{server.url}/sub/../a.onnx",
+        f"{server.url}/a.onnx?v=2",
+        f"{server.url}//sub/./a.onnx",
+    ]
     for side, loader in SIDES.items():
         (tmp_path / side).mkdir()
         monkeypatch.chdir(tmp_path / side)

@@ -165,7 +165,8 @@ def test_kornia_download_timeout_bounds_each_wait(www, tmp_path, monkeypatch):
     assert list(target.parent.iterdir()) == []
     # fastseq's own sources honour it too (three tries, each cut at 0.2 s)
     worker, errors = download_in_a_thread(
-        lambda: fastseq.ONNXSequential(f"{server.url}/a.onnx", cache_dir=tmp_path / "own"))
+        lambda: fastseq.ONNXSequential(f"{server.url}/a.onnx", cache_dir=tmp_path / "own")
+    )
     worker.join(30)
     assert not worker.is_alive() and len(errors) == 1 and isinstance(errors[0], fastseq.DownloadTimeoutError)
 
@@ -314,19 +315,29 @@ def test_add_metadata_stamps_kornias_source_and_version_in_a_kornia_program(monk
     # entry per key (first position, last value), values as str
     model = fastseq.add_metadata(scale_model(1.0), [("test_key", "test_value")])
     assert [(p.key, p.value) for p in model.metadata_props] == [
-        ("source", "fastseq"), ("version", fastseq.__version__), ("test_key", "test_value")]
+        ("source", "fastseq"),
+        ("version", fastseq.__version__),
+        ("test_key", "test_value"),
+    ]
     monkeypatch.setitem(sys.modules, "kornia", types.SimpleNamespace(__version__="0.9.0"))
     model = fastseq.add_metadata(scale_model(1.0), [("test_key", "test_value")])
     model = fastseq.add_metadata(model, [("test_key", 2)])
     assert [(p.key, p.value) for p in model.metadata_props] == [
-        ("source", "kornia"), ("version", "0.9.0"), ("test_key", "2")]
+        ("source", "kornia"),
+        ("version", "0.9.0"),
+        ("test_key", "2"),
+    ]
     onnx.checker.check_model(model)
     repeated = scale_model(1.0)
     for key, value in [("source", "kornia"), ("version", "0.8.0"), ("author", "a"), ("author", "b")]:
         entry = repeated.metadata_props.add()
         entry.key, entry.value = key, value
     assert [(p.key, p.value) for p in fastseq.add_metadata(repeated, [("date", "20261001")]).metadata_props] == [
-        ("source", "kornia"), ("version", "0.9.0"), ("author", "b"), ("date", "20261001")]
+        ("source", "kornia"),
+        ("version", "0.9.0"),
+        ("author", "b"),
+        ("date", "20261001"),
+    ]
     pipe = fastseq.ONNXSequential(scale_model(2.0))
     assert pipe.add_metadata() and pipe.metadata == {"source": "kornia", "version": "0.9.0"}
 

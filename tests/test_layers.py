@@ -68,7 +68,9 @@ def imports(path: Path) -> set[str]:
             for a in node.names:  # `from fastseq.x import y`: y may be a module
                 sub = f"{mod}.{a.name}"
                 where = PACKAGE.parent / sub.replace(".", "/")
-                is_module = any(where.with_suffix(s).exists() for s in (".py", ".pyi")) or (where / "__init__.py").exists()
+                is_module = (
+                    any(where.with_suffix(s).exists() for s in (".py", ".pyi")) or (where / "__init__.py").exists()
+                )
                 found.add(sub if is_module else mod)
     found.discard(me)
     return found
@@ -86,7 +88,9 @@ def test_every_module_has_a_layer():
 def test_no_upward_import(name):
     mine = layer_of(name)
     upward = [m for m in sorted(imports(MODULES[name])) if m != "fastseq" and layer_of(m) > mine]
-    upward += ["fastseq"] if "fastseq" in imports(MODULES[name]) and name != "fastseq" and mine < len(LAYERS) - 1 else []
+    upward += (
+        ["fastseq"] if "fastseq" in imports(MODULES[name]) and name != "fastseq" and mine < len(LAYERS) - 1 else []
+    )
     assert not upward, f"{name} ({LAYERS[mine][0]}) imports {upward} from a layer above"
 
 
@@ -99,7 +103,7 @@ def test_no_import_circle():
         state[n] = 1
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                cycle = path[path.index(m):] + [m]
+                cycle = path[path.index(m) :] + [m]
                 raise AssertionError("import circle: " + " -> ".join(cycle))
             if m not in state:
                 visit(m, path + [m])
@@ -130,7 +134,7 @@ def _table(title: str) -> list[list[str]]:
     lines = DOC.read_text().split("\n")
     start = next(k for k, line in enumerate(lines) if line.startswith("#") and title in line)
     rows, inside = [], False
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("|"):
             inside = True
             cells = [c.strip() for c in line.strip("|").split("|")]
@@ -149,7 +153,7 @@ def _short(module: str, prefixes: list[str]) -> str | None:
     package = MODULES[module].name == "__init__.py"
     if module == prefix:
         return None if package else module.rpartition(".")[2]  # a folder, or fastseq.cli and the like
-    rest = module[len(prefix) + 1:].replace(".", "/")
+    rest = module[len(prefix) + 1 :].replace(".", "/")
     return rest + "/" if package else rest
 
 
@@ -167,7 +171,9 @@ def test_the_doc_lists_the_layers_in_order_with_every_module():
         mine = {m for m in MODULES if layer_of(m) == [n for n, _ in LAYERS].index(name)}
         expected = {_short(m, prefixes) for m in mine} - {None}
         listed = _named(row[1], prefixes) - {"_core"}
-        assert expected == listed, f"docs/architecture.md, layer {name}: missing {expected - listed}, stale {listed - expected}"
+        assert expected == listed, (
+            f"docs/architecture.md, layer {name}: missing {expected - listed}, stale {listed - expected}"
+        )
 
 
 def test_the_doc_lists_the_runtime_modules_in_import_order():
@@ -176,7 +182,7 @@ def test_the_doc_lists_the_runtime_modules_in_import_order():
     runtime = sorted(m.rpartition(".")[2] for m in MODULES if m.startswith("fastseq.runtime."))
     assert sorted(order) == runtime, f"docs/architecture.md's runtime table: {sorted(set(runtime) ^ set(order))}"
     for k, name in enumerate(order):
-        below = {f"fastseq.runtime.{n}" for n in order[k + 1:]}
+        below = {f"fastseq.runtime.{n}" for n in order[k + 1 :]}
         wrong = sorted(imports(MODULES[f"fastseq.runtime.{name}"]) & below)
         assert not wrong, f"runtime.{name} imports {wrong}, listed after it in docs/architecture.md"
 

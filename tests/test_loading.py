@@ -48,8 +48,13 @@ def hub(tmp_path, monkeypatch):
 def test_protos_bytes_paths_and_home_expansion(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     onnx.save(scale_model(3.0), tmp_path / "b.onnx")
-    for second in [scale_model(3.0).SerializeToString(), str(tmp_path / "b.onnx"), tmp_path / "b.onnx", "~/b.onnx",
-                   bytearray(scale_model(3.0).SerializeToString())]:
+    for second in [
+        scale_model(3.0).SerializeToString(),
+        str(tmp_path / "b.onnx"),
+        tmp_path / "b.onnx",
+        "~/b.onnx",
+        bytearray(scale_model(3.0).SerializeToString()),
+    ]:
         pipe = fastseq.ONNXSequential(scale_model(2.0), second)
         np.testing.assert_allclose(pipe(X)[0], WANT)
 
@@ -159,8 +164,13 @@ def test_hub_external_data_locations_are_checked_before_any_download(hub, tmp_pa
     server, root = hub
     folder = root / "acme" / "models" / "evil"
     folder.mkdir(parents=True)
-    onnx.save(scale_model(2.0, shape=(2, 512)), folder / "m.onnx", save_as_external_data=True,
-              location="m.bin", size_threshold=0)
+    onnx.save(
+        scale_model(2.0, shape=(2, 512)),
+        folder / "m.onnx",
+        save_as_external_data=True,
+        location="m.bin",
+        size_threshold=0,
+    )
     set_external_location(folder / "m.onnx", location)
     with pytest.raises(fastseq.LoadError, match="external data location .* is refused"):
         fastseq.ONNXSequential("hf://acme/models/evil/m.onnx", cache_dir=tmp_path / "c")

@@ -17,7 +17,19 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # n
 
 import fastseq  # noqa: E402
 from netserving import (  # noqa: E402
-    TYPES, Process, busy, cnn, every_type, get, lookup, metrics, mixing, pipe, running, several, wrong_answers,
+    TYPES,
+    Process,
+    busy,
+    cnn,
+    every_type,
+    get,
+    lookup,
+    metrics,
+    mixing,
+    pipe,
+    running,
+    several,
+    wrong_answers,
 )
 
 
@@ -77,12 +89,16 @@ def test_every_datatype_round_trips(cnn_server, binary):
     server, _ = cnn_server
     values = {
         "BOOL": np.array([[True, False, True], [False, False, True]]),
-        "UINT8": np.array([[0, 1, 255]] * 2, np.uint8), "UINT16": np.array([[0, 1, 65535]] * 2, np.uint16),
-        "UINT32": np.array([[0, 1, 2**32 - 1]] * 2, np.uint32), "UINT64": np.array([[0, 1, 2**64 - 1]] * 2, np.uint64),
-        "INT8": np.array([[-128, 0, 127]] * 2, np.int8), "INT16": np.array([[-(2**15), 0, 2**15 - 1]] * 2, np.int16),
+        "UINT8": np.array([[0, 1, 255]] * 2, np.uint8),
+        "UINT16": np.array([[0, 1, 65535]] * 2, np.uint16),
+        "UINT32": np.array([[0, 1, 2**32 - 1]] * 2, np.uint32),
+        "UINT64": np.array([[0, 1, 2**64 - 1]] * 2, np.uint64),
+        "INT8": np.array([[-128, 0, 127]] * 2, np.int8),
+        "INT16": np.array([[-(2**15), 0, 2**15 - 1]] * 2, np.int16),
         "INT32": np.array([[-(2**31), 0, 2**31 - 1]] * 2, np.int32),
         "INT64": np.array([[-(2**63), 0, 2**63 - 1]] * 2, np.int64),
-        "FP16": np.array([[-1.5, 0.25, 65504]] * 2, np.float16), "FP32": np.array([[-1.5, 1e-30, 3e38]] * 2, np.float32),
+        "FP16": np.array([[-1.5, 0.25, 65504]] * 2, np.float16),
+        "FP32": np.array([[-1.5, 1e-30, 3e38]] * 2, np.float32),
         "FP64": np.array([[-1.5, 1e-300, 1e308]] * 2, np.float64),
         "BYTES": np.array([[b"", "café".encode(), b"x"], [b"yz", b"ab", b"c d"]], dtype=object),
     }
@@ -109,8 +125,11 @@ def test_several_inputs_and_outputs(cnn_server):
     for name, a in want.items():
         np.testing.assert_allclose(result.as_numpy(name), a)
     # Requested outputs: only those, in the order asked, each as asked.
-    result = c.infer("several", [tensor("k", k), tensor("x", x)],
-                     outputs=[http.InferRequestedOutput("norm", binary_data=False), http.InferRequestedOutput("doubled")])
+    result = c.infer(
+        "several",
+        [tensor("k", k), tensor("x", x)],
+        outputs=[http.InferRequestedOutput("norm", binary_data=False), http.InferRequestedOutput("doubled")],
+    )
     response = result.get_response()
     assert [o["name"] for o in response["outputs"]] == ["norm", "doubled"]
     assert "data" in response["outputs"][0] and "parameters" in response["outputs"][1]
@@ -127,7 +146,9 @@ def test_errors_name_the_pipelines_tensors(cnn_server):
     x = np.zeros((1, 3, 20, 20), np.float32)
     with pytest.raises(InferenceServerException, match="'imag' is not an input of model 'cnn' \\(did you mean 'image'"):
         c.infer("cnn", [tensor("imag", x)])
-    with pytest.raises(InferenceServerException, match="'logit' is not an output of model 'cnn' \\(did you mean 'logits'"):
+    with pytest.raises(
+        InferenceServerException, match="'logit' is not an output of model 'cnn' \\(did you mean 'logits'"
+    ):
         c.infer("cnn", [tensor("image", x)], outputs=[http.InferRequestedOutput("logit")])
     with pytest.raises(InferenceServerException, match="input 'image' expects float32, got float64"):
         c.infer("cnn", [tensor("image", x.astype(np.float64))])
@@ -231,8 +252,9 @@ def test_a_pipeline_file_of_two_pipelines(tmp_path):
         assert c.is_model_ready("classify") and c.is_model_ready("tabular")
         x = np.random.default_rng(4).random((2, 3, 20, 20), dtype=np.float32)
         want = fastseq.ONNXSequential("builtin:normalize?mean=0.5&std=0.25", tmp_path / "cnn.onnx")(x)[0]
-        np.testing.assert_allclose(c.infer("classify", [tensor("input", x)]).as_numpy("logits"), want, rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            c.infer("classify", [tensor("input", x)]).as_numpy("logits"), want, rtol=1e-5, atol=1e-6
+        )
         got = c.infer("tabular", [tensor("x", np.ones((1, 4), np.float32)), tensor("k", np.array([[2]], np.int64))])
         assert got.as_numpy("doubled").tolist() == [[4]]
         assert "ready: classify at" in server.text() and "tabular at" in server.text()
@@ -312,12 +334,17 @@ def test_a_failed_warm_up_is_said_to_every_request_and_no_warm_up_serves_anyway(
     import onnx as _onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    pairs = helper.make_model(helper.make_graph(
-        [helper.make_node("Reshape", ["x", "pairs"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
-        [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    pairs = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Reshape", ["x", "pairs"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
+            [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     _onnx.checker.check_model(pairs)
     from fastseq import serving
     from fastseq.serving.server import Server
@@ -350,9 +377,12 @@ def test_a_pipeline_with_a_tensor_the_protocol_cannot_carry_is_refused_by_name()
 
     from fastseq import serving
 
-    g = helper.make_graph([helper.make_node("SequenceConstruct", ["x", "x"], ["pair"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
-                          [helper.make_tensor_sequence_value_info("pair", TensorProto.FLOAT, ["N", 2])])
+    g = helper.make_graph(
+        [helper.make_node("SequenceConstruct", ["x", "x"], ["pair"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_sequence_value_info("pair", TensorProto.FLOAT, ["N", 2])],
+    )
     p = pipe(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     with pytest.raises(fastseq.CompositionError, match=r"cannot serve output 'pair' of type seq\(tensor\(float\)\)"):
         serving.app(p)

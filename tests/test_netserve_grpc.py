@@ -19,8 +19,11 @@ from netserving import cnn, every_type, metrics, pipe, running, several, wrong_a
 
 @pytest.fixture(scope="module")
 def server():
-    with running({"cnn": pipe(cnn()), "types": pipe(every_type()), "several": pipe(several())}, grpc_port=0,
-                 max_request_bytes=1 << 20) as s:
+    with running(
+        {"cnn": pipe(cnn()), "types": pipe(every_type()), "several": pipe(several())},
+        grpc_port=0,
+        max_request_bytes=1 << 20,
+    ) as s:
         yield s
 
 
@@ -58,17 +61,26 @@ def test_infer_matches_the_pipeline_and_many_callers_are_batched(server):
 
 def test_every_datatype_and_requested_outputs(server):
     values = {
-        "BOOL": np.array([[True, False, True]]), "UINT8": np.array([[0, 1, 255]], np.uint8),
-        "UINT16": np.array([[0, 1, 65535]], np.uint16), "UINT32": np.array([[0, 1, 2**32 - 1]], np.uint32),
-        "UINT64": np.array([[0, 1, 2**64 - 1]], np.uint64), "INT8": np.array([[-128, 0, 127]], np.int8),
-        "INT16": np.array([[-(2**15), 0, 1]], np.int16), "INT32": np.array([[-(2**31), 0, 1]], np.int32),
-        "INT64": np.array([[-(2**63), 0, 1]], np.int64), "FP16": np.array([[-1.5, 0.25, 65504]], np.float16),
-        "FP32": np.array([[-1.5, 1e-30, 3e38]], np.float32), "FP64": np.array([[-1.5, 1e-300, 1e308]]),
+        "BOOL": np.array([[True, False, True]]),
+        "UINT8": np.array([[0, 1, 255]], np.uint8),
+        "UINT16": np.array([[0, 1, 65535]], np.uint16),
+        "UINT32": np.array([[0, 1, 2**32 - 1]], np.uint32),
+        "UINT64": np.array([[0, 1, 2**64 - 1]], np.uint64),
+        "INT8": np.array([[-128, 0, 127]], np.int8),
+        "INT16": np.array([[-(2**15), 0, 1]], np.int16),
+        "INT32": np.array([[-(2**31), 0, 1]], np.int32),
+        "INT64": np.array([[-(2**63), 0, 1]], np.int64),
+        "FP16": np.array([[-1.5, 0.25, 65504]], np.float16),
+        "FP32": np.array([[-1.5, 1e-30, 3e38]], np.float32),
+        "FP64": np.array([[-1.5, 1e-300, 1e308]]),
         "BYTES": np.array([[b"", "café".encode(), b"x y"]], dtype=object),
     }
     c = client(server)
-    result = c.infer("types", [tensor(f"in_{d.lower()}", a) for d, a in values.items()],
-                     outputs=[tg.InferRequestedOutput(f"out_{d.lower()}") for d in reversed(list(values))])
+    result = c.infer(
+        "types",
+        [tensor(f"in_{d.lower()}", a) for d, a in values.items()],
+        outputs=[tg.InferRequestedOutput(f"out_{d.lower()}") for d in reversed(list(values))],
+    )
     assert [o.name for o in result.get_response().outputs] == [f"out_{d.lower()}" for d in reversed(list(values))]
     for d, a in values.items():
         got = result.as_numpy(f"out_{d.lower()}")
@@ -98,13 +110,32 @@ def test_typed_contents_made_by_hand(server):
     total = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(1, 4)
     assert total.tolist() == [[6.0, 7.0, 8.0, 9.0]]
     strings = service_pb2.ModelInferRequest(model_name="types")
-    for d in ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64", "BYTES"):
+    for d in (
+        "BOOL",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP32",
+        "FP64",
+        "BYTES",
+    ):
         t = strings.inputs.add(name=f"in_{d.lower()}", datatype=d, shape=[1, 3])
-        field = {"BOOL": "bool_contents", "INT64": "int64_contents", "UINT64": "uint64_contents",
-                 "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}.get(
-            d, "uint_contents" if d.startswith("U") else "int_contents")
-        getattr(t.contents, field).extend([b"a", b"b", b"c"] if d == "BYTES" else [True, False, True] if d == "BOOL"
-                                          else [1, 2, 3])
+        field = {
+            "BOOL": "bool_contents",
+            "INT64": "int64_contents",
+            "UINT64": "uint64_contents",
+            "FP32": "fp32_contents",
+            "FP64": "fp64_contents",
+            "BYTES": "bytes_contents",
+        }.get(d, "uint_contents" if d.startswith("U") else "int_contents")
+        getattr(t.contents, field).extend(
+            [b"a", b"b", b"c"] if d == "BYTES" else [True, False, True] if d == "BOOL" else [1, 2, 3]
+        )
     with pytest.raises(grpc.RpcError) as e:  # FP16 has no typed contents: raw only
         stub(server).ModelInfer(strings)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "missing input: in_fp16" in e.value.details()
@@ -127,8 +158,9 @@ def test_hostile_requests(server):
     assert "1200000000000 values of FP32" in refused(server, one([10**9, 3, 20, 20], raw=b"\0" * 4))
     assert "each axis must be an integer from 0" in refused(server, one([-1, 3, 20, 20], raw=b""))
     assert "multiply past" in refused(server, one([0, 2**62], raw=b""))
-    assert "expects float32, got float64" in refused(server, one([1, 3, 20, 20], np.zeros((1, 3, 20, 20)).tobytes(),
-                                                                 "FP64"))
+    assert "expects float32, got float64" in refused(
+        server, one([1, 3, 20, 20], np.zeros((1, 3, 20, 20)).tobytes(), "FP64")
+    )
     assert "'FLOAT' is not a KServe datatype" in refused(server, one([1, 3, 20, 20], datatype="FLOAT"))
     assert "'imag' is not an input" in refused(server, one([1, 3, 20, 20], name="imag"))
     r = one([1, 3, 20, 20])
@@ -146,5 +178,6 @@ def test_hostile_requests(server):
     # and the server answers on
     assert client(server).is_server_ready()
     x = np.ones((1, 3, 20, 20), np.float32)
-    np.testing.assert_allclose(client(server).infer("cnn", [tensor("image", x)]).as_numpy("logits"),
-                               pipe(cnn())(x)[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        client(server).infer("cnn", [tensor("image", x)]).as_numpy("logits"), pipe(cnn())(x)[0], rtol=1e-5
+    )

@@ -23,16 +23,18 @@ INFER = "/v2/models/cnn/infer"
 
 @pytest.fixture(scope="module")
 def server():
-    with running({"cnn": pipe(cnn()), "slow": pipe(busy(30))}, max_request_bytes=1 << 20, body_timeout_s=0.5,
-                 max_queue=64) as s:
+    with running(
+        {"cnn": pipe(cnn()), "slow": pipe(busy(30))}, max_request_bytes=1 << 20, body_timeout_s=0.5, max_queue=64
+    ) as s:
         yield s
 
 
 def still_answers(server) -> None:
     """The server answers a good request after whatever came before."""
     x = np.ones((1, 3, 20, 20), np.float32)
-    body = json.dumps({"inputs": [{"name": "image", "shape": [1, 3, 20, 20], "datatype": "FP32",
-                                   "data": x.reshape(-1).tolist()}]}).encode()
+    body = json.dumps(
+        {"inputs": [{"name": "image", "shape": [1, 3, 20, 20], "datatype": "FP32", "data": x.reshape(-1).tolist()}]}
+    ).encode()
     status, _, answer = raw(server.port, post(INFER, body))
     assert status == 200, answer
     assert len(json.loads(answer)["outputs"][0]["data"]) == 10
@@ -57,17 +59,31 @@ def test_malformed_json(server):
 
 
 def test_a_shape_of_a_billion_rows_with_one_value(server):
-    body = json.dumps({"inputs": [{"name": "image", "shape": [10**9, 3, 20, 20], "datatype": "FP32",
-                                   "data": [1.0]}]}).encode()
+    body = json.dumps(
+        {"inputs": [{"name": "image", "shape": [10**9, 3, 20, 20], "datatype": "FP32", "data": [1.0]}]}
+    ).encode()
     assert "1200000000000 values, but its data holds 1 value" in refused(server, post(INFER, body), 400)["error"]
-    body, n = header_and([{"name": "image", "shape": [10**9, 3, 20, 20], "datatype": "FP32",
-                           "parameters": {"binary_data_size": 4}}], b"\0\0\0\0")
+    body, n = header_and(
+        [{"name": "image", "shape": [10**9, 3, 20, 20], "datatype": "FP32", "parameters": {"binary_data_size": 4}}],
+        b"\0\0\0\0",
+    )
     error = refused(server, post(INFER, body, {"Inference-Header-Content-Length": str(n)}), 400)["error"]
     assert "binary_data_size is 4" in error
 
 
-@pytest.mark.parametrize("shape", [[-1, 3, 20, 20], [2**64, 3, 20, 20], [1, 3, 20, "20"], [1] * 100, "1,3,20,20",
-                                   [0, 2**62], [2**62, 0, 2**62], [1] * 40])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [-1, 3, 20, 20],
+        [2**64, 3, 20, 20],
+        [1, 3, 20, "20"],
+        [1] * 100,
+        "1,3,20,20",
+        [0, 2**62],
+        [2**62, 0, 2**62],
+        [1] * 40,
+    ],
+)
 def test_negative_huge_and_malformed_dims(server, shape):
     body = json.dumps({"inputs": [{"name": "image", "shape": shape, "datatype": "FP32", "data": [0.0]}]}).encode()
     assert "input 'image'" in refused(server, post(INFER, body), 400)["error"]
@@ -86,22 +102,36 @@ def test_wrong_datatypes_and_unknown_names(server):
     out = json.loads(one())
     out["outputs"] = [{"name": "logitz"}]
     assert "'logitz' is not an output" in refused(server, post(INFER, json.dumps(out).encode()), 400)["error"]
-    assert "takes POST, not GET" in refused(server, b"GET /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\n\r\n", 405)["error"]
+    assert (
+        "takes POST, not GET" in refused(server, b"GET /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\n\r\n", 405)["error"]
+    )
     assert "no route" in refused(server, b"GET /v3/anything HTTP/1.1\r\nHost: x\r\n\r\n", 404)["error"]
 
 
 def test_a_binary_header_length_past_the_body(server):
     x = np.zeros((1, 3, 20, 20), np.float32).tobytes()
-    body, n = header_and([{"name": "image", "shape": [1, 3, 20, 20], "datatype": "FP32",
-                           "parameters": {"binary_data_size": len(x)}}], x)
+    body, n = header_and(
+        [{"name": "image", "shape": [1, 3, 20, 20], "datatype": "FP32", "parameters": {"binary_data_size": len(x)}}], x
+    )
     for bad in (str(len(body) + 1), str(10**17), "-5", "abc", "1" * 40):
         error = refused(server, post(INFER, body, {"Inference-Header-Content-Length": bad}), 400)["error"]
         assert "Inference-Header-Content-Length" in error
     # a binary size past the body's end
-    body, n = header_and([{"name": "image", "shape": [1, 3, 20, 20], "datatype": "FP32",
-                           "parameters": {"binary_data_size": len(x) * 2}}], x)
-    assert "past the end of the body" in refused(
-        server, post(INFER, body, {"Inference-Header-Content-Length": str(n)}), 400)["error"]
+    body, n = header_and(
+        [
+            {
+                "name": "image",
+                "shape": [1, 3, 20, 20],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": len(x) * 2},
+            }
+        ],
+        x,
+    )
+    assert (
+        "past the end of the body"
+        in refused(server, post(INFER, body, {"Inference-Header-Content-Length": str(n)}), 400)["error"]
+    )
 
 
 def test_a_body_over_the_limit(server):
@@ -179,8 +209,18 @@ def test_a_thousand_concurrent_connections(server):
     """1,000 connections at once, each with a request: every one is answered (200, or 503
     when the queue is full), and the server answers afterwards."""
     x = np.ones((1, 3, 20, 20), np.float32)
-    head = json.dumps({"inputs": [{"name": "image", "shape": [1, 3, 20, 20], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": [1, 3, 20, 20],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ]
+        }
+    ).encode()
     request = post(INFER, head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))})
     sockets = []
     try:

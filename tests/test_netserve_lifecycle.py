@@ -24,8 +24,9 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
 def request_body(rows: int = 1) -> bytes:
-    return json.dumps({"inputs": [{"name": "x", "shape": [rows, 1], "datatype": "FP32",
-                                   "data": [1.0] * rows}]}).encode()
+    return json.dumps(
+        {"inputs": [{"name": "x", "shape": [rows, 1], "datatype": "FP32", "data": [1.0] * rows}]}
+    ).encode()
 
 
 def test_ready_only_after_the_warm_up(tmp_path):
@@ -80,12 +81,17 @@ def test_sigterm_drains_and_exits_0(tmp_path):
 
 def test_a_warm_up_that_fails_exits_1(tmp_path):
     # Reshape to pairs: a row of one value (the warm-up's dynamic axes are 1) cannot be split.
-    model = helper.make_model(helper.make_graph(
-        [helper.make_node("Reshape", ["x", "pairs"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
-        [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")]),
-        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Reshape", ["x", "pairs"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
+            [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     onnx.save(model, tmp_path / "pairs.onnx")
     server = Process(str(tmp_path / "pairs.onnx"))
     code = server.proc.wait(60)
@@ -98,8 +104,9 @@ def test_the_commands_own_errors(tmp_path):
     import sys
 
     def serve(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fastseq", "serve", *args], capture_output=True, text=True,
-                              timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "fastseq", "serve", *args], capture_output=True, text=True, timeout=120
+        )
 
     r = serve(str(tmp_path / "missing.onnx"), "--port", "0")
     assert r.returncode == 1 and r.stderr.count("fastseq: error:") == 1 and "Traceback" not in r.stderr

@@ -46,8 +46,9 @@ def request(arrays: dict[str, np.ndarray], binary: bool = True, outputs=None, **
         x = InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype) if a.dtype != object else "BYTES")
         x.set_data_from_numpy(a, binary_data=binary)
         inputs.append(x)
-    body, length = InferenceServerClient.generate_request_body(inputs, outputs, request_id=kw.pop("request_id", ""),
-                                                               timeout=kw.pop("timeout", None), parameters=kw or None)
+    body, length = InferenceServerClient.generate_request_body(
+        inputs, outputs, request_id=kw.pop("request_id", ""), timeout=kw.pop("timeout", None), parameters=kw or None
+    )
     return (body.encode() if isinstance(body, str) else body), length
 
 
@@ -92,8 +93,9 @@ def test_every_datatype_encodes_as_tritonclient_reads_it(binary):
 
 def test_binary_inputs_are_views_of_the_body_where_aligned():
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
-    head = json.dumps({"inputs": [{"name": "in_fp32", "shape": [4, 3], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 48}}]}).encode()
+    head = json.dumps(
+        {"inputs": [{"name": "in_fp32", "shape": [4, 3], "datatype": "FP32", "parameters": {"binary_data_size": 48}}]}
+    ).encode()
     for pad in range(4):  # the JSON header's length puts the data at every offset modulo 4
         header = head + b" " * pad
         body = header + x.tobytes()
@@ -103,9 +105,12 @@ def test_binary_inputs_are_views_of_the_body_where_aligned():
 
 
 def test_requested_outputs_ids_and_parameters():
-    body, length = request({"in_fp32": EVERY["FP32"]}, outputs=[InferRequestedOutput("out_int64", binary_data=False),
-                                                                  InferRequestedOutput("out_fp32")],
-                           request_id="abc", timeout=2500)
+    body, length = request(
+        {"in_fp32": EVERY["FP32"]},
+        outputs=[InferRequestedOutput("out_int64", binary_data=False), InferRequestedOutput("out_fp32")],
+        request_id="abc",
+        timeout=2500,
+    )
     got = decode(body, length)
     assert got.id == "abc" and got.outputs == [("out_int64", False), ("out_fp32", True)]
     assert got.timeout_s == pytest.approx(0.0025)
@@ -144,22 +149,35 @@ def test_hostile_requests_are_refused_before_allocation():
     assert "multiply past" in refused(doc(shape=[2**62, 2**62, 2**62], data=[1.0]))
     # Binary sizes that disagree with the shape, or run past the body.
     x = np.zeros((1, 3), np.float32).tobytes()
-    header = json.dumps({"inputs": [{"name": "in_fp32", "shape": [10**9, 3], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": 12}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "in_fp32", "shape": [10**9, 3], "datatype": "FP32", "parameters": {"binary_data_size": 12}}
+            ]
+        }
+    ).encode()
     assert "binary_data_size is 12" in refused(header + x, len(header))
-    header = json.dumps({"inputs": [{"name": "in_fp32", "shape": [1, 3], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": 10**12}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "in_fp32", "shape": [1, 3], "datatype": "FP32", "parameters": {"binary_data_size": 10**12}}
+            ]
+        }
+    ).encode()
     assert "past the end of the body" in refused(header + x, len(header))
     assert "Inference-Header-Content-Length is 99999" in refused(header + x, 99999)
-    header = json.dumps({"inputs": [{"name": "in_fp32", "shape": [1, 3], "datatype": "FP32",
-                                     "parameters": {"binary_data_size": 12}}]}).encode()
+    header = json.dumps(
+        {"inputs": [{"name": "in_fp32", "shape": [1, 3], "datatype": "FP32", "parameters": {"binary_data_size": 12}}]}
+    ).encode()
     assert "bytes after the binary data" in refused(header + x + b"junk", len(header))
     # BYTES: more elements claimed than 4-byte lengths could fit, a length past the end, not UTF-8.
-    strings = json.dumps({"inputs": [{"name": "in_bytes", "shape": [1, 3], "datatype": "BYTES",
-                                      "parameters": {"binary_data_size": 8}}]}).encode()
+    strings = json.dumps(
+        {"inputs": [{"name": "in_bytes", "shape": [1, 3], "datatype": "BYTES", "parameters": {"binary_data_size": 8}}]}
+    ).encode()
     assert "only 8 bytes" in refused(strings + b"\0" * 8, len(strings))
-    strings = json.dumps({"inputs": [{"name": "in_bytes", "shape": [1, 1], "datatype": "BYTES",
-                                      "parameters": {"binary_data_size": 8}}]}).encode()
+    strings = json.dumps(
+        {"inputs": [{"name": "in_bytes", "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": 8}}]}
+    ).encode()
     assert "runs past" in refused(strings + struct.pack("<I", 2**31) + b"abcd", len(strings))
     assert "not UTF-8" in refused(strings + struct.pack("<I", 4) + b"\xff\xfe\xfd\xfc", len(strings))
 
@@ -170,7 +188,9 @@ def test_malformed_requests_name_what_is_wrong():
     assert "must be a JSON object" in refused("[1, 2]")
     assert "needs 'inputs'" in refused("{}")
     assert "'in_fp32x' is not an input of model 'm' (did you mean 'in_fp32'?)" in refused(doc(name="in_fp32x"))
-    assert "input 'in_fp32': 'FLOAT32' is not a KServe datatype; model 'm' takes FP32" in refused(doc(datatype="FLOAT32"))
+    assert "input 'in_fp32': 'FLOAT32' is not a KServe datatype; model 'm' takes FP32" in refused(
+        doc(datatype="FLOAT32")
+    )
     assert "given twice" in refused(json.dumps({"inputs": [json.loads(doc())["inputs"][0]] * 2}))
     assert "neither 'data'" in refused(json.dumps({"inputs": [{"name": "in_fp32", "shape": [1], "datatype": "FP32"}]}))
     assert "its data holds 2 values" in refused(doc(data=[1, 2]))

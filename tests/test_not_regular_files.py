@@ -89,8 +89,13 @@ def never_blocked(*fifos: Path, grace: float = 3.0) -> Iterator[None]:
 def external_model(folder: Path, kind: str) -> tuple[Path, contextlib.AbstractContextManager]:
     """A model whose external data file ``m.bin`` is a ``kind``."""
     folder.mkdir(exist_ok=True)
-    onnx.save(scale_model(2.0, shape=(2, N)), str(folder / "m.onnx"), save_as_external_data=True,
-              location="m.bin", size_threshold=0)
+    onnx.save(
+        scale_model(2.0, shape=(2, N)),
+        str(folder / "m.onnx"),
+        save_as_external_data=True,
+        location="m.bin",
+        size_threshold=0,
+    )
     (folder / "m.bin").unlink()
     return folder / "m.onnx", make_special(folder / "m.bin", kind)
 
@@ -137,8 +142,12 @@ def test_fastseq_merge_refuses_them_with_one_line_and_leaves_nothing(tmp_path, k
     onnx.save(scale_model(3.0, shape=(2, N)), str(plain))
     for args in ([str(model)], [str(plain), str(model)]):
         with alive if args == [str(model)] else contextlib.nullcontext():
-            r = subprocess.run([sys.executable, "-m", "fastseq", "merge", *args, "-o", str(tmp_path / "o.onnx")],
-                               capture_output=True, text=True, timeout=120)
+            r = subprocess.run(
+                [sys.executable, "-m", "fastseq", "merge", *args, "-o", str(tmp_path / "o.onnx")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and lines[0].startswith("fastseq: error:"), r.stderr
         assert "m.bin" in lines[0] and f"is {WHAT[kind]}" in lines[0]
@@ -171,8 +180,12 @@ def test_a_pipeline_files_stage_that_is_a_fifo_is_refused_without_blocking(tmp_p
     (tmp_path / "pipeline.toml").write_text('[stages]\nscale = "m.onnx"\n')
     with alive, never_blocked(*fifos(tmp_path)), pytest.raises(fastseq.LoadError, match="m.bin.* is a FIFO"):
         fastseq.Pipeline.from_file(tmp_path / "pipeline.toml", session_cache=False)
-    r = subprocess.run([sys.executable, "-m", "fastseq", "inspect", str(tmp_path / "pipeline.toml")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "fastseq", "inspect", str(tmp_path / "pipeline.toml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and "is a FIFO" in r.stderr, r.stderr
 
 

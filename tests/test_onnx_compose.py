@@ -191,7 +191,9 @@ def both_merge(m1, m2, **kwargs) -> ModelProto:
     ours = compose.merge_models(m1, m2, **kwargs)
     assert_same_model(ours, ref)
     assert_same_model(fastseq.merge_models(m1, m2, **kwargs), ref)
-    graph_kwargs = {k: v for k, v in kwargs.items() if k not in ("producer_name", "producer_version", "domain", "model_version")}
+    graph_kwargs = {
+        k: v for k, v in kwargs.items() if k not in ("producer_name", "producer_version", "domain", "model_version")
+    }
     ref_g = onnx_compose.merge_graphs(m1.graph, m2.graph, **graph_kwargs)
     ours_g = compose.merge_graphs(m1.graph, m2.graph, **graph_kwargs)
     assert_same_graph(ours_g, ref_g)
@@ -222,7 +224,11 @@ VARIATIONS = {
         dict(io_map=[("B00", "B01"), ("B10", "B11"), ("B20", "B21")], outputs=["B00", "D0"]),
     ),
     # The first model's unconsumed output kept, the rest left to the io_map.
-    "first_output_kept": (M1_DEF, M2_DEF, dict(io_map=[("B00", "B01"), ("B00", "B11"), ("B00", "B21")], outputs=["B10", "D0"])),
+    "first_output_kept": (
+        M1_DEF,
+        M2_DEF,
+        dict(io_map=[("B00", "B01"), ("B00", "B11"), ("B00", "B21")], outputs=["B10", "D0"]),
+    ),
     # inputs alone: the first model is cut down (its dead node goes), the second is not.
     "inputs_cut_dead_nodes": (DEAD, TAIL, dict(io_map=[("y", "u")], inputs=["x", "v"])),
     # outputs alone: value_info as the Extractor keeps it (inputs and outputs included).
@@ -231,7 +237,11 @@ VARIATIONS = {
     "no_cut_keeps_dead_nodes": (DEAD, TAIL, dict(io_map=[("y", "u")])),
     # What the cut leaves out of the first model no longer clashes with the second's names.
     "cut_part_names_free": (DEAD, SHARES_DEAD_NAMES, dict(io_map=[("y", "u")], inputs=["x"])),
-    "prefixes_and_cut": (DROP_1, DROP_2, dict(io_map=[("A1", "B2")], inputs=["a/A0"], outputs=["b/B3"], prefix1="a/", prefix2="b/")),
+    "prefixes_and_cut": (
+        DROP_1,
+        DROP_2,
+        dict(io_map=[("A1", "B2")], inputs=["a/A0"], outputs=["b/B3"], prefix1="a/", prefix2="b/"),
+    ),
     "prefix_first_only": (DEAD, TAIL, dict(io_map=[("y", "u")], prefix1="p/")),
     "prefix_second_only": (DEAD, TAIL, dict(io_map=[("y", "u")], prefix2="q/", outputs=["q/z", "side"])),
     "explicit_fields": (
@@ -362,8 +372,12 @@ def test_wrong_argument_types_are_type_errors_like_onnx_compose():
 
 
 def test_different_ir_versions_merge_where_onnx_compose_refuses():
-    m1 = load('<ir_version: 7, opset_import: [ "": 13]> agraph (float[N, M] X0) => (float[N, M] Y0) { Y0 = Add(X0, X0) }')
-    m2 = load('<ir_version: 6, opset_import: [ "": 13]> agraph (float[N, M] X1) => (float[N, M] Y1) { Y1 = Add(X1, X1) }')
+    m1 = load(
+        '<ir_version: 7, opset_import: [ "": 13]> agraph (float[N, M] X0) => (float[N, M] Y0) { Y0 = Add(X0, X0) }'
+    )
+    m2 = load(
+        '<ir_version: 6, opset_import: [ "": 13]> agraph (float[N, M] X1) => (float[N, M] Y1) { Y1 = Add(X1, X1) }'
+    )
     with pytest.raises(ValueError, match="IR version mismatch"):
         onnx_compose.merge_models(m1, m2, io_map=[("Y0", "X1")])
     merged = compose.merge_models(m1, m2, io_map=[("Y0", "X1")])
@@ -394,9 +408,13 @@ def test_external_data_references_are_kept_as_onnx_compose_keeps_them(tmp_path, 
 
 def _big_weight_model() -> ModelProto:
     w = numpy_helper.from_array(np.arange(3, dtype=np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"], name="scale")], "weights",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["y"], name="scale")],
+        "weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -412,7 +430,9 @@ def _ir3_pair():
     """IR 3 models, which list their initializers among the inputs."""
     w = numpy_helper.from_array(np.array([1.0, 2.0, 3.0], np.float32), "w")
     vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [3])  # noqa: E731
-    g1 = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"], name="add")], "first", [vi("x"), vi("w")], [vi("y")], [w])
+    g1 = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")], "first", [vi("x"), vi("w")], [vi("y")], [w]
+    )
     g2 = helper.make_graph([helper.make_node("Relu", ["u"], ["z"], name="relu")], "second", [vi("u")], [vi("z")])
     return [helper.make_model(g, opset_imports=[helper.make_opsetid("", 8)], ir_version=3) for g in (g1, g2)]
 
@@ -493,8 +513,14 @@ def _if_model(name: str, reads: str, local: str, with_initializer: bool) -> Mode
     nodes = [
         helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name=f"{name}_sum"),
         helper.make_node("Greater", ["s", "zero"], ["cond"], name=f"{name}_gt"),
-        helper.make_node("If", ["cond"], ["y"], name=f"{name}_if",
-                         then_branch=body("Mul", "then_out", f"{local}_t"), else_branch=body("Sub", "else_out", local)),
+        helper.make_node(
+            "If",
+            ["cond"],
+            ["y"],
+            name=f"{name}_if",
+            then_branch=body("Mul", "then_out", f"{local}_t"),
+            else_branch=body("Sub", "else_out", local),
+        ),
     ]
     inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
     if with_initializer:
@@ -547,7 +573,9 @@ def test_bodies_reading_an_outer_initializer_stay_valid_where_onnx_compose_break
 
 
 def _sparse(name: str) -> onnx.SparseTensorProto:
-    values = helper.make_tensor(name + "_values", TensorProto.FLOAT, [3], np.array([1.7, 0.4, 0.9], np.float32), raw=False)
+    values = helper.make_tensor(
+        name + "_values", TensorProto.FLOAT, [3], np.array([1.7, 0.4, 0.9], np.float32), raw=False
+    )
     indices = helper.make_tensor(name + "_idx", TensorProto.INT64, [3], np.array([2, 3, 5], np.int64), raw=False)
     return helper.make_sparse_tensor(values, indices, [3, 3])
 
@@ -590,11 +618,16 @@ def test_initializers_sparse_initializers_and_value_info_of_fed_inputs_are_dropp
 def _sparse_model(name: str) -> ModelProto:
     """y = x + the values of a sparse initializer, and y2 = -x."""
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", f"{name}_w_values"], ["y"], name=f"{name}_add"),
-         helper.make_node("Neg", ["x"], ["y2"], name=f"{name}_neg")],
+        [
+            helper.make_node("Add", ["x", f"{name}_w_values"], ["y"], name=f"{name}_add"),
+            helper.make_node("Neg", ["x"], ["y2"], name=f"{name}_neg"),
+        ],
         name,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]), helper.make_tensor_value_info("y2", TensorProto.FLOAT, [3])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("y2", TensorProto.FLOAT, [3]),
+        ],
     )
     graph.sparse_initializer.extend([_sparse(f"{name}_w")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -610,14 +643,18 @@ def test_sparse_initializers_merge_and_are_cut_down_where_onnx_compose_refuses()
         onnx.checker.check_model(ref, full_check=True)
     with pytest.raises(fastseq.InvalidShapesError, match="sparse_tensor") as e:
         compose.merge_models(m1, m2, **kw)
-    assert isinstance(e.value, onnx.shape_inference.InferenceError) and isinstance(e.value.__cause__, type(e.value.__cause__))
+    assert isinstance(e.value, onnx.shape_inference.InferenceError) and isinstance(
+        e.value.__cause__, type(e.value.__cause__)
+    )
     assert_same_model(fastseq.merge_models(m1, m2, **kw), ref)  # fastseq's own merge_models returns it
     with pytest.raises(ValueError, match="len_sparse_initializer"):
         onnx_compose.merge_models(m1, m2, io_map=[("y", "x")], prefix1="p/", prefix2="q/", outputs=["q/y"])
     merged = fastseq.merge_models(m1, m2, io_map=[("y", "x")], prefix1="p/", prefix2="q/", outputs=["q/y"])
     onnx.checker.check_model(merged)
     assert [(s.values.name, s.indices.name) for s in merged.graph.sparse_initializer] == [
-        ("p/a_w_values", "p/a_w_idx"), ("q/b_w_values", "q/b_w_idx")]
+        ("p/a_w_values", "p/a_w_idx"),
+        ("q/b_w_values", "q/b_w_idx"),
+    ]
 
 
 def _function(domain, name, inputs, outputs, nodes, ops):
@@ -635,8 +672,12 @@ def _function_models():
     bodies), m3 calls local.f2, which calls local.f1."""
     ops = [helper.make_opsetid("", 10), helper.make_opsetid("local", 10)]
     g = GraphProto()
-    g.input.extend([helper.make_tensor_value_info("x0", TensorProto.FLOAT, []),
-                    helper.make_tensor_value_info("x1", TensorProto.FLOAT, [])])
+    g.input.extend(
+        [
+            helper.make_tensor_value_info("x0", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("x1", TensorProto.FLOAT, []),
+        ]
+    )
     g.output.extend([helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
     g.node.extend([helper.make_node("f1", domain="local", inputs=["x0", "x1"], outputs=["y"])])
     models = []
@@ -645,25 +686,43 @@ def _function_models():
         gk.CopyFrom(g)
         gk.name = name
         m = helper.make_model(gk, producer_name="test", opset_imports=ops)
-        m.functions.extend([_function("local", "f1", ["x0", "x1"], ["y"], [helper.make_node(op, ["x0", "x1"], ["y"])], ops)])
+        m.functions.extend(
+            [_function("local", "f1", ["x0", "x1"], ["y"], [helper.make_node(op, ["x0", "x1"], ["y"])], ops)]
+        )
         models.append(m)
     g3 = GraphProto()
     g3.CopyFrom(g)
     g3.name = "g3"
     g3.node[0].op_type = "f2"
     m3 = helper.make_model(g3, producer_name="test", opset_imports=ops)
-    m3.functions.extend([
-        _function("local", "f1", ["x0", "x1"], ["y"], [
-            helper.make_node("Add", ["x0", "x1"], ["y0"]),
-            helper.make_node("Mul", ["x0", "x1"], ["y1"]),
-            helper.make_node("Add", ["y0", "y1"], ["y"]),
-        ], ops),
-        _function("local", "f2", ["x0", "x1"], ["y"], [
-            helper.make_node("f1", domain="local", inputs=["x0", "x1"], outputs=["y0"]),
-            helper.make_node("Mul", ["x0", "x1"], ["y1"]),
-            helper.make_node("Add", ["y0", "y1"], ["y"]),
-        ], ops),
-    ])
+    m3.functions.extend(
+        [
+            _function(
+                "local",
+                "f1",
+                ["x0", "x1"],
+                ["y"],
+                [
+                    helper.make_node("Add", ["x0", "x1"], ["y0"]),
+                    helper.make_node("Mul", ["x0", "x1"], ["y1"]),
+                    helper.make_node("Add", ["y0", "y1"], ["y"]),
+                ],
+                ops,
+            ),
+            _function(
+                "local",
+                "f2",
+                ["x0", "x1"],
+                ["y"],
+                [
+                    helper.make_node("f1", domain="local", inputs=["x0", "x1"], outputs=["y0"]),
+                    helper.make_node("Mul", ["x0", "x1"], ["y1"]),
+                    helper.make_node("Add", ["y0", "y1"], ["y"]),
+                ],
+                ops,
+            ),
+        ]
+    )
     models.append(m3)
     return models
 
@@ -703,8 +762,16 @@ def _rich_model() -> ModelProto:
     g.node.append(helper.make_node("fn", ["y", "x"], ["z"], domain="local", name="call"))
     g.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4]))
     m.opset_import.append(helper.make_opsetid("local", 1))
-    m.functions.append(_function("local", "fn", ["a", "b"], ["c"], [helper.make_node("Add", ["a", "b"], ["c"])],
-                                 [helper.make_opsetid("", 17)]))
+    m.functions.append(
+        _function(
+            "local",
+            "fn",
+            ["a", "b"],
+            ["c"],
+            [helper.make_node("Add", ["a", "b"], ["c"])],
+            [helper.make_opsetid("", 17)],
+        )
+    )
     onnx.checker.check_model(m)
     return m
 
@@ -725,8 +792,10 @@ def test_add_prefix_gives_onnx_compose_result(flags, source):
         onnx.checker.check_model(ours, full_check=True)
         feeds = {i.name: X for i in ours.graph.input}
         want = run(m, {"x": X})
-        assert sorted(run(ours, feeds).values(), key=lambda a: a.sum())[0].tolist() == sorted(
-            want.values(), key=lambda a: a.sum())[0].tolist()
+        assert (
+            sorted(run(ours, feeds).values(), key=lambda a: a.sum())[0].tolist()
+            == sorted(want.values(), key=lambda a: a.sum())[0].tolist()
+        )
         return
     assert_same_model(ours, ref)
     ref_g = onnx_compose.add_prefix_graph(m.graph, "pre/", **kwargs)
@@ -757,9 +826,13 @@ def test_add_prefix_attribute_subgraph_like_onnx_compose():
     X, Y, Z, Out = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("X", "Y", "Z", "Out"))
     add = helper.make_node("Add", inputs=["XY", "Z"], outputs=["Out"])
     sub = helper.make_node("Sub", inputs=["XY", "Z"], outputs=["Out"])
-    cond = helper.make_node("If", inputs=["C"], outputs=["Out"],
-                            then_branch=helper.make_graph([add], "then", [], [Out]),
-                            else_branch=helper.make_graph([sub], "else", [], [Out]))
+    cond = helper.make_node(
+        "If",
+        inputs=["C"],
+        outputs=["Out"],
+        then_branch=helper.make_graph([add], "then", [], [Out]),
+        else_branch=helper.make_graph([sub], "else", [], [Out]),
+    )
     graph = helper.make_graph([helper.make_node("Mul", ["X", "Y"], ["XY"]), cond], "graph", [C, X, Y, Z], [Out])
     ours = compose.add_prefix_graph(graph, "prefix.")
     onnx.checker.check_graph(ours)
@@ -806,7 +879,9 @@ def test_expand_out_dim_gives_onnx_compose_result(dim_idx):
     ref = onnx_compose.expand_out_dim(m, dim_idx)
     ours = compose.expand_out_dim(m, dim_idx)
     assert_same_model(ours, ref)
-    assert_same_graph(compose.expand_out_dim_graph(m.graph, dim_idx), onnx_compose.expand_out_dim_graph(m.graph, dim_idx))
+    assert_same_graph(
+        compose.expand_out_dim_graph(m.graph, dim_idx), onnx_compose.expand_out_dim_graph(m.graph, dim_idx)
+    )
     copy = ModelProto()
     copy.CopyFrom(m)
     assert compose.expand_out_dim(copy, dim_idx, inplace=True) is copy
@@ -842,10 +917,18 @@ def test_expand_out_dim_keeps_symbolic_dims_and_older_opsets_valid():
 # --- check_overlapping_names --------------------------------------------------------------
 
 
-def _overlap_models(inputs0=("i0", "i1"), inputs1=("i2", "i3"), outputs0=("o0", "o1"), outputs1=("o2", "o3"),
-                    value_info0=("v0", "v1"), value_info1=("v2", "v3"), initializer0=("init0", "init1"),
-                    initializer1=("init2", "init3"), sparse0=("sparse_init0", "sparse_init1"),
-                    sparse1=("sparse_init2", "sparse_init3")):
+def _overlap_models(
+    inputs0=("i0", "i1"),
+    inputs1=("i2", "i3"),
+    outputs0=("o0", "o1"),
+    outputs1=("o2", "o3"),
+    value_info0=("v0", "v1"),
+    value_info1=("v2", "v3"),
+    initializer0=("init0", "init1"),
+    initializer1=("init2", "init3"),
+    sparse0=("sparse_init0", "sparse_init1"),
+    sparse1=("sparse_init2", "sparse_init3"),
+):
     def model(name, ins, outs, vis, inits, sparse):
         g = helper.make_graph(
             [helper.make_node("Identity", [i], [o]) for i, o in zip(ins, outs)],
@@ -858,8 +941,10 @@ def _overlap_models(inputs0=("i0", "i1"), inputs1=("i2", "i3"), outputs0=("o0", 
         )
         return helper.make_model(g, producer_name="test", opset_imports=[helper.make_opsetid("", 10)])
 
-    return (model("g0", inputs0, outputs0, value_info0, initializer0, sparse0),
-            model("g1", inputs1, outputs1, value_info1, initializer1, sparse1))
+    return (
+        model("g0", inputs0, outputs0, value_info0, initializer0, sparse0),
+        model("g1", inputs1, outputs1, value_info1, initializer1, sparse1),
+    )
 
 
 @pytest.mark.parametrize(
@@ -914,7 +999,8 @@ def test_the_public_module_exports_the_whole_of_onnx_compose():
     for name in compose.__all__:
         ours, ref = inspect.signature(getattr(compose, name)), inspect.signature(getattr(onnx_compose, name))
         assert [(p.name, p.default) for p in ours.parameters.values()] == [
-            (p.name, p.default) for p in ref.parameters.values()], name
+            (p.name, p.default) for p in ref.parameters.values()
+        ], name
 
 
 @pytest.mark.parametrize("combo", list(itertools.product([None, "a/"], [None, "b/"])))

@@ -174,7 +174,9 @@ def test_a_chain_checks_each_source_once_and_never_its_growing_result(monkeypatc
     stages = [_model(A.replace("a (", f"s{k} (")) for k in range(5)]
     merged = compose.add_prefix(stages[0], "s0/")
     for k in range(1, 5):
-        merged = compose.merge_models(merged, compose.add_prefix(stages[k], f"s{k}/"), io_map=[(f"s{k - 1}/y", f"s{k}/x")])
+        merged = compose.merge_models(
+            merged, compose.add_prefix(stages[k], f"s{k}/"), io_map=[(f"s{k - 1}/y", f"s{k}/x")]
+        )
     assert checked == [f"s{k}" for k in range(5)], checked
     real(merged, full_check=True)
 
@@ -182,8 +184,10 @@ def test_a_chain_checks_each_source_once_and_never_its_growing_result(monkeypatc
 def test_checker_errors_are_fastseq_classes_that_pickle():
     import pickle
 
-    for cls, base in ((fastseq.InvalidModelError, onnx.checker.ValidationError),
-                      (fastseq.InvalidShapesError, onnx.shape_inference.InferenceError)):
+    for cls, base in (
+        (fastseq.InvalidModelError, onnx.checker.ValidationError),
+        (fastseq.InvalidShapesError, onnx.shape_inference.InferenceError),
+    ):
         assert issubclass(cls, fastseq.FastseqError) and issubclass(cls, base) and not issubclass(cls, ValueError)
         back = pickle.loads(pickle.dumps(cls("m: bad")))
         assert type(back) is cls and str(back) == "m: bad"
@@ -195,8 +199,14 @@ def _with_unknown_fields(m: onnx.ModelProto) -> onnx.ModelProto:
     import, a dim."""
     m = onnx.ModelProto.FromString(m.SerializeToString())
     g = m.graph
-    for msg in (g.node[0], g.input[0], g.output[0], g.initializer[0], m.opset_import[0],
-                g.input[0].type.tensor_type.shape.dim[0]):
+    for msg in (
+        g.node[0],
+        g.input[0],
+        g.output[0],
+        g.initializer[0],
+        m.opset_import[0],
+        g.input[0].type.tensor_type.shape.dim[0],
+    ):
         msg.MergeFromString(compose_fuzz.UNKNOWN_FIELD)
     return m
 
@@ -303,9 +313,26 @@ def test_a_checker_value_error_on_a_source_is_not_raised_when_the_result_passes(
     assert type(ref) is type(info.value) and str(ref) == str(info.value)
 
 
-@pytest.mark.parametrize("seed", [2003, 4284, 996, 1458, 1547, 2291, 2747, 3339,  # a known field, another wire type
-                                  25986, 48816, 57003, 72785,  # the checker's plain ValueError on a source
-                                  9096, 25169, 92263])  # an io_map of names protobuf hands back as bytes
+@pytest.mark.parametrize(
+    "seed",
+    [
+        2003,
+        4284,
+        996,
+        1458,
+        1547,
+        2291,
+        2747,
+        3339,  # a known field, another wire type
+        25986,
+        48816,
+        57003,
+        72785,  # the checker's plain ValueError on a source
+        9096,
+        25169,
+        92263,
+    ],
+)  # an io_map of names protobuf hands back as bytes
 def test_what_onnx_harness_found_is_onnx_result_byte_for_byte(seed):
     """The harness's inputs where onnx.compose returned a valid model and fastseq raised: each
     now gives onnx's model, byte for byte."""

@@ -38,7 +38,9 @@ def test_a_misspelt_keyword_of_any_operator_gets_the_near_miss(name, param):
 
 
 def test_the_issue_case_and_the_other_call_mistakes():
-    with pytest.raises(OperatorError, match=r"^resize has no parameter 'keep_aspects' \(did you mean 'keep_aspect'\?\)"):
+    with pytest.raises(
+        OperatorError, match=r"^resize has no parameter 'keep_aspects' \(did you mean 'keep_aspect'\?\)"
+    ):
         ops.resize(224, keep_aspects=True)
     with pytest.raises(OperatorError, match=r"^resize needs size \(e.g. resize\(size=...\)\)"):
         ops.resize()
@@ -84,8 +86,10 @@ def test_heads_take_the_rank_of_what_feeds_them(form):
 
 def test_heads_fit_in_graphs_in_chains_of_heads_and_after_pickling():
     img = image_model(["N", 3, 5, 4])
-    pipe = fastseq.Pipeline({"m": img, "sm": ops.softmax(axis=1), "top": pickle.loads(pickle.dumps(ops.topk(2, axis=1)))},
-                            edges=["m.y -> sm.input", "sm.probabilities -> top.input"])
+    pipe = fastseq.Pipeline(
+        {"m": img, "sm": ops.softmax(axis=1), "top": pickle.loads(pickle.dumps(ops.topk(2, axis=1)))},
+        edges=["m.y -> sm.input", "sm.probabilities -> top.input"],
+    )
     values, indices = pipe(IMAGES)
     probs = softmax(IMAGES, 1)
     np.testing.assert_allclose(values, -np.sort(-probs, axis=1)[:, :2], rtol=1e-6)
@@ -100,8 +104,11 @@ def test_a_given_rank_is_kept_and_an_axis_out_of_the_fed_rank_is_an_operator_err
     img = image_model(["N", 3, 5, 4])
     with pytest.raises(fastseq.CompositionError, match="shape mismatch"):
         fastseq.ONNXSequential(img, ops.softmax(axis=1, rank=2))
-    with pytest.raises(OperatorError, match=r"softmax \(#1\): fed img \(#0\).y of rank 2: softmax: axis must be in "
-                                            r"\[-2, 1\] for rank 2, got 3"):
+    with pytest.raises(
+        OperatorError,
+        match=r"softmax \(#1\): fed img \(#0\).y of rank 2: softmax: axis must be in "
+        r"\[-2, 1\] for rank 2, got 3",
+    ):
         fastseq.ONNXSequential(image_model(["N", 5]), ops.softmax(axis=3))
     assert ops.softmax(axis=3).inputs[0].shape == ("N", "d1", "d2", "d3"), "on its own: the rank the axis needs"
 
@@ -109,7 +116,10 @@ def test_a_given_rank_is_kept_and_an_axis_out_of_the_fed_rank_is_an_operator_err
 def test_a_head_after_an_output_of_unknown_shape_stays_as_built():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "u", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "u", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
     pipe = fastseq.ONNXSequential(model, ops.softmax())
     np.testing.assert_allclose(pipe(IMAGES[:, 0, 0])[0], softmax(IMAGES[:, 0, 0], -1), rtol=1e-6)

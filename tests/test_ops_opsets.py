@@ -120,8 +120,13 @@ REFERENCES = [
     ("layout", ("NHWC", "NCHW"), {"dtype": "uint8"}, [IMAGES], [IMAGES.transpose(0, 3, 1, 2)]),
     ("rgb_to_bgr", (), {}, [NCHW], [NCHW[:, ::-1]]),
     ("grayscale", (), {}, [NCHW], [np.tensordot([0.299, 0.587, 0.114], NCHW, ([0], [1]))[:, None]]),
-    ("grayscale", (3,), {"layout": "NHWC"}, [IMAGES.astype(np.float32)],
-     [np.repeat((IMAGES.astype(np.float32) @ np.float32([0.299, 0.587, 0.114]))[..., None], 3, -1)]),
+    (
+        "grayscale",
+        (3,),
+        {"layout": "NHWC"},
+        [IMAGES.astype(np.float32)],
+        [np.repeat((IMAGES.astype(np.float32) @ np.float32([0.299, 0.587, 0.114]))[..., None], 3, -1)],
+    ),
     ("normalize", (0.5, 0.25), {}, [NCHW], [(NCHW - 0.5) / 0.25]),
     ("resize", ((5, 7), "nearest"), {}, [NCHW], [nearest(NCHW, (5, 7))]),
     ("resize", ((17, 4),), {}, [NCHW], [bilinear(NCHW, (17, 4))]),
@@ -129,9 +134,17 @@ REFERENCES = [
     ("center_crop", ((12, 16),), {}, [NCHW], [_center_crop(NCHW, 12, 16)]),  # padded on both axes
     ("center_crop", ((4, 20),), {}, [NCHW], [_center_crop(NCHW, 4, 20)]),  # cut one, pad the other
     # 9 x 13 fits in 18 x 18 at scale 18/13: resized to 12 x 18, padded 3 above and below.
-    ("letterbox", (18, 0.5), {"mode": "nearest"}, [NCHW],
-     [np.pad(nearest(NCHW, (12, 18)), ((0, 0), (0, 0), (3, 3), (0, 0)), constant_values=0.5),
-      np.float32(18 / 13), np.int64([3, 0, 3, 0])]),
+    (
+        "letterbox",
+        (18, 0.5),
+        {"mode": "nearest"},
+        [NCHW],
+        [
+            np.pad(nearest(NCHW, (12, 18)), ((0, 0), (0, 0), (3, 3), (0, 0)), constant_values=0.5),
+            np.float32(18 / 13),
+            np.int64([3, 0, 3, 0]),
+        ],
+    ),
     ("flatten", (), {}, [NCHW], [NCHW.reshape(2, -1)]),
     ("softmax", (), {}, [SCORES[0]], [_softmax(SCORES[0], -1)]),
     ("softmax", (0,), {"rank": 3}, [SCORES], [_softmax(SCORES, 0)]),
@@ -171,18 +184,27 @@ def test_every_operator_is_checked_against_numpy():
 @pytest.mark.parametrize("name", sorted(set(ops.names())))
 def test_opsets_before_11_are_refused_naming_the_operator(name):
     args = {"resize": (8,), "center_crop": (8,), "letterbox": (8,), "topk": (1,)}.get(name, ())
-    with pytest.raises(OperatorError, match=rf"^{name}: opset must be between 11 and {_graph.LATEST_OPSET}, got 10: "
-                                            r"opset 10 lacks the forms of the ops"):
+    with pytest.raises(
+        OperatorError,
+        match=rf"^{name}: opset must be between 11 and {_graph.LATEST_OPSET}, got 10: "
+        r"opset 10 lacks the forms of the ops",
+    ):
         ops.build(name, *args, opset=10)
-    with pytest.raises(OperatorError, match=rf"^{name}: opset must be between 11 and {_graph.LATEST_OPSET}, got "
-                                            rf"{_graph.LATEST_OPSET + 1}$"):
+    with pytest.raises(
+        OperatorError,
+        match=rf"^{name}: opset must be between 11 and {_graph.LATEST_OPSET}, got "
+        rf"{_graph.LATEST_OPSET + 1}$",
+    ):
         ops.build(name, *args, opset=_graph.LATEST_OPSET + 1)
     ops.build(name, *args, opset=11)
 
 
 def test_a_builtin_string_at_an_opset_without_the_op_names_the_operator():
-    with pytest.raises(OperatorError, match=r"^builtin:resize\?size=8&antialias=true&opset=12: resize: antialias=True "
-                                            r"needs opset 18 or later, got opset=12$"):
+    with pytest.raises(
+        OperatorError,
+        match=r"^builtin:resize\?size=8&antialias=true&opset=12: resize: antialias=True "
+        r"needs opset 18 or later, got opset=12$",
+    ):
         fastseq.compose(["builtin:resize?size=8&antialias=true&opset=12"])
     with pytest.raises(OperatorError, match=r"^builtin:topk\?k=3&opset=9: topk: opset must be between 11"):
         fastseq.compose(["builtin:topk?k=3&opset=9"])
@@ -226,8 +248,11 @@ def test_at_opset_builds_operators_again_and_leaves_the_rest():
     assert ops.at_opset("builtin:color_head", 11) is None  # shipped files are models
     assert ops.at_opset("builtin:shipped/normalize", 11) is None
     assert ops.at_opset("model.onnx", 11) is None and ops.at_opset(bytes(op), 11) is None
-    with pytest.raises(OperatorError, match=r"^builtin:resize\?size=8&antialias=true: resize: antialias=True needs "
-                                            r"opset 18 or later, got opset=11$"):
+    with pytest.raises(
+        OperatorError,
+        match=r"^builtin:resize\?size=8&antialias=true: resize: antialias=True needs "
+        r"opset 18 or later, got opset=11$",
+    ):
         ops.at_opset("builtin:resize?size=8&antialias=true", 11)
 
 
@@ -251,8 +276,11 @@ def test_python_pipelines_converted_to_an_early_opset_build_their_operators_at_i
     # An operator that cannot be built at the opset asked for is refused, named; with
     # "highest" it stays as built and the models go up to it.
     resize = ops.resize(4, antialias=True)
-    with pytest.raises(OperatorError, match=r"resize: antialias=True needs opset 18 or later, got opset=11 \(the "
-                                            r"models are converted to opset 11\)"):
+    with pytest.raises(
+        OperatorError,
+        match=r"resize: antialias=True needs opset 18 or later, got opset=11 \(the "
+        r"models are converted to opset 11\)",
+    ):
         fastseq.compose([resize, model], opset=11)
     assert fastseq.compose([resize, model], opset="highest").opset_import[0].version == 18
 
@@ -263,13 +291,18 @@ def test_the_command_line_composes_builtin_operators_before_an_opset_11_model(tm
     want = _topk(expected_scores(IMAGES), 2, -1)
 
     def fastseq_cli(*args):
-        return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path,
-                              timeout=180)
+        return subprocess.run(
+            [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path, timeout=180
+        )
 
     # Operators that name opset 11; and operators following --opset (highest or 11): built at
     # 11, the model left as exported.
-    named = ["builtin:to_float?opset=11", "builtin:layout?src=NHWC&dst=NCHW&opset=11", "pooled11.onnx",
-             "builtin:topk?k=2&opset=11"]
+    named = [
+        "builtin:to_float?opset=11",
+        "builtin:layout?src=NHWC&dst=NCHW&opset=11",
+        "pooled11.onnx",
+        "builtin:topk?k=2&opset=11",
+    ]
     following = ["builtin:to_float?", "builtin:layout?src=NHWC&dst=NCHW", "pooled11.onnx", "builtin:topk?k=2"]
     runs = [(named, []), (following, ["--opset", "highest"]), (following, ["--opset", "11"])]
     for i, (stages, extra) in enumerate(runs):

@@ -375,8 +375,10 @@ def test_every_way_of_naming_an_operator_gives_the_same_shapes(tmp_path):
     )
     via_file = fastseq.Pipeline.from_file(tmp_path / "p.toml")
     for model in (via_ops, via_strings):
-        got = [(o.name, o.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim])
-               for o in model.graph.output]
+        got = [
+            (o.name, o.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim])
+            for o in model.graph.output
+        ]
         assert got == [(n, helper.np_dtype_to_tensor_dtype(np.dtype(t)), s) for n, t, s in want]
     assert [(o.name, str(o.dtype), list(o.shape)) for o in via_file.outputs] == want
     sequential = fastseq.ONNXSequential(str(tmp_path / "resnet18.onnx"), "builtin:softmax", ops.topk(3))

@@ -28,9 +28,12 @@ EXTERNAL_KEY = "session.optimized_model_external_initializers_file_name"
 def matmul_model(k: int = 0, dim: int = 64) -> onnx.ModelProto:
     w = numpy_helper.from_array(np.random.default_rng(k).standard_normal((dim, dim)).astype(np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])], f"mm{k}",
+        [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
+        f"mm{k}",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], [w])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
 
 
@@ -42,8 +45,13 @@ def slow_model() -> onnx.ModelProto:
         nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
         prev = f"h{k}"
     nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])], [w])
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
 
 
@@ -101,8 +109,10 @@ def test_a_cached_session_runs_with_the_callers_settings(tmp_path):
     stored = fastseq.ONNXSequential(matmul_model(), session_options=options, session_cache=cache)
     hit = fastseq.ONNXSequential(matmul_model(), session_options=options, session_cache=cache)
     assert (stored.session_info["cache"], hit.session_info["cache"]) == ("stored", "hit")
-    for pipe, level in ((stored, ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
-                        (hit, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)):
+    for pipe, level in (
+        (stored, ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+        (hit, ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+    ):
         used = pipe.get_session().get_session_options()
         assert used.intra_op_num_threads == 1 and used.get_session_config_entry("session.disable_prepacking") == "1"
         assert used.graph_optimization_level == level
@@ -130,8 +140,9 @@ def test_an_optimised_export_leaves_the_callers_options(tmp_path):
         list(pool.map(lambda k: pipe.export(tmp_path / f"o{k}.onnx", optimized=True), range(4)))
     assert snapshot(options) == before
     for k in range(4):
-        np.testing.assert_allclose(fastseq.ONNXSequential(str(tmp_path / f"o{k}.onnx"))(X)[0], pipe(X)[0],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            fastseq.ONNXSequential(str(tmp_path / f"o{k}.onnx"))(X)[0], pipe(X)[0], rtol=1e-5, atol=1e-6
+        )
 
 
 def test_run_settings_go_on_a_copy_and_the_callers_terminate_still_stops_the_call():
@@ -162,8 +173,11 @@ def test_a_copy_carries_every_config_key_onnxruntime_reads():
     assert library, "onnxruntime's library not found"
     with open(library[0], "rb") as f:
         data = f.read()
-    found = {m.decode() for m in re.findall(rb"(?<=\x00)((?:session|optimization|mlas|ep)\.[a-z0-9_.]+)(?=\x00)", data)
-             if not m.endswith(b".")}
+    found = {
+        m.decode()
+        for m in re.findall(rb"(?<=\x00)((?:session|optimization|mlas|ep)\.[a-z0-9_.]+)(?=\x00)", data)
+        if not m.endswith(b".")
+    }
     assert len(found) > 50
     missing = sorted(found - set(_CONFIG_KEYS))
     assert not missing, f"add these keys to fastseq/graph/session_settings.py's _CONFIG_KEYS: {missing}"
@@ -193,11 +207,15 @@ def test_a_custom_operator_library_cannot_be_copied_and_says_so(tmp_path):
     """ONNX Runtime cannot copy custom operator libraries: a pipeline that needs one runs on
     the caller's options as they are, without the session cache (a warning that says why);
     a profile, which needs settings of its own, is a RunError that says why."""
-    extensions = pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions (a custom op library)")
+    extensions = pytest.importorskip(
+        "onnxruntime_extensions", reason="needs onnxruntime-extensions (a custom op library)"
+    )
     graph = helper.make_graph(
-        [helper.make_node("StringLower", ["x"], ["y"], domain="ai.onnx.contrib")], "lower",
+        [helper.make_node("StringLower", ["x"], ["y"], domain="ai.onnx.contrib")],
+        "lower",
         [helper.make_tensor_value_info("x", TensorProto.STRING, ["N"])],
-        [helper.make_tensor_value_info("y", TensorProto.STRING, ["N"])])
+        [helper.make_tensor_value_info("y", TensorProto.STRING, ["N"])],
+    )
     model = helper.make_model(graph, opset_imports=[*OPSET, helper.make_opsetid("ai.onnx.contrib", 1)], ir_version=8)
     options = ort.SessionOptions()
     options.register_custom_ops_library(extensions.get_library_path())
@@ -242,8 +260,9 @@ def test_a_pipeline_file_cannot_make_onnx_runtime_write_a_file(tmp_path, monkeyp
     assert f"session_options: {name}: a pipeline file cannot name a file" in str(e.value) and instead in str(e.value)
     np.save(tmp_path / "x.npy", np.ones((2, 64), np.float32))
     for args in (["run", "p.toml", "--input", "x=x.npy"], ["merge", "p.toml", "-o", "out.onnx"]):
-        r = subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, timeout=120,
-                           cwd=tmp_path)
+        r = subprocess.run(
+            [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and name in lines[0] and instead in lines[0], r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "notes.txt", "p.toml", "x.npy"]
@@ -257,9 +276,11 @@ def test_a_callers_options_naming_a_file_are_an_input_error_naming_the_option(tm
     names the option and the call that writes the file through fastseq's writer."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("the user's notes")
-    for attribute, value, instead in [("optimized_model_filepath", "notes.txt", "export(path, optimized=True)"),
-                                      ("enable_profiling", True, "profile()"),
-                                      ("profile_file_prefix", "notes", "profile()")]:
+    for attribute, value, instead in [
+        ("optimized_model_filepath", "notes.txt", "export(path, optimized=True)"),
+        ("enable_profiling", True, "profile()"),
+        ("profile_file_prefix", "notes", "profile()"),
+    ]:
         options = ort.SessionOptions()
         setattr(options, attribute, value)
         makers = [

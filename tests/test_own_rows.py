@@ -22,21 +22,29 @@ def tabular() -> fastseq.ONNXSequential:
     rng = np.random.default_rng(7)
     w = numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b")
-    return pipe(_model([helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
-                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], [w, b]))
+    return pipe(
+        _model(
+            [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+            [w, b],
+        )
+    )
 
 
 def requests(seed: int, callers: int, each: int, most: int = 4) -> list[list[np.ndarray]]:
     """``callers`` lists of ``each`` requests of 0 to ``most`` rows, every row distinct."""
     rng = np.random.default_rng(seed)
-    return [[rng.standard_normal((int(rng.integers(0, most + 1)), 4)).astype(np.float32) for _ in range(each)]
-            for _ in range(callers)]
+    return [
+        [rng.standard_normal((int(rng.integers(0, most + 1)), 4)).astype(np.float32) for _ in range(each)]
+        for _ in range(callers)
+    ]
 
 
 def same(got: list[np.ndarray], expected: list[np.ndarray]) -> bool:
     return len(got) == len(expected) and all(
-        g.shape == e.shape and np.allclose(g, e, rtol=1e-5, atol=1e-6) for g, e in zip(got, expected))
+        g.shape == e.shape and np.allclose(g, e, rtol=1e-5, atol=1e-6) for g, e in zip(got, expected)
+    )
 
 
 def test_a_request_of_no_rows_beside_one_of_two_takes_none_of_its_rows():
@@ -70,6 +78,7 @@ def test_batcher_threads_and_coroutines_get_their_own_rows(seed):
     half = len(callers) // 2
 
     with p.batcher(max_batch_size=int(rng.integers(2, 17)), max_delay_ms=float(rng.choice([0, 1]))) as b:
+
         def thread(k: int) -> None:
             for j, x in enumerate(callers[k]):
                 if not same(b(x), expected[k][j]):
@@ -111,6 +120,7 @@ def _http_input(binary: bool):
         x = th.InferInput(name, list(a.shape), "FP32")
         x.set_data_from_numpy(a, binary_data=binary)
         return x
+
     return make
 
 

@@ -105,7 +105,9 @@ def test_fan_in_with_a_skip_and_stages_in_any_order(image):
         ],
         inputs={"picture": "backbone.image"},
     )
-    assert pipe.stages.index("backbone") < pipe.stages.index("res") < pipe.stages.index("join") < pipe.stages.index("head")
+    assert (
+        pipe.stages.index("backbone") < pipe.stages.index("res") < pipe.stages.index("join") < pipe.stages.index("head")
+    )
     (logits,) = pipe(picture=image)
     features = only(run(BACKBONE, {"image": image}))
     residual = only(run(RESIDUAL, {"x": features}))
@@ -193,8 +195,9 @@ def test_a_stage_that_no_output_needs_is_pruned(image):
 
 def test_an_unused_output_is_a_warning_naming_it():
     with pytest.warns(UserWarning, match=r"res\.12 never used and not exported"):
-        fastseq.Pipeline({"cls": HEAD, "res": RESIDUAL}, inputs={"features": ["cls.features", "res.x"]},
-                         outputs=["cls.logits"])
+        fastseq.Pipeline(
+            {"cls": HEAD, "res": RESIDUAL}, inputs={"features": ["cls.features", "res.x"]}, outputs=["cls.logits"]
+        )
 
 
 def test_identical_weights_are_stored_once(x_features):
@@ -217,16 +220,20 @@ def test_symbolic_dims_are_unified_and_static_sizes_must_agree():
     (image,) = pipe.inputs
     (logits,) = pipe.outputs
     assert image.shape[0] == logits.shape[0] == "batch"
-    with pytest.raises(fastseq.CompositionError, match=r"edge 0 \(a\.y -> b\.x\): shape mismatch: output 'y' has shape \[2, 4\] but input 'x' expects \[3, 4\]"):
-        fastseq.Pipeline(
-            {"a": scale_model(1.0, shape=(2, 4)), "b": scale_model(1.0, shape=(3, 4))}, ["a.y -> b.x"]
-        )
+    with pytest.raises(
+        fastseq.CompositionError,
+        match=r"edge 0 \(a\.y -> b\.x\): shape mismatch: output 'y' has shape \[2, 4\] but input 'x' expects \[3, 4\]",
+    ):
+        fastseq.Pipeline({"a": scale_model(1.0, shape=(2, 4)), "b": scale_model(1.0, shape=(3, 4))}, ["a.y -> b.x"])
 
 
 def test_an_adapter_casts_where_asked_and_is_suggested_otherwise(x_features):
     stages = {"res": RESIDUAL, "twice": double_model()}
-    with pytest.raises(fastseq.CompositionError, match=r"edge 0 \(res\.12 -> twice\.x\): element type mismatch.*"
-                       r"pass adapt=True .* to insert a Cast to double"):
+    with pytest.raises(
+        fastseq.CompositionError,
+        match=r"edge 0 \(res\.12 -> twice\.x\): element type mismatch.*"
+        r"pass adapt=True .* to insert a Cast to double",
+    ):
         fastseq.Pipeline(stages, ["res.12 -> twice.x"])
     for adapt in (True, [0], ["res.12 -> twice.x"]):
         pipe = fastseq.Pipeline(stages, ["res.12 -> twice.x"], adapt=adapt)
@@ -250,20 +257,56 @@ def test_a_cycle_is_refused_naming_the_loop():
 @pytest.mark.parametrize(
     "edges, inputs, outputs, message",
     [
-        (["backbone.features -> clss.features"], None, None, r"edges\[0\]: 'clss\.features': no stage named 'clss' \(did you mean 'cls'\?\)"),
-        (["backbone.feature -> cls.features"], None, None, r"edges\[0\]: 'backbone\.feature' is not an output of backbone \(did you mean 'features'\?\)"),
-        (["backbone.features -> cls.feature"], None, None, r"'cls\.feature' is not an input of cls \(did you mean 'features'\?\)"),
+        (
+            ["backbone.features -> clss.features"],
+            None,
+            None,
+            r"edges\[0\]: 'clss\.features': no stage named 'clss' \(did you mean 'cls'\?\)",
+        ),
+        (
+            ["backbone.feature -> cls.features"],
+            None,
+            None,
+            r"edges\[0\]: 'backbone\.feature' is not an output of backbone \(did you mean 'features'\?\)",
+        ),
+        (
+            ["backbone.features -> cls.feature"],
+            None,
+            None,
+            r"'cls\.feature' is not an input of cls \(did you mean 'features'\?\)",
+        ),
         (["backbone.features cls.features"], None, None, r"expected 'stage\.output -> stage\.input'"),
-        (["backbone.features -> cls.features", "backbone.features -> cls.features"], None, None,
-         r"edges\[1\]: 'cls\.features' is fed twice: by edges\[0\]"),
-        (["backbone.features -> cls.features"], {"f": "cls.features"}, None,
-         r"inputs\.f\[0\]: 'cls\.features' is fed twice: by edges\[0\]"),
-        (["backbone.features -> cls.features"], None, ["cls.logit"], r"outputs\[0\]: 'cls\.logit' is not an output of cls \(did you mean 'logits'\?\)"),
-        (["backbone.features -> cls.features"], None, ["cls.logits", "logits=backbone.features"],
-         r"outputs\[1\]: the output name 'logits' is taken by outputs\[0\]"),
+        (
+            ["backbone.features -> cls.features", "backbone.features -> cls.features"],
+            None,
+            None,
+            r"edges\[1\]: 'cls\.features' is fed twice: by edges\[0\]",
+        ),
+        (
+            ["backbone.features -> cls.features"],
+            {"f": "cls.features"},
+            None,
+            r"inputs\.f\[0\]: 'cls\.features' is fed twice: by edges\[0\]",
+        ),
+        (
+            ["backbone.features -> cls.features"],
+            None,
+            ["cls.logit"],
+            r"outputs\[0\]: 'cls\.logit' is not an output of cls \(did you mean 'logits'\?\)",
+        ),
+        (
+            ["backbone.features -> cls.features"],
+            None,
+            ["cls.logits", "logits=backbone.features"],
+            r"outputs\[1\]: the output name 'logits' is taken by outputs\[0\]",
+        ),
         (["backbone.features -> cls.features"], None, ["logits"], r"outputs\[0\]: 'logits': expected 'stage\.name'"),
-        (["backbone.features -> cls.features"], {"logits": "backbone.image"}, None,
-         r"'logits' is both a graph input and a graph output"),
+        (
+            ["backbone.features -> cls.features"],
+            {"logits": "backbone.image"},
+            None,
+            r"'logits' is both a graph input and a graph output",
+        ),
     ],
 )
 def test_wiring_errors_name_the_key_and_the_near_miss(edges, inputs, outputs, message):
@@ -278,7 +321,9 @@ def test_argument_errors():
         fastseq.Pipeline({"a": HEAD}, "a.logits -> a.features")
     with pytest.raises(fastseq.CompositionError, match="may not contain '->'"):
         fastseq.Pipeline({"a->b": HEAD})
-    with pytest.raises(fastseq.CompositionError, match=r"stages\.a: 'sorce' is not a stage key \(did you mean 'source'\?\)"):
+    with pytest.raises(
+        fastseq.CompositionError, match=r"stages\.a: 'sorce' is not a stage key \(did you mean 'source'\?\)"
+    ):
         fastseq.Pipeline({"a": {"sorce": HEAD}})
     with pytest.raises(fastseq.CompositionError, match=r"adapt\[0\]: there is no edge 3"):
         fastseq.Pipeline({"a": HEAD}, adapt=[3])
@@ -292,16 +337,22 @@ def test_dotted_names_split_after_the_longest_known_stage():
     assert parse.parse_edge(" det.out -> cls.x ", stages, "") == spec.Edge("det", "out", "cls", "x")
     assert parse.parse_edge((("det", "a.b"), ("cls", "c")), stages, "") == spec.Edge("det", "a.b", "cls", "c")
     outputs = parse.parse_outputs(["cls.best=cls.p.0", "det.v2.boxes", "det.a=b"], stages, parse._Where(None))
-    assert outputs == [spec.Exposed("cls.best", "cls", "p.0"), spec.Exposed("boxes", "det.v2", "boxes"),
-                       spec.Exposed("a=b", "det", "a=b")]
+    assert outputs == [
+        spec.Exposed("cls.best", "cls", "p.0"),
+        spec.Exposed("boxes", "det.v2", "boxes"),
+        spec.Exposed("a=b", "det", "a=b"),
+    ]
 
 
 # --- pickling, pipeline files, the command line, the picture ---------------------------------
 
 
 def test_pickling_keeps_the_graph_and_its_picture(x_features):
-    pipe = fastseq.Pipeline({"a": HEAD, "b": RESIDUAL}, inputs={"features": ["a.features", "b.x"]},
-                            session_options={"intra_op_num_threads": 1})
+    pipe = fastseq.Pipeline(
+        {"a": HEAD, "b": RESIDUAL},
+        inputs={"features": ["a.features", "b.x"]},
+        session_options={"intra_op_num_threads": 1},
+    )
     clone = pickle.loads(pickle.dumps(pipe))
     for got, want in zip(clone(x_features), pipe(x_features)):
         np.testing.assert_array_equal(got, want)
@@ -319,14 +370,17 @@ def test_pipeline_file_round_trip_and_relative_paths(tmp_path, image, classifier
         inputs={"image": "backbone.image"},
         outputs=["cls.logits", "p=skl.probabilities", "kind=skl.label"],
         providers=["CPUExecutionProvider"],
-        session_options={"intra_op_num_threads": 1, "graph_optimization_level": "extended",
-                         "session.disable_prepacking": "1"},
+        session_options={
+            "intra_op_num_threads": 1,
+            "graph_optimization_level": "extended",
+            "session.disable_prepacking": "1",
+        },
         metadata={"doc_string": 'a "quoted"\nstring'},
     )
     written = pipe.to_file(tmp_path / "pipeline.toml")
     text = written.read_text()
     assert 'backbone = "models/backbone.onnx"' in text  # relative to the file
-    assert "skl = \"pipeline.skl.onnx\"" in text and (tmp_path / "pipeline.skl.onnx").exists()
+    assert 'skl = "pipeline.skl.onnx"' in text and (tmp_path / "pipeline.skl.onnx").exists()
     back = fastseq.Pipeline.from_file(written)  # from any working directory
     assert back.spec.edges == pipe.spec.edges and back.spec.outputs == pipe.spec.outputs
     assert back.spec.inputs == pipe.spec.inputs and back.spec.metadata == pipe.spec.metadata
@@ -350,28 +404,34 @@ def test_pipeline_file_errors_name_the_file_and_the_key(tmp_path):
         return str(e.value)
 
     stages = '[stages]\nbackbone = "backbone.onnx"\ncls = "head.onnx"\n'
-    msg = error('edges = ["backbone.features -> cls.features", "backbone.features -> cls.x", '
-                '"backbone.feature -> cls.x"]\n' + stages)
+    msg = error(
+        'edges = ["backbone.features -> cls.features", "backbone.features -> cls.x", '
+        '"backbone.feature -> cls.x"]\n' + stages
+    )
     assert msg == (f"{f}: edges[1]: 'cls.x' is not an input of cls")
     msg = error('edges = ["backbone.feature -> cls.features"]\n' + stages)
     assert msg == f"{f}: edges[0]: 'backbone.feature' is not an output of backbone (did you mean 'features'?)"
     assert error("edges = [\n" + stages, fastseq.LoadError).startswith(f"{f}: not valid TOML")
-    assert error('edgs = []\n' + stages, fastseq.LoadError) == f"{f}: edgs: not a pipeline key (did you mean 'edges'?)"
-    assert "stages: a [stages] table" in error('edges = []\n', fastseq.LoadError)
+    assert error("edgs = []\n" + stages, fastseq.LoadError) == f"{f}: edgs: not a pipeline key (did you mean 'edges'?)"
+    assert "stages: a [stages] table" in error("edges = []\n", fastseq.LoadError)
     msg = error('[stages]\na = "missing.onnx"\n', fastseq.LoadError)
     assert msg.startswith(f"{f}: stages.a: ") and "missing.onnx: no such file" in msg
-    msg = error(stages + '[session_options]\nintra_op_threads = 2\n', fastseq.LoadError)
+    msg = error(stages + "[session_options]\nintra_op_threads = 2\n", fastseq.LoadError)
     assert msg.startswith(f"{f}: session_options: 'intra_op_threads' is not a session option")
     assert "did you mean 'intra_op_num_threads'" in msg
     # A core error (a type mismatch at an edge) names the file too.
     onnx.save(double_model(), tmp_path / "double.onnx")
-    msg = error('edges = ["backbone.features -> d.x"]\n[stages]\nbackbone = "backbone.onnx"\nd = "double.onnx"\n',
-                fastseq.CompositionError)
+    msg = error(
+        'edges = ["backbone.features -> d.x"]\n[stages]\nbackbone = "backbone.onnx"\nd = "double.onnx"\n',
+        fastseq.CompositionError,
+    )
     assert msg.startswith(f"{f}: ") and "adapt" in msg
 
 
 def fastseq_cli(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_cli_merges_runs_and_inspects_a_pipeline_file(tmp_path, image):
@@ -410,8 +470,9 @@ def test_cli_merges_runs_and_inspects_a_pipeline_file(tmp_path, image):
     else:
         assert r.returncode == 1 and "Graphviz" in r.stderr
 
-    (tmp_path / "bad.toml").write_text('edges = ["backbone.feature -> cls.features"]\n[stages]\n'
-                                       'backbone = "backbone.onnx"\ncls = "head.onnx"\n')
+    (tmp_path / "bad.toml").write_text(
+        'edges = ["backbone.feature -> cls.features"]\n[stages]\nbackbone = "backbone.onnx"\ncls = "head.onnx"\n'
+    )
     r = fastseq_cli("merge", "bad.toml", "-o", "bad.onnx", cwd=tmp_path)
     assert r.returncode == 1 and not (tmp_path / "bad.onnx").exists()
     assert r.stderr.strip().splitlines()[-1] == (
@@ -451,7 +512,9 @@ def test_the_drawing_names_every_stage_edge_input_and_output(classifier):
         assert 'label="features: float32[batch, 16]"' in attrs and 'tooltip="backbone.features -> ' in attrs
     assert ("in:image", "backbone", "") in edges and ("cls", "out:logits", 'label="float32[batch, 10]"') in edges
     # Each stage box lists its inputs and outputs with dtypes and shapes; the pruned one is grey.
-    assert "image: float32[batch, 3, 32, 32]" in nodes["backbone"] and "features: float32[batch, 16]" in nodes["backbone"]
+    assert (
+        "image: float32[batch, 3, 32, 32]" in nodes["backbone"] and "features: float32[batch, 16]" in nodes["backbone"]
+    )
     assert "probabilities: float32[" in nodes["skl"] and "X: float32[" in nodes["skl"]
     assert "(pruned)" in nodes["res"] and "(pruned)" not in nodes["cls"]
     if drawing.have_dot():
@@ -508,7 +571,8 @@ def test_the_drawing_shows_exactly_the_inputs_and_outputs_the_model_has(case):
             # a(x, z) and b(x), a graph input called 'a.x' feeding a.z: a's own x is
             # exposed as 'a.x_1' (the drawing used to show 'a.x' twice).
             "input named like another stage's": lambda: fastseq.Pipeline(
-                {"a": two_inputs("x", "z"), "b": scale_model(1.0)}, inputs={"a.x": ["a.z"]},
+                {"a": two_inputs("x", "z"), "b": scale_model(1.0)},
+                inputs={"a.x": ["a.z"]},
                 outputs=["a.y", "b.y"],  # side by side, as the outputs say
             ),
             "shared input": lambda: fastseq.Pipeline(
@@ -523,12 +587,16 @@ def test_the_drawing_shows_exactly_the_inputs_and_outputs_the_model_has(case):
                 ["backbone.features -> cls.features", "backbone.features -> res.x"],
                 outputs=["cls.logits"],
             ),
-            "adapter": lambda: fastseq.Pipeline({"res": RESIDUAL, "twice": double_model()}, ["res.12 -> twice.x"], adapt=True),
+            "adapter": lambda: fastseq.Pipeline(
+                {"res": RESIDUAL, "twice": double_model()}, ["res.12 -> twice.x"], adapt=True
+            ),
         }[case]()
     model = onnx.ModelProto.FromString(pipe.engine.composed.to_bytes())
     drawn_inputs, drawn_outputs = drawn_ports(pipe.to_dot())
     assert [name for name, _ in drawn_inputs] == [i.name for i in model.graph.input] == [i.name for i in pipe.inputs]
-    assert [name for name, *_ in drawn_outputs] == [o.name for o in model.graph.output] == [o.name for o in pipe.outputs]
+    assert (
+        [name for name, *_ in drawn_outputs] == [o.name for o in model.graph.output] == [o.name for o in pipe.outputs]
+    )
     # Each is drawn at the stage ports the core wired it to.
     assert drawn_inputs == [(name, [tuple(t) for t in feeds]) for name, feeds in pipe._plan["inputs"]]
     assert drawn_outputs == [tuple(o) for o in pipe._plan["outputs"]]
@@ -606,5 +674,7 @@ def test_the_core_orders_the_stages_keeping_the_given_order_and_finds_long_loops
     assert [s["label"] for s in composed.plan()["stages"]] == names
     at = {n: k for k, n in enumerate(names)}
     chain = [(at[a], "y", at[b], "x") for a, b in zip(names, names[1:])] + [(at["s4999"], "y", at["s0"], "x")]
-    with pytest.raises(fastseq.CompositionError, match=r"^edges: the edges make a cycle: s0 -> s1 -> .* -> s4999 -> s0$"):
+    with pytest.raises(
+        fastseq.CompositionError, match=r"^edges: the edges make a cycle: s0 -> s1 -> .* -> s4999 -> s0$"
+    ):
         fastseq._core.compose([data] * len(names), names, edges=chain)

@@ -39,8 +39,13 @@ def matmuls(n: int, seed: int = 0, names: list[str | None] | None = None, inputs
         kwargs = {"name": names[k]} if names[k] is not None else {}
         nodes.append(helper.make_node("MatMul", [prev, "w"], [out], **kwargs))
         prev = out
-    g = helper.make_graph(nodes, f"mm{n}", [helper.make_tensor_value_info(i, TensorProto.FLOAT, ["N", DIM]) for i in inputs],
-                          [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", DIM])], [w])
+    g = helper.make_graph(
+        nodes,
+        f"mm{n}",
+        [helper.make_tensor_value_info(i, TensorProto.FLOAT, ["N", DIM]) for i in inputs],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", DIM])],
+        [w],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -58,8 +63,11 @@ def one_thread() -> ort.SessionOptions:
 
 def light_heavy(light: onnx.ModelProto | None = None, heavy: onnx.ModelProto | None = None) -> fastseq.Pipeline:
     """One MatMul, then twelve: the issue's pipeline, unnamed nodes by default."""
-    return fastseq.Pipeline({"light": light or matmuls(1, seed=1), "heavy": heavy or matmuls(12, seed=2)},
-                            edges=["light.y -> heavy.x"], session_options=one_thread())
+    return fastseq.Pipeline(
+        {"light": light or matmuls(1, seed=1), "heavy": heavy or matmuls(12, seed=2)},
+        edges=["light.y -> heavy.x"],
+        session_options=one_thread(),
+    )
 
 
 def check_sums(p: fastseq.Profile) -> None:
@@ -76,8 +84,11 @@ def kernel_names(model: bytes, x: np.ndarray, tmp_path: Path) -> set[str]:
     session.run(None, {session.get_inputs()[0].name: x})
     with open(session.end_profiling()) as f:
         events = json.load(f)
-    return {e["name"][: -len("_kernel_time")] for e in events if e.get("cat") == "Node"
-            and e["name"].endswith("_kernel_time")}
+    return {
+        e["name"][: -len("_kernel_time")]
+        for e in events
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+    }
 
 
 def test_unnamed_nodes_are_profiled_in_their_stages_as_onnxruntime_reports_them(tmp_path):
@@ -108,16 +119,31 @@ def test_named_unnamed_and_clashing_nodes_each_count_for_their_own_stage():
     pipe = light_heavy(light, heavy)
     merged = [n.name for n in pipe.model.graph.node]
     # The users' names are theirs; the names given avoid them; the clash is renamed.
-    assert merged == ["heavy/MatMul_1", "light/MatMul_1_1", "mm",
-                      "m1/mm", "heavy/MatMul_1_1", "mm1", "heavy/MatMul_3", "light/MatMul_1", "heavy/MatMul_5"]
+    assert merged == [
+        "heavy/MatMul_1",
+        "light/MatMul_1_1",
+        "mm",
+        "m1/mm",
+        "heavy/MatMul_1_1",
+        "mm1",
+        "heavy/MatMul_3",
+        "light/MatMul_1",
+        "heavy/MatMul_5",
+    ]
     p = pipe.profile(rows(), runs=5, warmup=1)
     light_t, heavy_t = p.stages
     assert (light_t.nodes, heavy_t.nodes) == (3, 6)
     check_sums(p)
     assert {n.name for n in light_t.slowest} == {"heavy/MatMul_1", "light/MatMul_1_1", "mm"}
     # heavy's names as its own model has them ('mm', not 'm1/mm'); its unnamed as the core named them.
-    assert {n.name for n in heavy_t.slowest} <= {"mm", "heavy/MatMul_1_1", "mm1", "heavy/MatMul_3", "light/MatMul_1",
-                                                 "heavy/MatMul_5"}
+    assert {n.name for n in heavy_t.slowest} <= {
+        "mm",
+        "heavy/MatMul_1_1",
+        "mm1",
+        "heavy/MatMul_3",
+        "light/MatMul_1",
+        "heavy/MatMul_5",
+    }
     assert len(heavy_t.slowest) == 5
     assert p.hottest is max(p.stages, key=lambda s: s.share)
 
@@ -139,9 +165,11 @@ def test_the_hottest_stage_has_the_largest_share_and_none_took_no_time():
 def test_a_graph_pipeline_of_unnamed_stages():
     pre, left, right = matmuls(1, seed=1), matmuls(10, seed=2), matmuls(1, seed=3)
     join = matmuls(1, seed=4, inputs=("a", "b"))
-    pipe = fastseq.Pipeline({"pre": pre, "left": left, "right": right, "join": join},
-                            edges=["pre.y -> left.x", "pre.y -> right.x", "left.y -> join.a", "right.y -> join.b"],
-                            session_options=one_thread())
+    pipe = fastseq.Pipeline(
+        {"pre": pre, "left": left, "right": right, "join": join},
+        edges=["pre.y -> left.x", "pre.y -> right.x", "left.y -> join.a", "right.y -> join.b"],
+        session_options=one_thread(),
+    )
     p = pipe.profile(rows(), runs=10, warmup=2)
     assert {s.name: s.nodes for s in p.stages} == {"pre": 1, "left": 10, "right": 1, "join": 2}
     assert all(s.ms > 0 for s in p.stages)
@@ -154,7 +182,8 @@ def test_a_pipeline_files_builtin_stage_is_profiled(tmp_path):
     # The shipped normalize file has unnamed nodes; the torch backbone's are named.
     (tmp_path / "pipeline.toml").write_text(
         'edges = ["pre.output -> backbone.image"]\n'
-        f'[stages]\npre = "builtin:shipped/normalize"\nbackbone = "{FIXTURES / "torch_cnn_backbone.onnx"}"\n')
+        f'[stages]\npre = "builtin:shipped/normalize"\nbackbone = "{FIXTURES / "torch_cnn_backbone.onnx"}"\n'
+    )
     pipe = fastseq.Pipeline.from_file(tmp_path / "pipeline.toml")
     x = np.random.default_rng(0).standard_normal((32, 3, 32, 32)).astype(np.float32)
     p = pipe.profile(x, runs=5, warmup=1)
@@ -177,7 +206,10 @@ def test_an_exported_file_keeps_its_stages_for_profile_and_inspect(tmp_path):
     check_sums(p)
     # An export of the export keeps them.
     again.export(tmp_path / "again.onnx")
-    assert fastseq.ONNXSequential(str(tmp_path / "again.onnx")).profile(rows(8), runs=1, warmup=0).stages[0].name == "light"
+    assert (
+        fastseq.ONNXSequential(str(tmp_path / "again.onnx")).profile(rows(8), runs=1, warmup=0).stages[0].name
+        == "light"
+    )
     out = cli("inspect", str(target))
     assert out.returncode == 0, out.stderr
     assert "stages (from its stage map):\n  light: 1 node (#0)\n  heavy: 12 nodes (#1-#12)" in out.stdout
@@ -254,8 +286,9 @@ def test_one_stalled_run_makes_no_stage_the_hot_one(monkeypatch):
         events = real(path)
         runs = sorted((e for e in events if e.name == "model_run"), key=lambda e: e.ts)
         window = runs[5]  # a profiled run (3 warm-up runs before)
-        first = min((e for e in events if e.cat == "Node" and window.ts <= e.ts < window.ts + window.dur),
-                    key=lambda e: e.ts)  # the light stage's MatMul: it runs first
+        first = min(
+            (e for e in events if e.cat == "Node" and window.ts <= e.ts < window.ts + window.dur), key=lambda e: e.ts
+        )  # the light stage's MatMul: it runs first
         out = []
         for e in events:
             if e is first or e is window:

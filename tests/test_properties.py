@@ -40,14 +40,22 @@ def models(draw, index: int):
             break
         kind = draw(st.sampled_from(["unary", "binary", "if"]))
         if kind == "unary":
-            nodes.append(helper.make_node(draw(st.sampled_from(UNARY)), [draw(st.sampled_from(available))], [out],
-                                          name=f"{draw(st.sampled_from(NAMES))}{k}"))
+            nodes.append(
+                helper.make_node(
+                    draw(st.sampled_from(UNARY)),
+                    [draw(st.sampled_from(available))],
+                    [out],
+                    name=f"{draw(st.sampled_from(NAMES))}{k}",
+                )
+            )
         elif kind == "binary":
             a, b = draw(st.sampled_from(available)), draw(st.sampled_from(available))
             nodes.append(helper.make_node(draw(st.sampled_from(BINARY)), [a, b], [out], name=f"n{k}"))
         else:
             outer = draw(st.sampled_from(available))
-            then_g = helper.make_graph([helper.make_node("Relu", [outer], [f"then_{k}"])], "then", [], [vi(f"then_{k}")])
+            then_g = helper.make_graph(
+                [helper.make_node("Relu", [outer], [f"then_{k}"])], "then", [], [vi(f"then_{k}")]
+            )
             else_g = helper.make_graph([helper.make_node("Neg", [outer], [f"else_{k}"])], "else", [], [vi(f"else_{k}")])
             cond = f"cond_{index}_{k}"
             initializers.append(numpy_helper.from_array(np.array(draw(st.booleans())), cond))
@@ -84,7 +92,9 @@ def run_parts(ms, io_maps, feeds_per_model):
     upstream = {}
     for k, m in enumerate(ms):
         fed = {i: o for o, i in (io_maps[k - 1] if k else [])}
-        feeds = {i.name: (upstream[fed[i.name]] if i.name in fed else feeds_per_model[k][i.name]) for i in m.graph.input}
+        feeds = {
+            i.name: (upstream[fed[i.name]] if i.name in fed else feeds_per_model[k][i.name]) for i in m.graph.input
+        }
         s = session(m)
         upstream = dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds)))
     return list(upstream.values())

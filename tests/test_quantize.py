@@ -71,10 +71,23 @@ def test_static_qdq_from_a_folder_of_npy_through_the_cli(pipe, digits, tmp_path)
     calib = tmp_path / "calib"
     calib.mkdir()
     for i in range(8):
-        np.save(calib / f"batch{i}.npy", X[i * 64:(i + 1) * 64])
+        np.save(calib / f"batch{i}.npy", X[i * 64 : (i + 1) * 64])
     pipe.export(tmp_path / "f.onnx")
-    cmd = [sys.executable, "-m", "fastseq", "quantize", str(tmp_path / "f.onnx"), "-o", str(tmp_path / "q.onnx"),
-           "--static", "--calibration", str(calib), "--per-channel", "--format", "qdq"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fastseq",
+        "quantize",
+        str(tmp_path / "f.onnx"),
+        "-o",
+        str(tmp_path / "q.onnx"),
+        "--static",
+        "--calibration",
+        str(calib),
+        "--per-channel",
+        "--format",
+        "qdq",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "wrote " + str(tmp_path / "q.onnx") in done.stdout
@@ -87,7 +100,7 @@ def test_static_qdq_from_a_folder_of_npy_through_the_cli(pipe, digits, tmp_path)
 
 def test_static_qoperator_from_batches_with_a_progress_bar(pipe, digits, tmp_path, capsys):
     X, y = digits
-    batches = [X[i:i + 100] for i in range(0, 600, 100)]
+    batches = [X[i : i + 100] for i in range(0, 600, 100)]
     result = pipe.quantize(tmp_path / "q.onnx", static=True, calibration=batches, format="qoperator", progress=True)
     err_out = capsys.readouterr().err
     assert "calibrating" in err_out and "6/6" in err_out
@@ -159,9 +172,12 @@ def test_bad_requests_are_typed_and_leave_nothing_behind(tmp_path):
     # A well-formed file whose graph reads a tensor nothing defines: ONNX Runtime refuses it.
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "nowhere"], ["y"])], "dangling",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "nowhere"], ["y"])],
+        "dangling",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "broken.onnx")
     with pytest.raises(fastseq.ConversionError, match=r"^broken.onnx: .*'nowhere'"):
         quantize(tmp_path / "broken.onnx", tmp_path / "q.onnx")
@@ -169,8 +185,20 @@ def test_bad_requests_are_typed_and_leave_nothing_behind(tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "fastseq", "quantize", str(FIXTURES / "digits_mlp.onnx"),
-                           "-o", str(tmp_path / "q.onnx"), "--static"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fastseq",
+            "quantize",
+            str(FIXTURES / "digits_mlp.onnx"),
+            "-o",
+            str(tmp_path / "q.onnx"),
+            "--static",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("fastseq: error: static=True needs calibration data")
     assert not (tmp_path / "q.onnx").exists()

@@ -112,8 +112,9 @@ class ModelSends:
                 self.count += 1
             return out
 
-        pickle = types.SimpleNamespace(**{k: getattr(serialization.pickle, k) for k in dir(serialization.pickle)
-                                          if not k.startswith("__")})
+        pickle = types.SimpleNamespace(
+            **{k: getattr(serialization.pickle, k) for k in dir(serialization.pickle) if not k.startswith("__")}
+        )
         pickle.dumps = counting_dumps
         monkeypatch.setattr(serialization.SerializationContext, "serialize", counting_serialize)
         monkeypatch.setattr(serialization, "pickle", pickle)
@@ -210,8 +211,11 @@ def test_an_actor_killed_mid_job_is_restarted_and_no_row_is_lost_or_duplicated(c
 
 def test_errors_name_the_column_and_rows_and_are_raised_in_the_driver(cluster, pipe, data):
     ds = ray.data.from_items([{"id": i, "pixels": data[i]} for i in range(100)])
-    with pytest.raises(fastseq.InputError, match=r"input 'x' reads the column 'x', which the dataset lacks.*"
-                       r"columns: id, pixels.*input_columns=\{'x': 'COLUMN'\}"):
+    with pytest.raises(
+        fastseq.InputError,
+        match=r"input 'x' reads the column 'x', which the dataset lacks.*"
+        r"columns: id, pixels.*input_columns=\{'x': 'COLUMN'\}",
+    ):
         pipe.map_batches(ds)
     with pytest.raises(fastseq.InputError, match=r"'pixel', which the dataset lacks \(did you mean 'pixels'\?\)"):
         pipe.map_batches(ds, input_columns={"x": "pixel"})
@@ -225,7 +229,9 @@ def test_errors_name_the_column_and_rows_and_are_raised_in_the_driver(cluster, p
     with pytest.raises(fastseq.InputError, match=r"column 'x' \(all rows\) holds float64, input 'x' expects float32"):
         pipe.map_batches(doubles)
     narrow = ray.data.from_items([{"x": row[:15]} for row in data[:100]])
-    with pytest.raises(fastseq.InputError, match=r"column 'x' \(all rows\) has rows of shape \[15\]; input 'x' expects \['N', 16\]"):
+    with pytest.raises(
+        fastseq.InputError, match=r"column 'x' \(all rows\) has rows of shape \[15\]; input 'x' expects \['N', 16\]"
+    ):
         pipe.map_batches(narrow)
 
     # Rows of differing shapes are only seen batch by batch, in an actor: Ray Data raises in
@@ -280,13 +286,25 @@ def test_a_column_converts_where_no_value_changes_on_a_cluster(cluster, pipe, da
     wide = ray.data.from_items([{"x": row.astype(np.int32)} for row in ints])
     with pytest.raises(fastseq.InputError, match=r"column 'x' \(all rows\) holds int32, input 'x' expects float32"):
         pipe.map_batches(wide)
-    free = fastseq.ONNXSequential(helper.make_model(helper.make_graph(
-        [helper.make_node("Relu", ["v"], ["r"])], "free", [helper.make_tensor_value_info("v", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)],
-        ir_version=8))
+    free = fastseq.ONNXSequential(
+        helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Relu", ["v"], ["r"])],
+                "free",
+                [helper.make_tensor_value_info("v", TensorProto.FLOAT, None)],
+                [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
+            ),
+            opset_imports=[helper.make_opsetid("", 17)],
+            ir_version=8,
+        )
+    )
     cubes = data[:8].reshape(8, 4, 4)
-    out = free.map_batches(ray.data.from_items([{"id": i, "v": cubes[i]} for i in range(8)]),
-                           compute=ray.data.ActorPoolStrategy(size=1), batch_size=4, num_cpus=1).take_all()
+    out = free.map_batches(
+        ray.data.from_items([{"id": i, "v": cubes[i]} for i in range(8)]),
+        compute=ray.data.ActorPoolStrategy(size=1),
+        batch_size=4,
+        num_cpus=1,
+    ).take_all()
     np.testing.assert_array_equal(in_order(out, "r"), np.maximum(cubes, 0))
 
 
@@ -301,7 +319,9 @@ def test_predictor_outside_ray_checks_batches_like_an_actor(pipe, data):
     np.testing.assert_allclose(out["y"], pipe(data[:5])[0])
     with pytest.raises(fastseq.InputError, match=r"column 'x' \(rows 0-4 of the batch\) holds float64"):
         predictor({"x": data[:5].astype(np.float64)})
-    with pytest.raises(fastseq.InputError, match=r"input 'x' reads the column 'x', which this batch \(rows 0-4\) lacks"):
+    with pytest.raises(
+        fastseq.InputError, match=r"input 'x' reads the column 'x', which this batch \(rows 0-4\) lacks"
+    ):
         predictor({"xs": data[:5]})
     with pytest.raises(fastseq.InputError, match=r"output 'y' would replace the column 'y'"):
         predictor({"x": data[:5], "y": data[:5]})
@@ -320,8 +340,13 @@ def test_session_options_travel_and_threads_are_sized_to_the_actor(cluster, mode
     class Probe(fray.Predictor):
         def settings(self):
             o = self.session.get_session_options()
-            return (o.intra_op_num_threads, o.inter_op_num_threads, int(o.graph_optimization_level),
-                    o.get_session_config_entry("session.disable_prepacking"), self.session.get_providers())
+            return (
+                o.intra_op_num_threads,
+                o.inter_op_num_threads,
+                int(o.graph_optimization_level),
+                o.get_session_config_entry("session.disable_prepacking"),
+                self.session.get_providers(),
+            )
 
     probe = Probe.remote(pipeline=shipped)
     assert ray.get(probe.settings.remote(), timeout=120) == (1, 1, 0, "1", ["CPUExecutionProvider"])
@@ -331,7 +356,10 @@ def test_session_options_travel_and_threads_are_sized_to_the_actor(cluster, mode
 def test_providers_for_an_actor():
     assert fray.actor_providers(None, []) == ["CPUExecutionProvider"]
     assert fray.actor_providers(None, [3]) == [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
-    cuda = [("CUDAExecutionProvider", {"device_id": 2, "arena_extend_strategy": "kSameAsRequested"}), "CPUExecutionProvider"]
+    cuda = [
+        ("CUDAExecutionProvider", {"device_id": 2, "arena_extend_strategy": "kSameAsRequested"}),
+        "CPUExecutionProvider",
+    ]
     assert fray.actor_providers(cuda, [5]) == [
         ("CUDAExecutionProvider", {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}),
         "CPUExecutionProvider",
@@ -367,7 +395,14 @@ def test_cli_runs_a_folder_of_npy_files_and_a_parquet_dataset_on_a_cluster(clust
 
     pixels = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 4)
     pq.write_table(pa.table({"pixels": pixels}), tmp_path / "p.parquet")
-    r = subprocess.run([*command[:6], "p.parquet", "--output", "out_p", *command[9:]], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    r = subprocess.run(
+        [*command[:6], "p.parquet", "--output", "out_p", *command[9:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert r.returncode == 1
     assert "fastseq: error:" in r.stderr and "input 'x' reads the column 'x'" in r.stderr
 
@@ -458,12 +493,16 @@ def test_a_failure_in_an_actor_names_the_stage(cluster):
     and, through error_of(), from an actor."""
     shape = numpy_helper.from_array(np.array([3, 3], np.int64), "square_shape")
     graph = helper.make_graph(
-        [helper.make_node("Reshape", ["h", "square_shape"], ["y"], name="square")], "square",
+        [helper.make_node("Reshape", ["h", "square_shape"], ["y"], name="square")],
+        "square",
         [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [shape])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [shape],
+    )
     square = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    pipe = fastseq.Pipeline({"scale": scale_model(2.0, out="h", shape=("N", 4)), "square": square},
-                            edges=["scale.h -> square.h"])
+    pipe = fastseq.Pipeline(
+        {"scale": scale_model(2.0, out="h", shape=("N", 4)), "square": square}, edges=["scale.h -> square.h"]
+    )
     x = np.ones((2, 4), np.float32)
     with pytest.raises(fastseq.RunError, match=r"^stage square: .*Name:'square \(in square\)'"):
         fray.Predictor(pipe)({"x": x})

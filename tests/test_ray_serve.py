@@ -52,15 +52,17 @@ def test_ray_serve_answers_the_triton_client(cluster, batching):
 
     port = cluster
     models = {"cnn": pipe(cnn()), "several": pipe(several()), "mix": pipe(mixing())}
-    app = fastseq.ray_serve.application(models, batching=batching, max_batch_size=8, max_delay_ms=2,
-                                        ray_actor_options={"num_cpus": 1})
+    app = fastseq.ray_serve.application(
+        models, batching=batching, max_batch_size=8, max_delay_ms=2, ray_actor_options={"num_cpus": 1}
+    )
     serve.run(app, name=f"fastseq-{batching}", route_prefix="/", blocking=False)
     try:
         # serve.run returned: the replicas are up and warmed, and the first request is an infer
         c = http.InferenceServerClient(f"127.0.0.1:{port}")
         x = np.ones((1, 3, 20, 20), np.float32)
-        np.testing.assert_allclose(c.infer("cnn", [tensor("image", x)]).as_numpy("logits"), models["cnn"](x)[0],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            c.infer("cnn", [tensor("image", x)]).as_numpy("logits"), models["cnn"](x)[0], rtol=1e-5, atol=1e-6
+        )
         wait_ready(f"http://127.0.0.1:{port}", timeout=120)
         assert c.is_model_ready("cnn") and c.get_model_metadata("cnn")["inputs"][0]["name"] == "image"
         rng = np.random.default_rng(0)

@@ -51,7 +51,7 @@ image = np.load("x.npy")
 #: What a block must print, by a line of its code.
 PRINTS = {
     "fastseq demo": "(4 of 4 right)",
-    'print(pipe)                                  # ... outputs': "outputs [values: float32[N, 5]; indices: int64[N, 5]]",
+    "print(pipe)                                  # ... outputs": "outputs [values: float32[N, 5]; indices: int64[N, 5]]",
     "fastseq inspect merged.onnx": "opsets: ai.onnx 17",
 }
 
@@ -85,8 +85,16 @@ def blocks_of(path: Path) -> list[Block]:
         marker = SKIP.match(before)
         count += 1
         code = "\n".join(lines[i + 1 : end]) + "\n"
-        found.append(Block(opening.group(1), code, i + 1, marker and marker.group(1), f"{page}-{section}-{count}",
-                           path.relative_to(ROOT).as_posix()))
+        found.append(
+            Block(
+                opening.group(1),
+                code,
+                i + 1,
+                marker and marker.group(1),
+                f"{page}-{section}-{count}",
+                path.relative_to(ROOT).as_posix(),
+            )
+        )
         i = end + 1
     return found
 
@@ -121,21 +129,37 @@ def features(path: Path, size: int | str = "H") -> None:
         helper.make_node("Flatten", ["pooled"], ["flat"]),
         helper.make_node("Gemm", ["flat", "w"], ["features"], transB=1),
     ]
-    save(path, nodes, "backbone", [("input", F, ["N", 3, size, size])], [("features", F, ["N", 8])],
-         [("w", RNG.random((8, 3), np.float32))])
+    save(
+        path,
+        nodes,
+        "backbone",
+        [("input", F, ["N", 3, size, size])],
+        [("features", F, ["N", 8])],
+        [("w", RNG.random((8, 3), np.float32))],
+    )
 
 
 def classifier(path: Path, inp: str, out: str, shape: list, classes: int) -> None:
     """Images [N, 3, 224, 224] (or rows [N, k]) -> scores [N, classes]."""
     rows = len(shape) == 2
-    nodes = [] if rows else [
-        helper.make_node("GlobalAveragePool", [inp], ["pooled"]),
-        helper.make_node("Flatten", ["pooled"], ["flat"]),
-    ]
+    nodes = (
+        []
+        if rows
+        else [
+            helper.make_node("GlobalAveragePool", [inp], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["flat"]),
+        ]
+    )
     nodes.append(helper.make_node("Gemm", [inp if rows else "flat", "w"], [out], transB=1))
     k = shape[1]
-    save(path, nodes, "classifier", [(inp, F, shape)], [(out, F, ["N", classes])],
-         [("w", RNG.random((classes, k), np.float32))])
+    save(
+        path,
+        nodes,
+        "classifier",
+        [(inp, F, shape)],
+        [(out, F, ["N", classes])],
+        [("w", RNG.random((classes, k), np.float32))],
+    )
 
 
 def linear(path: Path, inp: str, out: str, k: int, n: int, extra: str | None = None) -> None:
@@ -164,8 +188,13 @@ def workspace(root: Path, web: Path, hub: Path, web_url: str) -> Path:
     linear(ws / "a.onnx", "x", "y", 4, 4)
     linear(ws / "m2.onnx", "x", "y", 4, 4)
     linear(ws / "b.onnx", "x", "logits", 4, 3, extra="probs")
-    save(ws / "c.onnx", [helper.make_node("Add", ["z", "w"], ["out"])], "c",
-         [("z", F, ["N", 3]), ("w", F, ["N", 3])], [("out", F, ["N", 3])])
+    save(
+        ws / "c.onnx",
+        [helper.make_node("Add", ["z", "w"], ["out"])],
+        "c",
+        [("z", F, ["N", 3]), ("w", F, ["N", 3])],
+        [("out", F, ["N", 3])],
+    )
     np.save(ws / "array.npy", np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
     np.save(ws / "big.npy", np.linspace(-1, 1, 8).reshape(2, 4))
     (ws / "batches").mkdir()
@@ -183,9 +212,14 @@ def workspace(root: Path, web: Path, hub: Path, web_url: str) -> Path:
         helper.make_node("Unsqueeze", ["total", "hw"], ["total4"]),
         helper.make_node("Mul", ["grey", "total4"], ["mask"]),
     ]
-    save(ws / "seg.onnx", seg, "seg", [("x", F, ["N", 8]), ("skip", F, ["N", 3, "H", "W"])],
-         [("mask", F, ["N", 1, "H", "W"])],
-         [("axis", np.array([1], np.int64)), ("hw", np.array([2, 3], np.int64))])
+    save(
+        ws / "seg.onnx",
+        seg,
+        "seg",
+        [("x", F, ["N", 8]), ("skip", F, ["N", 3, "H", "W"])],
+        [("mask", F, ["N", 1, "H", "W"])],
+        [("axis", np.array([1], np.int64)), ("hw", np.array([2, 3], np.int64))],
+    )
     (hub / "org" / "repo").mkdir(parents=True)
     shutil.copy(ws / "seg.onnx", hub / "org" / "repo" / "seg.onnx")
     np.save(ws / "x.npy", RNG.random((1, 3, 32, 32), np.float32))
@@ -263,7 +297,9 @@ def test_readme_block_runs(block, setup, tmp_path):
     if "import ray" in block.code:
         pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq-onnx[ray]'")
     r = run_block(block, setup, tmp_path)
-    assert r.returncode == 0, f"{block.file} line {block.line}:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
+    assert r.returncode == 0, (
+        f"{block.file} line {block.line}:\n{block.code}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
+    )
     for line, text in PRINTS.items():
         if line in block.code:
             assert text in r.stdout, (line, r.stdout)
@@ -278,8 +314,14 @@ def test_readme_block_runs(block, setup, tmp_path):
 
 
 def test_the_pipeline_file_block_loads_and_runs(setup, tmp_path):
-    block = Block("python", "pipe = fastseq.Pipeline.from_file('pipeline.toml')\nlogits, mask = pipe(image)\n"
-                  "assert logits.shape == (1, 10) and mask.shape == (1, 1, 32, 32)\n", 0, None, "toml")
+    block = Block(
+        "python",
+        "pipe = fastseq.Pipeline.from_file('pipeline.toml')\nlogits, mask = pipe(image)\n"
+        "assert logits.shape == (1, 10) and mask.shape == (1, 1, 32, 32)\n",
+        0,
+        None,
+        "toml",
+    )
     r = run_block(block, setup, tmp_path)
     assert r.returncode == 0, r.stderr
 
@@ -288,8 +330,18 @@ def test_every_page_has_its_blocks_found():
     """The README and the guide pages with examples are read (a page moved or renamed
     would otherwise drop its blocks from the run silently)."""
     files = {b.file for b in RUNNABLE}
-    for page in ("README.md", "docs/running.md", "docs/kornia.md", "docs/onnx-compose.md", "docs/operators.md",
-                 "docs/pipelines.md", "docs/cli.md", "docs/batching.md", "docs/ray.md", "docs/install.md"):
+    for page in (
+        "README.md",
+        "docs/running.md",
+        "docs/kornia.md",
+        "docs/onnx-compose.md",
+        "docs/operators.md",
+        "docs/pipelines.md",
+        "docs/cli.md",
+        "docs/batching.md",
+        "docs/ray.md",
+        "docs/install.md",
+    ):
         assert page in files, page
     assert len({b.id for b in BLOCKS}) == len(BLOCKS), "block ids are unique"
 

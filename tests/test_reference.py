@@ -109,7 +109,10 @@ def fixture(name: str) -> onnx.ModelProto:
     "chain,shape",
     [
         (["torch_cnn_backbone.onnx", "torch_head.onnx"], (2, 3, 32, 32)),
-        (["torch_transformer.onnx", "torch_lstm.onnx", "torch_residual_functions.onnx", "torch_head.onnx"], (3, 12, 16)),
+        (
+            ["torch_transformer.onnx", "torch_lstm.onnx", "torch_residual_functions.onnx", "torch_head.onnx"],
+            (3, 12, 16),
+        ),
         (["torch_transformer.onnx", "torch_transformer.onnx", "torch_lstm.onnx"], (1, 12, 16)),
     ],
 )
@@ -160,8 +163,7 @@ def test_sklearn_pipeline_stages_compose_like_the_whole_pipeline():
     pipe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)).fit(X, y)
     opsets = {"": 17, "ai.onnx.ml": 3}
     scaler = to_onnx(pipe[0], X[:1], target_opset=opsets)
-    clf = to_onnx(pipe[1], pipe[0].transform(X[:1]).astype(np.float32), target_opset=opsets,
-                  options={"zipmap": False})
+    clf = to_onnx(pipe[1], pipe[0].transform(X[:1]).astype(np.float32), target_opset=opsets, options={"zipmap": False})
     whole = to_onnx(pipe, X[:1], target_opset=opsets, options={"zipmap": False})
     assert any(o.domain == "ai.onnx.ml" for o in scaler.opset_import)
 
@@ -181,8 +183,14 @@ def test_light_model_with_initializers_listed_as_inputs():
     inits = {t.name for t in light.graph.initializer}
     real = [i for i in light.graph.input if i.name not in inits]
     assert len(real) == 1 and len(light.graph.input) > 1
-    pre = scale_model(1.0, inp="image", out="scaled", shape=tuple(d.dim_value for d in real[0].type.tensor_type.shape.dim),
-                      opset=light.opset_import[0].version, ir=3)
+    pre = scale_model(
+        1.0,
+        inp="image",
+        out="scaled",
+        shape=tuple(d.dim_value for d in real[0].type.tensor_type.shape.dim),
+        opset=light.opset_import[0].version,
+        ir=3,
+    )
     pre.graph.node[1].op_type = "Identity"  # y = x * 1
     merged = fastseq.compose([pre, light])
     assert [i.name for i in merged.graph.input if i.name not in inits] == ["image"]

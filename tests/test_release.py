@@ -33,7 +33,7 @@ def release() -> dict:
 
 def build_flags() -> list[str]:
     (line,) = [ln for ln in BUILD.read_text().splitlines() if ln.startswith("FLAGS=(")]
-    return shlex.split(line[len("FLAGS=("):-1])
+    return shlex.split(line[len("FLAGS=(") : -1])
 
 
 def steps(job: dict) -> list[dict]:
@@ -46,8 +46,12 @@ def steps(job: dict) -> list[dict]:
 def test_workflows_match_githubs_schema():
     """check-jsonschema carries SchemaStore's schema of GitHub workflow files (no network)."""
     assert WORKFLOWS
-    r = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-                        *map(str, WORKFLOWS)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -56,8 +60,13 @@ def test_workflows_pass_zizmor():
     moved under a release that publishes), no credentials persisted by checkout, no template
     injection, no excessive permissions. --offline: its rules need no network."""
     zizmor = shutil.which("zizmor") or str(Path(sys.executable).with_name("zizmor"))
-    r = subprocess.run([zizmor, "--offline", "--no-progress", *map(str, WORKFLOWS)], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [zizmor, "--offline", "--no-progress", *map(str, WORKFLOWS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -125,8 +134,14 @@ def test_every_platform_is_built_with_the_flags_of_the_build_script():
                 else:
                     assert args[:2] == flags[:2], (t, args)
                 built.add((system, {"x64": "x86_64"}.get(t, t)))
-    assert built == {("linux", "x86_64"), ("linux", "aarch64"), ("macos", "x86_64"), ("macos", "aarch64"),
-                     ("windows", "x86_64"), ("sdist", "")}
+    assert built == {
+        ("linux", "x86_64"),
+        ("linux", "aarch64"),
+        ("macos", "x86_64"),
+        ("macos", "aarch64"),
+        ("windows", "x86_64"),
+        ("sdist", ""),
+    }
 
 
 def test_the_docs_say_which_platforms_are_built_and_which_are_tested():
@@ -158,8 +173,11 @@ def fake_wheel(folder: Path, *, leave_out: str = "", tag: str = "cp311-abi3-many
             if name != leave_out:
                 z.write(ROOT / "python" / name, name)
         z.writestr("fastseq/_core.abi3.so", b"\x7fELF not really")
-        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.4\nName: {check_dist.DISTRIBUTION}\nVersion: {version}\n"
-                                       "Provides-Extra: cpu\nProvides-Extra: gpu\n")
+        z.writestr(
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.4\nName: {check_dist.DISTRIBUTION}\nVersion: {version}\n"
+            "Provides-Extra: cpu\nProvides-Extra: gpu\n",
+        )
         z.writestr(f"{info}/entry_points.txt", "[console_scripts]\nfastseq=fastseq.cli:main\n")
     return wheel
 
@@ -178,8 +196,9 @@ def test_the_checker_refuses_a_wheel_only_this_machine_can_install(tmp_path):
     problems = check_dist.check_wheel(fake_wheel(tmp_path, tag="cp311-abi3-linux_x86_64"), check_dist.cargo_version())
     assert any("not manylinux_2_17 or older" in p for p in problems), problems
     (tmp_path / "b").mkdir()
-    problems = check_dist.check_wheel(fake_wheel(tmp_path / "b", tag="cp312-cp312-manylinux_2_34_x86_64"),
-                                      check_dist.cargo_version())
+    problems = check_dist.check_wheel(
+        fake_wheel(tmp_path / "b", tag="cp312-cp312-manylinux_2_34_x86_64"), check_dist.cargo_version()
+    )
     assert any("not cp311-abi3" in p for p in problems) and any("not manylinux_2_17" in p for p in problems)
 
 
@@ -187,15 +206,25 @@ def test_the_smoke_test_passes_on_this_install(tmp_path):
     """The script .ci/run and the release workflow run on installed wheels, run here on the
     development install (which is a source tree, so it must be allowed), from a folder
     that is not the checkout."""
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "smoke_installed.py"), "--allow-source-tree"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "smoke_installed.py"), "--allow-source-tree"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "smoke test passed" in r.stdout and "FAIL" not in r.stdout
 
 
 def test_the_smoke_test_refuses_a_source_tree(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "smoke_installed.py")],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "smoke_installed.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if "/site-packages/" in __import__("fastseq").__file__:
         pytest.skip("fastseq is installed here, not a source tree")
     assert r.returncode == 1 and "FAIL fastseq is the installed package" in r.stderr
@@ -204,8 +233,10 @@ def test_the_smoke_test_refuses_a_source_tree(tmp_path):
 def test_ci_installs_each_artifact_outside_the_tree_and_runs_the_readmes_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
-    for command in ("pip install '.[cpu,test]' && cargo test --locked && python -m pytest -q",
-                    "pip install '.[cpu]' && fastseq demo"):
+    for command in (
+        "pip install '.[cpu,test]' && cargo test --locked && python -m pytest -q",
+        "pip install '.[cpu]' && fastseq demo",
+    ):
         assert command in readme, command
     assert "python3 -m pip install '.[cpu,test]' && cargo test --locked && python3 -m pytest -q" in ci
     assert "fastseq demo" in ci and "bash tools/build_dist.sh" in ci and "smoke_installed.py" in ci
@@ -227,10 +258,16 @@ def test_the_release_wheel_builds_installs_and_runs(tmp_path):
     assert "manylinux_2_17_x86_64" in wheel.name and wheel.stat().st_size <= 5 * 1024 * 1024
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[cpu]"], capture_output=True, text=True,
-                         env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    pip = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[cpu]"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
     shutil.copy(ROOT / "tools" / "smoke_installed.py", tmp_path)
-    r = subprocess.run([str(venv / "bin" / "python"), "smoke_installed.py"], cwd=tmp_path, capture_output=True, text=True)
+    r = subprocess.run(
+        [str(venv / "bin" / "python"), "smoke_installed.py"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert re.search(r"smoke test passed: fastseq from .*/site-packages/fastseq", r.stdout)

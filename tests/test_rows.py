@@ -23,7 +23,8 @@ F, I64 = TensorProto.FLOAT, TensorProto.INT64
 def model(nodes, inputs, outputs, inits=(), opset=17, functions=(), extra_opsets=()):
     """A model from (name, elem type, dims) inputs and outputs and numpy initializers."""
     g = helper.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [helper.make_tensor_value_info(n, t, d) for n, t, d in inputs],
         [helper.make_tensor_value_info(n, t, d) for n, t, d in outputs],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()],
@@ -53,134 +54,339 @@ def refusal(pipe) -> str:
 _SHAPE_N = [node("Shape", ["x"], ["s"]), node("Gather", ["s", "zero"], ["n"], axis=0)]
 MIXING = {
     "softmax over the batch axis": (
-        x_to_y(node("Softmax", ["x"], ["y"], "over_rows", axis=0)), "over_rows", "Softmax",
-        "normalises along axis 0, which is the batch axis"),
+        x_to_y(node("Softmax", ["x"], ["y"], "over_rows", axis=0)),
+        "over_rows",
+        "Softmax",
+        "normalises along axis 0, which is the batch axis",
+    ),
     "log-softmax, negative axis": (
-        x_to_y(node("LogSoftmax", ["x"], ["y"], axis=-2)), "logsoftmax", "LogSoftmax", "batch axis"),
+        x_to_y(node("LogSoftmax", ["x"], ["y"], axis=-2)),
+        "logsoftmax",
+        "LogSoftmax",
+        "batch axis",
+    ),
     "softmax opset 11 (a 2-D view)": (
-        x_to_y(node("Softmax", ["x"], ["y"], axis=0), opset=11), "softmax", "Softmax",
-        "over axes that include the batch axis"),
+        x_to_y(node("Softmax", ["x"], ["y"], axis=0), opset=11),
+        "softmax",
+        "Softmax",
+        "over axes that include the batch axis",
+    ),
     "reduce-sum over axis 0 (input axes)": (
         x_to_y(node("ReduceSum", ["x", "axes"], ["y"], keepdims=1), out=(1, 4), inits={"axes": np.array([0])}),
-        "reducesum", "ReduceSum", "include the batch axis"),
+        "reducesum",
+        "ReduceSum",
+        "include the batch axis",
+    ),
     "reduce-mean over every axis": (
-        x_to_y(node("ReduceMean", ["x"], ["y"], keepdims=0), out=()), "reducemean", "ReduceMean",
-        "every axis, the batch axis included"),
+        x_to_y(node("ReduceMean", ["x"], ["y"], keepdims=0), out=()),
+        "reducemean",
+        "ReduceMean",
+        "every axis, the batch axis included",
+    ),
     "reduce-max opset 18 axes": (
         x_to_y(node("ReduceMax", ["x", "axes"], ["y"]), out=(1, 4), opset=18, inits={"axes": np.array([-2])}),
-        "reducemax", "ReduceMax", "include the batch axis"),
+        "reducemax",
+        "ReduceMax",
+        "include the batch axis",
+    ),
     "argmax with its default axis": (
-        x_to_y(node("ArgMax", ["x"], ["y"]), out=(1, 4), out_type=I64), "argmax", "ArgMax",
-        "axis 0, the batch axis"),
+        x_to_y(node("ArgMax", ["x"], ["y"]), out=(1, 4), out_type=I64),
+        "argmax",
+        "ArgMax",
+        "axis 0, the batch axis",
+    ),
     "topk along the batch axis": (
-        model([node("TopK", ["x", "k"], ["y", "i"], axis=0)], [("x", F, ["N", 4])],
-              [("y", F, [None, 4]), ("i", I64, [None, 4])], {"k": np.array([2])}), "topk", "TopK", "sorts along axis 0"),
+        model(
+            [node("TopK", ["x", "k"], ["y", "i"], axis=0)],
+            [("x", F, ["N", 4])],
+            [("y", F, [None, 4]), ("i", I64, [None, 4])],
+            {"k": np.array([2])},
+        ),
+        "topk",
+        "TopK",
+        "sorts along axis 0",
+    ),
     "matmul contracting the batch axis": (
         x_to_y(node("Transpose", ["x"], ["t"], perm=[1, 0]), node("MatMul", ["t", "x"], ["y"], "gram"), out=(4, 4)),
-        "gram", "MatMul", "contracts the batch axis"),
+        "gram",
+        "MatMul",
+        "contracts the batch axis",
+    ),
     "gemm with transA": (
-        x_to_y(node("Gemm", ["x", "x"], ["y"], transA=1), out=(4, 4)), "gemm", "Gemm", "contracts the batch axis"),
+        x_to_y(node("Gemm", ["x", "x"], ["y"], transA=1), out=(4, 4)),
+        "gemm",
+        "Gemm",
+        "contracts the batch axis",
+    ),
     "einsum summing over the batch": (
-        x_to_y(node("Einsum", ["x", "x"], ["y"], equation="ij,ik->jk"), out=(4, 4)), "einsum", "Einsum",
-        "sums over the batch axis"),
+        x_to_y(node("Einsum", ["x", "x"], ["y"], equation="ij,ik->jk"), out=(4, 4)),
+        "einsum",
+        "Einsum",
+        "sums over the batch axis",
+    ),
     "transpose that moves it to the output": (
-        x_to_y(node("Transpose", ["x"], ["y"], "turn", perm=[1, 0]), out=(4, "N")), "turn", "Transpose",
-        "on axis 1"),
+        x_to_y(node("Transpose", ["x"], ["y"], "turn", perm=[1, 0]), out=(4, "N")),
+        "turn",
+        "Transpose",
+        "on axis 1",
+    ),
     "flatten with axis 0": (
-        x_to_y(node("Flatten", ["x"], ["y"], axis=0), dims=("N", 2, 2), out=(1, None)), "flatten", "Flatten",
-        "batch axis of output 'y' on axis 1"),
+        x_to_y(node("Flatten", ["x"], ["y"], axis=0), dims=("N", 2, 2), out=(1, None)),
+        "flatten",
+        "Flatten",
+        "batch axis of output 'y' on axis 1",
+    ),
     "reshape merging the batch axis": (
         x_to_y(node("Reshape", ["x", "shape"], ["y"]), out=(None,), inits={"shape": np.array([-1])}),
-        "reshape", "Reshape", "holds several entries per row on its batch axis"),
+        "reshape",
+        "Reshape",
+        "holds several entries per row on its batch axis",
+    ),
     "reshape whose -1 may split rows": (
         x_to_y(node("Reshape", ["x", "shape"], ["y"]), out=(None, 3), inits={"shape": np.array([-1, 3])}),
-        "reshape", "Reshape", "may merge rows or split them"),
+        "reshape",
+        "Reshape",
+        "may merge rows or split them",
+    ),
     "reshape splitting merged rows unevenly": (
-        x_to_y(node("Reshape", ["x", "s1"], ["h"]), node("Reshape", ["h", "s2"], ["y"], "regroup"),
-               dims=("N", 6), out=(None, 4), inits={"s1": np.array([-1, 2]), "s2": np.array([-1, 4])}),
-        "regroup", "Reshape", "may merge rows or split them"),
+        x_to_y(
+            node("Reshape", ["x", "s1"], ["h"]),
+            node("Reshape", ["h", "s2"], ["y"], "regroup"),
+            dims=("N", 6),
+            out=(None, 4),
+            inits={"s1": np.array([-1, 2]), "s2": np.array([-1, 4])},
+        ),
+        "regroup",
+        "Reshape",
+        "may merge rows or split them",
+    ),
     "attention heads combined with rows of another layout": (
-        x_to_y(node("Reshape", ["x", "pairs"], ["h"], "to_pairs"), node("Reshape", ["x", "three"], ["t3"], "to_3d"),
-               node("Transpose", ["t3"], ["tt"], perm=[1, 0, 2]), node("Reshape", ["tt", "pairs"], ["o"], "outer_rows"),
-               node("Add", ["h", "o"], ["s"], "mixed_layouts"), node("Reshape", ["s", "back"], ["y"], "back"),
-               inits={"pairs": np.array([-1, 2]), "three": np.array([0, 2, 2]), "back": np.array([-1, 4])}),
-        "mixed_layouts", "Add", "hold their rows differently"),
+        x_to_y(
+            node("Reshape", ["x", "pairs"], ["h"], "to_pairs"),
+            node("Reshape", ["x", "three"], ["t3"], "to_3d"),
+            node("Transpose", ["t3"], ["tt"], perm=[1, 0, 2]),
+            node("Reshape", ["tt", "pairs"], ["o"], "outer_rows"),
+            node("Add", ["h", "o"], ["s"], "mixed_layouts"),
+            node("Reshape", ["s", "back"], ["y"], "back"),
+            inits={"pairs": np.array([-1, 2]), "three": np.array([0, 2, 2]), "back": np.array([-1, 4])},
+        ),
+        "mixed_layouts",
+        "Add",
+        "hold their rows differently",
+    ),
     "reshape to N*2 rows from Shape": (
-        x_to_y(*_SHAPE_N, node("Mul", ["n", "two"], ["m"]), node("Unsqueeze", ["m", "zero1"], ["m1"]),
-               node("Concat", ["m1", "minus1"], ["shape"], axis=0), node("Reshape", ["x", "shape"], ["y"], "split_rows"),
-               out=(None, 2), inits={"zero": np.array(0), "two": np.array(2), "zero1": np.array([0]),
-                                     "minus1": np.array([-1])}),
-        "split_rows", "Reshape", "holds several entries per row on its batch axis"),
+        x_to_y(
+            *_SHAPE_N,
+            node("Mul", ["n", "two"], ["m"]),
+            node("Unsqueeze", ["m", "zero1"], ["m1"]),
+            node("Concat", ["m1", "minus1"], ["shape"], axis=0),
+            node("Reshape", ["x", "shape"], ["y"], "split_rows"),
+            out=(None, 2),
+            inits={"zero": np.array(0), "two": np.array(2), "zero1": np.array([0]), "minus1": np.array([-1])},
+        ),
+        "split_rows",
+        "Reshape",
+        "holds several entries per row on its batch axis",
+    ),
     "concat along the batch axis": (
-        x_to_y(node("Concat", ["x", "x"], ["y"], axis=0)), "concat", "Concat", "along the batch axis"),
+        x_to_y(node("Concat", ["x", "x"], ["y"], axis=0)),
+        "concat",
+        "Concat",
+        "along the batch axis",
+    ),
     "split along the batch axis": (
-        model([node("Split", ["x"], ["a", "b"], axis=0, num_outputs=2)], [("x", F, ["N", 4])],
-              [("a", F, [None, 4]), ("b", F, [None, 4])], opset=18), "split", "Split", "cuts along the batch axis"),
+        model(
+            [node("Split", ["x"], ["a", "b"], axis=0, num_outputs=2)],
+            [("x", F, ["N", 4])],
+            [("a", F, [None, 4]), ("b", F, [None, 4])],
+            opset=18,
+        ),
+        "split",
+        "Split",
+        "cuts along the batch axis",
+    ),
     "slice taking the first row": (
-        x_to_y(node("Slice", ["x", "s", "e"], ["y"], "first_row"), out=(1, 4),
-               inits={"s": np.array([0]), "e": np.array([1])}), "first_row", "Slice", "part of the batch axis"),
+        x_to_y(
+            node("Slice", ["x", "s", "e"], ["y"], "first_row"),
+            out=(1, 4),
+            inits={"s": np.array([0]), "e": np.array([1])},
+        ),
+        "first_row",
+        "Slice",
+        "part of the batch axis",
+    ),
     "gather picking a row": (
-        x_to_y(node("Gather", ["x", "i"], ["y"], axis=0), out=(4,), inits={"i": np.array(0)}), "gather", "Gather",
-        "picks entries of the batch axis"),
+        x_to_y(node("Gather", ["x", "i"], ["y"], axis=0), out=(4,), inits={"i": np.array(0)}),
+        "gather",
+        "Gather",
+        "picks entries of the batch axis",
+    ),
     "cumsum down the rows": (
-        x_to_y(node("CumSum", ["x", "a"], ["y"]), inits={"a": np.array(0)}), "cumsum", "CumSum",
-        "along the batch axis"),
+        x_to_y(node("CumSum", ["x", "a"], ["y"]), inits={"a": np.array(0)}),
+        "cumsum",
+        "CumSum",
+        "along the batch axis",
+    ),
     "pad adding rows": (
         x_to_y(node("Pad", ["x", "pads"], ["y"]), out=(None, 4), inits={"pads": np.array([1, 0, 0, 0])}),
-        "pad", "Pad", "adds entries to the batch axis"),
+        "pad",
+        "Pad",
+        "adds entries to the batch axis",
+    ),
     "tile repeating the rows": (
-        x_to_y(node("Tile", ["x", "r"], ["y"]), out=(None, 4), inits={"r": np.array([2, 1])}), "tile", "Tile",
-        "repeats the batch axis"),
+        x_to_y(node("Tile", ["x", "r"], ["y"]), out=(None, 4), inits={"r": np.array([2, 1])}),
+        "tile",
+        "Tile",
+        "repeats the batch axis",
+    ),
     "batch normalisation in training mode": (
-        model([node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], "bn", training_mode=1)],
-              [("x", F, ["N", 2, 3])], [("y", F, ["N", 2, 3])],
-              {"s": np.ones(2, np.float32), "b": np.zeros(2, np.float32), "m": np.zeros(2, np.float32),
-               "v": np.ones(2, np.float32)}, opset=15), "bn", "BatchNormalization", "statistics of the whole batch"),
+        model(
+            [node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], "bn", training_mode=1)],
+            [("x", F, ["N", 2, 3])],
+            [("y", F, ["N", 2, 3])],
+            {
+                "s": np.ones(2, np.float32),
+                "b": np.zeros(2, np.float32),
+                "m": np.zeros(2, np.float32),
+                "v": np.ones(2, np.float32),
+            },
+            opset=15,
+        ),
+        "bn",
+        "BatchNormalization",
+        "statistics of the whole batch",
+    ),
     "mean-variance normalisation (default axes)": (
         x_to_y(node("MeanVarianceNormalization", ["x"], ["y"]), dims=("N", 2, 3, 3), out=("N", 2, 3, 3)),
-        "meanvariancenormalization", "MeanVarianceNormalization", "include the batch axis"),
+        "meanvariancenormalization",
+        "MeanVarianceNormalization",
+        "include the batch axis",
+    ),
     "layer normalisation from axis 0": (
         x_to_y(node("LayerNormalization", ["x", "s"], ["y"], axis=0), inits={"s": np.ones(4, np.float32)}),
-        "layernormalization", "LayerNormalization", "include the batch axis"),
+        "layernormalization",
+        "LayerNormalization",
+        "include the batch axis",
+    ),
     "dynamic quantisation": (
-        model([node("DynamicQuantizeLinear", ["x"], ["y", "sc", "zp"])], [("x", F, ["N", 4])],
-              [("y", TensorProto.UINT8, ["N", 4])]), "dynamicquantizelinear", "DynamicQuantizeLinear",
-        "range of the whole batch"),
+        model(
+            [node("DynamicQuantizeLinear", ["x"], ["y", "sc", "zp"])],
+            [("x", F, ["N", 4])],
+            [("y", TensorProto.UINT8, ["N", 4])],
+        ),
+        "dynamicquantizelinear",
+        "DynamicQuantizeLinear",
+        "range of the whole batch",
+    ),
     "the batch size used as data": (
-        x_to_y(*_SHAPE_N, node("Cast", ["n"], ["nf"], to=F), node("Div", ["x", "nf"], ["y"], "mean_share"),
-               inits={"zero": np.array(0)}), "mean_share", "Div", "number of rows"),
+        x_to_y(
+            *_SHAPE_N,
+            node("Cast", ["n"], ["nf"], to=F),
+            node("Div", ["x", "nf"], ["y"], "mean_share"),
+            inits={"zero": np.array(0)},
+        ),
+        "mean_share",
+        "Div",
+        "number of rows",
+    ),
     "range over the rows": (
-        x_to_y(*_SHAPE_N, node("Range", ["zero", "n", "one"], ["r"], "positions"), node("Cast", ["r"], ["rf"], to=F),
-               node("Unsqueeze", ["rf", "ax"], ["r1"]), node("Add", ["x", "r1"], ["y"]),
-               inits={"zero": np.array(0), "one": np.array(1), "ax": np.array([1])}),
-        "positions", "Range", "each row's place"),
+        x_to_y(
+            *_SHAPE_N,
+            node("Range", ["zero", "n", "one"], ["r"], "positions"),
+            node("Cast", ["r"], ["rf"], to=F),
+            node("Unsqueeze", ["rf", "ax"], ["r1"]),
+            node("Add", ["x", "r1"], ["y"]),
+            inits={"zero": np.array(0), "one": np.array(1), "ax": np.array([1])},
+        ),
+        "positions",
+        "Range",
+        "each row's place",
+    ),
     "an LSTM running along the batch axis": (
-        model([node("LSTM", ["x", "w", "r"], ["y"], hidden_size=2)], [("x", F, ["N", 3, 4])], [("y", F, [None] * 4)],
-              {"w": np.zeros((1, 8, 4), np.float32), "r": np.zeros((1, 8, 2), np.float32)}),
-        "lstm", "LSTM", "recurrence along the batch axis"),
+        model(
+            [node("LSTM", ["x", "w", "r"], ["y"], hidden_size=2)],
+            [("x", F, ["N", 3, 4])],
+            [("y", F, [None] * 4)],
+            {"w": np.zeros((1, 8, 4), np.float32), "r": np.zeros((1, 8, 2), np.float32)},
+        ),
+        "lstm",
+        "LSTM",
+        "recurrence along the batch axis",
+    ),
     "max-pool indices": (
-        model([node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2])], [("x", F, ["N", 1, 4, 4])],
-              [("y", F, ["N", 1, 2, 2]), ("i", I64, ["N", 1, 2, 2])]), "maxpool", "MaxPool",
-        "indices count across the whole batch"),
+        model(
+            [node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2])],
+            [("x", F, ["N", 1, 4, 4])],
+            [("y", F, ["N", 1, 2, 2]), ("i", I64, ["N", 1, 2, 2])],
+        ),
+        "maxpool",
+        "MaxPool",
+        "indices count across the whole batch",
+    ),
     "non-zero positions": (
-        x_to_y(node("NonZero", ["x"], ["y"]), out=(2, None), out_type=I64), "nonzero", "NonZero", "whole batch"),
+        x_to_y(node("NonZero", ["x"], ["y"]), out=(2, None), out_type=I64),
+        "nonzero",
+        "NonZero",
+        "whole batch",
+    ),
     "an operator of another domain": (
-        x_to_y(node("Gelu", ["x"], ["y"], "fused", domain="com.microsoft"),
-               extra_opsets=[helper.make_opsetid("com.microsoft", 1)]),
-        "fused", "Gelu", "domain 'com.microsoft') is not known"),
+        x_to_y(
+            node("Gelu", ["x"], ["y"], "fused", domain="com.microsoft"),
+            extra_opsets=[helper.make_opsetid("com.microsoft", 1)],
+        ),
+        "fused",
+        "Gelu",
+        "domain 'com.microsoft') is not known",
+    ),
     "a Loop over rows": (
-        x_to_y(node("Loop", ["", "cond"], ["y"], "loop", body=helper.make_graph(
-            [node("Identity", ["c"], ["c2"], "keep"), node("Identity", ["x"], ["o"], "pass")], "body",
-            [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
-            [helper.make_tensor_value_info("c2", TensorProto.BOOL, []), helper.make_tensor_value_info("o", F, None)])),
-               out=None, inits={"cond": np.array(False)}), "loop", "Loop", "runs a subgraph over values of the batch"),
+        x_to_y(
+            node(
+                "Loop",
+                ["", "cond"],
+                ["y"],
+                "loop",
+                body=helper.make_graph(
+                    [node("Identity", ["c"], ["c2"], "keep"), node("Identity", ["x"], ["o"], "pass")],
+                    "body",
+                    [
+                        helper.make_tensor_value_info("i", I64, []),
+                        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                    ],
+                    [
+                        helper.make_tensor_value_info("c2", TensorProto.BOOL, []),
+                        helper.make_tensor_value_info("o", F, None),
+                    ],
+                ),
+            ),
+            out=None,
+            inits={"cond": np.array(False)},
+        ),
+        "loop",
+        "Loop",
+        "runs a subgraph over values of the batch",
+    ),
     "an If on the number of rows": (
-        x_to_y(*_SHAPE_N, node("Greater", ["n", "one"], ["c"]), node("If", ["c"], ["y"], "branch",
-               then_branch=helper.make_graph([node("Identity", ["x"], ["a"])], "t", [],
-                                             [helper.make_tensor_value_info("a", F, None)]),
-               else_branch=helper.make_graph([node("Neg", ["x"], ["b"])], "e", [],
-                                             [helper.make_tensor_value_info("b", F, None)])),
-               inits={"zero": np.array(0), "one": np.array(1)}), "branch", "If", "number of rows"),
+        x_to_y(
+            *_SHAPE_N,
+            node("Greater", ["n", "one"], ["c"]),
+            node(
+                "If",
+                ["c"],
+                ["y"],
+                "branch",
+                then_branch=helper.make_graph(
+                    [node("Identity", ["x"], ["a"])], "t", [], [helper.make_tensor_value_info("a", F, None)]
+                ),
+                else_branch=helper.make_graph(
+                    [node("Neg", ["x"], ["b"])], "e", [], [helper.make_tensor_value_info("b", F, None)]
+                ),
+            ),
+            inits={"zero": np.array(0), "one": np.array(1)},
+        ),
+        "branch",
+        "If",
+        "number of rows",
+    ),
 }
 
 
@@ -218,10 +424,14 @@ def test_the_stage_and_the_nodes_own_name_are_given_in_a_pipeline():
     pipe = fastseq.Pipeline({"prep": first, "head": second}, edges=["prep.y -> head.x"])
     text = refusal(pipe)
     assert "stage 'head', node 'act' (Softmax)" in text, text
-    body = helper.make_function("local", "Mix", ["a"], ["b"], [node("Softmax", ["a"], ["b"], "inner", axis=0)],
-                                [helper.make_opsetid("", 17)])
-    called = x_to_y(node("Mix", ["x"], ["y"], "call", domain="local"), functions=[body],
-                    extra_opsets=[helper.make_opsetid("local", 1)])
+    body = helper.make_function(
+        "local", "Mix", ["a"], ["b"], [node("Softmax", ["a"], ["b"], "inner", axis=0)], [helper.make_opsetid("", 17)]
+    )
+    called = x_to_y(
+        node("Mix", ["x"], ["y"], "call", domain="local"),
+        functions=[body],
+        extra_opsets=[helper.make_opsetid("local", 1)],
+    )
     text = refusal(fastseq.Pipeline({"net": called}))
     assert "node 'call' (Mix), at node 'inner' (Softmax) in function 'Mix'" in text, text
 
@@ -234,8 +444,11 @@ def test_a_function_attribute_reference_is_followed():
     sm.attribute.append(ref)
     body = helper.make_function("local", "Norm", ["a"], ["b"], [sm], [helper.make_opsetid("", 17)], ["axis"])
     for axis, mixes in ((1, False), (0, True)):
-        m = x_to_y(node("Norm", ["x"], ["y"], "call", domain="local", axis=axis), functions=[body],
-                   extra_opsets=[helper.make_opsetid("local", 1)])
+        m = x_to_y(
+            node("Norm", ["x"], ["y"], "call", domain="local", axis=axis),
+            functions=[body],
+            extra_opsets=[helper.make_opsetid("local", 1)],
+        )
         assert bool(fastseq.ONNXSequential(m).engine.composed.row_mixing()) is mixes
 
 
@@ -246,6 +459,7 @@ def batched(pipe, inputs, **settings):
     got: list = [None] * len(inputs)
     errors: list = []
     with pipe.batcher(max_batch_size=rows, max_delay_ms=10_000, **settings) as b:
+
         def call(k):
             try:
                 got[k] = b(inputs[k])
@@ -280,8 +494,10 @@ def rows(shape, k, dtype=np.float32, seed=0):
 
 
 def test_conv_nets_mlps_and_recurrent_nets_are_batched():
-    cnn = fastseq.Pipeline({"backbone": FIXTURES / "torch_cnn_backbone.onnx", "head": FIXTURES / "torch_head.onnx"},
-                           edges=["backbone.features -> head.features"])
+    cnn = fastseq.Pipeline(
+        {"backbone": FIXTURES / "torch_cnn_backbone.onnx", "head": FIXTURES / "torch_head.onnx"},
+        edges=["backbone.features -> head.features"],
+    )
     cnn.check_rows()
     same_as_alone(cnn, [rows((3, 32, 32), k) for k in range(6)])
     mlp = fastseq.ONNXSequential(FIXTURES / "digits_scaler.onnx", FIXTURES / "digits_mlp.onnx")
@@ -304,13 +520,32 @@ def test_torchs_attention_is_followed_through_the_heads_merged_with_the_rows():
     same_as_alone(pipe, [rows((12, 16), k) for k in range(4)])
 
 
-@pytest.mark.parametrize("name", ["to_float", "layout", "rgb_to_bgr", "grayscale", "resize", "resize_antialias",
-                                  "center_crop", "normalize", "flatten", "softmax", "argmax", "topk"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "to_float",
+        "layout",
+        "rgb_to_bgr",
+        "grayscale",
+        "resize",
+        "resize_antialias",
+        "center_crop",
+        "normalize",
+        "flatten",
+        "softmax",
+        "argmax",
+        "topk",
+    ],
+)
 def test_the_builtin_operators_are_batched(name):
     from fastseq import ops
 
-    built = {"resize": lambda: ops.resize(8), "resize_antialias": lambda: ops.resize(8, antialias=True),
-             "center_crop": lambda: ops.center_crop(8), "topk": lambda: ops.topk(3)}.get(name, getattr(ops, name, None))
+    built = {
+        "resize": lambda: ops.resize(8),
+        "resize_antialias": lambda: ops.resize(8, antialias=True),
+        "center_crop": lambda: ops.center_crop(8),
+        "topk": lambda: ops.topk(3),
+    }.get(name, getattr(ops, name, None))
     op = built()
     pipe = fastseq.ONNXSequential(op, auto_ir_version_conversion=name == "resize_antialias")
     pipe.check_rows()
@@ -328,8 +563,17 @@ def test_non_max_suppression_and_letterbox_outputs_are_refused():
     assert "output 'scale' has no batch axis" in text  # one scale for the whole batch
 
 
-SKLEARN = ["scaler+logistic", "forest", "svc", "pca+boosting", "naive bayes", "mlp", "imputer+normalizer+linear",
-           "minmax+binarizer", "one-hot"]
+SKLEARN = [
+    "scaler+logistic",
+    "forest",
+    "svc",
+    "pca+boosting",
+    "naive bayes",
+    "mlp",
+    "imputer+normalizer+linear",
+    "minmax+binarizer",
+    "one-hot",
+]
 
 
 @pytest.mark.parametrize("name", SKLEARN)
@@ -376,7 +620,7 @@ def test_scikit_learn_models_are_batched(name, zipmap):
     onx = skl2onnx.to_onnx(estimator, x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
     pipe = fastseq.ONNXSequential(onx)
     pipe.check_rows()
-    same_as_alone(pipe, [x[k * 5:k * 5 + 1 + k % 3] for k in range(6)])
+    same_as_alone(pipe, [x[k * 5 : k * 5 + 1 + k % 3] for k in range(6)])
 
 
 def test_k_nearest_neighbours_scan_is_refused_conservatively():
@@ -397,32 +641,72 @@ def test_row_wise_operators_of_each_kind_are_followed():
     batch), Gather and GatherElements of features, an embedding lookup, Pad of the features,
     an If on a constant, Expand with the batch size, Where, Einsum over the rows."""
     n = _SHAPE_N
-    consts = {"zero": np.array(0), "one": np.array([1]), "zero1": np.array([0]), "minus1": np.array([-1]),
-              "w": np.ones((4, 4), np.float32), "axes": np.array([1]), "idx": np.array([1, 0]),
-              "table": np.arange(12, dtype=np.float32).reshape(6, 2), "cond": np.array(True),
-              "from": np.array([1]), "to": np.array([3]), "big": np.array([2**62]), "pads": np.array([0, 1, 0, 1])}
+    consts = {
+        "zero": np.array(0),
+        "one": np.array([1]),
+        "zero1": np.array([0]),
+        "minus1": np.array([-1]),
+        "w": np.ones((4, 4), np.float32),
+        "axes": np.array([1]),
+        "idx": np.array([1, 0]),
+        "table": np.arange(12, dtype=np.float32).reshape(6, 2),
+        "cond": np.array(True),
+        "from": np.array([1]),
+        "to": np.array([3]),
+        "big": np.array([2**62]),
+        "pads": np.array([0, 1, 0, 1]),
+    }
     nodes = [
-        node("Softmax", ["x"], ["a"], axis=1), node("ReduceSum", ["a", "axes"], ["b"], keepdims=1),
-        node("MatMul", ["x", "w"], ["c"]), node("Gemm", ["c", "w"], ["d"], transB=1),
-        node("Transpose", ["d"], ["dt"], perm=[1, 0]), node("Transpose", ["dt"], ["e0"], perm=[1, 0]),
-        *n, node("Unsqueeze", ["n", "zero1"], ["n1"]), node("Concat", ["n1", "minus1"], ["shape"], axis=0),
-        node("Reshape", ["e0", "shape"], ["f"]), node("Reshape", ["f", "zero0"], ["f0"]),
-        node("Flatten", ["f0"], ["g"], axis=1), node("Concat", ["g", "b"], ["h"], axis=1),
-        node("Split", ["h"], ["h1", "h2"], axis=1, num_outputs=2), node("Slice", ["h1", "from", "to", "one"], ["i"]),
-        node("Slice", ["h2", "zero1", "big", "zero1"], ["i2"]), node("Gather", ["h2", "idx"], ["j"], axis=1),
-        node("Cast", ["x"], ["xi"], to=I64), node("Clip", ["xi", "zeroi", "five"], ["xc"]),
-        node("Gather", ["table", "xc"], ["emb"], axis=0), node("ReduceMean", ["emb", "two_axes"], ["embm"], keepdims=0),
-        node("Pad", ["i", "pads"], ["p"]), node("Concat", ["embm", "j", "i2", "p"], ["k"], axis=1),
-        node("If", ["cond"], ["l"], then_branch=helper.make_graph([node("Relu", ["k"], ["t"])], "t", [],
-                                                                   [helper.make_tensor_value_info("t", F, None)]),
-             else_branch=helper.make_graph([node("Neg", ["k"], ["u"])], "u", [],
-                                           [helper.make_tensor_value_info("u", F, None)])),
-        node("Concat", ["n1", "one"], ["ones_shape"], axis=0), node("Expand", ["half", "ones_shape"], ["halves"]),
-        node("Mul", ["l", "halves"], ["m"]), node("Greater", ["m", "half"], ["big_ones"]),
-        node("Where", ["big_ones", "m", "half"], ["o"]), node("Einsum", ["o", "o"], ["y"], equation="bi,bi->bi"),
+        node("Softmax", ["x"], ["a"], axis=1),
+        node("ReduceSum", ["a", "axes"], ["b"], keepdims=1),
+        node("MatMul", ["x", "w"], ["c"]),
+        node("Gemm", ["c", "w"], ["d"], transB=1),
+        node("Transpose", ["d"], ["dt"], perm=[1, 0]),
+        node("Transpose", ["dt"], ["e0"], perm=[1, 0]),
+        *n,
+        node("Unsqueeze", ["n", "zero1"], ["n1"]),
+        node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+        node("Reshape", ["e0", "shape"], ["f"]),
+        node("Reshape", ["f", "zero0"], ["f0"]),
+        node("Flatten", ["f0"], ["g"], axis=1),
+        node("Concat", ["g", "b"], ["h"], axis=1),
+        node("Split", ["h"], ["h1", "h2"], axis=1, num_outputs=2),
+        node("Slice", ["h1", "from", "to", "one"], ["i"]),
+        node("Slice", ["h2", "zero1", "big", "zero1"], ["i2"]),
+        node("Gather", ["h2", "idx"], ["j"], axis=1),
+        node("Cast", ["x"], ["xi"], to=I64),
+        node("Clip", ["xi", "zeroi", "five"], ["xc"]),
+        node("Gather", ["table", "xc"], ["emb"], axis=0),
+        node("ReduceMean", ["emb", "two_axes"], ["embm"], keepdims=0),
+        node("Pad", ["i", "pads"], ["p"]),
+        node("Concat", ["embm", "j", "i2", "p"], ["k"], axis=1),
+        node(
+            "If",
+            ["cond"],
+            ["l"],
+            then_branch=helper.make_graph(
+                [node("Relu", ["k"], ["t"])], "t", [], [helper.make_tensor_value_info("t", F, None)]
+            ),
+            else_branch=helper.make_graph(
+                [node("Neg", ["k"], ["u"])], "u", [], [helper.make_tensor_value_info("u", F, None)]
+            ),
+        ),
+        node("Concat", ["n1", "one"], ["ones_shape"], axis=0),
+        node("Expand", ["half", "ones_shape"], ["halves"]),
+        node("Mul", ["l", "halves"], ["m"]),
+        node("Greater", ["m", "half"], ["big_ones"]),
+        node("Where", ["big_ones", "m", "half"], ["o"]),
+        node("Einsum", ["o", "o"], ["y"], equation="bi,bi->bi"),
     ]
-    consts.update({"zero0": np.array([0, 0]), "zeroi": np.array(0), "five": np.array(5),
-                   "two_axes": np.array([2]), "half": np.array(0.5, np.float32)})
+    consts.update(
+        {
+            "zero0": np.array([0, 0]),
+            "zeroi": np.array(0),
+            "five": np.array(5),
+            "two_axes": np.array([2]),
+            "half": np.array(0.5, np.float32),
+        }
+    )
     for k, n in enumerate(nodes):
         n.name = f"{n.op_type.lower()}_{k}"
     m = model(nodes, [("x", F, ["N", 4])], [("y", F, ["N", None])], consts, opset=18)
@@ -433,8 +717,12 @@ def test_row_wise_operators_of_each_kind_are_followed():
 
 
 def test_an_input_declared_without_a_shape_is_followed_through_element_wise_operators_only():
-    relu = model([node("Relu", ["x"], ["h"]), node("Mul", ["h", "two"], ["y"])], [("x", F, None)], [("y", F, None)],
-                 {"two": np.array(2.0, np.float32)})
+    relu = model(
+        [node("Relu", ["x"], ["h"]), node("Mul", ["h", "two"], ["y"])],
+        [("x", F, None)],
+        [("y", F, None)],
+        {"two": np.array(2.0, np.float32)},
+    )
     fastseq.ONNXSequential(relu).check_rows()
     summed = model([node("ReduceSum", ["x"], ["y"], "total", keepdims=0)], [("x", F, None)], [("y", F, None)])
     assert "declared without a shape" in refusal(fastseq.ONNXSequential(summed))
@@ -491,7 +779,7 @@ def test_every_node_model_gets_a_verdict_and_those_called_row_wise_are():
             if len(names) != len(arrays):
                 continue
             whole = s.run(None, dict(zip(names, arrays)))
-            alone = [s.run(None, dict(zip(names, [a[k:k + 1] for a in arrays]))) for k in range(n)]
+            alone = [s.run(None, dict(zip(names, [a[k : k + 1] for a in arrays]))) for k in range(n)]
         except Exception:  # noqa: BLE001 - onnxruntime cannot run it (or not one row at a time)
             continue
         checked += 1

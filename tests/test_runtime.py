@@ -53,8 +53,9 @@ def test_session_does_not_depend_on_the_sources_once_made(tmp_path):
 def test_no_private_files_are_left_behind(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=("N", 512)), scale_model(3.0, shape=("N", 512)),
-                                  session_cache=False)
+    pipe = fastseq.ONNXSequential(
+        scale_model(2.0, shape=("N", 512)), scale_model(3.0, shape=("N", 512)), session_cache=False
+    )
     pipe.as_cpu()
     pipe.export(tmp_path / "opt.onnx", optimized=True)
     assert not os.listdir(tmp_path / "tmp")
@@ -74,9 +75,12 @@ def test_session_above_the_protobuf_limit(tmp_path):
         e = table.external_data.add()
         e.key, e.value = k, v
     g = helper.make_graph(
-        [helper.make_node("Gather", ["table", "i"], ["y"])], "gather",
+        [helper.make_node("Gather", ["table", "i"], ["y"])],
+        "gather",
         [helper.make_tensor_value_info("i", TensorProto.INT64, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1024])], [table])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1024])],
+        [table],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "g.onnx"))
     pipe = fastseq.ONNXSequential(str(tmp_path / "g.onnx"))
     assert pipe.summary()["weight_bytes"] > 2 << 30
@@ -122,9 +126,11 @@ def test_inputs_convert_where_no_value_changes():
 
 def _ids_model() -> onnx.ModelProto:
     graph = helper.make_graph(
-        [helper.make_node("Add", ["ids", "ids"], ["twice"])], "ids",
+        [helper.make_node("Add", ["ids", "ids"], ["twice"])],
+        "ids",
         [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 2])],
-        [helper.make_tensor_value_info("twice", TensorProto.INT64, ["N", 2])])
+        [helper.make_tensor_value_info("twice", TensorProto.INT64, ["N", 2])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -136,8 +142,13 @@ def test_run_options_timeout_stops_a_slow_model():
         nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
         prev = f"h{k}"
     nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    g = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 128])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 128])], [w])
+    g = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 128])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 128])],
+        [w],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -159,9 +170,12 @@ def reshaper(shape):
     """x -> Reshape(x, shape), its node named 'reshape' (so two of them clash)."""
     s = numpy_helper.from_array(np.array(shape, np.int64), "s")
     g = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "r",
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+        "r",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])], [s])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])],
+        [s],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -267,7 +281,9 @@ def test_cache_misses_on_every_key_part(tmp_path, monkeypatch):
     assert fastseq.ONNXSequential(*other_model, session_cache=cache).session_info["cache"] == "stored"
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    assert fastseq.ONNXSequential(*paths, session_cache=cache, session_options=options).session_info["cache"] == "stored"
+    assert (
+        fastseq.ONNXSequential(*paths, session_cache=cache, session_options=options).session_info["cache"] == "stored"
+    )
     with_opts = [("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})]
     assert fastseq.ONNXSequential(*paths, session_cache=cache, providers=with_opts).session_info["cache"] == "stored"
     monkeypatch.setattr(ort, "__version__", "0.0.1")
@@ -403,8 +419,9 @@ def _cuda_ready() -> bool:
 def test_cuda_binding_keeps_tensors_on_the_device():
     import torch
 
-    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=("N", 4)), scale_model(3.0, shape=("N", 4)),
-                                  providers=["CUDAExecutionProvider"])
+    pipe = fastseq.ONNXSequential(
+        scale_model(2.0, shape=("N", 4)), scale_model(3.0, shape=("N", 4)), providers=["CUDAExecutionProvider"]
+    )
     x = torch.from_numpy(X.copy()).cuda()
     b = pipe.bind(x, outputs="torch")
     (y,) = b()
@@ -456,9 +473,13 @@ def matmul_files(tmp_path: Path, n: int = 2, dim: int = 512) -> list[str]:
     paths = []
     for k in range(n):
         w = numpy_helper.from_array((rng.standard_normal((dim, dim)) / dim).astype(np.float32), "w")
-        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name=f"mm{k}")], f"mm{k}",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])], [w])
+        g = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"], name=f"mm{k}")],
+            f"mm{k}",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
+            [w],
+        )
         p = tmp_path / f"mm{k}.onnx"
         onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(p))
         paths.append(str(p))
@@ -538,8 +559,9 @@ def test_weights_in_files_are_never_held_in_memory(tmp_path):
     weights = 2 * 2048 * 2048 * 4
 
     def held(kind: str) -> tuple[int, int]:
-        out = subprocess.run([sys.executable, "-c", SPILL_RSS, kind, *paths],
-                             capture_output=True, text=True, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", SPILL_RSS, kind, *paths], capture_output=True, text=True, check=True
+        ).stdout.split()
         return int(out[0]), int(out[1])
 
     kept, not_spilled = held("bytes")

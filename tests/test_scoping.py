@@ -9,7 +9,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from conftest import if_model_reading_outer_initializer, loop_model_reading_outer_initializer, run, run_chain, scale_model
+from conftest import (
+    if_model_reading_outer_initializer,
+    loop_model_reading_outer_initializer,
+    run,
+    run_chain,
+    scale_model,
+)
 
 
 def onnx_compose_fails(m1, m2, io_map) -> bool:
@@ -52,7 +58,11 @@ def test_subgraph_shadowing_follows_its_own_definition():
 
 def _custom_relu_function(body_op: str) -> onnx.FunctionProto:
     return helper.make_function(
-        "custom", "Relu", ["X"], ["Y"], [helper.make_node(body_op, ["X"], ["Y"])],
+        "custom",
+        "Relu",
+        ["X"],
+        ["Y"],
+        [helper.make_node(body_op, ["X"], ["Y"])],
         [helper.make_opsetid("", 17)],
     )
 
@@ -63,12 +73,16 @@ def _model_with_function(body_op: str) -> onnx.ModelProto:
         helper.make_node("Relu", ["a"], ["y"], domain="custom"),  # the local function
     ]
     g = helper.make_graph(
-        nodes, "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        nodes,
+        "f",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
     )
     return helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
-        functions=[_custom_relu_function(body_op)], ir_version=8,
+        g,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+        functions=[_custom_relu_function(body_op)],
+        ir_version=8,
     )
 
 
@@ -105,7 +119,9 @@ def test_sparse_initializers_annotations_value_info_and_training_bindings_follow
     assert [s.values.name for s in g.sparse_initializer] == ["c", "m1/c"]
     assert [v.name for v in g.value_info if v.name.endswith("t")][:2] == ["t", "m1/t"]
     assert [(q.tensor_name, q.quant_parameter_tensor_names[0].value) for q in g.quantization_annotation] == [
-        ("t", "c"), ("m1/t", "m1/c")]
+        ("t", "c"),
+        ("m1/t", "m1/c"),
+    ]
     assert [(b.key, b.value) for t in merged.training_info for b in t.update_binding] == [("c", "t"), ("m1/c", "m1/t")]
     assert g.node[2].input == ["m0/y", "m1/c"]  # the exposed output of copy 2 keeps "y"
     merged.ClearField("training_info")  # ONNX Runtime's inference session does not take it
@@ -142,18 +158,24 @@ def test_fifty_model_chain_matches_sequential_runs(x24):
 def _two_output_model():
     g = helper.make_graph(
         [helper.make_node("Neg", ["x"], ["neg"]), helper.make_node("Abs", ["x"], ["abs"])],
-        "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("neg", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("abs", TensorProto.FLOAT, [2, 4])],
+        "split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [
+            helper.make_tensor_value_info("neg", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("abs", TensorProto.FLOAT, [2, 4]),
+        ],
     )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _add_model(a="a", b="b", out="sum"):
     g = helper.make_graph(
-        [helper.make_node("Add", [a, b], [out])], "add",
-        [helper.make_tensor_value_info(a, TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info(b, TensorProto.FLOAT, [2, 4])],
+        [helper.make_node("Add", [a, b], [out])],
+        "add",
+        [
+            helper.make_tensor_value_info(a, TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info(b, TensorProto.FLOAT, [2, 4]),
+        ],
         [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2, 4])],
     )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -211,25 +233,40 @@ def _model_calling_through_subgraphs(body_op: str) -> onnx.ModelProto:
     `Wrap`, a second local function whose body calls it; the main graph calls Wrap too."""
     relu = _custom_relu_function(body_op)
     wrap = helper.make_function(
-        "custom", "Wrap", ["X"], ["Y"], [helper.make_node("Relu", ["X"], ["Y"], domain="custom")],
+        "custom",
+        "Wrap",
+        ["X"],
+        ["Y"],
+        [helper.make_node("Relu", ["X"], ["Y"], domain="custom")],
         [helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
     )
     then_g = helper.make_graph(
-        [helper.make_node("Relu", ["a"], ["t"], domain="custom")], "then", [],
-        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 4])])
+        [helper.make_node("Relu", ["a"], ["t"], domain="custom")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 4])],
+    )
     else_g = helper.make_graph(
-        [helper.make_node("Identity", ["a"], ["e"])], "else", [],
-        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 4])])
+        [helper.make_node("Identity", ["a"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 4])],
+    )
     g = helper.make_graph(
-        [helper.make_node("Wrap", ["x"], ["a"], domain="custom"),
-         helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)],
-        "f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [
+            helper.make_node("Wrap", ["x"], ["a"], domain="custom"),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+        ],
+        "f",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
         [numpy_helper.from_array(np.array(True), "cond")],
     )
     return helper.make_model(
-        g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
-        functions=[relu, wrap], ir_version=8,
+        g,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)],
+        functions=[relu, wrap],
+        ir_version=8,
     )
 
 
@@ -253,6 +290,7 @@ def test_function_calls_in_subgraphs_and_in_other_functions_follow_the_rename(x2
 def test_sharding_specs_and_metadata_of_nodes_follow_renames():
     """A node with device configurations is not 'plain' (its sharding specs name tensors):
     it is decoded, renamed and encoded again; node metadata is carried as it is."""
+
     def model():
         m = scale_model(2.0)
         mul = m.graph.node[0]

@@ -20,10 +20,14 @@ X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
 
 def two_input_model():
     g = helper.make_graph(
-        [helper.make_node("Sub", ["a", "b"], ["d"])], "sub",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 4])])
+        [helper.make_node("Sub", ["a", "b"], ["d"])],
+        "sub",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 4]),
+        ],
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 4])],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
@@ -83,8 +87,11 @@ def test_sessions_providers_and_options():
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is available here")
 def test_missing_provider_is_a_warning_naming_it_and_what_is_available():
     pipe = fastseq.ONNXSequential(scale_model(2.0))
-    for switch, name in [(pipe.as_cuda, "CUDAExecutionProvider"), (pipe.as_tensorrt, "TensorrtExecutionProvider"),
-                         (pipe.as_openvino, "OpenVINOExecutionProvider")]:
+    for switch, name in [
+        (pipe.as_cuda, "CUDAExecutionProvider"),
+        (pipe.as_tensorrt, "TensorrtExecutionProvider"),
+        (pipe.as_openvino, "OpenVINOExecutionProvider"),
+    ]:
         with pytest.warns(RuntimeWarning, match=f"{name} is not available .*available: .*CPUExecutionProvider"):
             switch()
         assert pipe.providers == ["CPUExecutionProvider"]
@@ -102,7 +109,9 @@ def test_len_repr_and_summary():
     )
     assert len(pipe) == 4
     text = repr(pipe)
-    assert "builtin:shipped/to_float -> builtin:shipped/resize -> builtin:shipped/normalize -> builtin:color_head" in text
+    assert (
+        "builtin:shipped/to_float -> builtin:shipped/resize -> builtin:shipped/normalize -> builtin:color_head" in text
+    )
     assert "input: uint8[N, H, W, 3]" in text and "opset ai.onnx 17" in text and "12 nodes" in text
     assert pipe.summary()["nodes"] == 12
 
@@ -114,7 +123,8 @@ def test_export_is_atomic_does_not_mutate_and_supports_external_data(tmp_path):
     # The file is the model with its stage map in its metadata (which stage each node is).
     written = onnx.load(str(inline))
     assert [(e.key, json.loads(e.value)["stages"]) for e in written.metadata_props] == [
-        ("fastseq.stages", [["scale (#0)", 0, 2, 0], ["scale (#1)", 2, 4, 0]])]
+        ("fastseq.stages", [["scale (#0)", 0, 2, 0], ["scale (#1)", 2, 4, 0]])
+    ]
     del written.metadata_props[:]
     assert written.SerializeToString() == before
     ext = pipe.export(tmp_path / "ext.onnx", external_data=True)
@@ -175,12 +185,18 @@ def test_torch_fixtures_convert_up_and_match():
 
 def test_conversion_that_cannot_be_done_names_model_and_operator():
     g = helper.make_graph(
-        [helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")], "up",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2]),
-         helper.make_tensor_value_info("scales", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])])
+        [helper.make_node("Upsample", ["x", "scales"], ["y"], mode="nearest")],
+        "up",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2]),
+            helper.make_tensor_value_info("scales", TensorProto.FLOAT, [4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+    )
     old = helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)], ir_version=4)
-    with pytest.raises(fastseq.ConversionError, match=r"up \(#0\): cannot convert from opset 9 to 4 \(blocked by operator Upsample\)"):
+    with pytest.raises(
+        fastseq.ConversionError, match=r"up \(#0\): cannot convert from opset 9 to 4 \(blocked by operator Upsample\)"
+    ):
         fastseq.ONNXSequential(old, target_opset_version=4)
 
 

@@ -62,8 +62,9 @@ def uncached(source, cache, match: str) -> fastseq.ONNXSequential:
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, timeout=120,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def one_error_line(out: subprocess.CompletedProcess[str]) -> str:
@@ -428,7 +429,11 @@ def test_files_swapped_during_loads_never_change_what_runs(tmp_path):
     os.link(entry / "model.data", stash / "own.data")
     os.link(other / "model.data", stash / "swapped.data")
     stop = tmp_path / "stop"
-    swapper = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    swapper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import os
         entry, stash, stop = {str(entry)!r}, {str(stash)!r}, {str(stop)!r}
         n = 0
@@ -441,7 +446,11 @@ def test_files_swapped_during_loads_never_change_what_runs(tmp_path):
                 except OSError:
                     pass
         print(n)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     how = {"hit": 0, "stored": 0, None: 0}
     try:
         with warnings.catch_warnings():
@@ -568,8 +577,9 @@ def test_concurrent_users_under_a_small_limit(tmp_path):
         for _ in range(15):
             assert float(fastseq.ONNXSequential({source!r}, session_cache=cache)(x)[0].sum()) == 3 * 512
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", writer, *(str(10 + k) for k in range(j, 15, 3))])
-             for j in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", writer, *(str(10 + k) for k in range(j, 15, 3))]) for j in range(3)
+    ]
     procs.append(subprocess.Popen([sys.executable, "-c", reader]))
     assert [p.wait(timeout=300) for p in procs] == [0] * 4
     left = [p for p in cache.iterdir() if p.name != TAG]
@@ -643,7 +653,11 @@ def test_hits_run_what_the_pipeline_holds_while_a_source_changes_through_a_share
     offset = source.read_bytes().find(two)
     assert offset > 0
     stop = tmp_path / "stop"
-    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import mmap, os
         fd = os.open({str(source)!r}, os.O_RDWR)
         m = mmap.mmap(fd, 0)
@@ -652,7 +666,9 @@ def test_hits_run_what_the_pipeline_holds_while_a_source_changes_through_a_share
             for k in range(0, {4 * n}, 4096):  # one page flipped and put back: mostly the stored weights
                 m[{offset} + k:{offset} + k + 4096] = three[k:k + 4096]
                 m[{offset} + k:{offset} + k + 4096] = two[k:k + 4096]
-    """)])
+    """),
+        ]
+    )
     x = np.linspace(-1, 1, 2 * n, dtype=np.float32).reshape(2, n)
     results = {"hit": 0, "other": 0, "refused": 0}
     try:

@@ -55,8 +55,11 @@ def foreign_reads(names: set[str], home: Path, files: list[Path] = FILES) -> lis
         if path == home:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and node.attr in names
-                    and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in names
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
                 found.append(f"{path.name}:{node.lineno} .{node.attr}")
     return found
 
@@ -99,7 +102,8 @@ def test_no_module_reads_another_modules_private_attributes():
         found += [
             f"{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}"
             for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Attribute) and node.attr in others
+            if isinstance(node, ast.Attribute)
+            and node.attr in others
             and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
         ]
     assert not found, found
@@ -114,5 +118,5 @@ def test_onnx_runtimes_private_api_is_reached_in_one_place():
     users = [str(p.relative_to(PACKAGE)) for p in FILES if private.search(p.read_text())]
     assert users == ["runtime/runner.py"]
     text = (PACKAGE / "runtime" / "runner.py").read_text()
-    seam = text[text.index("# --- the seam"):text.index("class Runner")]
+    seam = text[text.index("# --- the seam") : text.index("class Runner")]
     assert len(private.findall(text)) == len(private.findall(seam)) >= 2

@@ -43,17 +43,39 @@ def test_the_tool_renders_types_from_the_records():
     records = [{"type": "class", "id": "7", "name": "Composed"}]
     r = gen.Renderer(records, _core)
     name = lambda m, a: {"type": "attribute", "value": {"type": "name", "id": m}, "attr": a}  # noqa: E731
-    path = {"type": "binop", "op": "bitor", "left": name("builtins", "str"),
-            "right": {"type": "subscript", "value": name("os", "PathLike"), "slice": name("builtins", "str")}}
-    union = {"type": "binop", "op": "bitor", "left": name("builtins", "bytes"), "right": {
-        "type": "binop", "op": "bitor", "left": path, "right": {
-            "type": "binop", "op": "bitor",
-            "left": {"type": "subscript", "value": name("builtins", "tuple"),
-                     "slice": {"type": "tuple", "elts": [path, path]}},
-            "right": {"type": "id", "id": "7"}}}}
+    path = {
+        "type": "binop",
+        "op": "bitor",
+        "left": name("builtins", "str"),
+        "right": {"type": "subscript", "value": name("os", "PathLike"), "slice": name("builtins", "str")},
+    }
+    union = {
+        "type": "binop",
+        "op": "bitor",
+        "left": name("builtins", "bytes"),
+        "right": {
+            "type": "binop",
+            "op": "bitor",
+            "left": path,
+            "right": {
+                "type": "binop",
+                "op": "bitor",
+                "left": {
+                    "type": "subscript",
+                    "value": name("builtins", "tuple"),
+                    "slice": {"type": "tuple", "elts": [path, path]},
+                },
+                "right": {"type": "id", "id": "7"},
+            },
+        },
+    }
     assert r.annotation(union) == "Source"
-    optional = {"type": "binop", "op": "bitor", "left": name("typing", "SupportsIndex"),
-                "right": {"type": "constant", "kind": "none"}}
+    optional = {
+        "type": "binop",
+        "op": "bitor",
+        "left": name("typing", "SupportsIndex"),
+        "right": {"type": "constant", "kind": "none"},
+    }
     assert r.annotation(optional) == "typing.SupportsIndex | None"
     assert r.expr({"type": "constant", "kind": "str", "value": "fastseq"}, annotation=False) == "'fastseq'"
 
@@ -82,9 +104,7 @@ def _stub():
         if isinstance(node, ast.FunctionDef):
             functions[node.name] = _params(node.args)
         elif isinstance(node, ast.ClassDef):
-            classes[node.name] = {
-                m.name: _params(m.args) for m in node.body if isinstance(m, ast.FunctionDef)
-            }
+            classes[node.name] = {m.name: _params(m.args) for m in node.body if isinstance(m, ast.FunctionDef)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fastseq"):
@@ -135,11 +155,12 @@ def test_sources_take_every_form_the_stub_names(tmp_path):
     onnx.save(scale_model(2.0), str(tmp_path / "m.onnx"))
     data = (tmp_path / "m.onnx").read_bytes()
     stub = STUB.read_text()
-    assert "Source = bytes | str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | " \
-           "Composed" in stub
+    assert (
+        "Source = bytes | str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | "
+        "Composed" in stub
+    )
     loaded = _core.load_model(data)
-    for source in (data, str(tmp_path / "m.onnx"), tmp_path / "m.onnx", (str(tmp_path / "m.onnx"), tmp_path),
-                   loaded):
+    for source in (data, str(tmp_path / "m.onnx"), tmp_path / "m.onnx", (str(tmp_path / "m.onnx"), tmp_path), loaded):
         assert _core.load_model(source).to_bytes() == loaded.to_bytes()
 
 
@@ -156,8 +177,13 @@ def test_every_writer_returns_the_same_typed_result(tmp_path):
         _core.commit_bytes(composed.to_bytes(), str(tmp_path / "b.onnx")),
     ]
     with _core.stage(str(tmp_path / "c.onnx")) as stage:
-        onnx.save(onnx.load_from_string(composed.to_bytes()), str(stage.folder() / "c.onnx"),
-                  save_as_external_data=True, location="w.bin", size_threshold=0)
+        onnx.save(
+            onnx.load_from_string(composed.to_bytes()),
+            str(stage.folder() / "c.onnx"),
+            save_as_external_data=True,
+            location="w.bin",
+            size_threshold=0,
+        )
         results.append(stage.commit("c.onnx"))
     for saved, name, data in zip(results, "abc", (["a.onnx.data"], [], ["w.bin"])):
         assert type(saved) is _core.Saved

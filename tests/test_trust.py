@@ -29,8 +29,11 @@ def pipe():
 
 
 # --- binding ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("make", [lambda x: x[::2], lambda x: np.asfortranarray(x[:2]), lambda x: x[:, ::-1]],
-                         ids=["strided", "fortran", "reversed"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda x: x[::2], lambda x: np.asfortranarray(x[:2]), lambda x: x[:, ::-1]],
+    ids=["strided", "fortran", "reversed"],
+)
 def test_binding_refuses_an_array_it_cannot_bind_in_place(pipe, make):
     x = X.copy()
     view = make(x)
@@ -89,7 +92,9 @@ def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_before_any_th
     hook, threading.excepthook = threading.excepthook, errors.append  # a timer thread's failure lands here
     try:
         before = threading.active_count()
-        with pytest.raises(fastseq.InputError, match="timeout must be (a positive, finite number of seconds or None|at most)"):
+        with pytest.raises(
+            fastseq.InputError, match="timeout must be (a positive, finite number of seconds or None|at most)"
+        ):
             pipe.run({"x": X}, timeout=timeout)
         assert threading.active_count() == before and not errors
     finally:
@@ -132,12 +137,15 @@ def test_a_url_whose_content_length_is_short_never_enters_the_cache(www, tmp_pat
     its header. The core decodes it before it is kept."""
     www.short_length = True
     cache = tmp_path / "cache"
-    with pytest.raises(fastseq.DownloadError, match=r"a\.onnx: the download is not a whole ONNX model, so it was not kept"):
+    with pytest.raises(
+        fastseq.DownloadError, match=r"a\.onnx: the download is not a whole ONNX model, so it was not kept"
+    ):
         fastseq.ONNXSequential(f"{www.url}/a.onnx", cache_dir=cache)
     assert not cache.exists() or files_in(cache) == []
     www.short_length = False
-    np.testing.assert_allclose(fastseq.ONNXSequential(f"{www.url}/a.onnx", cache_dir=cache)(X[:2])[0],
-                               np.maximum(2 * X[:2], 0))
+    np.testing.assert_allclose(
+        fastseq.ONNXSequential(f"{www.url}/a.onnx", cache_dir=cache)(X[:2])[0], np.maximum(2 * X[:2], 0)
+    )
 
 
 def test_a_garbage_url_body_never_enters_the_cache(www, tmp_path):
@@ -178,19 +186,23 @@ def test_a_cut_or_garbage_hub_file_never_stays_in_the_cache(hub, tmp_path, name)
     assert not [f for f in files_in(cache) if "/blobs/" in f or "/snapshots/" in f]
     hub.short_length = False
     if name == "double":  # nothing damaged was left to be found: the next load fetches it whole
-        np.testing.assert_allclose(fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache)(X[:2])[0],
-                                   np.maximum(2 * X[:2], 0))
+        np.testing.assert_allclose(
+            fastseq.ONNXSequential("hf://acme/models/double.onnx", cache_dir=cache)(X[:2])[0], np.maximum(2 * X[:2], 0)
+        )
 
 
-@pytest.mark.parametrize("ref", [
-    "hf://org/repo/../../x.onnx",
-    "hf://org/repo@../../evil/m.onnx",
-    "hf://../../repo/m.onnx",
-    "hf://org/repo//etc/passwd.onnx",
-    "hf://org/repo@/m.onnx",
-    "hf://operators/../../x",
-    "hf://org/re\\po/m.onnx",
-])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "hf://org/repo/../../x.onnx",
+        "hf://org/repo@../../evil/m.onnx",
+        "hf://../../repo/m.onnx",
+        "hf://org/repo//etc/passwd.onnx",
+        "hf://org/repo@/m.onnx",
+        "hf://operators/../../x",
+        "hf://org/re\\po/m.onnx",
+    ],
+)
 def test_hub_ids_with_dot_dot_absolute_or_empty_parts_are_refused_before_any_request(hub, tmp_path, ref):
     with pytest.raises(fastseq.DownloadError, match=r"has an empty, '\.' or '\.\.' part"):
         fastseq.ONNXSequential(ref, cache_dir=tmp_path / "hf")
@@ -217,8 +229,10 @@ def test_hub_listings_ask_an_unreachable_hub_once(monkeypatch):
     server = HangUp()
     try:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
-        with pytest.raises(fastseq.DownloadError, match=f"cannot list kornia/ONNX_models/models: the Hub at {server.url} "
-                                                        "is unreachable"):
+        with pytest.raises(
+            fastseq.DownloadError,
+            match=f"cannot list kornia/ONNX_models/models: the Hub at {server.url} is unreachable",
+        ):
             fastseq.ONNXLoader.list_models()
         assert server.connections == 1
     finally:
@@ -232,29 +246,48 @@ DEEP = "[" * 5000 + "]" * 5000
 BAD_FILES = {
     "binary garbage": (bytes(range(256)), "not a pipeline file: not UTF-8 text (byte 128 is 0x80)"),
     "latin-1 text": ('[stages]\na = "café.onnx"\n'.encode("latin-1"), "not UTF-8 text"),
-    "sha256 an int": ('[stages]\na = { source = "a.onnx", sha256 = 5 }\n', "stages.a.sha256: expected 64 hex digits, got int 5"),
-    "sha256 short": ('[stages]\na = { source = "a.onnx", sha256 = "abc" }\n', "stages.a.sha256: expected 64 hex digits"),
+    "sha256 an int": (
+        '[stages]\na = { source = "a.onnx", sha256 = 5 }\n',
+        "stages.a.sha256: expected 64 hex digits, got int 5",
+    ),
+    "sha256 short": (
+        '[stages]\na = { source = "a.onnx", sha256 = "abc" }\n',
+        "stages.a.sha256: expected 64 hex digits",
+    ),
     "edges an int": ("edges = 3\n" + STAGES, "edges: expected a list of strings"),
     "an edge a list": ('edges = [["a.y -> a.x"]]\n' + STAGES, "edges[0]: expected a string, got list"),
     "outputs an int": ("outputs = [5]\n" + STAGES, "outputs[0]: expected a string, got int 5"),
     "providers a string": ('providers = "x"\n' + STAGES, "providers: expected a list of provider names"),
-    "provider option a list": ('providers = [{ name = "CPUExecutionProvider", arena = [1] }]\n' + STAGES,
-                               "providers[0].arena: expected a string, number or boolean"),
+    "provider option a list": (
+        'providers = [{ name = "CPUExecutionProvider", arena = [1] }]\n' + STAGES,
+        "providers[0].arena: expected a string, number or boolean",
+    ),
     "inputs an int": (STAGES + "[inputs]\nimage = 5\n", "inputs.image: expected 'stage.input' or a list of them"),
     "metadata a table": (STAGES + "[metadata]\ndoc_string = { a = 1 }\n", "metadata.doc_string: expected a string"),
-    "session option a list": (STAGES + "[session_options]\nintra_op_num_threads = [2]\n",
-                              "session_options.intra_op_num_threads: expected a string, number or boolean"),
-    "model_version too big": ("model_version = 99999999999999999999999\n" + STAGES, "model_version: expected an integer"),
+    "session option a list": (
+        STAGES + "[session_options]\nintra_op_num_threads = [2]\n",
+        "session_options.intra_op_num_threads: expected a string, number or boolean",
+    ),
+    "model_version too big": (
+        "model_version = 99999999999999999999999\n" + STAGES,
+        "model_version: expected an integer",
+    ),
     "opset negative": ("opset = -5\n" + STAGES, "opset: expected an integer from 1"),
     "external_data a list": ("external_data = [1]\n" + STAGES, "external_data: expected true, false"),
     "adapt a float": ("adapt = [1.5]\n" + STAGES, "adapt[0]: expected an edge index or an edge string, got float 1.5"),
     "5,000 deep array": ("edges = " + DEEP + "\n" + STAGES, "edges: nested deeper than any pipeline file"),
-    "5,000 deep in a stage": ('[stages]\na = { source = "a.onnx", sha256 = ' + DEEP + " }\n",
-                              "stages.a: nested deeper than any pipeline file"),
-    "3,000 deep tables": ('[stages]\na = { source = "a.onnx", sha256 = ' + "{a=" * 3000 + "1" + "}" * 3000 + " }\n",
-                          "stages.a: nested deeper"),
-    "200 deep (parseable)": (STAGES + "[metadata]\ndoc_string = " + "[" * 200 + "]" * 200 + "\n",
-                             "metadata.doc_string: nested deeper than any pipeline file (at most 8 levels)"),
+    "5,000 deep in a stage": (
+        '[stages]\na = { source = "a.onnx", sha256 = ' + DEEP + " }\n",
+        "stages.a: nested deeper than any pipeline file",
+    ),
+    "3,000 deep tables": (
+        '[stages]\na = { source = "a.onnx", sha256 = ' + "{a=" * 3000 + "1" + "}" * 3000 + " }\n",
+        "stages.a: nested deeper",
+    ),
+    "200 deep (parseable)": (
+        STAGES + "[metadata]\ndoc_string = " + "[" * 200 + "]" * 200 + "\n",
+        "metadata.doc_string: nested deeper than any pipeline file (at most 8 levels)",
+    ),
 }
 
 
@@ -293,16 +326,19 @@ def test_a_source_path_no_system_can_open_is_a_load_error(tmp_path):
 
 
 # --- operator parameters ----------------------------------------------------------------------
-@pytest.mark.parametrize("spec, says", [
-    ("nms?max_boxes=99999999999999999999", "max_boxes must be at most 9223372036854775807"),
-    ("nms?max_boxes=-99999999999999999999", "max_boxes must be at least 1"),
-    ("topk?k=" + "9" * 400, "k must be at most"),
-    ("resize?size=99999999999999999999", "size must be at most"),
-    ("to_float?rank=10000000000", "rank must be at most 32"),
-    ("to_float?scale=1e39", "scale must be a finite number within float32's range"),
-    ("normalize?mean=1" + "0" * 400, "mean must be a finite number within float32's range"),
-    ("nms?iou=1" + "0" * 400, "iou must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("nms?max_boxes=99999999999999999999", "max_boxes must be at most 9223372036854775807"),
+        ("nms?max_boxes=-99999999999999999999", "max_boxes must be at least 1"),
+        ("topk?k=" + "9" * 400, "k must be at most"),
+        ("resize?size=99999999999999999999", "size must be at most"),
+        ("to_float?rank=10000000000", "rank must be at most 32"),
+        ("to_float?scale=1e39", "scale must be a finite number within float32's range"),
+        ("normalize?mean=1" + "0" * 400, "mean must be a finite number within float32's range"),
+        ("nms?iou=1" + "0" * 400, "iou must be a finite number"),
+    ],
+)
 def test_operator_parameters_out_of_range_are_operator_errors(spec, says):
     from fastseq.ops import OperatorError
 
@@ -312,13 +348,16 @@ def test_operator_parameters_out_of_range_are_operator_errors(spec, says):
         fastseq.ops.from_string(spec)
 
 
-@pytest.mark.parametrize("spec, says", [
-    ("normalize?std=1e-46", "std must not be zero: 1e-46 is 0 in float32"),
-    ("normalize?std=1e-8&dtype=float16", "std must not be zero: 1e-08 is 0 in float16"),
-    ("normalize?mean=1e5&dtype=float16", "mean must be within float16's range"),
-    ("to_float?scale=1e-46", "scale must not be zero: 1e-46 is 0 in float32"),
-    ("to_float?scale=1e5&to=float16", "scale must be within float16's range"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("normalize?std=1e-46", "std must not be zero: 1e-46 is 0 in float32"),
+        ("normalize?std=1e-8&dtype=float16", "std must not be zero: 1e-08 is 0 in float16"),
+        ("normalize?mean=1e5&dtype=float16", "mean must be within float16's range"),
+        ("to_float?scale=1e-46", "scale must not be zero: 1e-46 is 0 in float32"),
+        ("to_float?scale=1e5&to=float16", "scale must be within float16's range"),
+    ],
+)
 def test_parameters_that_the_constants_dtype_cannot_hold_are_operator_errors(spec, says):
     """A std of 1e-46 is 0 in float32: the model divided by zero and output inf (issue 26,
     item 12). A value must keep its meaning in the dtype of the constant that holds it."""
@@ -330,29 +369,42 @@ def test_parameters_that_the_constants_dtype_cannot_hold_are_operator_errors(spe
         fastseq.ONNXSequential(f"builtin:{spec}")
 
 
-
-@pytest.mark.parametrize("spec, says", [
-    # 1e-45 is not 0 as a Python float: in float32 it is a subnormal whose reciprocal is inf.
-    ("normalize?std=1e-45", "std must keep the model's values finite in float32: it computes (x - mean) / std, "
-                            "and 1 / 1e-45 is inf there"),
-    ("normalize?mean=0&std=1e-39", "1 / 1e-39 is inf there"),
-    ("normalize?mean=1e30&std=1e-10", "std must keep the model's values finite in float32: it computes "
-                                      "(x - mean) / std, and (0 - 1e+30) / 1e-10 is -inf there"),
-    ("normalize?mean=0.5,0.5,1e30&std=1e-10", "(0 - 1e+30) / 1e-10 is -inf there"),
-    ("normalize?std=1e-5&dtype=float16", "1 / 1e-05 is inf there"),
-    ("normalize?mean=100&std=1e-3&dtype=float16", "(0 - 100.0) / 0.001 is -inf there"),
-    ("normalize?mean=0&std=5e-324&dtype=float64", "1 / 5e-324 is inf there"),
-    # 1/5e-39 is finite, but a subnormal is 0 where subnormals are flushed: a division by zero.
-    ("normalize?mean=0&std=5e-39", "std must be at least 1.175e-38 in magnitude in float32, got 5e-39: it is "
-                                   "subnormal there"),
-    ("normalize?mean=0&std=1e-308&dtype=float64", "std must be at least 2.225e-308 in magnitude in float64"),
-    ("to_float?scale=1e37", "scale must keep the model's values finite in float32: it computes "
-                            "float32(input) * scale, and 255 * 1e+37 is inf there"),
-    ("to_float?scale=300&to=float16", "255 * 300 is inf there"),
-    ("to_float?scale=1e20&dtype=int64", "9223372036854775808 * 1e+20 is inf there"),
-    ("to_float?scale=1e-40", "scale must be at least 1.175e-38 in magnitude in float32, got 1e-40"),
-    ("to_float?scale=1e-5&to=float16", "scale must be at least 6.104e-05 in magnitude in float16"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        # 1e-45 is not 0 as a Python float: in float32 it is a subnormal whose reciprocal is inf.
+        (
+            "normalize?std=1e-45",
+            "std must keep the model's values finite in float32: it computes (x - mean) / std, "
+            "and 1 / 1e-45 is inf there",
+        ),
+        ("normalize?mean=0&std=1e-39", "1 / 1e-39 is inf there"),
+        (
+            "normalize?mean=1e30&std=1e-10",
+            "std must keep the model's values finite in float32: it computes "
+            "(x - mean) / std, and (0 - 1e+30) / 1e-10 is -inf there",
+        ),
+        ("normalize?mean=0.5,0.5,1e30&std=1e-10", "(0 - 1e+30) / 1e-10 is -inf there"),
+        ("normalize?std=1e-5&dtype=float16", "1 / 1e-05 is inf there"),
+        ("normalize?mean=100&std=1e-3&dtype=float16", "(0 - 100.0) / 0.001 is -inf there"),
+        ("normalize?mean=0&std=5e-324&dtype=float64", "1 / 5e-324 is inf there"),
+        # 1/5e-39 is finite, but a subnormal is 0 where subnormals are flushed: a division by zero.
+        (
+            "normalize?mean=0&std=5e-39",
+            "std must be at least 1.175e-38 in magnitude in float32, got 5e-39: it is subnormal there",
+        ),
+        ("normalize?mean=0&std=1e-308&dtype=float64", "std must be at least 2.225e-308 in magnitude in float64"),
+        (
+            "to_float?scale=1e37",
+            "scale must keep the model's values finite in float32: it computes "
+            "float32(input) * scale, and 255 * 1e+37 is inf there",
+        ),
+        ("to_float?scale=300&to=float16", "255 * 300 is inf there"),
+        ("to_float?scale=1e20&dtype=int64", "9223372036854775808 * 1e+20 is inf there"),
+        ("to_float?scale=1e-40", "scale must be at least 1.175e-38 in magnitude in float32, got 1e-40"),
+        ("to_float?scale=1e-5&to=float16", "scale must be at least 6.104e-05 in magnitude in float16"),
+    ],
+)
 def test_parameters_that_make_the_model_compute_inf_are_operator_errors(spec, says):
     """The check is on what the model computes in its dtype, not on the Python float (issue 37,
     item 1): normalize(std=1e-45) was accepted and its model output inf."""
@@ -373,7 +425,8 @@ def test_the_smallest_parameters_each_dtype_keeps_finite_are_kept():
         (y,) = fastseq.ONNXSequential(fastseq.ops.normalize(0.0, tiny, dtype=dtype), session_cache=False)(x)
         assert np.isfinite(y).all() and y.dtype == dtype
     (y,) = fastseq.ONNXSequential(fastseq.ops.to_float(256, to="float16"), session_cache=False)(
-        np.full((1, 1, 1, 1), 255, np.uint8))
+        np.full((1, 1, 1, 1), 255, np.uint8)
+    )
     assert np.isfinite(y).all()
     fastseq.ops.to_float(2.0, dtype="uint16", to="float16")
     fastseq.ops.to_float(1e30, dtype="float32")
@@ -390,40 +443,63 @@ def reshaper(shape, node: str, x: str = "x", y: str = "y") -> onnx.ModelProto:
     """x -> Reshape(x, shape) in a node named ``node``: fails at run time when x does not fit."""
     s = numpy_helper.from_array(np.array(shape, np.int64), f"{node}_shape")
     g = helper.make_graph(
-        [helper.make_node("Reshape", [x, f"{node}_shape"], [y], name=node)], node,
+        [helper.make_node("Reshape", [x, f"{node}_shape"], [y], name=node)],
+        node,
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n"])],
-        [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], [s])
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)],
+        [s],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def branching() -> onnx.ModelProto:
     """y = Reshape(x, [3, 3]) inside an If's branch (taken when sum(x) > 0), in a node 'inner'."""
-    then_g = helper.make_graph([helper.make_node("Reshape", ["x", "square"], ["t"], name="inner")], "then", [],
-                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
-    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["e"], name="same")], "else", [],
-                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
-    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="sum"),
-             helper.make_node("Greater", ["total", "zero"], ["positive"], name="test"),
-             helper.make_node("If", ["positive"], ["y"], then_branch=then_g, else_branch=else_g, name="branch")]
-    g = helper.make_graph(nodes, "branching", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(np.array([3, 3], np.int64), "square"),
-                           numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    then_g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "square"], ["t"], name="inner")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"], name="same")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="sum"),
+        helper.make_node("Greater", ["total", "zero"], ["positive"], name="test"),
+        helper.make_node("If", ["positive"], ["y"], then_branch=then_g, else_branch=else_g, name="branch"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "branching",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.array([3, 3], np.int64), "square"),
+            numpy_helper.from_array(np.array(0, np.float32), "zero"),
+        ],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def rectifier(node: str, x: str = "x", y: str = "y") -> onnx.ModelProto:
     """y = Relu(x) in a node named ``node`` (nothing ONNX Runtime fuses with a Reshape)."""
-    g = helper.make_graph([helper.make_node("Relu", [x], [y], name=node)], node,
-                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n"])],
-                          [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["n"])])
+    g = helper.make_graph(
+        [helper.make_node("Relu", [x], [y], name=node)],
+        node,
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["n"])],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def graph_pipeline() -> fastseq.Pipeline:
     # No name clashes between the stages: the core renames nothing.
-    return fastseq.Pipeline({"first": rectifier("act", y="h"), "second": reshaper([3, 3], "square", x="h")},
-                            edges=["first.h -> second.h"])
+    return fastseq.Pipeline(
+        {"first": rectifier("act", y="h"), "second": reshaper([3, 3], "square", x="h")}, edges=["first.h -> second.h"]
+    )
 
 
 def calls(pipe):
@@ -452,15 +528,17 @@ def test_the_stage_is_named_in_a_chain_after_pickling_and_for_the_first_stage_to
     for pipe in (seq, pickle.loads(pickle.dumps(seq)), pickle.loads(pickle.dumps(graph_pipeline()))):
         with pytest.raises(fastseq.RunError, match=r"^stage (square \(#1\)|second): .*Name:'square \(in "):
             pipe(np.ones(8, np.float32))
-    first = fastseq.Pipeline({"first": reshaper([3, 3], "square", y="h"), "second": rectifier("act", x="h")},
-                             edges=["first.h -> second.h"])
+    first = fastseq.Pipeline(
+        {"first": reshaper([3, 3], "square", y="h"), "second": rectifier("act", x="h")}, edges=["first.h -> second.h"]
+    )
     with pytest.raises(fastseq.RunError, match=r"^stage first: .*Name:'square \(in first\)'"):
         first(np.ones(8, np.float32))
 
 
 def test_a_node_inside_a_subgraph_is_traced_to_its_stage():
-    pipe = fastseq.Pipeline({"pre": scale_model(1.0, inp="a", out="x", shape=(8,)), "cond": branching()},
-                            edges=["pre.x -> cond.x"])
+    pipe = fastseq.Pipeline(
+        {"pre": scale_model(1.0, inp="a", out="x", shape=(8,)), "cond": branching()}, edges=["pre.x -> cond.x"]
+    )
     with pytest.raises(fastseq.RunError, match=r"^stage cond: .*Name:'inner \(in cond\)'"):
         pipe(np.ones(8, np.float32))
 
@@ -469,9 +547,12 @@ def test_onnx_runtime_warnings_still_show(capfd):
     """Only ONNX Runtime's errors are kept off stderr (fastseq raises them); its warnings,
     such as an output of another shape than the model declares, still show."""
     s = helper.make_tensor_value_info("s", TensorProto.INT64, [2])
-    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")], "declared",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]), s],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+        "declared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"]), s],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+    )
     pipe = fastseq.ONNXSequential(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     capfd.readouterr()
     assert pipe(np.ones(8, np.float32), np.array([1, -1]))[0].shape == (1, 8)
@@ -485,7 +566,9 @@ def test_portable_rebuilds_the_runtime_with_its_stage_names():
 
     portable = graph_pipeline().portable()
     assert isinstance(portable["model"], bytes) and portable["labels"] == ["first", "second"]
-    rebuilt = Runnable.from_portable({**pickle.loads(pickle.dumps(portable)), "session_options": {"intra_op_num_threads": 1}})
+    rebuilt = Runnable.from_portable(
+        {**pickle.loads(pickle.dumps(portable)), "session_options": {"intra_op_num_threads": 1}}
+    )
     assert rebuilt.get_session().get_session_options().intra_op_num_threads == 1
     np.testing.assert_allclose(rebuilt(np.ones(9, np.float32))[0], np.ones((3, 3)))
     with pytest.raises(fastseq.InputError, match="expects float32, got float64"):

@@ -210,7 +210,9 @@ def read_only_folder(tmp_path: Path, files: dict[str, bytes]):
 def test_a_read_only_folder_is_an_export_error_naming_the_target(kind, out, tmp_path):
     with read_only_folder(tmp_path, {"m.onnx": b"old model", "m.onnx.data": USER}) as ro:
         target = ro / "m.onnx"
-        with pytest.raises(fastseq.ExportError, match=re.escape(f"cannot write {target}: ") + ".*Read-only file system"):
+        with pytest.raises(
+            fastseq.ExportError, match=re.escape(f"cannot write {target}: ") + ".*Read-only file system"
+        ):
             write(kind, 1.0, target)
         assert {p.name: p.read_bytes() for p in ro.iterdir()} == {"m.onnx": b"old model", "m.onnx.data": USER}
 
@@ -219,8 +221,12 @@ def test_merge_optimize_errors_are_one_line_naming_the_target(out, tmp_path):
     target = out / "m.onnx"
     target.mkdir()
     source = tmp_path / "src" / "s1.onnx"
-    r = subprocess.run([sys.executable, "-m", "fastseq", "merge", str(source), "-o", str(target), "--optimize"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "fastseq", "merge", str(source), "-o", str(target), "--optimize"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and r.stderr.strip() == f"fastseq: error: cannot write {target}: it is a directory"
     assert [p.name for p in out.iterdir()] == ["m.onnx"]
 
@@ -313,8 +319,13 @@ for _ in range(count):
 
 def loop(kind: str, scale: float, target: Path, count: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, "-c", LOOP, kind, str(scale), str(target), str(count)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", LOOP, kind, str(scale), str(target), str(count)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def target_for(kind: str, out: Path) -> Path:
@@ -371,9 +382,16 @@ def test_a_killed_writers_staging_folder_goes_with_the_next_write(out):
 
     live = _core.stage(str(out / "a.onnx"))
     dead = subprocess.run(
-        [sys.executable, "-c", "import os, sys\nfrom fastseq import _core\ns = _core.stage(sys.argv[1])\n"
-         "print(s.folder(), flush=True)\nos._exit(0)", str(out / "b.onnx")],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\nfrom fastseq import _core\ns = _core.stage(sys.argv[1])\n"
+            "print(s.folder(), flush=True)\nos._exit(0)",
+            str(out / "b.onnx"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert Path(dead).is_dir()
     write("external", 1.0, out / "c.onnx")
@@ -398,10 +416,14 @@ def test_a_read_only_target_is_an_export_error_for_an_ordinary_user(kind):
         target = target_for(kind, shared / "out")
         target.write_bytes(b"old model")
         target.chmod(0o444)
-        warm = f"from pathlib import Path\nfrom test_writer import write\nwrite({kind!r}, 1.0, " \
-               f"Path({str(target_for(kind, shared / 'warm'))!r}))\nimport fastseq\n"
-        code = (f"try:\n    write({kind!r}, 2.0, Path({str(target)!r}))\nexcept fastseq.ExportError as e:\n"
-                "    print(e)\nelse:\n    print('written')\n")
+        warm = (
+            f"from pathlib import Path\nfrom test_writer import write\nwrite({kind!r}, 1.0, "
+            f"Path({str(target_for(kind, shared / 'warm'))!r}))\nimport fastseq\n"
+        )
+        code = (
+            f"try:\n    write({kind!r}, 2.0, Path({str(target)!r}))\nexcept fastseq.ExportError as e:\n"
+            "    print(e)\nelse:\n    print('written')\n"
+        )
         r = unprivileged.run(code, warm)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip().startswith(f"cannot write {target}: it is read-only (Permission denied"), r.stdout

@@ -35,5 +35,4 @@ def run(code: str, warm: str = "", cwd: Path | None = None) -> subprocess.Comple
     test's rights, then ``code`` as ``nobody``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     script = f"import sys\n{warm}\n{DROP}\n{code}\n"
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)

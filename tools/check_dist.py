@@ -34,10 +34,19 @@ MAX_WHEEL_BYTES = 5 * 1024 * 1024
 MAX_GLIBC = (2, 17)
 #: what the sdist must hold to build the wheel, relative to its top folder
 SDIST_NEEDS = [
-    "Cargo.toml", "Cargo.lock", "pyproject.toml", "README.md", "PKG-INFO",
-    "crates/fastseq/src/lib.rs", "crates/fastseq/proto/onnx-ml.proto", "crates/fastseq-python/src/lib.rs",
-    "crates/vendor/prost-derive/Cargo.toml", "crates/vendor/prost-derive/src/lib.rs",  # Cargo.toml's [patch]
-    "python/fastseq/__init__.py", "python/fastseq/_core.pyi", "python/fastseq/py.typed",
+    "Cargo.toml",
+    "Cargo.lock",
+    "pyproject.toml",
+    "README.md",
+    "PKG-INFO",
+    "crates/fastseq/src/lib.rs",
+    "crates/fastseq/proto/onnx-ml.proto",
+    "crates/fastseq-python/src/lib.rs",
+    "crates/vendor/prost-derive/Cargo.toml",
+    "crates/vendor/prost-derive/src/lib.rs",  # Cargo.toml's [patch]
+    "python/fastseq/__init__.py",
+    "python/fastseq/_core.pyi",
+    "python/fastseq/py.typed",
     "python/fastseq/ops/shipped/digits.onnx",
 ]
 
@@ -69,8 +78,13 @@ def package_files() -> set[str]:
     if r.returncode == 0 and r.stdout:
         files = [ROOT / f for f in r.stdout.decode().split("\0") if f]
     else:
-        files = [p for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                 and not (p.name.startswith("_core.") and p.name != "_core.pyi")]
+        files = [
+            p
+            for p in PACKAGE.rglob("*")
+            if p.is_file()
+            and "__pycache__" not in p.parts
+            and not (p.name.startswith("_core.") and p.name != "_core.pyi")
+        ]
     return {"fastseq/" + p.relative_to(PACKAGE).as_posix() for p in files}
 
 

@@ -35,16 +35,27 @@ from pathlib import Path
 
 #: the public modules (README and docs name them); each must import on its own
 PUBLIC_MODULES = [
-    "fastseq", "fastseq.ops", "fastseq.ops.shipped", "fastseq.onnx_compose", "fastseq.quantize",
-    "fastseq.ray", "fastseq.cli", "fastseq.errors",
+    "fastseq",
+    "fastseq.ops",
+    "fastseq.ops.shipped",
+    "fastseq.onnx_compose",
+    "fastseq.quantize",
+    "fastseq.ray",
+    "fastseq.cli",
+    "fastseq.errors",
 ]
 #: public modules that need an extra: without it, importing them names the extra to install
 NEEDS_EXTRA = {"fastseq.ray": "ray"}
 #: files the wheel must install beside the modules
 PACKAGE_DATA = [
-    "_core.pyi", "py.typed",
-    "ops/shipped/digits.onnx", "ops/shipped/digits.npz", "ops/shipped/sample.npy",
-    "ops/shipped/to_float.onnx", "ops/shipped/resize.onnx", "ops/shipped/normalize.onnx",
+    "_core.pyi",
+    "py.typed",
+    "ops/shipped/digits.onnx",
+    "ops/shipped/digits.npz",
+    "ops/shipped/sample.npy",
+    "ops/shipped/to_float.onnx",
+    "ops/shipped/resize.onnx",
+    "ops/shipped/normalize.onnx",
     "ops/shipped/color_head.onnx",
 ]
 
@@ -69,7 +80,9 @@ def fastseq_command() -> list[str]:
 
 def run_cli(*args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(fastseq_command() + list(args), capture_output=True, text=True, timeout=300)
-    check(f"fastseq {' '.join(args)} exits {expect}", r.returncode == expect, f"exit {r.returncode}: {r.stderr[-2000:]}")
+    check(
+        f"fastseq {' '.join(args)} exits {expect}", r.returncode == expect, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    )
     return r
 
 
@@ -79,8 +92,12 @@ def installed(allow_source_tree: bool) -> Path:
     here = Path(fastseq.__file__).resolve().parent
     site = {Path(sysconfig.get_path(k)).resolve() for k in ("purelib", "platlib")}
     inside = any(s in here.parents for s in site)
-    check("fastseq is the installed package" + ("" if inside else " (or a source tree, as allowed)"),
-          inside or allow_source_tree, f"imported from {here}, not {sorted(map(str, site))}", shown=str(here))
+    check(
+        "fastseq is the installed package" + ("" if inside else " (or a source tree, as allowed)"),
+        inside or allow_source_tree,
+        f"imported from {here}, not {sorted(map(str, site))}",
+        shown=str(here),
+    )
     return here
 
 
@@ -114,13 +131,19 @@ def versions() -> None:
     from fastseq.errors import DISTRIBUTION
 
     meta = importlib.metadata.version(DISTRIBUTION)  # the distribution's name, not the import's
-    check("one version: fastseq.__version__, the core's and the metadata's",
-          fastseq.__version__ == _core.__version__ and meta == pep440(fastseq.__version__),
-          f"{fastseq.__version__}, core {_core.__version__}, metadata {meta}", shown=meta)
+    check(
+        "one version: fastseq.__version__, the core's and the metadata's",
+        fastseq.__version__ == _core.__version__ and meta == pep440(fastseq.__version__),
+        f"{fastseq.__version__}, core {_core.__version__}, metadata {meta}",
+        shown=meta,
+    )
     out = run_cli("--version").stdout
-    check("fastseq --version names it and the core's build",
-          out.splitlines()[0] == f"fastseq {fastseq.__version__}" and _core.__build__ in out, out,
-          shown=" | ".join(out.strip().splitlines()))
+    check(
+        "fastseq --version names it and the core's build",
+        out.splitlines()[0] == f"fastseq {fastseq.__version__}" and _core.__build__ in out,
+        out,
+        shown=" | ".join(out.strip().splitlines()),
+    )
     check("the installed core is a release build", _core.__build__.endswith(" release"), _core.__build__)
 
 
@@ -139,15 +162,19 @@ def models(folder: Path) -> tuple[Path, Path]:
 
     w1 = np.arange(12, dtype=np.float32).reshape(4, 3) / 10 - 0.5
     first = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["y"])], "first",
+        [helper.make_node("MatMul", ["x", "w1"], ["y"])],
+        "first",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-        [numpy_helper.from_array(w1, "w1")])
+        [numpy_helper.from_array(w1, "w1")],
+    )
     second = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "one"], ["y"])], "second",
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "one"], ["y"])],
+        "second",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
-        [numpy_helper.from_array(np.ones(3, np.float32), "one")])
+        [numpy_helper.from_array(np.ones(3, np.float32), "one")],
+    )
     paths = folder / "first.onnx", folder / "second.onnx"
     for graph, path in zip((first, second), paths):
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
@@ -172,25 +199,32 @@ def main_job(folder: Path) -> None:
     (y,) = pipe(x)
     check("ONNXSequential(operator, path, path) computes what numpy does", np.allclose(y, expected, atol=1e-6), y)
     pipe.export(folder / "pipe.onnx")
-    (again,) = ort.InferenceSession(str(folder / "pipe.onnx"), providers=["CPUExecutionProvider"]).run(None, {"input": x})
+    (again,) = ort.InferenceSession(str(folder / "pipe.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"input": x}
+    )
     check("the exported pipeline runs in plain ONNX Runtime alike", np.array_equal(again, y))
 
     fastseq.compose_to_file([str(a), str(b)], folder / "merged.onnx")
     onnx.checker.check_model(str(folder / "merged.onnx"), full_check=True)
     (merged,) = ort.InferenceSession(str(folder / "merged.onnx"), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x.astype(np.float32) / 255})
-    check("compose_to_file writes a model onnx.checker accepts, which computes the same",
-          np.allclose(merged, expected, atol=1e-6))
+        None, {"x": x.astype(np.float32) / 255}
+    )
+    check(
+        "compose_to_file writes a model onnx.checker accepts, which computes the same",
+        np.allclose(merged, expected, atol=1e-6),
+    )
 
     from fastseq import onnx_compose
 
     m1, m2 = onnx.load(str(a)), onnx.load(str(b))
     ours = onnx_compose.merge_models(m1, m2, io_map=[("y", "x")], prefix1="a/", prefix2="b/")
     theirs = onnx.compose.merge_models(m1, m2, io_map=[("y", "x")], prefix1="a/", prefix2="b/")
-    check("fastseq.onnx_compose.merge_models gives onnx.compose's model",
-          [n.op_type for n in ours.graph.node] == [n.op_type for n in theirs.graph.node]
-          and [i.name for i in ours.graph.input] == [i.name for i in theirs.graph.input]
-          and [o.name for o in ours.graph.output] == [o.name for o in theirs.graph.output])
+    check(
+        "fastseq.onnx_compose.merge_models gives onnx.compose's model",
+        [n.op_type for n in ours.graph.node] == [n.op_type for n in theirs.graph.node]
+        and [i.name for i in ours.graph.input] == [i.name for i in theirs.graph.input]
+        and [o.name for o in ours.graph.output] == [o.name for o in theirs.graph.output],
+    )
 
     try:
         fastseq.ONNXSequential(str(a), str(b), io_maps=[[("why", "x")]])
@@ -214,7 +248,11 @@ def command(folder: Path) -> None:
     check("fastseq run writes the outputs", set(np.load(folder / "out.npz").files) == {"y"})
     r = run_cli("merge", "first.onnx", "second.onnx", "--io-map", "why:x", "-o", "bad.onnx", expect=1)
     lines = r.stderr.strip().splitlines()
-    check("a bad joint is one `fastseq: error:` line", len(lines) == 1 and lines[0].startswith("fastseq: error:"), r.stderr)
+    check(
+        "a bad joint is one `fastseq: error:` line",
+        len(lines) == 1 and lines[0].startswith("fastseq: error:"),
+        r.stderr,
+    )
     check("a failed merge leaves no file", not (folder / "bad.onnx").exists())
 
 

@@ -56,8 +56,13 @@ class FastseqError(Exception):
     __module__ = "fastseq"
 
     def __reduce__(self):
-        return _rebuild, (type(self), self.args, dict(self.__dict__), _portable(self.__cause__),
-                          self.__suppress_context__)
+        return _rebuild, (
+            type(self),
+            self.args,
+            dict(self.__dict__),
+            _portable(self.__cause__),
+            self.__suppress_context__,
+        )
 
 
 class LoadError(FastseqError, ValueError):
@@ -299,14 +304,21 @@ def require_extra(feature: str, extra: str, modules: Sequence[str]) -> None:
     if missing:
         raise MissingExtraError(
             f"{feature} needs the {extra} extra, which is not installed ({', '.join(missing)} missing): "
-            f"{install_command(extra)}", extra=extra, name=missing[0])
+            f"{install_command(extra)}",
+            extra=extra,
+            name=missing[0],
+        )
 
 
 def missing_extra(feature: str, extra: str, error: ModuleNotFoundError) -> MissingExtraError:
     """The :class:`MissingExtraError` for ``feature``, whose import of a module of ``extra``
     failed with ``error``."""
-    return MissingExtraError(f"{feature} needs the {extra} extra, which is not installed ({error.name or error} "
-                             f"missing): {install_command(extra)}", extra=extra, name=error.name)
+    return MissingExtraError(
+        f"{feature} needs the {extra} extra, which is not installed ({error.name or error} "
+        f"missing): {install_command(extra)}",
+        extra=extra,
+        name=error.name,
+    )
 
 
 #: Why a runtime name cannot load without ONNX Runtime, and how to install it. ONNX Runtime

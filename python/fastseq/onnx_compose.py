@@ -422,10 +422,10 @@ def _expand(
                 f"expand_out_dim: dim_idx {dim_idx} is out of range for output '{o.name}' of rank {rank}"
             )
         if dim_idx < 0 and not axes_as_input and opset < 11 and rank is None:
-                raise errors.InvalidModelError(
-                    f"expand_out_dim: output '{o.name}' has no declared rank, and Unsqueeze below opset 11 "
-                    f"takes no negative axes: pass dim_idx counted from the front instead of {dim_idx}"
-                )
+            raise errors.InvalidModelError(
+                f"expand_out_dim: output '{o.name}' has no declared rank, and Unsqueeze below opset 11 "
+                f"takes no negative axes: pass dim_idx counted from the front instead of {dim_idx}"
+            )
     outputs = [(o.name, o.name + suffix, o.type.tensor_type) for o in graph.output]
     renames = [(old, new) for old, new, _ in outputs if old != new]
     try:
@@ -440,7 +440,9 @@ def _expand(
     del g.output[:]
     for name, source, tensor in outputs:
         if axes_as_input:
-            g.node.append(helper.make_node("Unsqueeze", inputs=[source, axes], outputs=[name], name=f"unsqueeze-{name}"))
+            g.node.append(
+                helper.make_node("Unsqueeze", inputs=[source, axes], outputs=[name], name=f"unsqueeze-{name}")
+            )
         else:
             axis = dim_idx
             if axis < 0 and opset < 11:  # Unsqueeze-1 counts from the front only

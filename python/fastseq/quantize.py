@@ -87,8 +87,10 @@ def quantize(
     if kind not in (None, "qdq", "qoperator"):
         raise InputError(f"format must be 'qdq' or 'qoperator', got {format!r}")
     if not static and kind == "qdq":
-        raise InputError("format='qdq' needs static=True and calibration data: dynamic quantization has only "
-                         "the QOperator form (activations are quantized at run time, inside the operators)")
+        raise InputError(
+            "format='qdq' needs static=True and calibration data: dynamic quantization has only "
+            "the QOperator form (activations are quantized at run time, inside the operators)"
+        )
     if static and calibration is None:
         raise InputError("static=True needs calibration data: a folder of .npy/.npz files or an iterable of batches")
     if not static and calibration is not None:
@@ -134,8 +136,13 @@ def quantize(
                     if not (per_channel and qdq and "truth value of an array" in str(e)):
                         raise
                     reader.rewind()
-                    q.quantize_static(str(current), str(quantized), reader, **run,
-                                      extra_options={"QDQDisableWeightAdjustForInt32Bias": True})
+                    q.quantize_static(
+                        str(current),
+                        str(quantized),
+                        reader,
+                        **run,
+                        extra_options={"QDQDisableWeightAdjustForInt32Bias": True},
+                    )
             else:
                 q.quantize_dynamic(str(current), str(quantized), per_channel=per_channel, use_external_data_format=big)
         except (InputError, ConversionError):
@@ -143,13 +150,16 @@ def quantize(
         except Exception as e:  # noqa: BLE001  (the quantizer raises whatever its passes raise)
             hint = ""
             if per_channel and static and kind == "qoperator":
-                hint = " (onnxruntime quantizes per channel reliably only in QDQ form: format='qdq' or " \
-                       "per_channel=False may avoid this)"
+                hint = (
+                    " (onnxruntime quantizes per channel reliably only in QDQ form: format='qdq' or "
+                    "per_channel=False may avoid this)"
+                )
             raise ConversionError(f"{name}: quantization failed: {_first_line(e)}{hint}") from e
         written = stage.commit(f"out/{staged_name}")
     data = written.data_files
-    return QuantizeResult(target, target.parent / data[0] if data else None, size_before,
-                          written.model_bytes + written.data_bytes)
+    return QuantizeResult(
+        target, target.parent / data[0] if data else None, size_before, written.model_bytes + written.data_bytes
+    )
 
 
 def quantize_composed(composed: Any, output: str | os.PathLike[str], label: str, **options: Any) -> QuantizeResult:
@@ -212,8 +222,11 @@ def _size_with_data(path: Path) -> int:
 def _preprocess(q: Any, source: Path, out: Path, big: bool, name: str) -> Path:
     """ONNX Runtime's pre-processing; symbolic shape inference is dropped for models it
     cannot follow (ai.onnx.ml operators, for one), as its documentation suggests."""
-    kwargs = dict(save_as_external_data=big, all_tensors_to_one_file=True,
-                  external_data_location=out.name + ".data" if big else None)
+    kwargs = dict(
+        save_as_external_data=big,
+        all_tensors_to_one_file=True,
+        external_data_location=out.name + ".data" if big else None,
+    )
     try:
         with _no_litter():
             q.quant_pre_process(str(source), str(out), **kwargs)
@@ -278,8 +291,9 @@ class _Reader:
 
     def rewind(self) -> None:  # some calibrators read twice
         if not isinstance(self._batches, list):
-            raise ConversionError("this quantization reads the calibration data twice: pass a folder or a list, "
-                                  "not a one-pass iterator")
+            raise ConversionError(
+                "this quantization reads the calibration data twice: pass a folder or a list, not a one-pass iterator"
+            )
         self._iter = iter(self._batches)
 
 
@@ -290,6 +304,7 @@ def _bar(total: int | None, desc: str, show: bool) -> Any:
     except ImportError:  # pragma: no cover - tqdm is a dependency of huggingface_hub
         show = False
     if not show:
+
         class _Silent:
             def update(self, n: int) -> None:
                 pass

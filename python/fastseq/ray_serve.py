@@ -46,9 +46,16 @@ from fastseq.runtime.engine import Engine, Pipelined, engine_of
 SPINNING = {"session.intra_op.allow_spinning": "0"}
 
 
-def application(pipelines: Any, *, name: str = "pipeline", batching: str = "fastseq", num_replicas: int = 1,
-                ray_actor_options: Mapping[str, Any] | None = None, row_independent: bool = False,
-                **options: Any) -> Any:
+def application(
+    pipelines: Any,
+    *,
+    name: str = "pipeline",
+    batching: str = "fastseq",
+    num_replicas: int = 1,
+    ray_actor_options: Mapping[str, Any] | None = None,
+    row_independent: bool = False,
+    **options: Any,
+) -> Any:
     """A Ray Serve application (for ``serve.run``) serving ``pipelines`` (one, as ``name``,
     or a dict by name) on the KServe v2 protocol; ``options``: :data:`fastseq.serving.DEFAULTS`'
     keys. Call it where Ray is initialised: the models go into the object store now."""
@@ -59,7 +66,9 @@ def application(pipelines: Any, *, name: str = "pipeline", batching: str = "fast
     shipped = {key: ship(pipe) for key, pipe in serving.named(pipelines, name).items()}
     deployment = serve.deployment(
         _replica(batching, chosen["max_batch_size"], chosen["max_delay_ms"]),
-        name="fastseq", num_replicas=num_replicas, ray_actor_options=dict(ray_actor_options or {}),
+        name="fastseq",
+        num_replicas=num_replicas,
+        ray_actor_options=dict(ray_actor_options or {}),
     )
     return deployment.bind(shipped, chosen, row_independent)
 
@@ -73,11 +82,12 @@ def _replica(batching: str, max_batch_size: int, max_delay_ms: float) -> type:
             options = dict(settings)
             runs = None
             if batching == "ray":
-                runs = {key: _ray_batched(pipe, row_independent, max_batch_size, max_delay_ms)
-                        for key, pipe in pipes.items()}
+                runs = {
+                    key: _ray_batched(pipe, row_independent, max_batch_size, max_delay_ms)
+                    for key, pipe in pipes.items()
+                }
                 options["max_batch_size"] = 1  # no second batcher behind Ray Serve's
-            self._served = serving.app(pipes, row_independent=row_independent, run_with=runs, warm_up=False,
-                                       **options)
+            self._served = serving.app(pipes, row_independent=row_independent, run_with=runs, warm_up=False, **options)
             # Warmed here, before Ray Serve routes a request to this replica: a row of zeros
             # through each session (not through Ray Serve's batch queue, which is bound to the
             # loop of its first call: the requests' loop).

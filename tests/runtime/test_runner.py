@@ -81,7 +81,6 @@ def test_a_pipeline_answers_alike_on_either_path(tmp_path):
         pipe(X.astype(np.float64))
 
 
-
 def test_io_binding_runs_through_the_seam_or_the_public_method():
     real = session(scale_model(2.0))
     expected = np.maximum(X * 2, 0)

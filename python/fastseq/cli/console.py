@@ -67,8 +67,9 @@ class Parser(argparse.ArgumentParser):
 
             choices = ", ".join(map(repr, action.choices))
             raise argparse.ArgumentError(
-                action, f"invalid choice: {value!r}{did_you_mean(str(value), [str(c) for c in action.choices])} "
-                        f"(choose from {choices})"
+                action,
+                f"invalid choice: {value!r}{did_you_mean(str(value), [str(c) for c in action.choices])} "
+                f"(choose from {choices})",
             )
 
 
@@ -89,9 +90,13 @@ def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
 
 
 def verbose_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="also show what other libraries log (ONNX Runtime, Ray, onnxruntime.quantization) and "
-                        "their Python warnings")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show what other libraries log (ONNX Runtime, Ray, onnxruntime.quantization) and "
+        "their Python warnings",
+    )
 
 
 @contextmanager
@@ -163,6 +168,7 @@ def make_folders(path: str | os.PathLike[str]) -> list[Path]:
 
 # --- quiet -------------------------------------------------------------------------------------
 
+
 def _from_fastseq() -> bool:
     """Whether the warning being shown was raised by fastseq's own code: the first frame
     outside the warnings machinery is the caller of ``warnings.warn``."""
@@ -228,8 +234,11 @@ class Quiet:
                 self._undo.append(lambda name=name: os.environ.pop(name, None))
         import ray.data
 
-        consoles = [h for h in logging.getLogger("ray.data").handlers
-                    if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+        consoles = [
+            h
+            for h in logging.getLogger("ray.data").handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        ]
         levels = [h.level for h in consoles]
         for h in consoles:  # its file log stays as it is
             h.setLevel(logging.CRITICAL)

@@ -13,8 +13,10 @@ from fastseq.errors import human_size
 
 
 def add(sub: Any) -> None:
-    i = sub.add_parser("inspect", help="inputs, outputs, opsets, node and weight counts; a pipeline's "
-                                       "stages, edges and what was pruned")
+    i = sub.add_parser(
+        "inspect",
+        help="inputs, outputs, opsets, node and weight counts; a pipeline's stages, edges and what was pruned",
+    )
     i.add_argument("model", help="a model, or a pipeline.toml")
     i.add_argument("--svg", help="draw the pipeline's stage graph to this SVG (needs Graphviz)")
     i.add_argument("--dot", help="write the pipeline's stage graph as Graphviz DOT text")

@@ -25,21 +25,34 @@ if TYPE_CHECKING:
 
 def add(sub: Any) -> None:
     m = sub.add_parser("merge", help="compose models into one file")
-    m.add_argument("models", nargs="+",
-                   help="paths, URLs, hf:// ids, builtin:NAME or builtin:NAME?KEY=VALUE&... (quoted), in order; "
-                        "or one pipeline.toml")
+    m.add_argument(
+        "models",
+        nargs="+",
+        help="paths, URLs, hf:// ids, builtin:NAME or builtin:NAME?KEY=VALUE&... (quoted), in order; "
+        "or one pipeline.toml",
+    )
     io_map_option(m)
-    m.add_argument("-o", "--output", required=True, type=Path,
-                   help="the merged model to write (missing folders are made)")
-    m.add_argument("--external-data", choices=["auto", "yes", "no", "reuse"], default=None, nargs="?", const="yes",
-                   help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
-                        "sources' data files instead of copying them")
+    m.add_argument(
+        "-o", "--output", required=True, type=Path, help="the merged model to write (missing folders are made)"
+    )
+    m.add_argument(
+        "--external-data",
+        choices=["auto", "yes", "no", "reuse"],
+        default=None,
+        nargs="?",
+        const="yes",
+        help="weights in a data file beside the output (auto: above 2 GB); reuse: link the "
+        "sources' data files instead of copying them",
+    )
     m.add_argument("--keep-outputs", action="store_true", help="keep unconsumed outputs of earlier models")
     opset_option(m)
     dynamic_batch_option(m)
-    m.add_argument("--optimize", action="store_true",
-                   help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
-                        "in a data file), so that deployments start sessions with optimisation off")
+    m.add_argument(
+        "--optimize",
+        action="store_true",
+        help="write the model as ONNX Runtime leaves it after its graph optimisations (weights "
+        "in a data file), so that deployments start sessions with optimisation off",
+    )
     providers_option(m, "with --optimize: the execution providers to optimise for, in priority order")
     m.add_argument("--cache-dir", help="where downloads are cached")
     m.add_argument("--force-download", action="store_true")
@@ -49,13 +62,22 @@ def add(sub: Any) -> None:
     q = sub.add_parser("quantize", help="write an int8 version of a model (onnxruntime.quantization)")
     q.add_argument("model", help="the float model")
     q.add_argument("-o", "--output", required=True, type=Path, help="the quantized model to write")
-    q.add_argument("--static", action="store_true",
-                   help="quantize activations too, with ranges measured on --calibration (default: dynamic)")
-    q.add_argument("--calibration", metavar="DIR",
-                   help="folder of .npy batches (one input) or .npz batches (one array per input name)")
+    q.add_argument(
+        "--static",
+        action="store_true",
+        help="quantize activations too, with ranges measured on --calibration (default: dynamic)",
+    )
+    q.add_argument(
+        "--calibration",
+        metavar="DIR",
+        help="folder of .npy batches (one input) or .npz batches (one array per input name)",
+    )
     q.add_argument("--per-channel", action="store_true", help="one scale per output channel of each weight")
-    q.add_argument("--format", choices=["qdq", "qoperator"],
-                   help="static: QuantizeLinear/DequantizeLinear pairs (qdq, default) or integer operators")
+    q.add_argument(
+        "--format",
+        choices=["qdq", "qoperator"],
+        help="static: QuantizeLinear/DequantizeLinear pairs (qdq, default) or integer operators",
+    )
     q.add_argument("--no-preprocess", action="store_true", help="skip ONNX Runtime's quant_pre_process")
     verbose_option(q)
     q.set_defaults(func=cmd_quantize)
@@ -75,8 +97,7 @@ def cmd_merge(args: argparse.Namespace, quiet: Quiet) -> int:
         from fastseq.graph import pipefile
 
         if args.io_map is not None or args.keep_outputs:
-            raise fail("--io-map and --keep-outputs are for a chain of models; "
-                       "a pipeline file has edges and outputs")
+            raise fail("--io-map and --keep-outputs are for a chain of models; a pipeline file has edges and outputs")
         spec = pipefile.read(args.models[0])
         what = f"merging {len(spec.stages)} stages"
     else:
@@ -135,7 +156,14 @@ def cmd_quantize(args: argparse.Namespace, quiet: Quiet) -> int:
     quiet.runtime()
     # Static quantization draws its own bar over the calibration batches.
     with nullcontext() if args.static else progress(f"quantizing {args.model}"):
-        result = quantize(args.model, args.output, static=args.static, calibration=args.calibration,
-                          per_channel=args.per_channel, format=args.format, preprocess=not args.no_preprocess)
+        result = quantize(
+            args.model,
+            args.output,
+            static=args.static,
+            calibration=args.calibration,
+            per_channel=args.per_channel,
+            format=args.format,
+            preprocess=not args.no_preprocess,
+        )
     print(f"wrote {result}")
     return 0

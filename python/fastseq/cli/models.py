@@ -44,42 +44,62 @@ def check_io_maps(args: argparse.Namespace) -> None:
 
 
 def io_map_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--io-map", action="append", type=parse_io_map, metavar="OUT:IN[,OUT:IN]",
-                   help="the connections of one joint; give one per joint, in order (default: by position)")
+    p.add_argument(
+        "--io-map",
+        action="append",
+        type=parse_io_map,
+        metavar="OUT:IN[,OUT:IN]",
+        help="the connections of one joint; give one per joint, in order (default: by position)",
+    )
 
 
 def opset_option(p: argparse.ArgumentParser) -> None:
     """``--opset N|highest``: the models converted before they are composed (merge, run,
     serve and profile alike)."""
-    p.add_argument("--opset", type=parse_opset, metavar="N|highest",
-                   help="convert the models first: ai.onnx to opset N (or the highest among them), "
-                        "other domains to the highest version they can share")
+    p.add_argument(
+        "--opset",
+        type=parse_opset,
+        metavar="N|highest",
+        help="convert the models first: ai.onnx to opset N (or the highest among them), "
+        "other domains to the highest version they can share",
+    )
 
 
 def dynamic_batch_option(p: argparse.ArgumentParser) -> None:
     """``--dynamic-batch``: a batch-1 export given a dynamic batch axis where the core proves it."""
-    p.add_argument("--dynamic-batch", action="store_true",
-                   help="a model exported with a batch of 1: make its first axis dynamic (constant reshapes copy "
-                        "the rows' axis), where the batch analysis proves each row stays apart; refused naming the "
-                        "node otherwise")
+    p.add_argument(
+        "--dynamic-batch",
+        action="store_true",
+        help="a model exported with a batch of 1: make its first axis dynamic (constant reshapes copy "
+        "the rows' axis), where the batch analysis proves each row stays apart; refused naming the "
+        "node otherwise",
+    )
 
 
 def providers_option(p: argparse.ArgumentParser, help: str) -> None:
     """``--providers A B`` in every command; ``--provider A --provider B`` is taken too."""
-    p.add_argument("--providers", "--provider", dest="providers", action="extend", nargs="+", metavar="PROVIDER",
-                   help=help)
+    p.add_argument(
+        "--providers", "--provider", dest="providers", action="extend", nargs="+", metavar="PROVIDER", help=help
+    )
 
 
 def cast_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cast", action="store_true",
-                   help="convert each input array to its input's dtype even where values change (float64 to "
-                        "float32); without it only exact conversions are made")
+    p.add_argument(
+        "--cast",
+        action="store_true",
+        help="convert each input array to its input's dtype even where values change (float64 to "
+        "float32); without it only exact conversions are made",
+    )
 
 
 def input_option(p: argparse.ArgumentParser, extra: str = "") -> None:
-    p.add_argument("--input", action="append", metavar="NAME=FILE.npy",
-                   help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input "
-                        f"(FILE.npy alone for a one-input pipeline){extra}")
+    p.add_argument(
+        "--input",
+        action="append",
+        metavar="NAME=FILE.npy",
+        help="a graph input and the .npy file (numpy.save) holding its array; repeat for each input "
+        f"(FILE.npy alone for a one-input pipeline){extra}",
+    )
 
 
 def load_npy(name: str, file: str) -> Any:
@@ -120,8 +140,9 @@ def feeds(args: argparse.Namespace, pipe: Any) -> dict[str, Any]:
         elif not sep or not name or not file:
             raise fail(f"--input '{item}': expected NAME=FILE.npy; the inputs are {', '.join(map(str, pipe.inputs))}")
         elif name not in inputs:
-            raise InputError(f"'{name}' is not an input{_core.did_you_mean(name, list(inputs))}; inputs: "
-                             f"{', '.join(inputs)}")
+            raise InputError(
+                f"'{name}' is not an input{_core.did_you_mean(name, list(inputs))}; inputs: {', '.join(inputs)}"
+            )
         array = load_npy(name, file)
         want = inputs[name].dtype
         if not converts(want, array.dtype):  # the one input rule; --cast goes past it on purpose
@@ -136,8 +157,9 @@ def feeds(args: argparse.Namespace, pipe: Any) -> dict[str, Any]:
     if missing:
         how = "--input FILE.npy" if len(inputs) == 1 else " ".join(f"--input {i.name}=FILE.npy" for i in missing)
         given = "no --input" if not args.input else "no --input for " + ", ".join(i.name for i in missing)
-        raise fail(f"{given}: the pipeline needs {', '.join(map(str, missing))}; pass {how} "
-                   "(each array saved with numpy.save)")
+        raise fail(
+            f"{given}: the pipeline needs {', '.join(map(str, missing))}; pass {how} (each array saved with numpy.save)"
+        )
     return found
 
 
@@ -166,9 +188,14 @@ def pipeline(args: argparse.Namespace, quiet: Quiet, session_options: Any = None
 
     check_io_maps(args)
     try:
-        pipe = ONNXSequential(*args.models, io_maps=args.io_map, providers=args.providers or None,
-                              session_options=session_options, target_opset_version=getattr(args, "opset", None),
-                              dynamic_batch=getattr(args, "dynamic_batch", False))
+        pipe = ONNXSequential(
+            *args.models,
+            io_maps=args.io_map,
+            providers=args.providers or None,
+            session_options=session_options,
+            target_opset_version=getattr(args, "opset", None),
+            dynamic_batch=getattr(args, "dynamic_batch", False),
+        )
     except OpsetMismatchError as e:  # the remedy on the command line is a flag, not a keyword
         raise OpsetMismatchError(str(e).replace(HINTS["sequential"], HINTS["cli"])) from None
     _warn_unstarted(args.providers, pipe.providers, quiet)
@@ -200,5 +227,8 @@ def _warn_unstarted(asked: Any, running: list[str], quiet: Quiet) -> None:
     for p in asked or []:
         name = p if isinstance(p, str) else p[0]
         if name in available and name not in running:
-            warnings.warn(f"{name} could not be started (ONNX Runtime fell back to {', '.join(running)})"
-                          + ("" if quiet.verbose else "; --verbose shows ONNX Runtime's log of why"), RuntimeWarning)
+            warnings.warn(
+                f"{name} could not be started (ONNX Runtime fell back to {', '.join(running)})"
+                + ("" if quiet.verbose else "; --verbose shows ONNX Runtime's log of why"),
+                RuntimeWarning,
+            )

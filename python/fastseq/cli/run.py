@@ -22,29 +22,44 @@ from fastseq.cli.models import (
 
 
 def add(sub: Any) -> None:
-    r = sub.add_parser("run", help="run a model, several composed in order, or a pipeline.toml on .npy inputs, "
-                                   "or over a dataset on Ray")
-    r.add_argument("models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, composed in order; "
-                                            "or one pipeline.toml")
+    r = sub.add_parser(
+        "run",
+        help="run a model, several composed in order, or a pipeline.toml on .npy inputs, or over a dataset on Ray",
+    )
+    r.add_argument(
+        "models", nargs="+", help="paths, URLs, hf:// ids or builtin:NAME, composed in order; or one pipeline.toml"
+    )
     io_map_option(r)
     opset_option(r)
     dynamic_batch_option(r)
     input_option(r, "; with --ray: one folder of .npy files or a Parquet dataset")
     cast_option(r)
     providers_option(r, "the execution providers, in priority order")
-    r.add_argument("-o", "--output", help="write the outputs to this .npz (.npz is added to a name without it; "
-                                          "with --ray: a folder of Parquet files); without it each output's "
-                                          "shape, dtype and values are summarised")
-    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="run over a dataset (--input: a folder of .npy files or Parquet) on the Ray cluster at "
-                        "ADDRESS, or on a local one (needs the ray extra)")
+    r.add_argument(
+        "-o",
+        "--output",
+        help="write the outputs to this .npz (.npz is added to a name without it; "
+        "with --ray: a folder of Parquet files); without it each output's "
+        "shape, dtype and values are summarised",
+    )
+    r.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run over a dataset (--input: a folder of .npy files or Parquet) on the Ray cluster at "
+        "ADDRESS, or on a local one (needs the ray extra)",
+    )
     r.add_argument("--concurrency", type=int, help="with --ray: actors (default: the cluster's CPUs less one)")
     r.add_argument("--batch-size", type=int, default=256, help="with --ray: rows per batch (default 256)")
     verbose_option(r)
     r.set_defaults(func=cmd_run)
 
-    pr = sub.add_parser("profile", help="where a pipeline spends its time, per stage (ONNX Runtime's profiler, "
-                                        "mapped back to the stages' own node names)")
+    pr = sub.add_parser(
+        "profile",
+        help="where a pipeline spends its time, per stage (ONNX Runtime's profiler, "
+        "mapped back to the stages' own node names)",
+    )
     pr.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
     io_map_option(pr)
     opset_option(pr)
@@ -57,8 +72,11 @@ def add(sub: Any) -> None:
     verbose_option(pr)
     pr.set_defaults(func=cmd_profile)
 
-    v = sub.add_parser("verify", help="run the composed pipeline and its stages one by one as given (before "
-                                      "conversion and optimisation) and compare each output")
+    v = sub.add_parser(
+        "verify",
+        help="run the composed pipeline and its stages one by one as given (before "
+        "conversion and optimisation) and compare each output",
+    )
     v.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
     io_map_option(v)
     opset_option(v)
@@ -112,14 +130,17 @@ def _run_on_ray(args: argparse.Namespace, quiet: Quiet) -> int:
     if args.cast:
         raise fail("--cast converts .npy inputs; a dataset's columns must hold the inputs' dtypes")
     if not args.input or len(args.input) != 1 or not args.output:
-        raise fail("--ray needs one --input (a folder of .npy files or a Parquet dataset) and --output "
-                   "(a folder for Parquet files)")
+        raise fail(
+            "--ray needs one --input (a folder of .npy files or a Parquet dataset) and --output "
+            "(a folder for Parquet files)"
+        )
     check_output(Path(args.output) / "part.parquet", folders=True)
     from fastseq.errors import require_extra
 
     require_extra("fastseq run --ray", "ray", ("ray", "pyarrow"))  # before anything imports Ray
     quiet.ray()
     from fastseq.ray import run_dataset
+
     pipe = pipeline(args, quiet)
     run_dataset(pipe, args.input[0], args.output, args.ray or None, args.concurrency, args.batch_size)
     return 0

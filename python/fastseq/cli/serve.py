@@ -60,46 +60,100 @@ def _size(text: str) -> int:
 def add(sub: Any) -> None:
     from fastseq.serving import DEFAULTS
 
-    s = sub.add_parser("serve", help="serve a model, several composed in order, or the pipelines of a pipeline.toml "
-                                     "on the KServe v2 / Triton protocol over HTTP and gRPC")
-    s.add_argument("models", nargs="+", metavar="SOURCE",
-                   help="paths, URLs, hf:// ids or builtin:NAME, composed in order; or one pipeline.toml (each of "
-                        "its pipelines served under its name)")
-    s.add_argument("--name", help="the served model's name (default: the model file's stem, or 'pipeline' for "
-                                  "several); a pipeline.toml names its own")
-    s.add_argument("--host", default="127.0.0.1",
-                   help="the address to listen on (default 127.0.0.1: this machine only; the server has no "
-                        "authentication, see docs/netserve.md)")
+    s = sub.add_parser(
+        "serve",
+        help="serve a model, several composed in order, or the pipelines of a pipeline.toml "
+        "on the KServe v2 / Triton protocol over HTTP and gRPC",
+    )
+    s.add_argument(
+        "models",
+        nargs="+",
+        metavar="SOURCE",
+        help="paths, URLs, hf:// ids or builtin:NAME, composed in order; or one pipeline.toml (each of "
+        "its pipelines served under its name)",
+    )
+    s.add_argument(
+        "--name",
+        help="the served model's name (default: the model file's stem, or 'pipeline' for "
+        "several); a pipeline.toml names its own",
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default 127.0.0.1: this machine only; the server has no "
+        "authentication, see docs/netserve.md)",
+    )
     s.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
-    s.add_argument("--grpc-port", type=int,
-                   help="also serve the protocol over gRPC on this port (Triton's GRPCInferenceService, what "
-                        "tritonclient.grpc calls; 0 picks a free one)")
-    s.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
-                   help=f"rows of concurrent requests joined into one run (default {DEFAULTS['max_batch_size']}; "
-                        "1 turns batching off)")
-    s.add_argument("--max-delay-ms", type=_delay, default=DEFAULTS["max_delay_ms"],
-                   help="how long a free worker waits for a batch to fill (default 0: it runs what is queued)")
-    s.add_argument("--max-queue", type=int, default=DEFAULTS["max_queue"],
-                   help=f"requests open at once before a 503 (default {DEFAULTS['max_queue']})")
-    s.add_argument("--max-request-bytes", type=_size, default=DEFAULTS["max_request_bytes"],
-                   help="the largest request body, e.g. 64M (default 32M); a larger one is a 413")
-    s.add_argument("--timeout-s", type=_positive(float), default=DEFAULTS["timeout_s"],
-                   help=f"a request's limit from its arrival (its headers read) to its answer (default "
-                        f"{DEFAULTS['timeout_s']:g}); a request's own timeout parameter may be shorter")
-    s.add_argument("--body-timeout-s", type=_positive(float), default=DEFAULTS["body_timeout_s"],
-                   help=f"how long a request body may take to arrive (default {DEFAULTS['body_timeout_s']:g}); "
-                        "a slower one is a 408")
-    s.add_argument("--max-uploads", type=int, default=DEFAULTS["max_uploads"],
-                   help=f"request bodies arriving at once before a 503 (default {DEFAULTS['max_uploads']}); a request "
-                        "takes a place in the queue only once its body has arrived")
-    s.add_argument("--memory-budget", type=_size, default=DEFAULTS["memory_budget"],
-                   help="bytes all requests may hold together, e.g. 512M (default 1G): bodies, decoded tensors, batches "
-                        "and answers until read; past it a request waits (then 503), and one alone over it is a 413")
-    s.add_argument("--no-warm-up", action="store_true",
-                   help="ready once the sessions exist, without a warm-up run (for a model that a row of zeros, each "
-                        "dynamic axis 1, does not fit)")
-    s.add_argument("--row-independent", action="store_true",
-                   help="batch a pipeline whose rows the analysis cannot show to stay apart (you know they do)")
+    s.add_argument(
+        "--grpc-port",
+        type=int,
+        help="also serve the protocol over gRPC on this port (Triton's GRPCInferenceService, what "
+        "tritonclient.grpc calls; 0 picks a free one)",
+    )
+    s.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=DEFAULTS["max_batch_size"],
+        help=f"rows of concurrent requests joined into one run (default {DEFAULTS['max_batch_size']}; "
+        "1 turns batching off)",
+    )
+    s.add_argument(
+        "--max-delay-ms",
+        type=_delay,
+        default=DEFAULTS["max_delay_ms"],
+        help="how long a free worker waits for a batch to fill (default 0: it runs what is queued)",
+    )
+    s.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULTS["max_queue"],
+        help=f"requests open at once before a 503 (default {DEFAULTS['max_queue']})",
+    )
+    s.add_argument(
+        "--max-request-bytes",
+        type=_size,
+        default=DEFAULTS["max_request_bytes"],
+        help="the largest request body, e.g. 64M (default 32M); a larger one is a 413",
+    )
+    s.add_argument(
+        "--timeout-s",
+        type=_positive(float),
+        default=DEFAULTS["timeout_s"],
+        help=f"a request's limit from its arrival (its headers read) to its answer (default "
+        f"{DEFAULTS['timeout_s']:g}); a request's own timeout parameter may be shorter",
+    )
+    s.add_argument(
+        "--body-timeout-s",
+        type=_positive(float),
+        default=DEFAULTS["body_timeout_s"],
+        help=f"how long a request body may take to arrive (default {DEFAULTS['body_timeout_s']:g}); "
+        "a slower one is a 408",
+    )
+    s.add_argument(
+        "--max-uploads",
+        type=int,
+        default=DEFAULTS["max_uploads"],
+        help=f"request bodies arriving at once before a 503 (default {DEFAULTS['max_uploads']}); a request "
+        "takes a place in the queue only once its body has arrived",
+    )
+    s.add_argument(
+        "--memory-budget",
+        type=_size,
+        default=DEFAULTS["memory_budget"],
+        help="bytes all requests may hold together, e.g. 512M (default 1G): bodies, decoded tensors, batches "
+        "and answers until read; past it a request waits (then 503), and one alone over it is a 413",
+    )
+    s.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="ready once the sessions exist, without a warm-up run (for a model that a row of zeros, each "
+        "dynamic axis 1, does not fit)",
+    )
+    s.add_argument(
+        "--row-independent",
+        action="store_true",
+        help="batch a pipeline whose rows the analysis cannot show to stay apart (you know they do)",
+    )
     io_map_option(s)
     opset_option(s)
     dynamic_batch_option(s)
@@ -118,14 +172,22 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
             raise fail(f"--{flag.replace('_', '-')} must be from 0 to 65535, got {value}")
     from fastseq import serving
     from fastseq.serving.server import Server, say
+
     _log(quiet)
     pipelines = _pipelines(args, quiet)
-    served = serving.served(pipelines, row_independent=args.row_independent, warm_up=not args.no_warm_up,
-                      max_batch_size=args.max_batch_size,
-                      max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
-                      max_request_bytes=args.max_request_bytes, timeout_s=args.timeout_s,
-                      body_timeout_s=args.body_timeout_s, max_uploads=args.max_uploads,
-                      memory_budget=args.memory_budget)
+    served = serving.served(
+        pipelines,
+        row_independent=args.row_independent,
+        warm_up=not args.no_warm_up,
+        max_batch_size=args.max_batch_size,
+        max_delay_ms=args.max_delay_ms,
+        max_queue=args.max_queue,
+        max_request_bytes=args.max_request_bytes,
+        timeout_s=args.timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        max_uploads=args.max_uploads,
+        memory_budget=args.memory_budget,
+    )
     try:
         server = Server(served, args.host, args.port, grpc_port=args.grpc_port, announce=say, verbose=quiet.verbose)
     except OSError as e:

@@ -71,7 +71,11 @@ def compose_to_file(
     nodes, not bytes."""
     target = Path(path).expanduser()
     spec = PipelineSpec.chain(
-        models, io_maps, keep_outputs=_keep(keep_outputs), ir_version=ir_version, external_data=external_data,
+        models,
+        io_maps,
+        keep_outputs=_keep(keep_outputs),
+        ir_version=ir_version,
+        external_data=external_data,
         opset=opset,
     )
     save(build(spec).composed, target, spec.external_data)

@@ -290,8 +290,16 @@ class ONNXLoader:
                     raise DownloadError(f"{text}: {path} is not cached and HF_HUB_OFFLINE is set")
             token = _MODEL_FILE.set(model)
             try:
-                paths.append(cls.download_to_cache(file_url, file_name, download=download, cache_dir=cache_dir,
-                                                   suffix=suffix, force_download=force_download))
+                paths.append(
+                    cls.download_to_cache(
+                        file_url,
+                        file_name,
+                        download=download,
+                        cache_dir=cache_dir,
+                        suffix=suffix,
+                        force_download=force_download,
+                    )
+                )
             finally:
                 _MODEL_FILE.reset(token)
         return cls._load(text, paths[0])
@@ -356,7 +364,9 @@ class ONNXLoader:
         except LoadError as e:
             raise LoadError(f"{text}: {e}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise LoadError(f"{text}: not valid JSON ({e}); if it is a damaged cached copy, pass force_download=True") from e
+            raise LoadError(
+                f"{text}: not valid JSON ({e}); if it is a damaged cached copy, pass force_download=True"
+            ) from e
 
     @classmethod
     def list_files(cls, folder: str, *, revision: str | None = None, token: str | bool | None = None) -> list[str]:

@@ -100,7 +100,9 @@ class Pipeline(Facade):
         self._build(spec, session_cache)
 
     @classmethod
-    def from_spec(cls, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> Pipeline:
+    def from_spec(
+        cls, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None
+    ) -> Pipeline:
         """A pipeline built from a graph description (``session_cache`` as in the constructor)."""
         if not spec.is_graph and any(st.name is None for st in spec.stages):
             raise TypeError("Pipeline needs named stages: a graph (edges) or a chain of named stages (a pipeline file)")
@@ -120,7 +122,9 @@ class Pipeline(Facade):
         models are saved beside it. ``Pipeline.from_file`` reads it back."""
         return pipefile_write.write(self.spec, path)
 
-    def _build(self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None) -> None:
+    def _build(
+        self, spec: PipelineSpec, session_cache: SessionCache | str | os.PathLike[str] | bool | None = None
+    ) -> None:
         built = build_cached(spec, session_cache)
         self.spec = spec
         self.row_independent = spec.row_independent
@@ -155,8 +159,9 @@ class Pipeline(Facade):
         if profile is None:
             return drawing.to_dot(self._plan, "pipeline", self._sources)
         hottest = profile.hottest
-        return drawing.to_dot(self._plan, "pipeline", self._sources, profile.stage_labels(),
-                              hottest.name if hottest else None)
+        return drawing.to_dot(
+            self._plan, "pipeline", self._sources, profile.stage_labels(), hottest.name if hottest else None
+        )
 
     def to_svg(self, profile: Profile | None = None) -> str:
         """The stage graph as SVG, through Graphviz's ``dot`` (ExportError without it);

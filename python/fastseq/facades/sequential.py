@@ -123,7 +123,8 @@ class ONNXSequential(Facade):
             sha256=sha256,
             keep_outputs=keep_outputs if isinstance(keep_outputs, bool) else list(keep_outputs),
             ir_version=target_ir_version,
-            opset=target_opset_version if target_opset_version is not None
+            opset=target_opset_version
+            if target_opset_version is not None
             else ("highest" if auto_ir_version_conversion else None),
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
             force_download=force_download,

@@ -69,8 +69,7 @@ _NO_ADAPT = {
     "fastseq.Pipeline(..., adapt=True) inserts a {}",
     "merge_models": "onnx.compose.merge_models inserts no adapters: "
     "fastseq.ONNXSequential(m1, m2, io_maps=[io_map], adapt=True) inserts a {}",
-    "cli": "fastseq merge inserts no adapters for a list of models: a pipeline file with "
-    "adapt = true inserts a {}",
+    "cli": "fastseq merge inserts no adapters for a list of models: a pipeline file with adapt = true inserts a {}",
 }
 
 
@@ -143,8 +142,10 @@ def _build(spec: PipelineSpec, link: bool, converted: Store | None) -> Built:
         )
     # What each stage was built from: an operator as it runs (fitted to what feeds it), a
     # builtin: string as written.
-    given = {label: st if isinstance(st.source, str) else replace(st, source=fitted.get(i, st.source))
-             for i, (label, st) in enumerate(zip(labels, spec.stages))}
+    given = {
+        label: st if isinstance(st.source, str) else replace(st, source=fitted.get(i, st.source))
+        for i, (label, st) in enumerate(zip(labels, spec.stages))
+    }
     order = [st["label"] for st in plan["stages"]]
     return Built(
         composed,

@@ -279,10 +279,14 @@ def harmonise(
             continue
         parts = None
         if converter is not None:  # None: onnx's version is unknown, nothing is kept
-            parts = {"kind": KIND, "model": hashlib.sha256(weightless(i)).hexdigest(),
-                     "keep_bytes": _core.LAYOUT.threshold,
-                     "ai.onnx": [defaults[i], default_goal] if convert_default else None,
-                     "domains": dict(sorted(moves.items())), **converter}
+            parts = {
+                "kind": KIND,
+                "model": hashlib.sha256(weightless(i)).hexdigest(),
+                "keep_bytes": _core.LAYOUT.threshold,
+                "ai.onnx": [defaults[i], default_goal] if convert_default else None,
+                "domains": dict(sorted(moves.items())),
+                **converter,
+            }
         data = store.get(parts) if store is not None and parts is not None else None
         if data is None:
             edited = proto(i)
@@ -310,7 +314,7 @@ def _converter() -> dict[str, str] | None:
         # Beside the package: onnx-<version>.dist-info (one of them, else importlib decides).
         found = list(Path(spec.origin).parent.parent.glob("onnx-*.dist-info"))
         if len(found) == 1:
-            version = found[0].name[len("onnx-"):-len(".dist-info")]
+            version = found[0].name[len("onnx-") : -len(".dist-info")]
     if version is None:
         import importlib.metadata  # 0.1-0.2 s (it imports the email package): only when needed
 

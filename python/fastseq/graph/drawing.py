@@ -59,7 +59,7 @@ def to_dot(
         colour = _GREY if is_pruned else _HOT if hot else "black"
         fill = "#eeeeee" if is_pruned else "#f8d3c8" if hot else "#dde8f5"
         time = (times or {}).get(name)
-        timed = f'<BR/><B>{escape(time)}{" (hottest)" if hot else ""}</B>' if time else ""
+        timed = f"<BR/><B>{escape(time)}{' (hottest)' if hot else ''}</B>" if time else ""
         rows = [
             f'<TR><TD COLSPAN="2" BGCOLOR="{fill}"><B>{escape(name)}</B>'
             f'<BR/><FONT POINT-SIZE="8">{escape(sources.get(name, ""))}{" (pruned)" if is_pruned else ""}</FONT>{timed}</TD></TR>'
@@ -90,7 +90,9 @@ def to_dot(
         grey = src in pruned or dst in pruned
         label = f"{output}: {_tensor(infos.get((src, output)))}"
         tooltip = f"{src}.{output} -> {dst}.{inp}"
-        attrs = f"label={_q(label)}, tooltip={_q(tooltip)}" + (f', color="{_GREY}", fontcolor="{_GREY}"' if grey else "")
+        attrs = f"label={_q(label)}, tooltip={_q(tooltip)}" + (
+            f', color="{_GREY}", fontcolor="{_GREY}"' if grey else ""
+        )
         lines.append(f"  {port('o', src, output)} -> {port('i', dst, inp)} [{attrs}];")
     for name, targets in plan["inputs"]:
         node = _q(f"in:{name}")

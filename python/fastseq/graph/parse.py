@@ -12,6 +12,7 @@ from fastseq import _core
 from fastseq.errors import CompositionError
 from fastseq.graph.parts import Edge, Exposed, Stage
 
+
 class _Where:
     """Where a name was written: ``pipeline.toml: edges[2]: `` for messages."""
 
@@ -124,7 +125,9 @@ def _edge_index(a: int | str, edges: list[Edge], where: str) -> int:
     for i, e in enumerate(edges):
         if str(e) == wanted:
             return i
-    raise CompositionError(where + f"'{a}' is not one of the edges{_core.did_you_mean(wanted, [str(e) for e in edges])}")
+    raise CompositionError(
+        where + f"'{a}' is not one of the edges{_core.did_you_mean(wanted, [str(e) for e in edges])}"
+    )
 
 
 def parse_io_pair(text: Any, where: str) -> tuple[str, str]:
@@ -136,7 +139,9 @@ def parse_io_pair(text: Any, where: str) -> tuple[str, str]:
     return out.strip(), inp.strip()
 
 
-def groups(stages: Sequence[str], edges: Sequence[Edge], inputs: Mapping[str, Sequence[tuple[str, str]]]) -> list[list[str]]:
+def groups(
+    stages: Sequence[str], edges: Sequence[Edge], inputs: Mapping[str, Sequence[tuple[str, str]]]
+) -> list[list[str]]:
     """The stages in groups that no edge or shared graph input joins (one group when every
     stage is connected), each in the given order."""
     parent = {s: s for s in stages}

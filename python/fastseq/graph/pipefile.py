@@ -54,8 +54,23 @@ from fastseq.graph.spec import PipelineSpec
 #: Sources kept as written (not paths relative to the file).
 REMOTE = ("http://", "https://", "hf://", "builtin:")
 KEYS = (
-    "stages", "chain", "edges", "inputs", "outputs", "opset", "ir_version", "metadata", "model_version",
-    "external_data", "providers", "session_options", "prune", "dedupe", "adapt", "cache_dir", "row_independent",
+    "stages",
+    "chain",
+    "edges",
+    "inputs",
+    "outputs",
+    "opset",
+    "ir_version",
+    "metadata",
+    "model_version",
+    "external_data",
+    "providers",
+    "session_options",
+    "prune",
+    "dedupe",
+    "adapt",
+    "cache_dir",
+    "row_independent",
     "dynamic_batch",
 )
 
@@ -74,9 +89,12 @@ def read(path: str | os.PathLike[str]) -> PipelineSpec:
     origin = os.fspath(path)
     data = _load(file, origin)
     if "pipelines" in data:
-        raise PipelineFileError(f"{origin}: pipelines: this file names several pipelines ("
-                                + ", ".join(map(str, data["pipelines"])) + "): `fastseq serve` serves each; "
-                                "elsewhere, give a file of one pipeline")
+        raise PipelineFileError(
+            f"{origin}: pipelines: this file names several pipelines ("
+            + ", ".join(map(str, data["pipelines"]))
+            + "): `fastseq serve` serves each; "
+            "elsewhere, give a file of one pipeline"
+        )
     return _parse(data, file.parent, origin, "")
 
 
@@ -93,8 +111,10 @@ def read_all(path: str | os.PathLike[str]) -> dict[str, PipelineSpec]:
     tables = data["pipelines"]
     others = [k for k in data if k != "pipelines"]
     if others:
-        raise PipelineFileError(f"{origin}: {others[0]}: a file of several pipelines holds only [pipelines.NAME] "
-                                "tables; put the key in each pipeline's table")
+        raise PipelineFileError(
+            f"{origin}: {others[0]}: a file of several pipelines holds only [pipelines.NAME] "
+            "tables; put the key in each pipeline's table"
+        )
     if not isinstance(tables, dict) or not tables or not all(isinstance(t, dict) for t in tables.values()):
         raise PipelineFileError(f"{origin}: pipelines: expected one [pipelines.NAME] table per pipeline")
     return {name: _parse(table, file.parent, origin, f"pipelines.{name}.") for name, table in tables.items()}
@@ -158,7 +178,7 @@ def _parse(data: dict[str, Any], folder: Path, origin: str, prefix: str) -> Pipe
         value = data["external_data"]
         modes = {"auto": None, "yes": True, "no": False, "reuse": "reuse", True: True, False: False}
         if not isinstance(value, (bool, str)) or value not in modes:
-            raise bad("external_data", "expected true, false, \"auto\" or \"reuse\"")
+            raise bad("external_data", 'expected true, false, "auto" or "reuse"')
         options["external_data"] = modes[value]
     if "metadata" in data:
         meta = data["metadata"]
@@ -228,8 +248,11 @@ def _chain(
     from fastseq.graph.parse import _stage, _Where, parse_io_pair
 
     for key in (k for k in ("edges", "inputs", "outputs") if k in data):
-        raise bad(key, "belongs to the graph form: a chain runs its stages in order and exposes the last one's "
-                  "outputs; write edges (and inputs, outputs) instead of chain to name each connection")
+        raise bad(
+            key,
+            "belongs to the graph form: a chain runs its stages in order and exposes the last one's "
+            "outputs; write edges (and inputs, outputs) instead of chain to name each connection",
+        )
     chain = data["chain"]
     if not isinstance(chain, list) or not chain:
         raise bad("chain", 'expected the stages in the order they run, e.g. chain = ["pre", "model", "head"]')
@@ -241,14 +264,19 @@ def _chain(
         if isinstance(item, dict):
             unknown = sorted(set(item) - {"stage", "io_map"})
             if unknown or "stage" not in item:
-                what = f"'{unknown[0]}' is not a key{_core.did_you_mean(unknown[0], ['stage', 'io_map'])}" if unknown \
+                what = (
+                    f"'{unknown[0]}' is not a key{_core.did_you_mean(unknown[0], ['stage', 'io_map'])}"
+                    if unknown
                     else "needs a 'stage'"
+                )
                 raise bad(key, what + ' (keys: stage, io_map: { stage = "head", io_map = ["features:x"] })')
             if "io_map" in item:
                 if i == 0:
                     raise bad(key + ".io_map", "the first stage has no stage before it to join")
                 if not isinstance(item["io_map"], list):
-                    raise bad(key + ".io_map", f"expected a list of \"OUTPUT:INPUT\" strings, got {_shown(item['io_map'])}")
+                    raise bad(
+                        key + ".io_map", f'expected a list of "OUTPUT:INPUT" strings, got {_shown(item["io_map"])}'
+                    )
                 try:
                     pairs = [parse_io_pair(p, f"{origin}: {key}.io_map[{j}]: ") for j, p in enumerate(item["io_map"])]
                 except CompositionError as e:
@@ -265,8 +293,11 @@ def _chain(
             maps.append(pairs)
     left = [name for name in stages if name not in order]
     if left:
-        raise bad("chain", f"stage{'s' * (len(left) > 1)} {', '.join(left)} of [stages] {'are' if len(left) > 1 else 'is'}"
-                  " not in the chain; list each stage where it runs")
+        raise bad(
+            "chain",
+            f"stage{'s' * (len(left) > 1)} {', '.join(left)} of [stages] {'are' if len(left) > 1 else 'is'}"
+            " not in the chain; list each stage where it runs",
+        )
     named = any(m is not None for m in maps)  # the other joints join by position
     if isinstance(adapt, list) and any(isinstance(a, str) for a in adapt):
         raise bad("adapt", "a chain's adapters are given as true or as edge indices (fastseq inspect lists them)")
@@ -275,8 +306,13 @@ def _chain(
     except CompositionError as e:
         raise PipelineFileError(str(e)) from None
     # prune and dedupe as in the graph form: a file is one or the other
-    return PipelineSpec(parsed, io_maps=maps if named else None, adapt=adapt, origin=origin,
-                        **{"prune": True, "dedupe": True, **options})
+    return PipelineSpec(
+        parsed,
+        io_maps=maps if named else None,
+        adapt=adapt,
+        origin=origin,
+        **{"prune": True, "dedupe": True, **options},
+    )
 
 
 def _load(file: Path, origin: str) -> dict[str, Any]:

@@ -27,8 +27,9 @@ def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
     ExportError names the first that cannot be), a file beside it is replaced only if
     fastseq wrote it for this pipeline file, and the pipeline file is written last."""
     if not spec.is_graph and any(st.name is None for st in spec.stages):
-        raise TypeError("only a pipeline of named stages (a graph, or a chain read from a file) is written as a "
-                        "pipeline file")
+        raise TypeError(
+            "only a pipeline of named stages (a graph, or a chain read from a file) is written as a pipeline file"
+        )
     target = Path(path).expanduser()
     _core.check_target(str(target))
     folder = target.parent.resolve()
@@ -63,7 +64,9 @@ def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
     for st in spec.stages:
         assert st.name is not None
         src = _stage_source(st, target, folder, beside)
-        lines.append(f"{_key(st.name)} = " + (_value({"source": src, "sha256": st.sha256}) if st.sha256 else _value(src)))
+        lines.append(
+            f"{_key(st.name)} = " + (_value({"source": src, "sha256": st.sha256}) if st.sha256 else _value(src))
+        )
     if spec.inputs:
         lines += ["", "[inputs]"]
         for name, targets in spec.inputs.items():
@@ -112,8 +115,10 @@ def _stage_source(st: Stage, target: Path, folder: Path, beside: list[tuple[Path
     assert st.name is not None
     name = f"{target.stem}.{st.name}.onnx"
     if "/" in name or "\0" in name:
-        raise ExportError(f"cannot write {target}: stage '{st.name}' holds a model in memory, which is saved beside "
-                          f"the file under the stage's name, and '{name}' is no file name; rename the stage")
+        raise ExportError(
+            f"cannot write {target}: stage '{st.name}' holds a model in memory, which is saved beside "
+            f"the file under the stage's name, and '{name}' is no file name; rename the stage"
+        )
     if isinstance(src, _core.Composed):
         data = src.to_bytes()
     else:

@@ -157,9 +157,11 @@ class PipelineSpec:
         if len(apart) > 1 and (
             parsed_outputs is None or any(not any(o.stage in g for o in parsed_outputs) for g in apart)
         ):
-            unexposed = None if parsed_outputs is None else [
-                s for g in apart if not any(o.stage in g for o in parsed_outputs) for s in g
-            ]
+            unexposed = (
+                None
+                if parsed_outputs is None
+                else [s for g in apart if not any(o.stage in g for o in parsed_outputs) for s in g]
+            )
             raise CompositionError(_unconnected(apart, at, unexposed))
         adapt_edges: bool | list[int]
         if isinstance(adapt, bool):
@@ -197,7 +199,7 @@ def _unconnected(apart: list[list[str]], at: _Where, unexposed: list[str] | None
             "exposes the outputs named if they are meant to run side by side"
         )
     return (
-        f"{what} (no edge joins them): pass edges=[\"{order[0]}.OUTPUT -> {order[1]}.INPUT\", ...] (or use "
+        f'{what} (no edge joins them): pass edges=["{order[0]}.OUTPUT -> {order[1]}.INPUT", ...] (or use '
         "fastseq.ONNXSequential for stages that run one after another), or outputs=[...] naming the outputs to "
         "expose if they are meant to run side by side"
     )

@@ -33,8 +33,26 @@ MIN_OPSET = 11
 #: The lowest IR version that carries each opset (onnx.helper.VERSION_TABLE): the models
 #: are written with it, as ``onnx.helper.find_min_ir_version_for`` picks. Its last key is
 #: the latest opset an operator can be built at.
-IR_FOR_OPSET = {11: 6, 12: 7, 13: 7, 14: 7, 15: 8, 16: 8, 17: 8, 18: 8, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11,
-                24: 12, 25: 13, 26: 13, 27: 13, 28: 14}
+IR_FOR_OPSET = {
+    11: 6,
+    12: 7,
+    13: 7,
+    14: 7,
+    15: 8,
+    16: 8,
+    17: 8,
+    18: 8,
+    19: 9,
+    20: 9,
+    21: 10,
+    22: 10,
+    23: 11,
+    24: 12,
+    25: 13,
+    26: 13,
+    27: 13,
+    28: 14,
+}
 LATEST_OPSET = max(IR_FOR_OPSET)
 
 #: ONNX element types used in Cast nodes and declarations (TensorProto.FLOAT, .INT64).
@@ -43,8 +61,14 @@ FLOAT, INT64 = 1, 7
 FLOATS = ("float16", "float32", "float64")
 INTEGERS = ("uint8", "int8", "uint16", "int16", "int32", "int64")
 #: The range of each integer type (numpy.iinfo's min and max).
-INT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
-             "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+INT_RANGE = {
+    "uint8": (0, 255),
+    "int8": (-128, 127),
+    "uint16": (0, 65535),
+    "int16": (-32768, 32767),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+}
 
 
 def fail(op: str, message: str) -> OperatorError:
@@ -69,8 +93,9 @@ def parameters(f: Callable[..., Any]) -> tuple[list[str], int, set[str]]:
     return names, positional, required
 
 
-def check_arguments(f: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], where: str,
-                    example: str) -> None:
+def check_arguments(
+    f: Callable[..., Any], args: tuple[Any, ...], params: dict[str, Any], where: str, example: str
+) -> None:
     """An OperatorError, with the near miss, unless ``f(*args, **params)`` names only its
     parameters, gives each one once, no more positional arguments than it takes and every
     one it needs (``example``: how to give one, ``{}`` standing for its name). A TypeError
@@ -220,8 +245,11 @@ def held_in(op: str, param: str, values: Sequence[float], dtype: str, *, nonzero
         if not math.isfinite(held):
             raise fail(op, f"{param} must be within {dtype}'s range, got {v!r}")
         if nonzero and held == 0:
-            raise fail(op, f"{param} must not be zero: {v!r} is 0 in {dtype} (its smallest normal value is "
-                           f"{SMALLEST_NORMAL[dtype]:.4g})")
+            raise fail(
+                op,
+                f"{param} must not be zero: {v!r} is 0 in {dtype} (its smallest normal value is "
+                f"{SMALLEST_NORMAL[dtype]:.4g})",
+            )
 
 
 def normal(op: str, param: str, values: Sequence[float], dtype: str) -> None:
@@ -232,9 +260,12 @@ def normal(op: str, param: str, values: Sequence[float], dtype: str) -> None:
     for v in values:
         held = in_dtype(v, dtype)
         if held != 0 and abs(held) < tiny:
-            raise fail(op, f"{param} must be at least {tiny:.4g} in magnitude in {dtype}, got {v!r}: it is "
-                           f"subnormal there, and reads as 0 where subnormals are flushed to zero "
-                           "(session.set_denormal_as_zero)")
+            raise fail(
+                op,
+                f"{param} must be at least {tiny:.4g} in magnitude in {dtype}, got {v!r}: it is "
+                f"subnormal there, and reads as 0 where subnormals are flushed to zero "
+                "(session.set_denormal_as_zero)",
+            )
 
 
 def finite(op: str, param: str, result: float, dtype: str, computes: str, how: str) -> None:
@@ -242,8 +273,11 @@ def finite(op: str, param: str, result: float, dtype: str, computes: str, how: s
     ``how`` says, in ``dtype``), is not finite: the check is on the model's arithmetic, not on
     the Python number (1e-45 is not 0, but a float32 model dividing by it outputs inf)."""
     if not math.isfinite(in_dtype(result, dtype)):
-        raise fail(op, f"{param} must keep the model's values finite in {dtype}: it computes {computes}, and "
-                       f"{how} is {in_dtype(result, dtype)} there")
+        raise fail(
+            op,
+            f"{param} must keep the model's values finite in {dtype}: it computes {computes}, and "
+            f"{how} is {in_dtype(result, dtype)} there",
+        )
 
 
 def numbers(op: str, param: str, value: Any, **checks: bool) -> list[float]:
@@ -300,10 +334,13 @@ def opset(op: str, value: Any, needed: int = MIN_OPSET, why: str = "") -> int:
         return max(DEFAULT_OPSET, needed)
     version = integer(op, "opset", value)
     if version < MIN_OPSET:
-        raise fail(op, f"opset must be between {MIN_OPSET} and {LATEST_OPSET}, got {version}: opset {version} lacks "
-                       f"the forms of the ops that operators are built from (Resize with an output size, Pad and "
-                       f"Slice with their bounds as inputs, TopK with k as an input arrived in opsets 10 and 11); "
-                       f"convert the model to opset {MIN_OPSET} or later instead")
+        raise fail(
+            op,
+            f"opset must be between {MIN_OPSET} and {LATEST_OPSET}, got {version}: opset {version} lacks "
+            f"the forms of the ops that operators are built from (Resize with an output size, Pad and "
+            f"Slice with their bounds as inputs, TopK with k as an input arrived in opsets 10 and 11); "
+            f"convert the model to opset {MIN_OPSET} or later instead",
+        )
     if version > LATEST_OPSET:
         raise fail(op, f"opset must be between {MIN_OPSET} and {LATEST_OPSET}, got {version}")
     if version < needed:

@@ -15,10 +15,30 @@ from collections.abc import Sequence
 
 #: struct codes of the element types constants are written in, by numpy name, and the
 #: ONNX element type (TensorProto.DataType) of each.
-PACK = {"float32": "f", "float64": "d", "float16": "e", "uint8": "B", "int8": "b", "uint16": "H",
-        "int16": "h", "int32": "i", "int64": "q", "bool": "?"}
-ELEM = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "bool": 9,
-        "float16": 10, "float64": 11}
+PACK = {
+    "float32": "f",
+    "float64": "d",
+    "float16": "e",
+    "uint8": "B",
+    "int8": "b",
+    "uint16": "H",
+    "int16": "h",
+    "int32": "i",
+    "int64": "q",
+    "bool": "?",
+}
+ELEM = {
+    "float32": 1,
+    "uint8": 2,
+    "int8": 3,
+    "uint16": 4,
+    "int16": 5,
+    "int32": 6,
+    "int64": 7,
+    "bool": 9,
+    "float16": 10,
+    "float64": 11,
+}
 
 # AttributeProto.AttributeType
 _FLOAT, _INT, _STRING, _INTS = 1, 2, 3, 7

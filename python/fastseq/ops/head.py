@@ -19,8 +19,11 @@ def _rank(op: str, rank: Any, axis: Any, default: int, first: int = 0) -> list[s
     feeds the operator (``fastseq.ops.refit``). ``first``: the lowest rank the axis needs
     is ``axis + first`` for a non-negative axis (flatten's axis may equal the rank)."""
     if rank is None:
-        need = axis + 1 - first if isinstance(axis, int) and not isinstance(axis, bool) and axis >= 0 else (
-            -axis if isinstance(axis, int) and not isinstance(axis, bool) else 0)
+        need = (
+            axis + 1 - first
+            if isinstance(axis, int) and not isinstance(axis, bool) and axis >= 0
+            else (-axis if isinstance(axis, int) and not isinstance(axis, bool) else 0)
+        )
         rank = min(max(default, need), g.MAX_RANK)
     return g.rank_dims(op, rank)
 

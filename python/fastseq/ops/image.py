@@ -54,8 +54,14 @@ def to_float(
         largest = max(-g.INT_RANGE[name][0], g.INT_RANGE[name][1])
         cast = g.in_dtype(float(largest), out_name)
         if math.isfinite(cast):
-            g.finite(op, "scale", cast * g.in_dtype(factor, out_name), out_name, f"{out_name}(input) * scale",
-                     f"{largest} * {scale!r}")
+            g.finite(
+                op,
+                "scale",
+                cast * g.in_dtype(factor, out_name),
+                out_name,
+                f"{out_name}(input) * scale",
+                f"{largest} * {scale!r}",
+            )
     g.normal(op, "scale", [factor], out_name)
     version = g.opset(op, opset)
     graph = g.Graph(op, version)
@@ -66,9 +72,7 @@ def to_float(
 
 
 @g.operator
-def layout(
-    src: str = "NHWC", dst: str = "NCHW", *, dtype: Any = "float32", opset: int | None = None
-) -> Operator:
+def layout(src: str = "NHWC", dst: str = "NCHW", *, dtype: Any = "float32", opset: int | None = None) -> Operator:
     """Moves axes from one layout to another, named by letters: ``layout("NHWC", "NCHW")``
     turns decoded images channels-first; any permutation of distinct letters works."""
     op = "layout"
@@ -98,9 +102,7 @@ def rgb_to_bgr(*, layout: str = "NCHW", dtype: Any = "float32", opset: int | Non
 
 
 @g.operator
-def grayscale(
-    channels: int = 1, *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None
-) -> Operator:
+def grayscale(channels: int = 1, *, layout: str = "NCHW", dtype: Any = "float32", opset: int | None = None) -> Operator:
     """RGB to luma with the BT.601 weights (0.299, 0.587, 0.114), as Pillow's
     ``convert("L")``; ``channels=3`` repeats it into three channels (torchvision's
     ``num_output_channels``). uint8 input is rounded back to uint8."""

@@ -210,14 +210,16 @@ def unship(shipped: Shipment, options: Mapping[str, Any] | None = None) -> Runna
     # The core decodes the bytes (or reads the path and its external data) and the
     # runtime starts the session the way every fastseq pipeline does (weights spilled to
     # the session's private copy when large, so that they do not count twice).
-    return Runnable.from_portable({
-        "model": model,
-        "labels": shipped.labels or [shipped.label],
-        "origins": shipped.origins,
-        "providers": actor_providers(shipped.providers, resources["gpu_ids"]),
-        "session_options": session,
-        "session_cache": None,  # the driver's cache folder need not exist on this node
-    })
+    return Runnable.from_portable(
+        {
+            "model": model,
+            "labels": shipped.labels or [shipped.label],
+            "origins": shipped.origins,
+            "providers": actor_providers(shipped.providers, resources["gpu_ids"]),
+            "session_options": session,
+            "session_cache": None,  # the driver's cache folder need not exist on this node
+        }
+    )
 
 
 def _local_shipment(pipeline: Any) -> Shipment:

@@ -159,9 +159,7 @@ def run_rows(pipe: Runnable, feeds, inputs, rows: int, outputs, label: str) -> l
     return [np.concatenate(outs) for outs in zip(*parts)] if parts else []
 
 
-def check_schema(
-    ds: Any, shipped: Any, input_columns=None, output_columns=None, drop_columns: bool = False
-) -> None:
+def check_schema(ds: Any, shipped: Any, input_columns=None, output_columns=None, drop_columns: bool = False) -> None:
     """Checks in the driver, before any actor starts, that the dataset has a column for each
     input with a dtype and row shape the pipeline takes, and no column an output would
     replace (when Ray knows the schema)."""

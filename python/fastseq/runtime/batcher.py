@@ -185,8 +185,10 @@ class Batcher:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return (f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}"
-                f"{', row_independent=True' if self.row_independent else ''}; {state})")
+        return (
+            f"Batcher(max_batch_size={self.max_batch_size}, max_delay_ms={self.max_delay_ms:g}"
+            f"{', row_independent=True' if self.row_independent else ''}; {state})"
+        )
 
     def _request(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> Request:
         """The request, checked in its caller, with the key of the batches it may join."""
@@ -410,9 +412,12 @@ def _check_batch_axis(runner: Runner, declared: bool = False) -> None:
                 continue  # not described, or a sequence: the rows of each run are checked instead
             if not info.shape or isinstance(info.shape[0], int):
                 what = "is a scalar" if not info.shape else f"has a fixed first axis {info}"
-                hint = ("" if not info.shape or info.shape[0] != 1 or kind != "input" else
-                        "; a model exported with a batch of 1 may be made batchable with dynamic_batch=True "
-                        "(fastseq ... --dynamic-batch)")
+                hint = (
+                    ""
+                    if not info.shape or info.shape[0] != 1 or kind != "input"
+                    else "; a model exported with a batch of 1 may be made batchable with dynamic_batch=True "
+                    "(fastseq ... --dynamic-batch)"
+                )
                 raise CompositionError(
                     f"cannot batch this pipeline: {kind} '{info.name}' {what}; the batcher joins requests "
                     f"along a dynamic first axis that every input and output has{hint}"

@@ -162,8 +162,10 @@ def _hand_out(runner: Runner, requests: list[Request], outputs: list[Any]) -> No
             return
     # Views: each caller's rows, disjoint from the others', without a copy.
     # rows == len(requests) alone is not enough: a request of 0 rows beside one of 2 has it too.
-    if rows == len(requests) and all(r.rows == 1 for r in requests) and all(
-        isinstance(out, np.ndarray) for out in outputs
+    if (
+        rows == len(requests)
+        and all(r.rows == 1 for r in requests)
+        and all(isinstance(out, np.ndarray) for out in outputs)
     ):
         # One row each (the common case): numpy's iteration makes the views three times
         # faster than slicing one by one.

@@ -40,9 +40,15 @@ def _torch_dtype_to_numpy(t: Any) -> np.dtype:
     import torch
 
     table = {
-        torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
-        torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-        torch.uint8: np.uint8, torch.bool: np.bool_,
+        torch.float32: np.float32,
+        torch.float64: np.float64,
+        torch.float16: np.float16,
+        torch.int8: np.int8,
+        torch.int16: np.int16,
+        torch.int32: np.int32,
+        torch.int64: np.int64,
+        torch.uint8: np.uint8,
+        torch.bool: np.bool_,
     }
     if t not in table:
         raise InputError(f"torch dtype {t} cannot be bound")
@@ -77,8 +83,9 @@ def buffer_of(name: str, value: Any) -> tuple[_Buffer, Any]:
         if cai.get("strides") is not None and tuple(cai["strides"]) != _contiguous_strides(cai):
             raise _strided(name, "CUDA array", "a C-contiguous copy (cupy.ascontiguousarray(x))")
         dev = getattr(value, "device", None)
-        return _Buffer("cuda", int(getattr(dev, "id", 0) or 0), np.dtype(cai["typestr"]), tuple(cai["shape"]),
-                       int(cai["data"][0])), value
+        return _Buffer(
+            "cuda", int(getattr(dev, "id", 0) or 0), np.dtype(cai["typestr"]), tuple(cai["shape"]), int(cai["data"][0])
+        ), value
     if hasattr(value, "__dlpack__"):
         try:
             array = np.from_dlpack(value)  # zero-copy for CPU memory; refuses device memory
@@ -137,8 +144,13 @@ class Binding:
     is in one on the same binding raises :class:`fastseq.RunError` instead of mixing them.
     """
 
-    def __init__(self, runner: Runner, outputs: str = "numpy", output_names: Sequence[str] | None = None,
-                 run_options: ort.RunOptions | None = None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        outputs: str = "numpy",
+        output_names: Sequence[str] | None = None,
+        run_options: ort.RunOptions | None = None,
+    ) -> None:
         check_output_kind(outputs)
         self._runner = runner
         self._session = runner.session

@@ -47,6 +47,7 @@ DEFAULT_MAX = 2 << 30
 #: the largest manifest read
 MANIFEST_LIMIT = 1 << 20
 
+
 def default_root() -> Path:
     """``$FASTSEQ_CACHE/sessions`` or ``~/.cache/fastseq/sessions``."""
     base = os.environ.get("FASTSEQ_CACHE") or os.path.join(
@@ -55,8 +56,18 @@ def default_root() -> Path:
     return Path(base) / "sessions"
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "t": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
 _UNITS.update({f"{u}ib": _UNITS[u] for u in "kmgt"})
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -133,8 +144,11 @@ class SessionCache:
         (with neither: this cache's own limit). Entries that another process is loading are
         kept. Returns the entries removed (with ``dry_run``, those that would be), as
         :meth:`entries` describes them."""
-        limit = self.max_size if max_size is None and older_than is None else (
-            None if max_size is None else parse_size(max_size, "max_size"))
+        limit = (
+            self.max_size
+            if max_size is None and older_than is None
+            else (None if max_size is None else parse_size(max_size, "max_size"))
+        )
         age = None if older_than is None else parse_duration(older_than, "older_than")
         with _maintained(self.path) as root:
             if root is None:
@@ -194,9 +208,19 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
             files.append((name, st))
             if name in (MANIFEST, USAGE):
                 times.append(st.st_mtime)
-        out: dict[str, Any] = {"key": key, "bytes": sizes, "used": max(times, default=None), "hits": 0,
-                               "labels": None, "providers": None, "onnxruntime": None, "created": None,
-                               "model": None, "damaged": False, "kind": "session"}
+        out: dict[str, Any] = {
+            "key": key,
+            "bytes": sizes,
+            "used": max(times, default=None),
+            "hits": 0,
+            "labels": None,
+            "providers": None,
+            "onnxruntime": None,
+            "created": None,
+            "model": None,
+            "damaged": False,
+            "kind": "session",
+        }
         try:
             check_own(os.fstat(fd), "the entry")
             for name, st in files:
@@ -208,12 +232,19 @@ def _describe(root: Root, key: str) -> dict[str, Any] | None:
             out.update(labels=manifest.get("labels"), created=manifest.get("created"), model=parts.get("model"))
             if str(parts.get("kind", "")).startswith("converted stage"):  # see graph/convert.py
                 goals = ([f"ai.onnx {parts['ai.onnx'][1]}"] if parts.get("ai.onnx") else []) + [
-                    f"{d} {v}" for d, v in (parts.get("domains") or {}).items()]
-                out.update(kind="converted stage", onnx=parts.get("onnx"), providers=[],
-                           labels=[f"{label} (converted to {', '.join(goals)})" for label in out["labels"] or []])
+                    f"{d} {v}" for d, v in (parts.get("domains") or {}).items()
+                ]
+                out.update(
+                    kind="converted stage",
+                    onnx=parts.get("onnx"),
+                    providers=[],
+                    labels=[f"{label} (converted to {', '.join(goals)})" for label in out["labels"] or []],
+                )
             else:
-                out.update(providers=[p if isinstance(p, str) else p[0] for p in parts["providers"]],
-                           onnxruntime=parts["onnxruntime"])
+                out.update(
+                    providers=[p if isinstance(p, str) else p[0] for p in parts["providers"]],
+                    onnxruntime=parts["onnxruntime"],
+                )
         except Refused as e:
             out["refused"] = str(e)
         except (OSError, ValueError, RecursionError, KeyError, TypeError, IndexError):

@@ -20,7 +20,19 @@ from typing import Any, TypeVar
 from fastseq import _core
 from fastseq.errors import human_size
 from fastseq.runtime.cache import FORMAT, MANIFEST_LIMIT, SessionCache, evict, read_hits, warn
-from fastseq.runtime.cachedir import DATA, MANIFEST, MODEL, USAGE, Folder, Refused, Root, Temp, check_own, read_file, write_file
+from fastseq.runtime.cachedir import (
+    DATA,
+    MANIFEST,
+    MODEL,
+    USAGE,
+    Folder,
+    Refused,
+    Root,
+    Temp,
+    check_own,
+    read_file,
+    write_file,
+)
 
 # Session config entries that change what the optimisers do (the others, threads and
 # logging among them, do not change the optimised graph).
@@ -56,8 +68,9 @@ def key_parts(digest: str, providers: list[Any], options: Any) -> dict[str, Any]
         "model": digest,
         "onnxruntime": ort.__version__,
         "machine": platform.machine(),
-        "providers": [p if isinstance(p, str) else [p[0], {str(k): str(v) for k, v in sorted(p[1].items())}]
-                      for p in providers],
+        "providers": [
+            p if isinstance(p, str) else [p[0], {str(k): str(v) for k, v in sorted(p[1].items())}] for p in providers
+        ],
         "graph_optimization_level": int(options.graph_optimization_level),
         "config": config,
     }
@@ -93,8 +106,11 @@ def start(
         try:
             found = _lookup(root, key, parts)
         except (Refused, OSError) as e:
-            warn(f"{e}; not using the session cache (remove the entry by hand if it is not yours)"
-                  if isinstance(e, Refused) else f"session cache {root.path}: could not read an entry ({e}); not caching")
+            warn(
+                f"{e}; not using the session cache (remove the entry by hand if it is not yours)"
+                if isinstance(e, Refused)
+                else f"session cache {root.path}: could not read an entry ({e}); not caching"
+            )
             return make(source(), True, None)
         if found is not None:
             made = None
@@ -103,8 +119,10 @@ def start(
                     made = make(found.model, False, None)
                 except Exception as e:  # what ONNX Runtime refuses is rebuilt below
                     if found.verified():
-                        warn(f"session cache {root.path}: ONNX Runtime refused the entry {key} "
-                              f"({_first_line(e)}); rebuilding it")
+                        warn(
+                            f"session cache {root.path}: ONNX Runtime refused the entry {key} "
+                            f"({_first_line(e)}); rebuilding it"
+                        )
                 if not found.verified():
                     made = None  # damaged weights: never used, rebuilt below
                 elif made is not None:
@@ -116,8 +134,16 @@ def start(
         return _store(root, cache, key, parts, labels, info, make, source)
 
 
-def _store(root: Root, cache: SessionCache, key: str, parts: dict[str, Any], labels: Sequence[str],
-           info: dict[str, Any], make: Callable[[str, bool, str | None], S], source: Callable[[], str]) -> S:
+def _store(
+    root: Root,
+    cache: SessionCache,
+    key: str,
+    parts: dict[str, Any],
+    labels: Sequence[str],
+    info: dict[str, Any],
+    make: Callable[[str, bool, str | None], S],
+    source: Callable[[], str],
+) -> S:
     path = source()  # a copy that cannot be written fails the start here, not as a store's failure
     try:
         root.sweep()  # what killed writers left
@@ -189,8 +215,12 @@ class _Found:
         """One more hit; the file's time is the last use. Cheap (a few bytes under a lock on
         their own file), safe with concurrent users, and skipped where it cannot be written."""
         try:
-            fd = os.open(USAGE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
-                         dir_fd=self.entry_fd)
+            fd = os.open(
+                USAGE,
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                0o600,
+                dir_fd=self.entry_fd,
+            )
         except OSError:
             return
         try:
@@ -262,8 +292,9 @@ def _manifest_files(entry_fd: int, parts: dict[str, Any], what: str) -> dict[str
     for name, value in files.items():
         if name not in (MODEL, DATA):
             raise Refused(f"{what}: its manifest names {name!r}, which is not a file of an entry")
-        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int)
-                and isinstance(value[1], str)):
+        if not (
+            isinstance(value, list) and len(value) == 2 and isinstance(value[0], int) and isinstance(value[1], str)
+        ):
             return None
         out[name] = (value[0], value[1])
     return out
@@ -333,8 +364,10 @@ def _seal(root: Root, temp: Temp, key: str, parts: dict[str, Any], labels: Seque
         raise OSError(f"onnxruntime wrote no {MODEL}")
     size = sum(s for s, _ in files.values())
     if size > max_size:
-        warn(f"session cache {root.path}: this pipeline's entry ({human_size(size)}) is larger than the cache's "
-              f"limit ({human_size(max_size)}; FASTSEQ_SESSION_CACHE_MAX or SessionCache(max_size=)); not stored")
+        warn(
+            f"session cache {root.path}: this pipeline's entry ({human_size(size)}) is larger than the cache's "
+            f"limit ({human_size(max_size)}; FASTSEQ_SESSION_CACHE_MAX or SessionCache(max_size=)); not stored"
+        )
         return None
     manifest = {"format": FORMAT, "key": parts, "files": files, "labels": list(labels), "created": time.time()}
     write_file(temp.fd, MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -392,9 +425,11 @@ class ConvertedStages:
                 found.count_hit()
             return data
         except (Refused, OSError) as e:
-            warn(f"{e}; not using the session cache for a converted stage (remove the entry by hand if it is not "
-                 "yours)" if isinstance(e, Refused) else
-                 f"session cache {root.path}: could not read a converted stage ({e}); converting it")
+            warn(
+                f"{e}; not using the session cache for a converted stage (remove the entry by hand if it is not yours)"
+                if isinstance(e, Refused)
+                else f"session cache {root.path}: could not read a converted stage ({e}); converting it"
+            )
             return None
 
     def put(self, parts: dict[str, Any], label: str, data: bytes) -> None:

@@ -119,7 +119,7 @@ def write_file(dir_fd: int, name: str, data: bytes, lock: bool = False) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX)
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -415,4 +415,3 @@ def _tagged(fd: int) -> bool:
     except (OSError, Refused):
         return False
     return text.startswith(TAG_TEXT.split("\n", 1)[0].encode()) and b"fastseq" in text
-

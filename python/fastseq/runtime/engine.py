@@ -240,8 +240,14 @@ class SessionEngine:
             # The list is built in the call: no name here keeps the models it replaces alive.
             if self._cache is not None:
                 return session.open_cached(
-                    [self._composed, *(self._stages or [])], SPILL_MIN, providers, session_options, self._cache,
-                    info if info is not None else {}, self._described or self._labels, adopt,
+                    [self._composed, *(self._stages or [])],
+                    SPILL_MIN,
+                    providers,
+                    session_options,
+                    self._cache,
+                    info if info is not None else {},
+                    self._described or self._labels,
+                    adopt,
                 )
             with PrivateCopy.of([self._composed, *(self._stages or [])], SPILL_MIN) as copy:
                 adopt(copy)
@@ -315,7 +321,10 @@ class SessionEngine:
         # The origins' stages: the pipeline's, or those of the stage map of a file it loaded.
         labels = [label for label, _, _ in stages] if len(stages) > 1 else self._labels
         return explain(
-            error, labels, renamed, [(first, end) for _, first, end in stages],
+            error,
+            labels,
+            renamed,
+            [(first, end) for _, first, end in stages],
             lambda: node_names(self._composed),
         )
 
@@ -370,5 +379,7 @@ def caller_options(options: ort.SessionOptions | None) -> None:
     from fastseq.graph.session_settings import file_option
 
     if found := file_option(options):
-        raise InputError(f"session_options.{found[0]}: fastseq writes files only through its own writer, and a "
-                         f"session may start many times (the session cache, pickling, Ray actors); use {found[1]}")
+        raise InputError(
+            f"session_options.{found[0]}: fastseq writes files only through its own writer, and a "
+            f"session may start many times (the session cache, pickling, Ray actors); use {found[1]}"
+        )

@@ -104,7 +104,7 @@ def explain(
         for candidate in (text, text.rstrip(".:")):
             hit = renamed.get(candidate) if renamed else None
             if hit is not None:
-                return named(*hit) + text[len(candidate):]
+                return named(*hit) + text[len(candidate) :]
         if m.group("node") is not None and not _PREFIXED.match(text):
             stage = stage_of_node(text)
             if stage is not None:

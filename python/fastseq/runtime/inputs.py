@@ -89,13 +89,22 @@ class InputCheck:
         if not static:
             return cls(info.name, info.dtype, ndim, static, info.shape)
         sizes = tuple(size for _, size in static)
-        return cls(info.name, info.dtype, ndim, static, info.shape, itemgetter(*(axis for axis, _ in static)),
-                   sizes[0] if len(sizes) == 1 else sizes)
+        return cls(
+            info.name,
+            info.dtype,
+            ndim,
+            static,
+            info.shape,
+            itemgetter(*(axis for axis, _ in static)),
+            sizes[0] if len(sizes) == 1 else sizes,
+        )
 
     def shape_error(self, shape: tuple[int, ...]) -> InputError | None:
         """What is wrong with an array of ``shape`` for this input, or None."""
         if self.ndim is not None and len(shape) != self.ndim:
-            return InputError(f"input '{self.name}' expects rank {self.ndim} {list(self.shape)}, got shape {list(shape)}")
+            return InputError(
+                f"input '{self.name}' expects rank {self.ndim} {list(self.shape)}, got shape {list(shape)}"
+            )
         for axis, size in self.static:
             if shape[axis] != size:
                 return InputError(
@@ -123,7 +132,9 @@ def _from_value(name: str, value: Any, dtype: np.dtype | None) -> np.ndarray:
     try:
         given = np.asarray(value)
     except (ValueError, TypeError) as e:  # ragged lists and the like
-        raise InputError(f"input '{name}' expects {_kind(dtype)}; got a {type(value).__name__} numpy cannot read: {e}") from None
+        raise InputError(
+            f"input '{name}' expects {_kind(dtype)}; got a {type(value).__name__} numpy cannot read: {e}"
+        ) from None
     if given.dtype.kind not in "biuf" or dtype is None or dtype.kind == "U":
         # Strings for a string input, arrays for an input of unknown type; nothing else
         # converts to numbers without a guess (None would become NaN).
@@ -150,8 +161,10 @@ def check_feeds(
 ) -> dict[str, np.ndarray]:
     """The feeds of a call by input name, checked and converted by the rule."""
     if type(feeds) is not dict and not isinstance(feeds, Mapping):
-        raise InputError(f"feeds must map input names to arrays, got a {type(feeds).__name__}; inputs: "
-                         + ", ".join(map(str, inputs)))
+        raise InputError(
+            f"feeds must map input names to arrays, got a {type(feeds).__name__}; inputs: "
+            + ", ".join(map(str, inputs))
+        )
     for name in feeds:
         if name not in checks:
             raise InputError(

@@ -45,11 +45,13 @@ def export_optimized(
                 if not type(e).__module__.startswith("onnxruntime"):
                     raise
                 _why_not_saved(e, target, lambda: new_session(copy.path, options, usable))
-        made_for = json.dumps({
-            "onnxruntime": ort.__version__,
-            "providers": [provider_name(p) for p in usable],
-            "graph_optimization_level": int(options.graph_optimization_level),
-        })
+        made_for = json.dumps(
+            {
+                "onnxruntime": ort.__version__,
+                "providers": [provider_name(p) for p in usable],
+                "graph_optimization_level": int(options.graph_optimization_level),
+            }
+        )
         return stage.commit(name, metadata=[(OPTIMIZED_FOR, made_for)])
 
 

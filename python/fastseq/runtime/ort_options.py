@@ -24,8 +24,13 @@ from fastseq.errors import InputError
 _RUN_ATTRIBUTES = ("log_severity_level", "log_verbosity_level", "logid", "only_execute_path_to_fetches", "terminate")
 #: RunOptions config keys that onnxruntime reads (onnxruntime_run_options_config_keys.h)
 _RUN_CONFIG_KEYS = (
-    "memory.enable_memory_arena_shrinkage", "disable_synchronize_execution_providers", "gpu_graph_id",
-    "qnn.htp_perf_mode", "qnn.htp_perf_mode_post_run", "qnn.rpc_control_latency", "qnn.lora_config",
+    "memory.enable_memory_arena_shrinkage",
+    "disable_synchronize_execution_providers",
+    "gpu_graph_id",
+    "qnn.htp_perf_mode",
+    "qnn.htp_perf_mode_post_run",
+    "qnn.rpc_control_latency",
+    "qnn.lora_config",
 )
 
 

@@ -46,13 +46,19 @@ class Parity:
         return self.ok
 
     def __str__(self) -> str:
-        lines = [f"{'output':<32} {'max abs diff':>14} {'max rel diff':>14}  within rtol={self.rtol:g}, atol={self.atol:g}"]
-        lines += [f"{d.name:<32} {d.max_abs:>14.3g} {d.max_rel:>14.3g}  {'yes' if d.ok else 'NO'}" for d in self.outputs]
+        lines = [
+            f"{'output':<32} {'max abs diff':>14} {'max rel diff':>14}  within rtol={self.rtol:g}, atol={self.atol:g}"
+        ]
+        lines += [
+            f"{d.name:<32} {d.max_abs:>14.3g} {d.max_rel:>14.3g}  {'yes' if d.ok else 'NO'}" for d in self.outputs
+        ]
         if self.first_stage is not None:
             lines.append(f"the pipeline parts from its stages at stage '{self.first_stage}'")
         elif not self.ok:
-            lines.append("the stages agree inside the composed graph: the difference comes from the pipeline's "
-                         "session (its optimisations or providers)")
+            lines.append(
+                "the stages agree inside the composed graph: the difference comes from the pipeline's "
+                "session (its optimisations or providers)"
+            )
         return "\n".join(lines)
 
 
@@ -61,8 +67,10 @@ def verify(pipe: Any, inputs: tuple[Any, ...], named: Mapping[str, Any], rtol: f
     run one by one as given (``pipe.stages_given``, what the core composed before any conversion)."""
     given = pipe.stages_given
     if given is None:
-        raise CompositionError("verify needs the stages as they were given, which a pipeline rebuilt from a pickle "
-                               "or a portable copy no longer has: build it again from its sources")
+        raise CompositionError(
+            "verify needs the stages as they were given, which a pipeline rebuilt from a pickle "
+            "or a portable copy no longer has: build it again from its sources"
+        )
     for name, value in (("rtol", rtol), ("atol", atol)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
             from fastseq.errors import InputError
@@ -80,8 +88,9 @@ def verify(pipe: Any, inputs: tuple[Any, ...], named: Mapping[str, Any], rtol: f
     parity = Parity(outputs, float(rtol), float(atol))
     if parity.ok:
         return parity
-    first, per = first_stage(plan, engine.composed.to_bytes(), engine.stage_origins(), reference, feeds, _session,
-                             rtol, atol)
+    first, per = first_stage(
+        plan, engine.composed.to_bytes(), engine.stage_origins(), reference, feeds, _session, rtol, atol
+    )
     return Parity(outputs, float(rtol), float(atol), first, per)
 
 
@@ -114,8 +123,9 @@ def difference(name: str, got: Any, want: Any, rtol: float, atol: float) -> Diff
     return Difference(name, float(gap.max(initial=0.0)), float(rel.max(initial=0.0)), ok)
 
 
-def stage_by_stage(plan: Mapping[str, Any], given: Sequence[Any], feeds: Mapping[str, np.ndarray],
-                   session: Callable[[Any], Any]) -> dict[str, dict[str, np.ndarray]]:
+def stage_by_stage(
+    plan: Mapping[str, Any], given: Sequence[Any], feeds: Mapping[str, np.ndarray], session: Callable[[Any], Any]
+) -> dict[str, dict[str, np.ndarray]]:
     """Every stage's outputs, each stage run alone on what the plan feeds it (``session``
     makes an ONNX Runtime session of a model as given)."""
     fed: dict[tuple[str, str], np.ndarray] = {}
@@ -139,14 +149,23 @@ def stage_by_stage(plan: Mapping[str, Any], given: Sequence[Any], feeds: Mapping
         try:
             values[label] = dict(zip(outs, s.run(outs, {n: fed[(label, n)] for n in names})))
         except Exception as e:  # noqa: BLE001 - ONNX Runtime's own error, said for the stage
-            raise CompositionError(f"cannot verify stage '{label}' run alone on what the pipeline feeds it (an "
-                                   f"adapter between stages is not replayed): {e}") from None
+            raise CompositionError(
+                f"cannot verify stage '{label}' run alone on what the pipeline feeds it (an "
+                f"adapter between stages is not replayed): {e}"
+            ) from None
     return values
 
 
-def first_stage(plan: Mapping[str, Any], model: bytes, origins: tuple[Any, Any],
-                reference: Mapping[str, Mapping[str, np.ndarray]], feeds: Mapping[str, np.ndarray],
-                session: Callable[[Any], Any], rtol: float, atol: float) -> tuple[str | None, dict[str, list[Difference]]]:
+def first_stage(
+    plan: Mapping[str, Any],
+    model: bytes,
+    origins: tuple[Any, Any],
+    reference: Mapping[str, Mapping[str, np.ndarray]],
+    feeds: Mapping[str, np.ndarray],
+    session: Callable[[Any], Any],
+    rtol: float,
+    atol: float,
+) -> tuple[str | None, dict[str, list[Difference]]]:
     """The first stage whose outputs, read inside the composed graph, differ from the stages
     run one by one; and each stage's differences."""
     import onnx

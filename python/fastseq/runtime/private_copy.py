@@ -36,9 +36,7 @@ class PrivateCopy:
     spilled: list[_core.Composed] | None = None
 
     @classmethod
-    def of(
-        cls, models: _core.Composed | Sequence[_core.Composed], spill_min: int | None = None
-    ) -> PrivateCopy:
+    def of(cls, models: _core.Composed | Sequence[_core.Composed], spill_min: int | None = None) -> PrivateCopy:
         """Writes the copy of ``models`` (one composed model, or it followed by the models
         that share its memory). Its files are not synced: they
         live in the page cache, which the system can reclaim.

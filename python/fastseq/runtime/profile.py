@@ -106,8 +106,11 @@ class Profile:
                 {"name": s.name, "ms": s.ms, "share": s.share, "nodes": s.nodes, "slowest": nodes(s.slowest)}
                 for s in self.stages
             ],
-            "unassigned": {"ms": self.unassigned_ms, "share": self.unassigned_share,
-                           "nodes": nodes(self.unassigned_nodes)},
+            "unassigned": {
+                "ms": self.unassigned_ms,
+                "share": self.unassigned_share,
+                "nodes": nodes(self.unassigned_nodes),
+            },
             "note": self.note,
         }
 
@@ -205,7 +208,9 @@ class _Graph:
                 self.by_name.setdefault(name, i)
         # ONNX Runtime numbers the nodes it loads in order, but turns Constant nodes into
         # initializers: its node_index k is the k-th other node.
-        self.loaded = [i for i, (_, op, domain, _) in enumerate(nodes) if not (op == "Constant" and domain in ("", "ai.onnx"))]
+        self.loaded = [
+            i for i, (_, op, domain, _) in enumerate(nodes) if not (op == "Constant" and domain in ("", "ai.onnx"))
+        ]
         self._found: dict[tuple[str, int | None, str | None], tuple[int, str, str]] = {}
 
     def resolve(self, name: str, node_index: int | None, op: str | None) -> tuple[int, str, str]:
@@ -227,8 +232,9 @@ class _Graph:
         # one from ONNX Runtime, "<op_type>_<n>"; a fused node gets an index of its own).
         if node_index is not None and node_index < len(self.loaded):
             i = self.loaded[node_index]
-            if self.names[i] == name or (not self.names[i] and (op or self.ops[i]) == self.ops[i]
-                                         and name.startswith(self.ops[i])):
+            if self.names[i] == name or (
+                not self.names[i] and (op or self.ops[i]) == self.ops[i] and name.startswith(self.ops[i])
+            ):
                 return i, self.names[i]
         hit = self.by_name.get(name)
         if hit is not None:
@@ -268,7 +274,9 @@ class _Event(NamedTuple):
 # read what a profile needs without parsing each node's arguments (thread statistics,
 # shapes), which made json.load most of a profile's time. A line they do not match is
 # parsed as JSON.
-_HEAD = re.compile(r'\{"cat" : "(\w+)","pid" :\d+,"tid" :(\d+),"dur" :(\d+),"ts" :(\d+),"ph" : "X","name" :"(.*?)","args" : \{')
+_HEAD = re.compile(
+    r'\{"cat" : "(\w+)","pid" :\d+,"tid" :(\d+),"dur" :(\d+),"ts" :(\d+),"ph" : "X","name" :"(.*?)","args" : \{'
+)
 _OP = re.compile(r'"op_name" : "([^"]*)"')
 _INDEX = re.compile(r'"node_index" : "(\d+)"')
 
@@ -300,8 +308,17 @@ def _read_events(path: str) -> list[_Event]:
                 continue
             args = e.get("args") or {}
             index = args.get("node_index")
-            events.append(_Event(e.get("cat", ""), e.get("name", ""), int(e.get("tid", 0)), int(e["ts"]), int(e["dur"]),
-                                 args.get("op_name"), int(index) if str(index).isdigit() else None))
+            events.append(
+                _Event(
+                    e.get("cat", ""),
+                    e.get("name", ""),
+                    int(e.get("tid", 0)),
+                    int(e["ts"]),
+                    int(e["dur"]),
+                    args.get("op_name"),
+                    int(index) if str(index).isdigit() else None,
+                )
+            )
     return events
 
 
@@ -309,7 +326,7 @@ def _summarise(
     events: list[_Event], graph: _Graph, warmup: int, runs: int, session_s: float, providers: tuple[str, ...]
 ) -> Profile:
     windows = sorted((e.ts, e.ts + e.dur) for e in events if e.cat == "Session" and e.name == "model_run")
-    windows = windows[warmup:warmup + runs]
+    windows = windows[warmup : warmup + runs]
     if len(windows) < runs:  # ONNX Runtime writes the file without checking the writes
         raise RunError(
             f"ONNX Runtime's profile holds {len(windows)} of the {runs} runs measured: its file was cut short "
@@ -357,7 +374,8 @@ def _summarise(
         if graph.counts[k]
     )
     rest = total - sum(stage_us)
-    profile = Profile(stages, total / 1000, rest / 1000, rest / total if total else 0.0, slowest(-1), n, session_s,
-                      providers)
+    profile = Profile(
+        stages, total / 1000, rest / 1000, rest / total if total else 0.0, slowest(-1), n, session_s, providers
+    )
     object.__setattr__(profile, "note", graph.note)  # frozen: set once, here
     return profile

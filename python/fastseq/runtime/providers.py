@@ -65,8 +65,14 @@ def check_provider_options(providers: Sequence[Any] | None, made: ort.InferenceS
         known = list(running[name])
         unknown = [str(k) for k in options if str(k) not in known]
         if unknown and known:
-            raise ProviderError(f"{name} has no option '{unknown[0]}'{_core.did_you_mean(unknown[0], known)}; "
-                                f"its options: {', '.join(sorted(known))}")
+            raise ProviderError(
+                f"{name} has no option '{unknown[0]}'{_core.did_you_mean(unknown[0], known)}; "
+                f"its options: {', '.join(sorted(known))}"
+            )
         if unknown:
-            warnings.warn(f"{name} takes no options in this onnxruntime build: {', '.join(unknown)} "
-                          f"{'is' if len(unknown) == 1 else 'are'} ignored", RuntimeWarning, stacklevel=user_stacklevel())
+            warnings.warn(
+                f"{name} takes no options in this onnxruntime build: {', '.join(unknown)} "
+                f"{'is' if len(unknown) == 1 else 'are'} ignored",
+                RuntimeWarning,
+                stacklevel=user_stacklevel(),
+            )

@@ -28,7 +28,8 @@ def check_rows(
     raise CompositionError(
         "cannot batch this pipeline: the rows of one request may depend on the others' rows, so joining "
         "requests could give each caller values it would not get alone:\n"
-        + _listed(findings, stages, renamed, inserted) + "\n"
+        + _listed(findings, stages, renamed, inserted)
+        + "\n"
         "If each row's outputs depend on that row alone, say so with pipe.batcher(row_independent=True) "
         "(fastseq serve --row-independent, or row_independent = true in its pipeline file)."
     )
@@ -51,10 +52,16 @@ def dynamic_batch(composed: Any) -> Any:
     )
 
 
-def _listed(findings: Sequence[tuple[int | None, str, str, str | None, str]], stages: Sequence[tuple[str, int, int]],
-            renamed: Mapping[str, tuple[int, str]], inserted: Sequence[int]) -> str:
-    lines = [f"- {where(node, name, op, stages, renamed, inserted)}{f', at {inner}' if inner else ''}: {reason}"
-             for node, name, op, inner, reason in findings[:SHOWN]]
+def _listed(
+    findings: Sequence[tuple[int | None, str, str, str | None, str]],
+    stages: Sequence[tuple[str, int, int]],
+    renamed: Mapping[str, tuple[int, str]],
+    inserted: Sequence[int],
+) -> str:
+    lines = [
+        f"- {where(node, name, op, stages, renamed, inserted)}{f', at {inner}' if inner else ''}: {reason}"
+        for node, name, op, inner, reason in findings[:SHOWN]
+    ]
     if len(findings) > SHOWN:
         lines.append(f"- and {len(findings) - SHOWN} more")
     return "\n".join(lines)

@@ -85,17 +85,13 @@ class Runnable:
         """Runs with the CUDA provider on GPU ``device_id`` (CPU as fallback) from now on;
         returns the pipeline. ``kwargs`` are more CUDA provider options
         (``gpu_mem_limit``, ``cudnn_conv_algo_search``, ...)."""
-        return self._switch(
-            [("CUDAExecutionProvider", {"device_id": device_id, **kwargs}), "CPUExecutionProvider"]
-        )
+        return self._switch([("CUDAExecutionProvider", {"device_id": device_id, **kwargs}), "CPUExecutionProvider"])
 
     def as_tensorrt(self, device_id: int = 0, **kwargs: Any) -> Runnable:
         """Runs with the TensorRT provider on GPU ``device_id`` (CPU as fallback) from now on;
         returns the pipeline. ``kwargs`` are more TensorRT provider options
         (``trt_fp16_enable``, ``trt_engine_cache_enable``, ...)."""
-        return self._switch(
-            [("TensorrtExecutionProvider", {"device_id": device_id, **kwargs}), "CPUExecutionProvider"]
-        )
+        return self._switch([("TensorrtExecutionProvider", {"device_id": device_id, **kwargs}), "CPUExecutionProvider"])
 
     def as_openvino(self, device_type: str = "GPU", **kwargs: Any) -> Runnable:
         """Runs with the OpenVINO provider on ``device_type`` (``"CPU"``, ``"GPU"``,
@@ -169,7 +165,9 @@ class Runnable:
             options.log_severity_level = log_level
         if tag is not None:
             options.logid = tag
-        return with_timeout(timeout, options, lambda: self._engine.runner.run(feeds, output_names, options), run_options)
+        return with_timeout(
+            timeout, options, lambda: self._engine.runner.run(feeds, output_names, options), run_options
+        )
 
     async def run_async(
         self, *inputs: Any, timeout: float | None = None, run_options: ort.RunOptions | None = None, **named: Any
@@ -368,4 +366,3 @@ class Runnable:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._engine = SessionEngine.from_portable(state)
-

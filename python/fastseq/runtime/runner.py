@@ -47,8 +47,6 @@ def compiled_binding_run(session: ort.InferenceSession, binding: ort.IOBinding) 
     return functools.partial(session.run_with_iobinding, binding)
 
 
-
-
 class Runner:
     """A session and the description of its inputs and outputs, read once. Calls check the
     feeds against that description (the checks are what give clear errors) and go straight to
@@ -89,8 +87,10 @@ class Runner:
         check = self._by_name.get(name)
         if check is None:
             names = [c.name for c in self.checks]
-            raise InputError(f"'{name}' is not an input{_core.did_you_mean(str(name), names)}; inputs: "
-                             + ", ".join(map(str, self.inputs)))
+            raise InputError(
+                f"'{name}' is not an input{_core.did_you_mean(str(name), names)}; inputs: "
+                + ", ".join(map(str, self.inputs))
+            )
         return check
 
     def stage_note(self, name: str) -> str:
@@ -318,4 +318,3 @@ def _settle(done: Any, outputs: list[np.ndarray], error: str) -> None:
     """Resolves a ``run_async`` future on its loop (unless its task was cancelled)."""
     if not done.done():
         done.set_result((outputs, error))
-

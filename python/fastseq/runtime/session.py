@@ -122,8 +122,9 @@ def new_session(
         if save_to is not None:
             own.optimized_model_filepath = str(save_to)
             own.add_session_config_entry("session.optimized_model_external_initializers_file_name", data_name)
-            own.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
-                                         str(_core.LAYOUT.threshold))
+            own.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes", str(_core.LAYOUT.threshold)
+            )
         made = on_copy(lambda: ort.InferenceSession(path, sess_options=own, providers=providers))
     warn_if_optimized_elsewhere(made, providers)
     return made

@@ -57,6 +57,7 @@ def unshaped(
     reports them as rank 0, like scalars, but runs them with any shape: only when it reports
     one as rank 0 is the model read (``model_bytes()``, without its weights) to tell the two
     apart."""
+
     def scalars(args: Iterable[ort.NodeArg]) -> set[str]:
         return {a.name for a in args if a.shape is not None and len(a.shape) == 0}
 
@@ -69,7 +70,8 @@ def unshaped(
 
     def undeclared(values: Iterable[onnx.ValueInfoProto], names: set[str]) -> frozenset[str]:
         return frozenset(
-            vi.name for vi in values
+            vi.name
+            for vi in values
             if vi.name in names and vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
         )
 

@@ -27,7 +27,9 @@ def check_timeout(timeout: Any) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise InputError(f"timeout must be a positive, finite number of seconds or None, got {timeout!r}")
     if timeout > threading.TIMEOUT_MAX:
-        raise InputError(f"timeout must be at most {threading.TIMEOUT_MAX:g} s (what a timer can wait), got {timeout!r}")
+        raise InputError(
+            f"timeout must be at most {threading.TIMEOUT_MAX:g} s (what a timer can wait), got {timeout!r}"
+        )
 
 
 def with_timeout(

@@ -55,8 +55,10 @@ def settings(options: Mapping[str, Any]) -> dict[str, Any]:
         from fastseq import _core
         from fastseq.errors import InputError
 
-        raise InputError(f"'{unknown[0]}' is not a serving option{_core.did_you_mean(unknown[0], list(DEFAULTS))}; "
-                         f"options: {', '.join(DEFAULTS)}")
+        raise InputError(
+            f"'{unknown[0]}' is not a serving option{_core.did_you_mean(unknown[0], list(DEFAULTS))}; "
+            f"options: {', '.join(DEFAULTS)}"
+        )
     return {**DEFAULTS, **options}
 
 
@@ -74,8 +76,15 @@ def named(pipelines: Any, name: str) -> dict[str, Any]:
     return found
 
 
-def served(pipelines: Any, *, name: str = "pipeline", row_independent: bool = False, warm_up: bool = True,
-            run_with: Mapping[str, Any] | None = None, **options: Any) -> Any:
+def served(
+    pipelines: Any,
+    *,
+    name: str = "pipeline",
+    row_independent: bool = False,
+    warm_up: bool = True,
+    run_with: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
     """The models served and the limits they are served within (a
     :class:`~fastseq.serving.service.Service`): what the server in the core and the ASGI
     application both serve. ``pipelines``: one pipeline (served as ``name``) or a mapping of
@@ -89,14 +98,27 @@ def served(pipelines: Any, *, name: str = "pipeline", row_independent: bool = Fa
     chosen = settings(options)
     metrics = Metrics()
     models = {
-        key: ServedModel(key, pipe, max_batch_size=chosen["max_batch_size"], max_delay_ms=chosen["max_delay_ms"],
-                         row_independent=row_independent, on_batch=metrics.model(key, VERSION).batch,
-                         run_with=(run_with or {}).get(key))
+        key: ServedModel(
+            key,
+            pipe,
+            max_batch_size=chosen["max_batch_size"],
+            max_delay_ms=chosen["max_delay_ms"],
+            row_independent=row_independent,
+            on_batch=metrics.model(key, VERSION).batch,
+            run_with=(run_with or {}).get(key),
+        )
         for key, pipe in named(pipelines, name).items()
     }
-    return Service(models, metrics, max_queue=chosen["max_queue"], max_request_bytes=chosen["max_request_bytes"],
-                   timeout_s=chosen["timeout_s"], body_timeout_s=chosen["body_timeout_s"], warm_up=warm_up,
-                   core_options={k: chosen[k] for k in CORE_OPTIONS})
+    return Service(
+        models,
+        metrics,
+        max_queue=chosen["max_queue"],
+        max_request_bytes=chosen["max_request_bytes"],
+        timeout_s=chosen["timeout_s"],
+        body_timeout_s=chosen["body_timeout_s"],
+        warm_up=warm_up,
+        core_options={k: chosen[k] for k in CORE_OPTIONS},
+    )
 
 
 def app(pipelines: Any, **kwargs: Any) -> Any:
@@ -112,8 +134,17 @@ def app(pipelines: Any, **kwargs: Any) -> Any:
     return App(served(pipelines, **kwargs))
 
 
-def serve(pipelines: Any, *, host: str = "127.0.0.1", port: int = 8000, grpc_port: int | None = None,
-          name: str = "pipeline", row_independent: bool = False, warm_up: bool = True, **options: Any) -> int:
+def serve(
+    pipelines: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    grpc_port: int | None = None,
+    name: str = "pipeline",
+    row_independent: bool = False,
+    warm_up: bool = True,
+    **options: Any,
+) -> int:
     """Serves ``pipelines`` (one, as ``name``, or a dict by name) on ``host``:``port`` over
     HTTP (and over gRPC on ``grpc_port``, if given) until SIGTERM or SIGINT, on the request
     path in the core (nothing to install beyond fastseq); returns the exit status (0 after a

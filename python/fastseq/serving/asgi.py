@@ -85,7 +85,7 @@ class App:
         path = scope["path"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):  # mounted: Starlette passes the full path
-            path = path[len(root):]
+            path = path[len(root) :]
         method = scope["method"]
         parts = path.strip("/").split("/")
         try:
@@ -108,16 +108,23 @@ class App:
                     raise RequestError(f"no route {path}", 404)
             elif parts == ["v2"]:
                 _method(method, "GET", path)
-                await self._send(send, 200, json.dumps({"name": "fastseq", "version": __version__,
-                                                        "extensions": _EXTENSIONS}).encode())
+                await self._send(
+                    send,
+                    200,
+                    json.dumps({"name": "fastseq", "version": __version__, "extensions": _EXTENSIONS}).encode(),
+                )
             elif parts[:2] == ["v2", "health"] and len(parts) == 3 and parts[2] in ("live", "ready"):
                 _method(method, "GET", path)
                 up = parts[2] == "live" or self.service.ready
                 await self._send(send, 200 if up else 503, b"")
             elif parts == ["metrics"]:
                 _method(method, "GET", path)
-                await self._send(send, 200, self.service.metrics.text(),
-                                 [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
+                await self._send(
+                    send,
+                    200,
+                    self.service.metrics.text(),
+                    [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+                )
             else:
                 raise RequestError(f"no route {path}: the KServe v2 routes are under /v2", 404)
         except RequestError as e:
@@ -134,8 +141,13 @@ class App:
 
     async def _send(self, send: Any, status: int, body: bytes, headers: list | None = None) -> None:
         self.service.metrics.response(status)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": (headers or _JSON) + [(b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": (headers or _JSON) + [(b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     # --- infer --------------------------------------------------------------------------------
@@ -158,19 +170,28 @@ class App:
                 elif key == b"content-length":
                     declared = _int_header("Content-Length", value)
                 elif key == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
-                    raise RequestError(f"Content-Encoding {value[:40].decode('latin-1')} is not supported: send the "
-                                       "request uncompressed", 415)
+                    raise RequestError(
+                        f"Content-Encoding {value[:40].decode('latin-1')} is not supported: send the "
+                        "request uncompressed",
+                        415,
+                    )
             if declared is not None and declared > service.max_request_bytes:
-                raise RequestError(f"the body has {declared} bytes, over the limit of {service.max_request_bytes} "
-                                   "(max_request_bytes)", 413)
+                raise RequestError(
+                    f"the body has {declared} bytes, over the limit of {service.max_request_bytes} (max_request_bytes)",
+                    413,
+                )
             body = await self._body(receive)
-            request = decode_infer(model.name, body, header_length, model.inputs, model.outputs, every_input=True,
-                                   spec=model.spec)
+            request = decode_infer(
+                model.name, body, header_length, model.inputs, model.outputs, every_input=True, spec=model.spec
+            )
             chosen = await service.infer(model, request, began)
-            body, header = encode_infer(model.name, model.version, request.id, chosen, spec=model.spec,
-                                        index=model.output_index)
-            headers = [(b"content-type", b"application/octet-stream" if header is not None else b"application/json"),
-                       (b"content-length", str(len(body)).encode())]
+            body, header = encode_infer(
+                model.name, model.version, request.id, chosen, spec=model.spec, index=model.output_index
+            )
+            headers = [
+                (b"content-type", b"application/octet-stream" if header is not None else b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ]
             if header is not None:
                 headers.append((b"inference-header-content-length", str(header).encode()))
             # Its place in the queue is free once the answer exists: a client slow to read it
@@ -214,8 +235,9 @@ class App:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            raise RequestError(f"the body did not arrive within {self.service.body_timeout_s:g} s ({size} bytes came)",
-                               408) from None
+            raise RequestError(
+                f"the body did not arrive within {self.service.body_timeout_s:g} s ({size} bytes came)", 408
+            ) from None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

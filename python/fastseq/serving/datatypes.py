@@ -17,10 +17,21 @@ from fastseq.runtime.tensors import TensorInfo
 
 #: KServe datatype -> the numpy dtype its values arrive in (BYTES: Python str objects)
 DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(t) for name, t in (
-        ("BOOL", np.bool_), ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32),
-        ("UINT64", np.uint64), ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32), ("INT64", np.int64),
-        ("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64), ("BYTES", object),
+    name: np.dtype(t)
+    for name, t in (
+        ("BOOL", np.bool_),
+        ("UINT8", np.uint8),
+        ("UINT16", np.uint16),
+        ("UINT32", np.uint32),
+        ("UINT64", np.uint64),
+        ("INT8", np.int8),
+        ("INT16", np.int16),
+        ("INT32", np.int32),
+        ("INT64", np.int64),
+        ("FP16", np.float16),
+        ("FP32", np.float32),
+        ("FP64", np.float64),
+        ("BYTES", object),
     )
 }
 
@@ -39,6 +50,9 @@ def datatype_of(info: TensorInfo, ort_type: str, kind: str) -> str:
         return "BYTES"
     if dtype is not None and dtype in _BY_DTYPE:
         return _BY_DTYPE[dtype]
-    why = ("ONNX Runtime's Python API cannot return bfloat16 arrays; a Cast to float32 around the pipeline serves it"
-           if ort_type == "tensor(bfloat16)" else "the KServe v2 protocol has no datatype for it")
+    why = (
+        "ONNX Runtime's Python API cannot return bfloat16 arrays; a Cast to float32 around the pipeline serves it"
+        if ort_type == "tensor(bfloat16)"
+        else "the KServe v2 protocol has no datatype for it"
+    )
     raise CompositionError(f"cannot serve {kind} '{info.name}' of type {ort_type}: {why}")

@@ -128,27 +128,55 @@ class Metrics:
             ("nv_inference_count", "Rows inferred", "rows"),
             ("nv_inference_exec_count", "Model executions (batches run)", "executions"),
             ("nv_inference_request_duration_us", "Cumulative request duration, microseconds", "request_us"),
-            ("nv_inference_queue_duration_us", "Cumulative time requests waited in the queue, microseconds",
-             "queue_us"),
-            ("nv_inference_compute_infer_duration_us", "Cumulative run time of requests' batches, microseconds",
-             "compute_us"),
+            (
+                "nv_inference_queue_duration_us",
+                "Cumulative time requests waited in the queue, microseconds",
+                "queue_us",
+            ),
+            (
+                "nv_inference_compute_infer_duration_us",
+                "Cumulative run time of requests' batches, microseconds",
+                "compute_us",
+            ),
         ):
             yield name, doc, "counter", each(lambda s, name=name, field=field: [(name, s.labels, getattr(s, field))])
-        yield ("nv_inference_request_failure", "Failed inference requests, by reason", "counter",
-               each(lambda s: [("nv_inference_request_failure", {**s.labels, "reason": r}, n)
-                               for r, n in s.failure.items()]))
-        yield ("nv_inference_pending_request_count", "Requests received and not yet answered", "gauge",
-               each(lambda s: [("nv_inference_pending_request_count", s.labels, s.pending)]))
+        yield (
+            "nv_inference_request_failure",
+            "Failed inference requests, by reason",
+            "counter",
+            each(
+                lambda s: [("nv_inference_request_failure", {**s.labels, "reason": r}, n) for r, n in s.failure.items()]
+            ),
+        )
+        yield (
+            "nv_inference_pending_request_count",
+            "Requests received and not yet answered",
+            "gauge",
+            each(lambda s: [("nv_inference_pending_request_count", s.labels, s.pending)]),
+        )
         for name, doc, field in (
             ("fastseq_request_duration_seconds", "Request latency, from its first byte read to its answer", "latency"),
             ("fastseq_queue_duration_seconds", "Time a request waited for its batch", "queued"),
             ("fastseq_batch_size", "Rows per batch run", "batch_sizes"),
         ):
-            yield name, doc, "histogram", each(lambda s, name=name, field=field: getattr(s, field).samples(name, s.labels))
-        yield ("fastseq_http_responses", "HTTP responses, by status", "counter",
-               [("fastseq_http_responses", {"status": str(k)}, n) for k, n in sorted(self.responses.items())])
-        yield ("fastseq_threads", "Threads of the process that Python knows", "gauge",
-               [("fastseq_threads", {}, threading.active_count())])
+            yield (
+                name,
+                doc,
+                "histogram",
+                each(lambda s, name=name, field=field: getattr(s, field).samples(name, s.labels)),
+            )
+        yield (
+            "fastseq_http_responses",
+            "HTTP responses, by status",
+            "counter",
+            [("fastseq_http_responses", {"status": str(k)}, n) for k, n in sorted(self.responses.items())],
+        )
+        yield (
+            "fastseq_threads",
+            "Threads of the process that Python knows",
+            "gauge",
+            [("fastseq_threads", {}, threading.active_count())],
+        )
 
     def text(self) -> bytes:
         """Every metric in Prometheus' text format (0.0.4), Triton's names as Triton writes

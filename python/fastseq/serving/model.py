@@ -45,9 +45,17 @@ class ServedModel:
     ``run_with``, a coroutine function of the feeds, batches in the batcher's place (Ray
     Serve's ``@serve.batch``)."""
 
-    def __init__(self, name: str, pipe: Engine | Pipelined, *, max_batch_size: int = 32, max_delay_ms: float = 0.0,
-                 row_independent: bool = False, on_batch: Callable[[int, list[float], float], None] | None = None,
-                 run_with: Callable[[dict[str, np.ndarray]], Awaitable[list[np.ndarray]]] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        pipe: Engine | Pipelined,
+        *,
+        max_batch_size: int = 32,
+        max_delay_ms: float = 0.0,
+        row_independent: bool = False,
+        on_batch: Callable[[int, list[float], float], None] | None = None,
+        run_with: Callable[[dict[str, np.ndarray]], Awaitable[list[np.ndarray]]] | None = None,
+    ) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise InputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
         self.name, self.version, self.pipe = name, VERSION, pipe
@@ -62,8 +70,13 @@ class ServedModel:
         self._batcher: Any = None
         # declared by the caller (--row-independent) or by the pipeline's description (its file's row_independent)
         row_independent = row_independent or getattr(pipe, "row_independent", False) is True
-        self._batching = dict(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, row_independent=row_independent,
-                              spinning=False, on_batch=on_batch)
+        self._batching = dict(
+            max_batch_size=max_batch_size,
+            max_delay_ms=max_delay_ms,
+            row_independent=row_independent,
+            spinning=False,
+            on_batch=on_batch,
+        )
         self.batched = False
         if run_with is None and max_batch_size > 1:
             try:
@@ -79,8 +92,14 @@ class ServedModel:
         self.ready = False
         # The core's description: requests are decoded and answers encoded against it, the
         # server in the core batches by it, and the metadata and configuration documents are its.
-        self.spec = served_spec(name, VERSION, tuple(self.inputs.values()), tuple(self.outputs.values()),
-                                self.max_batch_size, int(self.max_delay_ms * 1000))
+        self.spec = served_spec(
+            name,
+            VERSION,
+            tuple(self.inputs.values()),
+            tuple(self.outputs.values()),
+            self.max_batch_size,
+            int(self.max_delay_ms * 1000),
+        )
         self.metadata, self.config = _core.served_documents(self.spec)
 
     @property

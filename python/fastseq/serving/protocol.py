@@ -26,6 +26,7 @@ import numpy as np
 from fastseq import _core
 from fastseq.serving.datatypes import DTYPES
 
+
 @dataclass(frozen=True)
 class Tensor:
     """One input or output of a served pipeline: its name, KServe datatype and shape (-1
@@ -36,7 +37,11 @@ class Tensor:
     shape: tuple[int, ...] | None
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape) if self.shape is not None else [-1]}
+        return {
+            "name": self.name,
+            "datatype": self.datatype,
+            "shape": list(self.shape) if self.shape is not None else [-1],
+        }
 
 
 class InferRequest:
@@ -47,27 +52,48 @@ class InferRequest:
 
     __slots__ = ("id", "inputs", "outputs", "binary_output", "timeout_s")
 
-    def __init__(self, id: str | None, inputs: dict[str, np.ndarray], outputs: list[tuple[str, bool]] | None,
-                 binary_output: bool, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        id: str | None,
+        inputs: dict[str, np.ndarray],
+        outputs: list[tuple[str, bool]] | None,
+        binary_output: bool,
+        timeout_s: float | None,
+    ) -> None:
         self.id, self.inputs, self.outputs = id, inputs, outputs
         self.binary_output, self.timeout_s = binary_output, timeout_s
 
 
 # --- requests -----------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
-def served_spec(model: str, version: str, inputs: tuple[Tensor, ...], outputs: tuple[Tensor, ...],
-                max_batch_size: int = 0, max_delay_us: int = 0) -> Any:
+def served_spec(
+    model: str,
+    version: str,
+    inputs: tuple[Tensor, ...],
+    outputs: tuple[Tensor, ...],
+    max_batch_size: int = 0,
+    max_delay_us: int = 0,
+) -> Any:
     """The core's description of a served model, made once (a :class:`ServedModel` keeps
     its own, ``spec``): its tensors, and how the server in the core batches it
     (``max_batch_size`` 0: each request alone)."""
+
     def described(tensors: tuple[Tensor, ...]) -> list[tuple[str, str, list[int] | None]]:
         return [(t.name, t.datatype, list(t.shape) if t.shape is not None else None) for t in tensors]
 
     return _core.served_spec(model, version, described(inputs), described(outputs), max_batch_size, max_delay_us)
 
 
-def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dict[str, Tensor],
-                 outputs: dict[str, Tensor], *, every_input: bool = False, spec: Any = None) -> InferRequest:
+def decode_infer(
+    model: str,
+    body: bytes,
+    header_length: int | None,
+    inputs: dict[str, Tensor],
+    outputs: dict[str, Tensor],
+    *,
+    every_input: bool = False,
+    spec: Any = None,
+) -> InferRequest:
     """The infer request in ``body`` for ``model`` (whose ``inputs`` and ``outputs`` are
     given by name; ``spec``, their :func:`served_spec`, where the caller keeps it);
     ``header_length`` is the ``Inference-Header-Content-Length`` header (None without it: the
@@ -99,8 +125,15 @@ def decode_infer(model: str, body: bytes, header_length: int | None, inputs: dic
 
 
 # --- responses ----------------------------------------------------------------------------------
-def encode_infer(model: str, version: str, id: str | None, outputs: list[tuple[Tensor, np.ndarray, bool]], *,
-                 spec: Any = None, index: dict[str, int] | None = None) -> tuple[bytes, int | None]:
+def encode_infer(
+    model: str,
+    version: str,
+    id: str | None,
+    outputs: list[tuple[Tensor, np.ndarray, bool]],
+    *,
+    spec: Any = None,
+    index: dict[str, int] | None = None,
+) -> tuple[bytes, int | None]:
     """The response body for ``outputs`` ((tensor, array, binary) each) and the length of its
     JSON header where binary data follows it (None: the body is JSON alone); ``spec`` the
     model's :func:`served_spec` and ``index`` its outputs' positions by name, where the caller

@@ -75,7 +75,7 @@ def _strings(data: Any, shape: tuple[int, ...]) -> np.ndarray:
         (n,) = unpack(raw, at)
         at += 4
         try:
-            values.append(str(raw[at:at + n], "utf-8"))
+            values.append(str(raw[at : at + n], "utf-8"))
         except UnicodeDecodeError as e:
             raise Refused(f"a BYTES element is not UTF-8 text ({e.reason}); ONNX strings are text") from None
         at += n

@@ -42,8 +42,16 @@ class Server:
     one), and over gRPC on ``grpc_port`` if given. :meth:`run` blocks until stopped (a signal
     in the main thread, or :meth:`stop` from any)."""
 
-    def __init__(self, served: Any, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
-                 announce: Any = None, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        served: Any,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        grpc_port: int | None = None,
+        announce: Any = None,
+        verbose: bool = False,
+    ) -> None:
         # what fastseq.serving.served made, or the ASGI application over it
         self.service = served.service if isinstance(served, App) else served
         self.host = host
@@ -66,8 +74,14 @@ class Server:
 
     def _options(self) -> dict[str, Any]:
         s = self.service
-        return {"max_queue": s.max_queue, "max_request_bytes": s.max_request_bytes, "timeout_s": s.timeout_s,
-                "body_timeout_s": s.body_timeout_s, "version": __version__, **s.core_options}
+        return {
+            "max_queue": s.max_queue,
+            "max_request_bytes": s.max_request_bytes,
+            "timeout_s": s.timeout_s,
+            "body_timeout_s": s.body_timeout_s,
+            "version": __version__,
+            **s.core_options,
+        }
 
     def run(self) -> int:
         """Serves until stopped; 0 after a clean shutdown, 1 if a model failed its warm-up."""
@@ -80,8 +94,10 @@ class Server:
         restore = self._signals()
         try:
             grpc = f" and gRPC on {self.host}:{self.grpc_port}" if self.grpc_port is not None else ""
-            self._say(f"listening on {self.url} (KServe v2 over HTTP{grpc}); warming up "
-                      + ", ".join(f"'{name}'" for name in service.models))
+            self._say(
+                f"listening on {self.url} (KServe v2 over HTTP{grpc}); warming up "
+                + ", ".join(f"'{name}'" for name in service.models)
+            )
             code = 0
             if service.warm:
                 try:
@@ -94,9 +110,11 @@ class Server:
             else:
                 core.mark_ready()
             if code == 0 and not self._stop.is_set():
-                models = "; ".join(f"{name} at {self.url}/v2/models/{name}" + (
-                    f" (batched, up to {m.max_batch_size} rows)" if m.batched else " (not batched)")
-                    for name, m in service.models.items())
+                models = "; ".join(
+                    f"{name} at {self.url}/v2/models/{name}"
+                    + (f" (batched, up to {m.max_batch_size} rows)" if m.batched else " (not batched)")
+                    for name, m in service.models.items()
+                )
                 self._say(f"ready: {models}")
                 while not self._stop.wait(0.5):
                     pass

@@ -28,9 +28,18 @@ class Service:
     ``timeout_s`` or a request's own shorter timeout (503). Ready once every model's warm-up
     passed (``warm_up=False``: at once)."""
 
-    def __init__(self, models: dict[str, ServedModel], metrics: Metrics | None = None, *, max_queue: int = 128,
-                 max_request_bytes: int = 32 << 20, timeout_s: float = 60.0, body_timeout_s: float = 30.0,
-                 warm_up: bool = True, core_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        metrics: Metrics | None = None,
+        *,
+        max_queue: int = 128,
+        max_request_bytes: int = 32 << 20,
+        timeout_s: float = 60.0,
+        body_timeout_s: float = 30.0,
+        warm_up: bool = True,
+        core_options: dict[str, Any] | None = None,
+    ) -> None:
         for name, value in (("max_queue", max_queue), ("max_request_bytes", max_request_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be an int >= 1, got {value!r}")
@@ -87,9 +96,13 @@ class Service:
             try:
                 await model.warm_up()
             except Exception as e:
-                log.error("model '%s' failed its warm-up run (a row of zeros, each dynamic axis 1), so it is not "
-                          "ready: %s; serve it without a warm-up run (--no-warm-up, warm_up=False) if such a row "
-                          "is not an input it takes", model.name, e)
+                log.error(
+                    "model '%s' failed its warm-up run (a row of zeros, each dynamic axis 1), so it is not "
+                    "ready: %s; serve it without a warm-up run (--no-warm-up, warm_up=False) if such a row "
+                    "is not an input it takes",
+                    model.name,
+                    e,
+                )
                 raise
 
     def drain(self) -> None:
@@ -109,8 +122,10 @@ class Service:
         """The model ``name`` (at ``version``, if given): a 404 naming the near miss if none."""
         model = self.models.get(name)
         if model is None:
-            raise RequestError(f"no model '{name}'{_core.did_you_mean(name, list(self.models))}; models: "
-                               + ", ".join(self.models), 404)
+            raise RequestError(
+                f"no model '{name}'{_core.did_you_mean(name, list(self.models))}; models: " + ", ".join(self.models),
+                404,
+            )
         if version is not None and version != model.version:
             raise RequestError(f"model '{name}' has no version '{version}'; versions: {model.version}", 404)
         return model
@@ -128,8 +143,9 @@ class Service:
             raise RequestError(f"model '{model.name}' is not ready yet", 503)
         if self.open >= self.max_queue:
             stats.failed("REJECTED", 0.0)
-            raise RequestError(f"{self.open} requests are open, the most this server takes (max_queue); "
-                               "try again later", 503)
+            raise RequestError(
+                f"{self.open} requests are open, the most this server takes (max_queue); try again later", 503
+            )
         self.open += 1
         stats.pending += 1
         return stats
@@ -138,8 +154,9 @@ class Service:
         self.open -= 1
         stats.pending -= 1
 
-    async def infer(self, model: ServedModel, request: InferRequest, began: float
-                    ) -> list[tuple[Tensor, np.ndarray, bool]]:
+    async def infer(
+        self, model: ServedModel, request: InferRequest, began: float
+    ) -> list[tuple[Tensor, np.ndarray, bool]]:
         """Runs ``request`` within its timeout; the outputs it asked for, each with whether it
         goes back as binary data."""
         timeout = self.timeout_s if request.timeout_s is None else min(request.timeout_s, self.timeout_s)
@@ -149,8 +166,9 @@ class Service:
             async with asyncio.timeout_at(loop.time() + timeout - (run - began)):
                 outputs = await model.infer(request.inputs)
         except TimeoutError:
-            raise RequestError(f"model '{model.name}': the request was not answered within its timeout of "
-                               f"{timeout:g} s", 503) from None
+            raise RequestError(
+                f"model '{model.name}': the request was not answered within its timeout of {timeout:g} s", 503
+            ) from None
         if model.batcher is None:  # no batcher to report its batches
             first = next(iter(request.inputs.values()))
             self.stats[model.name].unbatched(time.perf_counter() - run, first.shape[0] if first.ndim else 1)

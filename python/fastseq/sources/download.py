@@ -77,9 +77,7 @@ def check_sha256(path: Path, expected: str, source: str) -> None:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     if digest.hexdigest() != expected.lower():
-        raise DownloadError(
-            f"{source}: sha256 mismatch: expected {expected}, got {digest.hexdigest()}"
-        )
+        raise DownloadError(f"{source}: sha256 mismatch: expected {expected}, got {digest.hexdigest()}")
 
 
 def _offline() -> bool:
@@ -273,7 +271,6 @@ def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
     import http.client
     import urllib.request
 
-
     def watched(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
         class Connection(base):  # type: ignore[valid-type,misc]
             def __init__(self, *args, **kwargs) -> None:
@@ -369,8 +366,7 @@ def _fetch(
                 raise TimeoutError("deadline reached")
             if length is not None and received != length:
                 raise TruncatedDownloadError(
-                    f"{url}: truncated: the server sent {received} of the {length} bytes its Content-Length "
-                    "announced",
+                    f"{url}: truncated: the server sent {received} of the {length} bytes its Content-Length announced",
                     received=received,
                     announced=length,
                 )

@@ -30,8 +30,10 @@ def is_model_proto(model: object) -> bool:
     onnx = sys.modules.get("onnx")
     return onnx is not None and isinstance(model, onnx.ModelProto)
 
+
 #: kornia's convention: ``hf://operators/resize`` is ``operators/resize.onnx`` in this repo.
 KORNIA_REPO = "kornia/ONNX_models"
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -111,8 +113,8 @@ def near_path(path: Path) -> str:
         if not hint:
             return ""
         # Each near miss as the whole path, so that it can be pasted.
-        for near in _core.did_you_mean(parts[k], names)[len(" (did you mean "):-2].split(" or "):
-            whole = str(Path(*parts[:k], near.strip("'"), *parts[k + 1:]))
+        for near in _core.did_you_mean(parts[k], names)[len(" (did you mean ") : -2].split(" or "):
+            whole = str(Path(*parts[:k], near.strip("'"), *parts[k + 1 :]))
             hint = hint.replace(near, f"'{whole}'", 1)
         return hint
     return ""
@@ -151,8 +153,9 @@ def resolve(
     if sha256 is not None and not (
         isinstance(sha256, str) and len(sha256) == 64 and all(c in "0123456789abcdefABCDEF" for c in sha256)
     ):
-        raise LoadError(f"{model if isinstance(model, str) else f'model #{index}'}: sha256 must be 64 hex digits, "
-                        f"got {sha256!r}")
+        raise LoadError(
+            f"{model if isinstance(model, str) else f'model #{index}'}: sha256 must be 64 hex digits, got {sha256!r}"
+        )
     if isinstance(model, str) and model.startswith("hf://"):
         path = hub_download(model, cache_dir, force_download, token, sha256=sha256)
         # The Hub cache links snapshot files into blobs/: external data may resolve anywhere
@@ -252,9 +255,13 @@ def hub_download(
         _discard_fetched(path, fetched)
         detail = str(e).removeprefix(f"{path}: ")
         if fetched:
-            raise DownloadError(f"{ref}: the download is not a whole ONNX model, so it was not kept: {detail}") from None
-        raise DownloadError(f"{ref}: the cached copy at {path} is not a whole ONNX model ({detail}); pass "
-                            "force_download=True to fetch it again") from None
+            raise DownloadError(
+                f"{ref}: the download is not a whole ONNX model, so it was not kept: {detail}"
+            ) from None
+        raise DownloadError(
+            f"{ref}: the cached copy at {path} is not a whole ONNX model ({detail}); pass "
+            "force_download=True to fetch it again"
+        ) from None
     folder = os.path.dirname(hub.filename)
     for location in locations:
         # Untrusted: checked by the core's rule before it becomes a download (and a path in
@@ -293,15 +300,19 @@ def hub_listing(repo_id: str, folder: str, revision: str | None = None, token: s
     endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     if hub_offline():
         raise DownloadError(f"cannot list {where}: listing the Hub needs the network, and HF_HUB_OFFLINE is set")
-    url = (f"{endpoint}/api/models/{repo_id}/tree/{urllib.parse.quote(revision or 'main', safe='')}/"
-           f"{urllib.parse.quote(folder)}")
+    url = (
+        f"{endpoint}/api/models/{repo_id}/tree/{urllib.parse.quote(revision or 'main', safe='')}/"
+        f"{urllib.parse.quote(folder)}"
+    )
     try:
         get_session().get(url, headers=build_hf_headers(token=token), timeout=constants.HF_HUB_ETAG_TIMEOUT)
     except Exception as e:  # noqa: BLE001  (connection refused, DNS, timeouts: whatever the HTTP client raises)
         raise DownloadError(f"cannot list {where}: the Hub at {endpoint} is unreachable ({_causes(e)})") from e
     try:
-        return [entry.path for entry in HfApi(endpoint=endpoint).list_repo_tree(repo_id, folder, revision=revision,
-                                                                                token=token)]
+        return [
+            entry.path
+            for entry in HfApi(endpoint=endpoint).list_repo_tree(repo_id, folder, revision=revision, token=token)
+        ]
     except Exception as e:  # noqa: BLE001  (huggingface_hub raises many kinds; all are a failed listing)
         raise DownloadError(f"cannot list {where}: {_causes(e)}") from e
 
@@ -357,8 +368,10 @@ class _HubRepo:
                 raise DownloadError(
                     f"{self.ref}: {filename} of {self.where} is not in the cache and HF_HUB_OFFLINE is set"
                 ) from None
-        cached = None if force else try_to_load_from_cache(
-            self.repo_id, filename, cache_dir=self.cache_dir, revision=self.revision
+        cached = (
+            None
+            if force
+            else try_to_load_from_cache(self.repo_id, filename, cache_dir=self.cache_dir, revision=self.revision)
         )
         if not isinstance(cached, str):
             # Not cached: huggingface_hub would retry an unreachable Hub for ~20 s before
@@ -383,15 +396,20 @@ class _HubRepo:
 
         url = hf_hub_url(self.repo_id, filename, revision=self.revision, endpoint=self.endpoint)
         endpoint = self.endpoint or constants.ENDPOINT
-        need = "force_download=True asks for a fresh copy" if force else f"{filename} of {self.where} is not in the cache"
+        need = (
+            "force_download=True asks for a fresh copy" if force else f"{filename} of {self.where} is not in the cache"
+        )
         try:
             get_hf_file_metadata(url, token=self.token, timeout=constants.HF_HUB_ETAG_TIMEOUT)
         except GatedRepoError as e:
-            raise DownloadError(f"{self.ref}: {self.repo_id} is gated: accept its terms on the Hub and pass "
-                                f"token= (or log in with `hf auth login`)") from e
+            raise DownloadError(
+                f"{self.ref}: {self.repo_id} is gated: accept its terms on the Hub and pass "
+                f"token= (or log in with `hf auth login`)"
+            ) from e
         except RepositoryNotFoundError as e:
-            raise DownloadError(f"{self.ref}: repository {self.repo_id} not found at {endpoint} (a private "
-                                f"repository needs token=)") from e
+            raise DownloadError(
+                f"{self.ref}: repository {self.repo_id} not found at {endpoint} (a private repository needs token=)"
+            ) from e
         except RevisionNotFoundError as e:
             raise DownloadError(f"{self.ref}: revision {self.revision or 'main'} not found in {self.repo_id}") from e
         except EntryNotFoundError as e:
@@ -401,10 +419,13 @@ class _HubRepo:
             if status == 404:
                 raise DownloadError(f"{self.ref}: {filename} not found in {self.where}") from e
             if status in (401, 403):
-                raise DownloadError(f"{self.ref}: access to {self.repo_id} refused (HTTP {status}): pass token= "
-                                    f"(or log in with `hf auth login`)") from e
-            raise DownloadError(f"{self.ref}: the Hub at {endpoint} answered HTTP {status} for {filename} "
-                                f"({_causes(e)}) and {need}") from e
+                raise DownloadError(
+                    f"{self.ref}: access to {self.repo_id} refused (HTTP {status}): pass token= "
+                    f"(or log in with `hf auth login`)"
+                ) from e
+            raise DownloadError(
+                f"{self.ref}: the Hub at {endpoint} answered HTTP {status} for {filename} ({_causes(e)}) and {need}"
+            ) from e
         except Exception as e:  # noqa: BLE001  (connection refused, DNS, timeouts: httpx or requests)
             raise DownloadError(f"{self.ref}: the Hub at {endpoint} is unreachable ({_causes(e)}) and {need}") from e
 

@@ -53,9 +53,11 @@ def named(spec: str) -> Path | None:
         if mark:
             from fastseq.errors import OperatorError
 
-            raise OperatorError(f"builtin:{spec}: a shipped model takes no parameters; "
-                                f"builtin:{name[len(PREFIX):]}?{spec.partition('?')[2]} builds the operator")
-        return path(name[len(PREFIX):])
+            raise OperatorError(
+                f"builtin:{spec}: a shipped model takes no parameters; "
+                f"builtin:{name[len(PREFIX) :]}?{spec.partition('?')[2]} builds the operator"
+            )
+        return path(name[len(PREFIX) :])
     if mark or name not in names():
         return None
     if name in SAME_AS:
