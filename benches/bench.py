@@ -263,9 +263,8 @@ def tool_fastseq(files, out: Path, mode: str) -> None:
     external = {"inline": None, "external": True, "reuse": "reuse"}[mode]
     pipeline = files[0].parent / "pipeline.toml"
     if pipeline.exists():  # a graph: the pipeline file wires the stages
-        from fastseq.graph import pipefile
-        from fastseq.graph import build
         from fastseq.facades.compose import save
+        from fastseq.graph import build, pipefile
 
         description = pipefile.read(pipeline)
         save(build.build(description).composed, out, external)

@@ -187,12 +187,12 @@ def worker(tool: str, case: str, cache: str) -> None:
     io_maps = [[("y", "x")]] * (len(files) - 1)
     os.environ.pop("FASTSEQ_SESSION_CACHE", None)
     if tool.startswith("fastseq"):
-        import fastseq  # noqa: F401
+        import fastseq
     elif tool == "kornia":
         import warnings
 
         warnings.filterwarnings("ignore")
-        import kornia.onnx  # noqa: F401
+        import kornia.onnx
     import onnxruntime as ort
 
     base = bench.peak_rss()

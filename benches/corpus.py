@@ -314,7 +314,7 @@ def _torch_models() -> dict[
     }
 
 
-def Seg(inner: Any) -> Any:  # noqa: N802 - a module's constructor, named as one
+def Seg(inner: Any) -> Any:  # a module's constructor, named as one
     from torch import nn
 
     class Segmenter(nn.Module):

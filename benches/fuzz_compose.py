@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import compose_fuzz  # noqa: E402
-import compose_harness  # noqa: E402
+import compose_fuzz
+import compose_harness
 
 
 def main() -> int:

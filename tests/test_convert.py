@@ -18,11 +18,11 @@ import fastseq
 from conftest import run
 
 pytest.importorskip("skl2onnx")
-from skl2onnx import to_onnx  # noqa: E402
-from sklearn.datasets import load_iris  # noqa: E402
-from sklearn.linear_model import LogisticRegression  # noqa: E402
-from sklearn.preprocessing import MinMaxScaler  # noqa: E402
-from sklearn.tree import DecisionTreeClassifier  # noqa: E402
+from skl2onnx import to_onnx
+from sklearn.datasets import load_iris
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import MinMaxScaler
+from sklearn.tree import DecisionTreeClassifier
 
 OPSETS = {"": 17, "ai.onnx.ml": 3}  # what skl2onnx is asked for; it imports ml 1 where that suffices
 

@@ -170,10 +170,10 @@ def test_converted_stages_are_kept_only_with_a_session_cache_and_the_key_names_t
     }
     # What the key's naming does: another converter's entries are not this one's.
     cache = tmp_path / "cache"
-    build = lambda: fastseq.ONNXSequential(
+    build = lambda: fastseq.ONNXSequential(  # noqa: E731
         ops.normalize(),
         str(model),
-        ops.resize(16, antialias=True),  # noqa: E731
+        ops.resize(16, antialias=True),
         auto_ir_version_conversion=True,
         session_cache=cache,
     )

@@ -4,7 +4,6 @@ models, batching, limits and errors in the pipeline's names as over HTTP."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

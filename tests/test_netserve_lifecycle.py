@@ -19,8 +19,9 @@ import pytest
 pytest.importorskip("uvicorn")
 http = pytest.importorskip("tritonclient.http")
 
-from netserving import Process, busy, cnn, get, metrics, post, raw, read_answer, wait_ready  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from netserving import Process, busy, cnn, get, metrics, post, raw, read_answer, wait_ready  # noqa: E402
 
 
 def request_body(rows: int = 1) -> bytes:

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tritonclient.http")
-from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput, InferResult  # noqa: E402
+from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput, InferResult
 
-import fastseq  # noqa: E402
-from fastseq.runtime.tensors import TensorInfo  # noqa: E402
-from fastseq.serving.datatypes import DTYPES, datatype_of  # noqa: E402
-from fastseq.serving.protocol import Tensor, decode_infer, encode_infer  # noqa: E402
+import fastseq
+from fastseq.runtime.tensors import TensorInfo
+from fastseq.serving.datatypes import DTYPES, datatype_of
+from fastseq.serving.protocol import Tensor, decode_infer, encode_infer
 
 EVERY = {
     "BOOL": np.array([[True, False, True]]),

@@ -17,9 +17,8 @@ from onnx import TensorProto, helper
 
 import fastseq
 from conftest import FIXTURES, ONNX_DATA, run, scale_model
-from fastseq.graph import drawing
 from fastseq.graph import build as graph_build
-from fastseq.graph import parse, spec
+from fastseq.graph import drawing, parse, spec
 
 BACKBONE = str(FIXTURES / "torch_cnn_backbone.onnx")  # image [batch, 3, 32, 32] -> features [batch, 16]
 HEAD = str(FIXTURES / "torch_head.onnx")  # features [batch, 16] -> logits [batch, 10]
@@ -35,8 +34,8 @@ def image() -> np.ndarray:
 def classifier() -> onnx.ModelProto:
     """A scikit-learn logistic regression on 16 features: X -> label, probabilities."""
     pytest.importorskip("skl2onnx")
-    from sklearn.linear_model import LogisticRegression
     from skl2onnx import to_onnx
+    from sklearn.linear_model import LogisticRegression
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((60, 16)).astype(np.float32)

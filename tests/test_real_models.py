@@ -17,7 +17,7 @@ import fastseq
 from conftest import session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benches"))
-import corpus  # noqa: E402
+import corpus
 
 pytestmark = pytest.mark.models
 pytest.importorskip("torch")

@@ -748,9 +748,8 @@ def test_every_node_model_gets_a_verdict_and_those_called_row_wise_are():
     opsets 1-28, If/Loop/Scan, functions): it never fails, and wherever it calls a model
     row-wise, the model is, by experiment: each row of its test data run alone gives the
     rows that the whole batch gives (an unsound "row-wise" would show here)."""
-    from fastseq import _core
-
     from conftest import session
+    from fastseq import _core
 
     checked = row_wise = 0
     wrong = []

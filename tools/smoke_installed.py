@@ -127,7 +127,6 @@ def carried(here: Path) -> None:
 def versions() -> None:
     import fastseq
     from fastseq import _core
-
     from fastseq.errors import DISTRIBUTION
 
     meta = importlib.metadata.version(DISTRIBUTION)  # the distribution's name, not the import's

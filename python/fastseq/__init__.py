@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastseq._core import MAX_IR_VERSION, __version__
-
 from fastseq.errors import (
     CompositionError,
     ConversionError,
@@ -58,7 +57,8 @@ _LAZY = {
 _MODULES = {"ops": "fastseq.ops", "serving": "fastseq.serving"}
 
 if TYPE_CHECKING:
-    from fastseq import ops
+    from fastseq import ops, serving
+    from fastseq.errors import InvalidModelError, InvalidShapesError, TruncatedDownloadError
     from fastseq.facades.compose import compose, compose_bytes, compose_to_file, merge_models
     from fastseq.facades.module import ONNXModule, load
     from fastseq.facades.onnx_loader import ONNXLoader
@@ -67,13 +67,11 @@ if TYPE_CHECKING:
     from fastseq.graph.metadata import add_metadata
     from fastseq.graph.rename import io_name_conversion
     from fastseq.graph.spec import PipelineSpec
-    from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.batcher import Batcher
+    from fastseq.runtime.cache import SessionCache
     from fastseq.runtime.profile import Profile
     from fastseq.runtime.tensors import TensorInfo
     from fastseq.serving import serve
-    from fastseq import serving
-    from fastseq.errors import InvalidModelError, InvalidShapesError, TruncatedDownloadError
 
 
 def __getattr__(name: str) -> Any:

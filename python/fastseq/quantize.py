@@ -147,7 +147,7 @@ def quantize(
                 q.quantize_dynamic(str(current), str(quantized), per_channel=per_channel, use_external_data_format=big)
         except (InputError, ConversionError):
             raise
-        except Exception as e:  # noqa: BLE001  (the quantizer raises whatever its passes raise)
+        except Exception as e:  # the quantizer raises whatever its passes raise
             hint = ""
             if per_channel and static and kind == "qoperator":
                 hint = (
@@ -233,7 +233,7 @@ def _preprocess(q: Any, source: Path, out: Path, big: bool, name: str) -> Path:
     except Exception:  # noqa: BLE001  (symbolic shape inference fails on some valid models)
         try:
             q.quant_pre_process(str(source), str(out), skip_symbolic_shape=True, **kwargs)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise ConversionError(
                 f"{name}: ONNX Runtime's quantization pre-processing (quant_pre_process) failed: {_first_line(e)}; "
                 "preprocess=False skips it"

@@ -8,9 +8,9 @@ import asyncio
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import scale_model
 
 import fastseq
+from conftest import scale_model
 from fastseq.runtime import profile
 from fastseq.runtime.batcher import Batcher
 from fastseq.runtime.engine import Engine, SessionEngine, engine_of

@@ -9,9 +9,9 @@ import asyncio
 import numpy as np
 import onnxruntime as ort
 import pytest
-from conftest import scale_model, session
 
 import fastseq
+from conftest import scale_model, session
 from fastseq.runtime.runner import Runner, compiled_binding_run, compiled_calls
 
 X = np.array([[1, -2, 3, -4], [0.5, 1, -1, 2]], np.float32)

@@ -11,7 +11,6 @@ from typing import Any
 from fastseq.cli.console import Quiet, fail, verbose_option
 from fastseq.cli.models import dynamic_batch_option, io_map_option, opset_option, providers_option
 
-
 #: The session options the server starts its pipelines with, where a pipeline file's own
 #: session_options say nothing else: without ONNX Runtime's spinning, as the server's batchers
 #: run them (one session each, not two), and at ONNX Runtime's own default optimisation level,

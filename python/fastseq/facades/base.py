@@ -10,8 +10,8 @@ from fastseq.runtime.runnable import Runnable
 
 if TYPE_CHECKING:
     from fastseq.graph.spec import PipelineSpec
-    from fastseq.runtime.parity import Parity
     from fastseq.runtime.cache import SessionCache
+    from fastseq.runtime.parity import Parity
 
 
 def flag(name: str, value: Any) -> bool:

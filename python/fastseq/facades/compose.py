@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Literal
 
 from fastseq import _core
 from fastseq.errors import CompositionError, human_size
-from fastseq.sources.resolve import ModelSource, is_model_proto
 from fastseq.graph.build import build
 from fastseq.graph.parts import IoMap, Stage
 from fastseq.graph.spec import PipelineSpec
+from fastseq.sources.resolve import ModelSource, is_model_proto
 
 if TYPE_CHECKING:
     import onnx

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-
 from typing import TYPE_CHECKING
 
 import onnxruntime as ort
 
-from fastseq.sources import resolve as loader
-from fastseq.runtime.engine import SessionEngine
-from fastseq.runtime.providers import Provider
 from fastseq.facades.base import Facade, build_cached
 from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
+from fastseq.runtime.engine import SessionEngine
+from fastseq.runtime.providers import Provider
+from fastseq.sources import resolve as loader
 
 if TYPE_CHECKING:
     import onnx

@@ -307,7 +307,6 @@ class ONNXLoader:
     @staticmethod
     def _load(source: str, path: str | Path):
         import onnx
-
         from onnx.external_data_helper import load_external_data_for_model
 
         try:

@@ -8,12 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastseq.graph import drawing
-from fastseq.graph import pipefile, pipefile_write
 from fastseq.facades.base import Facade, build_cached, flag
+from fastseq.graph import drawing, pipefile, pipefile_write
 from fastseq.graph.build import build
-from fastseq.graph.session_settings import session_options, session_options_dict
 from fastseq.graph.parts import Edge
+from fastseq.graph.session_settings import session_options, session_options_dict
 from fastseq.graph.spec import PipelineSpec
 from fastseq.runtime.engine import SessionEngine
 

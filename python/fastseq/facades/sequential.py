@@ -8,20 +8,20 @@ from typing import TYPE_CHECKING, Any
 
 import onnxruntime as ort
 
-from fastseq.sources import resolve as loader
-from fastseq.runtime.engine import SessionEngine
-from fastseq.runtime.providers import Provider
 from fastseq.errors import CompositionError
 from fastseq.facades.base import Facade, build_cached, flag
-from fastseq.runtime.tensors import TensorInfo
 from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
+from fastseq.runtime.engine import SessionEngine
+from fastseq.runtime.providers import Provider
+from fastseq.runtime.tensors import TensorInfo
+from fastseq.sources import resolve as loader
 
 if TYPE_CHECKING:
-    from fastseq.runtime.cache import SessionCache
     import onnx
 
     from fastseq import quantize
+    from fastseq.runtime.cache import SessionCache
 
 __all__ = ["ONNXSequential", "TensorInfo"]
 

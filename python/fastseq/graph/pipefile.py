@@ -47,8 +47,8 @@ from typing import Any
 
 from fastseq import _core
 from fastseq.errors import LoadError, PipelineFileError
-from fastseq.graph.session_settings import refuse_file_options, session_options
 from fastseq.graph.parts import META_KEYS
+from fastseq.graph.session_settings import refuse_file_options, session_options
 from fastseq.graph.spec import PipelineSpec
 
 #: Sources kept as written (not paths relative to the file).

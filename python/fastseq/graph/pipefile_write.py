@@ -13,9 +13,9 @@ from typing import Any
 
 from fastseq import _core
 from fastseq.errors import ExportError
-from fastseq.graph.session_settings import refuse_file_options, session_options_dict
 from fastseq.graph.parts import Stage
 from fastseq.graph.pipefile import REMOTE
+from fastseq.graph.session_settings import refuse_file_options, session_options_dict
 from fastseq.graph.spec import PipelineSpec
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from fastseq import _core
 
-
 # SessionOptions attributes a pipeline file may set; enums are written by name.
 # Config entries ONNX Runtime lets us read back by key (it has no way to list them): every
 # key that onnxruntime 1.32 reads (its headers' and its library's), so that a copy of a

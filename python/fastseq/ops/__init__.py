@@ -34,10 +34,9 @@ from fastseq.errors import OperatorError
 from fastseq.ops.operator import Operator, Tensor
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time, __getattr__ below
+    from fastseq.ops._graph import DEFAULT_OPSET
     from fastseq.ops.head import argmax, flatten, nms, softmax, topk
     from fastseq.ops.image import center_crop, grayscale, layout, letterbox, normalize, resize, rgb_to_bgr, to_float
-
-    from fastseq.ops._graph import DEFAULT_OPSET
 
     OPERATORS: dict[str, Callable[..., Any]]
 

@@ -62,7 +62,7 @@ class Operator:
         #: builds it again at another opset (``fastseq.ops.at_opset``).
         self.recipe = recipe
 
-    def SerializeToString(self) -> bytes:  # noqa: N802 (ModelProto's spelling, which onnx and onnxruntime call)
+    def SerializeToString(self) -> bytes:  # ModelProto's spelling, which onnx and onnxruntime call
         """The serialized model, as ``onnx.ModelProto.SerializeToString`` gives it."""
         return self._data
 

@@ -33,9 +33,9 @@ from fastseq import _core
 from fastseq.errors import InputError
 from fastseq.graph.session_settings import session_options, session_options_dict
 from fastseq.ray.columns import as_columns, batch_len, check_schema, map_hint, routes, run_rows, stack
+from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.runtime.ort_options import default_options
 from fastseq.runtime.providers import provider_name
-from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.runtime.runnable import Runnable
 
 _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")

@@ -16,10 +16,10 @@ import onnxruntime as ort
 from fastseq import _core
 from fastseq.errors import InputError
 from fastseq.runtime import session
+from fastseq.runtime.ort_options import session_copy
 from fastseq.runtime.private_copy import PrivateCopy
 from fastseq.runtime.providers import Provider, check_provider_options
 from fastseq.runtime.runner import Runner
-from fastseq.runtime.ort_options import session_copy
 from fastseq.runtime.tensors import TensorInfo, unshaped
 
 if TYPE_CHECKING:

@@ -17,7 +17,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-
 #: seconds, for request and queue latencies
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 #: rows per batch

@@ -306,14 +306,14 @@ def hub_listing(repo_id: str, folder: str, revision: str | None = None, token: s
     )
     try:
         get_session().get(url, headers=build_hf_headers(token=token), timeout=constants.HF_HUB_ETAG_TIMEOUT)
-    except Exception as e:  # noqa: BLE001  (connection refused, DNS, timeouts: whatever the HTTP client raises)
+    except Exception as e:  # connection refused, DNS, timeouts: whatever the HTTP client raises
         raise DownloadError(f"cannot list {where}: the Hub at {endpoint} is unreachable ({_causes(e)})") from e
     try:
         return [
             entry.path
             for entry in HfApi(endpoint=endpoint).list_repo_tree(repo_id, folder, revision=revision, token=token)
         ]
-    except Exception as e:  # noqa: BLE001  (huggingface_hub raises many kinds; all are a failed listing)
+    except Exception as e:  # huggingface_hub raises many kinds; all are a failed listing
         raise DownloadError(f"cannot list {where}: {_causes(e)}") from e
 
 
@@ -379,7 +379,7 @@ class _HubRepo:
             self._probe(filename, force)
         try:
             path = Path(hf_hub_download(**kwargs, force_download=force))
-        except Exception as e:  # noqa: BLE001  (huggingface_hub raises many kinds; all are a failed download)
+        except Exception as e:  # huggingface_hub raises many kinds; all are a failed download
             raise DownloadError(f"{self.ref}: download of {filename} from {self.where} failed: {_causes(e)}") from e
         # huggingface_hub fetches again when the Hub has a newer file: then the blob differs.
         return path, force or not isinstance(cached, str) or os.path.realpath(cached) != os.path.realpath(path)
@@ -426,7 +426,7 @@ class _HubRepo:
             raise DownloadError(
                 f"{self.ref}: the Hub at {endpoint} answered HTTP {status} for {filename} ({_causes(e)}) and {need}"
             ) from e
-        except Exception as e:  # noqa: BLE001  (connection refused, DNS, timeouts: httpx or requests)
+        except Exception as e:  # connection refused, DNS, timeouts: httpx or requests
             raise DownloadError(f"{self.ref}: the Hub at {endpoint} is unreachable ({_causes(e)}) and {need}") from e
 
 
