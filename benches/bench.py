@@ -8,7 +8,8 @@ ONNXSequential vs a plain copy of the same bytes, on cases this script generates
 Each measurement runs in its own subprocess, so peak RSS (ru_maxrss) is that tool's alone.
 Composition (merge + export to a file) and ONNX Runtime session creation are timed apart.
 Results: a table on stdout and benches/out/results.json; --readme rewrites the table between
-the bench markers, in docs/benchmarks.md (where the tables live now; the flag kept its name). Timings are noisy on shared machines: read the ratios.
+the bench markers, in docs/benchmarks.md (where the tables live now; the flag kept its name).
+Timings are noisy on shared machines: read the ratios.
 """
 
 from __future__ import annotations
@@ -362,7 +363,7 @@ def worker(tool: str, case: str, mode: str, out: str, session: bool) -> None:
         TOOLS[tool](files, Path(out), mode)
         result["compose_s"] = time.perf_counter() - t0
         result["ok"] = True
-    except BaseException as e:  # report every failure, including MemoryError
+    except BaseException as e:  # noqa: BLE001 - report every failure, including MemoryError
         result["compose_s"] = time.perf_counter() - t0
         result["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
     result["peak_rss"] = peak_rss()
@@ -374,7 +375,7 @@ def worker(tool: str, case: str, mode: str, out: str, session: bool) -> None:
         try:
             ort.InferenceSession(out, providers=["CPUExecutionProvider"])
             result["session_s"] = time.perf_counter() - t1
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - reported as the session's failure
             result["session_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     print("RESULT " + json.dumps(result))
 
@@ -461,7 +462,7 @@ def run(cases: list[str], timeout: float) -> dict:
         import kornia  # noqa: F401
 
         have_kornia = True
-    except Exception:
+    except Exception:  # noqa: BLE001 - kornia's import fails in many ways (torch's too)
         have_kornia = False
         print("kornia is not installed (pip install -r benches/requirements.txt): skipping it", file=sys.stderr)
     report = {

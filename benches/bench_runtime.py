@@ -304,7 +304,7 @@ def ready_table(cases: list[str], tools: list[str], repeats: int = RUNS) -> dict
 # --- per call -------------------------------------------------------------------------------------
 def per_call(repeats: int = 7, number: int = 20000) -> dict:
     import numpy as np
-    import onnxruntime as ort
+    import onnxruntime  # noqa: F401 - loaded before anything is timed
     from onnx import TensorProto, helper
 
     import fastseq
@@ -454,7 +454,7 @@ def tables(report: dict) -> str:
     lines = [f"Measured on {report['machine']}, {report['date']}.", ""]
     lines.append("| ready to call | tool | ready (median) | runs | system time | peak RSS |")
     lines.append("|---|---|---|---|---|---|")
-    for case, c in report["ready"].items():
+    for c in report["ready"].values():
         for tool in TOOLS:
             r = c["rows"].get(tool)
             if r is None:
@@ -567,15 +567,18 @@ def converted_table(report: dict) -> str:
     cold, cached = c["cold"], c["cached"]
 
     def cell(r: dict) -> str:
-        return f"{r['s']:.3f} s ({' '.join(f'{x:.3f}' for x in r['runs'])}); onnx {'imported' if r['onnx'] else 'not imported'}"
+        runs = " ".join(f"{x:.3f}" for x in r["runs"])
+        return f"{r['s']:.3f} s ({runs}); onnx {'imported' if r['onnx'] else 'not imported'}"
 
     ratio = cold["s"] / cached["s"]
     return "\n".join(
         [
             f"Measured on {report['machine']}, {report['date']} (load average {c['load'][0]:.1f} at the start, "
-            f"{c['load'][1]:.1f} at the end); medians of {len(cold['runs'])} starts, each in a fresh process, in turns.",
+            f"{c['load'][1]:.1f} at the end); medians of {len(cold['runs'])} starts, each in a fresh process, "
+            "in turns.",
             "",
-            "| the README's operator pipeline (antialias=True: converted to opset 18) | cold | from the session cache | "
+            "| the README's operator pipeline (antialias=True: converted to opset 18) | cold "
+            "| from the session cache | "
             "cached / cold |",
             "|---|---|---|---|",
             f"| ready to call | {cell(cold)} | {cell(cached)} | {ratio:.1f}x faster |",
@@ -654,7 +657,7 @@ def main() -> None:
         import kornia  # noqa: F401
 
         tools = TOOLS
-    except Exception:
+    except Exception:  # noqa: BLE001 - kornia's import fails in many ways (torch's too)
         print("kornia is not installed (pip install -r benches/requirements.txt): skipping it", file=sys.stderr)
         tools = [t for t in TOOLS if t != "kornia"]
     report = {

@@ -298,7 +298,8 @@ def tables(report: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| starting a batcher | the core's row check | pipe.batcher() (the check; its own session comes with the first batch of threads) |",
+        "| starting a batcher | the core's row check "
+        "| pipe.batcher() (the check; its own session comes with the first batch of threads) |",
         "|---|---|---|",
     ]
     for r in report["pipelines"].values():

@@ -160,7 +160,7 @@ def test_a_coroutine_cancelled_before_it_has_its_rows_raises_cancelled_error(mon
     nothing (``cancel()`` is False) and the rows it returned stand."""
     pipe = slow_model(intra_op_threads=1)
     inputs = [rows(256, seed=k) for k in range(2)]
-    running, ran, settled = threading.Event(), threading.Event(), threading.Event()
+    running, ran = threading.Event(), threading.Event()
     cancelled, tasks = threading.Event(), []
     real_run, real_deliver, real_settle = batcher_module.run, batcher_module.deliver, batches._settle
 

@@ -689,7 +689,7 @@ def test_a_loop_closed_before_its_batch_is_answered_does_not_hold_up_close():
     pipe = slow_model(intra_op_threads=1)
 
     async def main(batcher):
-        asyncio.ensure_future(batcher.run_async(rows(1)))  # a full batch: given to the worker at once
+        asyncio.ensure_future(batcher.run_async(rows(1)))  # noqa: RUF006 - a full batch: given to the worker at once
         await asyncio.sleep(0)  # then the loop ends (its task cancelled) while the worker runs
 
     batcher = pipe.batcher(max_batch_size=1, max_delay_ms=60_000)

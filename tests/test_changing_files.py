@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -151,7 +150,7 @@ def test_threads_exporting_to_one_path_leave_the_model_and_its_data_only(tmp_pat
         try:
             for _ in range(25):
                 pipes[t].export(out / "m.onnx", external_data=True)
-        except BaseException as e:  # reported below
+        except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
@@ -201,7 +200,7 @@ def test_killed_exports_leave_nothing_that_the_next_export_keeps(tmp_path):
     export leaves the folder with its model and exactly the data files it references."""
     target = tmp_path / "m.onnx"
     rng = random.Random(0)
-    for round in range(6):
+    for _ in range(6):
         procs = [export_loop(1.0 + k, target, 1000) for k in range(2)]
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
@@ -269,10 +268,16 @@ def test_external_data_shorter_than_its_tensor_is_a_load_error(tmp_path, case):
     if edit == "empty":
         (tmp_path / "m.bin").write_bytes(b"")
         with_entries(path, offset=None, length=None)
-        pattern = r"tensor 'c' \(float \[256\]\): external data of 1024 bytes at offset 0 lies past the end of 'm\.bin', which has 0 bytes"
+        pattern = (
+            r"tensor 'c' \(float \[256\]\): external data of 1024 bytes at offset 0 lies past the end of 'm\.bin', "
+            r"which has 0 bytes"
+        )
     elif edit == "offset":
         with_entries(path, offset="1024", length=None)
-        pattern = r"tensor 'c' \(float \[256\]\): external data of 1024 bytes at offset 1024 lies past the end of 'm\.bin', which has 0 bytes there \(1024 bytes in all\)"
+        pattern = (
+            r"tensor 'c' \(float \[256\]\): external data of 1024 bytes at offset 1024 lies past the end of "
+            r"'m\.bin', which has 0 bytes there \(1024 bytes in all\)"
+        )
     else:
         with_entries(path, offset="0", length=str(have))
         pattern = r"tensor 'c' \(float \[256\]\) needs 1024 bytes but its external data in 'm\.bin' has length 8"

@@ -132,9 +132,10 @@ def test_every_public_name_and_member_has_a_docstring():
     missing = []
     for name in fastseq.__all__:
         obj = getattr(fastseq, name)
-        if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismodule(obj):
-            if not (obj.__doc__ or "").strip():
-                missing.append(name)
+        if (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismodule(obj)) and not (
+            obj.__doc__ or ""
+        ).strip():
+            missing.append(name)
         if inspect.isclass(obj) and not issubclass(obj, BaseException):
             for member, value in members(obj):
                 func = value.fget if isinstance(value, property) else getattr(value, "__func__", value)

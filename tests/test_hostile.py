@@ -178,7 +178,7 @@ def test_one_pipeline_many_threads_same_results_as_serial():
                 (out,) = pipe(inputs[i])
                 if not np.array_equal(out, serial[i]):
                     errors.append((t, k))
-        except Exception as e:  # pragma: no cover - reported below
+        except Exception as e:  # noqa: BLE001 - reported below  # pragma: no cover
             errors.append(e)
 
     workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
@@ -256,7 +256,7 @@ def _compose_in_child(depth: int) -> None:
         if pid == 0:
             try:
                 _compose_in_child(depth - 1)
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - the child's exit status says it
                 os._exit(1)
             os._exit(0)
         _, status = os.waitpid(pid, 0)

@@ -30,7 +30,9 @@ def test_composing_and_exporting_need_no_runtime(tmp_path):
 import fastseq
 fastseq.compose_to_file([{str(tmp_path / "m2.onnx")!r}, {str(tmp_path / "m3.onnx")!r}], {str(tmp_path / "a.onnx")!r})
 from fastseq.cli import main
-assert main(["merge", {str(tmp_path / "m2.onnx")!r}, {str(tmp_path / "m3.onnx")!r}, "-o", {str(tmp_path / "b.onnx")!r}]) == 0
+assert main(
+    ["merge", {str(tmp_path / "m2.onnx")!r}, {str(tmp_path / "m3.onnx")!r}, "-o", {str(tmp_path / "b.onnx")!r}]
+) == 0
 assert 'onnxruntime' not in sys.modules or sys.modules['onnxruntime'] is None
 """)
     assert r.returncode == 0, r.stderr

@@ -69,7 +69,7 @@ def snapshot(options: ort.SessionOptions) -> dict:
     for key in (EXTERNAL_KEY, "session.optimized_model_external_initializers_min_size_in_bytes"):
         try:
             seen[key] = options.get_session_config_entry(key)
-        except Exception:  # never set, as it should be
+        except Exception:  # noqa: BLE001 - never set, as it should be
             pass
     return seen
 
@@ -284,11 +284,15 @@ def test_a_callers_options_naming_a_file_are_an_input_error_naming_the_option(tm
         options = ort.SessionOptions()
         setattr(options, attribute, value)
         makers = [
-            lambda: fastseq.ONNXSequential(matmul_model(), session_options=options, session_cache=False),
-            lambda: fastseq.ONNXSequential(matmul_model(), session_options=options, session_cache=tmp_path / "c"),
-            lambda: fastseq.Pipeline({"m": matmul_model()}, session_options=options, session_cache=False),
-            lambda: fastseq.Pipeline({"m": matmul_model()}, session_options={attribute: value}, session_cache=False),
-            lambda: fastseq.ONNXSequential(matmul_model(), session_cache=False).create_session(session_options=options),
+            lambda o=options: fastseq.ONNXSequential(matmul_model(), session_options=o, session_cache=False),
+            lambda o=options: fastseq.ONNXSequential(matmul_model(), session_options=o, session_cache=tmp_path / "c"),
+            lambda o=options: fastseq.Pipeline({"m": matmul_model()}, session_options=o, session_cache=False),
+            lambda a=attribute, v=value: fastseq.Pipeline(
+                {"m": matmul_model()}, session_options={a: v}, session_cache=False
+            ),
+            lambda o=options: fastseq.ONNXSequential(matmul_model(), session_cache=False).create_session(
+                session_options=o
+            ),
         ]
         for make in makers:
             with pytest.raises(fastseq.InputError, match=re.escape(f"session_options.{attribute}")) as e:

@@ -507,7 +507,7 @@ def test_the_drawing_names_every_stage_edge_input_and_output(classifier):
     assert {"backbone", "cls", "skl", "res", "in:image", "out:logits", "out:p"} == set(nodes)
     stage_edges = [(a, b, attrs) for a, b, attrs in edges if a in pipe.stages and b in pipe.stages]
     assert sorted((a, b) for a, b, _ in stage_edges) == [("backbone", "cls"), ("backbone", "res"), ("backbone", "skl")]
-    for a, b, attrs in stage_edges:
+    for _, _, attrs in stage_edges:
         assert 'label="features: float32[batch, 16]"' in attrs and 'tooltip="backbone.features -> ' in attrs
     assert ("in:image", "backbone", "") in edges and ("cls", "out:logits", 'label="float32[batch, 10]"') in edges
     # Each stage box lists its inputs and outputs with dtypes and shapes; the pruned one is grey.

@@ -85,7 +85,8 @@ def test_a_chain_joins_its_stages_in_order_by_position(folder):
 
 def test_a_chain_joins_by_name_where_each_joint_gives_an_io_map(folder):
     (folder / "c.toml").write_text(
-        'chain = ["split", { stage = "diff", io_map = ["twice:a", "neg:b"] }, { stage = "top", io_map = ["d:input"] }]\n'
+        'chain = ["split", { stage = "diff", io_map = ["twice:a", "neg:b"] }, '
+        '{ stage = "top", io_map = ["d:input"] }]\n'
         '[stages]\nsplit = "two.onnx"\ndiff = "sub.onnx"\ntop = "builtin:topk?k=2"\n'
     )
     pipe = fastseq.Pipeline.from_file(folder / "c.toml")

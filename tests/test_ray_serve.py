@@ -16,7 +16,6 @@ serve = pytest.importorskip("ray.serve")
 http = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-import fastseq  # noqa: E402
 from netserving import cnn, mixing, pipe, several, wait_ready, wrong_answers  # noqa: E402
 
 

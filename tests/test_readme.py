@@ -51,7 +51,9 @@ image = np.load("x.npy")
 #: What a block must print, by a line of its code.
 PRINTS = {
     "fastseq demo": "(4 of 4 right)",
-    "print(pipe)                                  # ... outputs": "outputs [values: float32[N, 5]; indices: int64[N, 5]]",
+    "print(pipe)                                  # ... outputs": (
+        "outputs [values: float32[N, 5]; indices: int64[N, 5]]"
+    ),
     "fastseq inspect merged.onnx": "opsets: ai.onnx 17",
 }
 

@@ -509,7 +509,10 @@ def test_list_says_what_each_entry_is_for(tmp_path):
 def test_hits_are_counted_by_concurrent_processes(tmp_path):
     cache = tmp_path / "cache"
     source, entry = stored(tmp_path, cache)
-    code = f"import fastseq; assert fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r}).session_info['cache'] == 'hit'"
+    code = (
+        f"import fastseq; assert fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})"
+        ".session_info['cache'] == 'hit'"
+    )
     procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(4)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 4
     assert (entry / "usage").read_text().strip() == "4"

@@ -245,7 +245,7 @@ def docstring(text: str, indent: str) -> list[str]:
     lines = text.splitlines() or [""]
     if len(lines) == 1:
         return [f'{indent}"""{lines[0]}"""']
-    return [f'{indent}"""{lines[0]}', *[f"{indent}{l}" if l else "" for l in lines[1:]], f'{indent}"""']
+    return [f'{indent}"""{lines[0]}', *[f"{indent}{line}" if line else "" for line in lines[1:]], f'{indent}"""']
 
 
 def render() -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig

@@ -58,7 +58,11 @@ _MODULES = {"ops": "fastseq.ops", "serving": "fastseq.serving"}
 
 if TYPE_CHECKING:
     from fastseq import ops, serving
-    from fastseq.errors import InvalidModelError, InvalidShapesError, TruncatedDownloadError
+
+    # public through __getattr__ (made on first use), not in __all__: re-exported for type checkers
+    from fastseq.errors import InvalidModelError as InvalidModelError
+    from fastseq.errors import InvalidShapesError as InvalidShapesError
+    from fastseq.errors import TruncatedDownloadError
     from fastseq.facades.compose import compose, compose_bytes, compose_to_file, merge_models
     from fastseq.facades.module import ONNXModule, load
     from fastseq.facades.onnx_loader import ONNXLoader

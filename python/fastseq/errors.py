@@ -263,8 +263,8 @@ __all__ = [
     "ExportError",
     "FastseqError",
     "InputError",
-    "InvalidModelError",
-    "InvalidShapesError",
+    "InvalidModelError",  # noqa: F822 - made on first use by __getattr__ (_LAZY)
+    "InvalidShapesError",  # noqa: F822 - made on first use by __getattr__ (_LAZY)
     "LoadError",
     "MissingExtraError",
     "OperatorError",
@@ -274,7 +274,7 @@ __all__ = [
     "RequestError",
     "RunError",
     "RunTimeoutError",
-    "TruncatedDownloadError",
+    "TruncatedDownloadError",  # noqa: F822 - made on first use by __getattr__ (_LAZY)
 ]
 
 

@@ -35,8 +35,6 @@ from fastseq.graph.build import build
 from fastseq.graph.parts import Stage
 
 if TYPE_CHECKING:
-    from collections.abc import MutableMapping
-
     import onnx
 
 __all__ = [

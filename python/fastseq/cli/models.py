@@ -231,4 +231,5 @@ def _warn_unstarted(asked: Any, running: list[str], quiet: Quiet) -> None:
                 f"{name} could not be started (ONNX Runtime fell back to {', '.join(running)})"
                 + ("" if quiet.verbose else "; --verbose shows ONNX Runtime's log of why"),
                 RuntimeWarning,
+                stacklevel=1,  # said as one line by the console: where it was raised is not shown
             )

@@ -25,12 +25,13 @@ def version_text() -> str:
             runtimes.append(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             pass
+    none = f"none ({install_command('cpu')} or {install_command('gpu')})"
     return "\n".join(
         [
             f"fastseq {__version__}",
             f"core: {_core.__version__} ({_core.__build__})",
             f"python: {platform.python_version()} ({platform.python_implementation()}, {sys.platform})",
-            f"runtime: {', '.join(runtimes) or 'none (' + install_command('cpu') + ' or ' + install_command('gpu') + ')'}",
+            f"runtime: {', '.join(runtimes) or none}",
         ]
     )
 

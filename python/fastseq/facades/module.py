@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import onnxruntime as ort
 
 from fastseq.facades.base import Facade, build_cached
-from fastseq.graph.build import build
 from fastseq.graph.spec import PipelineSpec
 from fastseq.runtime.engine import SessionEngine
 from fastseq.runtime.providers import Provider

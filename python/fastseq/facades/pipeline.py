@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from fastseq.facades.base import Facade, build_cached, flag
 from fastseq.graph import drawing, pipefile, pipefile_write
-from fastseq.graph.build import build
 from fastseq.graph.parts import Edge
 from fastseq.graph.session_settings import session_options, session_options_dict
 from fastseq.graph.spec import PipelineSpec

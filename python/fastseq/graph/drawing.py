@@ -62,7 +62,8 @@ def to_dot(
         timed = f"<BR/><B>{escape(time)}{' (hottest)' if hot else ''}</B>" if time else ""
         rows = [
             f'<TR><TD COLSPAN="2" BGCOLOR="{fill}"><B>{escape(name)}</B>'
-            f'<BR/><FONT POINT-SIZE="8">{escape(sources.get(name, ""))}{" (pruned)" if is_pruned else ""}</FONT>{timed}</TD></TR>'
+            f'<BR/><FONT POINT-SIZE="8">{escape(sources.get(name, ""))}{" (pruned)" if is_pruned else ""}</FONT>'
+            f"{timed}</TD></TR>"
         ]
         for k in range(max(len(st["inputs"]), len(st["outputs"]))):
             cells = []

@@ -50,7 +50,7 @@ def write(spec: PipelineSpec, path: str | os.PathLike[str]) -> Path:
             top[key] = True
     for key in ("prune", "dedupe"):
         value = getattr(spec, key)
-        if spec.is_graph and value is not None or not spec.is_graph and not value:  # a chain's are on in a file
+        if (spec.is_graph and value is not None) or (not spec.is_graph and not value):  # a chain's are on in a file
             top[key] = bool(value)
     if spec.adapt:
         top["adapt"] = spec.adapt

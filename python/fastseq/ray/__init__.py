@@ -326,8 +326,8 @@ def run_dataset(
     if src.is_dir() and any(src.glob("*.npy")):
         if len(engine.inputs) != 1:
             raise InputError(
-                f"the pipeline has {len(engine.inputs)} inputs; a folder of .npy files feeds one (use a Parquet dataset "
-                "with a column per input)"
+                f"the pipeline has {len(engine.inputs)} inputs; a folder of .npy files feeds one (use a Parquet "
+                "dataset with a column per input)"
             )
         ds = ray.data.read_numpy(str(src), include_paths=True)
         input_columns = {engine.inputs[0].name: "data"}  # read_numpy's column

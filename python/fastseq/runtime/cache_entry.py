@@ -61,7 +61,7 @@ def key_parts(digest: str, providers: list[Any], options: Any) -> dict[str, Any]
     for name in _OPTIMISATION_CONFIG:
         try:
             value = options.get_session_config_entry(name)
-        except Exception:  # onnxruntime raises when the entry was never set
+        except Exception:  # noqa: BLE001 - onnxruntime raises when the entry was never set
             continue
         config[name] = value
     return {
@@ -117,7 +117,7 @@ def start(
             with found:
                 try:
                     made = make(found.model, False, None)
-                except Exception as e:  # what ONNX Runtime refuses is rebuilt below
+                except Exception as e:  # noqa: BLE001 - what ONNX Runtime refuses is rebuilt below
                     if found.verified():
                         warn(
                             f"session cache {root.path}: ONNX Runtime refused the entry {key} "
@@ -154,7 +154,7 @@ def _store(
     with temp:
         try:
             made = make(path, True, temp.name(MODEL))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - tried once more below, without storing
             # ONNX Runtime fails the whole session when it cannot write the optimised model
             # (a full disk): start without storing. A fault of the model fails again there.
             made = make(path, True, None)

@@ -62,7 +62,7 @@ def stage_note(name: str, reader: Reader | None) -> str:
         return ""
     try:
         note = reader(name)
-    except Exception:  # an error message must not fail on its way out
+    except Exception:  # noqa: BLE001 - an error message must not fail on its way out
         return ""
     return f" ({note})" if note else ""
 
@@ -108,7 +108,8 @@ class InputCheck:
         for axis, size in self.static:
             if shape[axis] != size:
                 return InputError(
-                    f"input '{self.name}' expects size {size} on axis {axis} {list(self.shape)}, got shape {list(shape)}"
+                    f"input '{self.name}' expects size {size} on axis {axis} {list(self.shape)}, "
+                    f"got shape {list(shape)}"
                 )
         return None
 

@@ -63,6 +63,6 @@ def _why_not_saved(error: Exception, target: Path, unsaved: Callable[[], object]
     reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
     try:
         unsaved()
-    except Exception:
+    except Exception:  # noqa: BLE001 - failing without the save too: the model is what was refused
         raise RunError(f"ONNX Runtime refused the model while optimising it for {target}: {reason}") from error
     raise ExportError(f"cannot write {target}: ONNX Runtime could not save the optimised model: {reason}") from error

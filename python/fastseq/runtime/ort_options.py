@@ -73,7 +73,7 @@ def run_copy(options: ort.RunOptions | None) -> ort.RunOptions:
     for key in _RUN_CONFIG_KEYS:
         try:
             value = options.get_run_config_entry(key)
-        except Exception:  # onnxruntime raises for an entry that was never set
+        except Exception:  # noqa: BLE001 - onnxruntime raises for an entry that was never set
             continue
         copy.add_run_config_entry(key, value)
     return copy

@@ -16,8 +16,9 @@ from fastseq import _core
 @dataclass
 class PrivateCopy:
     """A composed model written for ONNX Runtime into a folder only this process uses (in
-    the temporary folder, removed on exit): ``path``. It holds no reference to the model, so that a caller can let go of the model's memory while ONNX Runtime builds a
-    session from the copy (:func:`fastseq.runtime.session.open_copy`).
+    the temporary folder, removed on exit): ``path``. It holds no reference to the model, so
+    that a caller can let go of the model's memory while ONNX Runtime builds a session from
+    the copy (:func:`fastseq.runtime.session.open_copy`).
 
     ONNX Runtime gets the model as a file with its weights in a data file beside it, written
     by the core into a private folder (not synced: the page cache) and removed once the
@@ -104,7 +105,7 @@ class PendingCopy:
             self._copy = PrivateCopy.of(models, spill_min)
             if self._copy.spilled:
                 self.digest = _core.model_digest(self._copy.spilled[0])
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - raised again by result(), in the caller's thread
             self._error = e
 
     def result(self) -> PrivateCopy:

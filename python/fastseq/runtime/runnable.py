@@ -197,7 +197,8 @@ class Runnable:
         return Batcher(self._engine, max_batch_size, max_delay_ms, **options)
 
     def check_rows(self) -> None:
-        """Raises :class:`fastseq.CompositionError` naming the stage and node if a batch's rows may mix (the core's verdict)."""
+        """Raises :class:`fastseq.CompositionError` naming the stage and node if a batch's rows
+        may mix (the core's verdict)."""
         self._engine.check_rows()
 
     def profile(self, *inputs: Any, runs: int = 20, warmup: int = 3, **named: Any) -> Profile:
@@ -288,8 +289,9 @@ class Runnable:
 
         ``optimized=True`` writes the model as ONNX Runtime leaves it after its graph
         optimisations for this pipeline's providers and session options (weights in a data
-        file beside it, as above: ONNX Runtime starts faster from external data), recording the providers and onnxruntime version in its
-        metadata, so that a deployment can start its sessions with optimisation off.
+        file beside it, as above: ONNX Runtime starts faster from external data), recording the
+        providers and onnxruntime version in its metadata, so that a deployment can start its
+        sessions with optimisation off.
         """
         from fastseq.runtime.export import export
 

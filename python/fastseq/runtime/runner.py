@@ -265,7 +265,7 @@ class Runner:
         """:meth:`run_checked` as (outputs, error text), as ``run_async`` reports it."""
         try:
             return self._run(output_names, feeds, options), ""
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the error's text is the result, as run_async reports it
             return [], str(e)
 
 

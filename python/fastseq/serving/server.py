@@ -38,9 +38,10 @@ def _log_line(error: bool, line: str) -> None:
 
 
 class Server:
-    """The models of ``served`` (:func:`fastseq.serving.served`'s, or an ASGI app's) served on ``host``:``port`` (bound when made: :attr:`port` is the real
-    one), and over gRPC on ``grpc_port`` if given. :meth:`run` blocks until stopped (a signal
-    in the main thread, or :meth:`stop` from any)."""
+    """The models of ``served`` (:func:`fastseq.serving.served`'s, or an ASGI app's) served on
+    ``host``:``port`` (bound when made: :attr:`port` is the real one), and over gRPC on
+    ``grpc_port`` if given. :meth:`run` blocks until stopped (a signal in the main thread, or
+    :meth:`stop` from any)."""
 
     def __init__(
         self,
