@@ -28,7 +28,11 @@ pub struct TensorData(Bytes);
 
 #[pymethods]
 impl TensorData {
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: std::os::raw::c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
         if view.is_null() {
             return Err(PyValueError::new_err("a null view"));
         }
@@ -44,10 +48,19 @@ impl TensorData {
             (*view).len = data.len() as isize;
             (*view).readonly = 1;
             (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT { c"B".as_ptr() as *mut _ } else { std::ptr::null_mut() };
+            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                c"B".as_ptr() as *mut _
+            } else {
+                std::ptr::null_mut()
+            };
             (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND { &mut (*view).len } else { std::ptr::null_mut() };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES { &mut (*view).itemsize } else { std::ptr::null_mut() };
+            (*view).shape =
+                if flags & ffi::PyBUF_ND == ffi::PyBUF_ND { &mut (*view).len } else { std::ptr::null_mut() };
+            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                &mut (*view).itemsize
+            } else {
+                std::ptr::null_mut()
+            };
             (*view).suboffsets = std::ptr::null_mut();
             (*view).internal = std::ptr::null_mut();
         }
@@ -93,7 +106,8 @@ fn read_outputs(outputs: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     for item in outputs.try_iter()? {
         let item = item?;
         let (datatype, shape, data): (String, Vec<usize>, Bound<'_, PyAny>) = item.extract()?;
-        let datatype = Datatype::parse(&datatype).ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
+        let datatype =
+            Datatype::parse(&datatype).ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
         let buffer = pyo3::buffer::PyBuffer::<u8>::get(&data)?;
         // One copy a batch, made holding the GIL, so that nothing Python's outlives the call.
         let bytes = Bytes::from(buffer.to_vec(item.py())?);
@@ -109,7 +123,8 @@ fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
         let key: String = key.extract()?;
         let seconds = |v: &Bound<'_, PyAny>| -> PyResult<Duration> {
             let s: f64 = v.extract()?;
-            Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{key}: {s} is not a number of seconds")))
+            Duration::try_from_secs_f64(s)
+                .map_err(|_| PyValueError::new_err(format!("{key}: {s} is not a number of seconds")))
         };
         match key.as_str() {
             "max_queue" => o.max_queue = value.extract()?,
@@ -143,7 +158,8 @@ fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
                 Python::attach(|py| {
                     let n = lost.swap(0, Ordering::Relaxed);
                     if n > 0 {
-                        let _ = sink.call1(py, (true, format!("{n} log lines were dropped: more came than could be written")));
+                        let _ = sink
+                            .call1(py, (true, format!("{n} log lines were dropped: more came than could be written")));
                     }
                     for (error, line) in lines {
                         let _ = sink.call1(py, (error, line));
@@ -232,4 +248,3 @@ pub(crate) fn start_server(
     .map(|inner| Server { inner })
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server: {e}")))
 }
-

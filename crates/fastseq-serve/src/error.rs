@@ -43,13 +43,13 @@ impl Status {
     /// gRPC's status code.
     pub fn grpc(self) -> u32 {
         match self {
-            Status::BadRequest => 3,                                                      // INVALID_ARGUMENT
-            Status::NotFound => 5,                                                        // NOT_FOUND
-            Status::MethodNotAllowed | Status::UnsupportedMediaType => 12,                // UNIMPLEMENTED
-            Status::RequestTimeout => 4,                                                  // DEADLINE_EXCEEDED
-            Status::PayloadTooLarge | Status::HeadersTooLarge => 8,                       // RESOURCE_EXHAUSTED
-            Status::Unavailable => 14,                                                    // UNAVAILABLE
-            Status::Internal => 13,                                                       // INTERNAL
+            Status::BadRequest => 3,                                       // INVALID_ARGUMENT
+            Status::NotFound => 5,                                         // NOT_FOUND
+            Status::MethodNotAllowed | Status::UnsupportedMediaType => 12, // UNIMPLEMENTED
+            Status::RequestTimeout => 4,                                   // DEADLINE_EXCEEDED
+            Status::PayloadTooLarge | Status::HeadersTooLarge => 8,        // RESOURCE_EXHAUSTED
+            Status::Unavailable => 14,                                     // UNAVAILABLE
+            Status::Internal => 13,                                        // INTERNAL
         }
     }
 

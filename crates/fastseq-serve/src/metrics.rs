@@ -50,7 +50,11 @@ pub struct Histogram {
 
 impl Histogram {
     pub fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum_micros: AtomicU64::new(0) }
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+        }
     }
 
     pub fn observe(&self, value: f64) {
@@ -183,15 +187,27 @@ impl ModelMetrics {
         let mut put = |name: &'static str, line: String| families.entry(name).or_default().push_str(&line);
         put("nv_inference_request_success", format!("nv_inference_request_success{{{l}}} {}\n", s.success.0));
         for (reason, t) in REASONS.iter().zip(&self.failure) {
-            put("nv_inference_request_failure", format!("nv_inference_request_failure{{{l},reason=\"{reason}\"}} {}\n", t.read().0));
+            put(
+                "nv_inference_request_failure",
+                format!("nv_inference_request_failure{{{l},reason=\"{reason}\"}} {}\n", t.read().0),
+            );
         }
         put("nv_inference_count", format!("nv_inference_count{{{l}}} {}\n", s.inference_count));
         put("nv_inference_exec_count", format!("nv_inference_exec_count{{{l}}} {}\n", s.execution_count));
         let us = |ns: u64| ns / 1000;
-        put("nv_inference_request_duration_us", format!("nv_inference_request_duration_us{{{l}}} {}\n", us(s.success.1 + s.fail.1)));
+        put(
+            "nv_inference_request_duration_us",
+            format!("nv_inference_request_duration_us{{{l}}} {}\n", us(s.success.1 + s.fail.1)),
+        );
         put("nv_inference_queue_duration_us", format!("nv_inference_queue_duration_us{{{l}}} {}\n", us(s.queue.1)));
-        put("nv_inference_compute_infer_duration_us", format!("nv_inference_compute_infer_duration_us{{{l}}} {}\n", us(s.compute_infer.1)));
-        put("nv_inference_pending_request_count", format!("nv_inference_pending_request_count{{{l}}} {}\n", self.pending.load(Relaxed).max(0)));
+        put(
+            "nv_inference_compute_infer_duration_us",
+            format!("nv_inference_compute_infer_duration_us{{{l}}} {}\n", us(s.compute_infer.1)),
+        );
+        put(
+            "nv_inference_pending_request_count",
+            format!("nv_inference_pending_request_count{{{l}}} {}\n", self.pending.load(Relaxed).max(0)),
+        );
         let mut h = String::new();
         self.latency.write(&mut h, "fastseq_request_duration_seconds", l);
         put("fastseq_request_duration_seconds", std::mem::take(&mut h));
@@ -262,7 +278,9 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             out.push_str(families.get(name).map_or("", String::as_str));
         }
-        out.push_str("# HELP fastseq_http_responses HTTP responses, by status\n# TYPE fastseq_http_responses counter\n");
+        out.push_str(
+            "# HELP fastseq_http_responses HTTP responses, by status\n# TYPE fastseq_http_responses counter\n",
+        );
         for (status, n) in self.responses.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = writeln!(out, "fastseq_http_responses{{status=\"{status}\"}} {n}");
         }
@@ -295,7 +313,10 @@ fn process(out: &mut String) {
         let _ = writeln!(out, "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes {}", kb * 1024);
     }
     if let Some(n) = field("Threads:") {
-        let _ = writeln!(out, "# HELP fastseq_threads Threads of the process\n# TYPE fastseq_threads gauge\nfastseq_threads {n}");
+        let _ = writeln!(
+            out,
+            "# HELP fastseq_threads Threads of the process\n# TYPE fastseq_threads gauge\nfastseq_threads {n}"
+        );
     }
     if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
         let _ = writeln!(out, "# HELP process_open_fds Number of open file descriptors.\n# TYPE process_open_fds gauge\nprocess_open_fds {}", dir.count());

@@ -182,7 +182,12 @@ impl Service {
             let names: Vec<&str> = self.models.iter().map(|m| m.spec.name.as_str()).collect();
             return Err(RequestError::new(
                 Status::NotFound,
-                format!("no model {}{}; models: {}", client_text(name), did_you_mean(name, names.iter().copied()), names.join(", ")),
+                format!(
+                    "no model {}{}; models: {}",
+                    client_text(name),
+                    did_you_mean(name, names.iter().copied()),
+                    names.join(", ")
+                ),
             ));
         };
         if let Some(v) = version {
@@ -208,7 +213,10 @@ impl Service {
                     format!("model '{}' is not ready: its warm-up run failed: {why}", model.spec.name),
                 ));
             }
-            return Err(RequestError::new(Status::Unavailable, format!("model '{}' is not ready yet", model.spec.name)));
+            return Err(RequestError::new(
+                Status::Unavailable,
+                format!("model '{}' is not ready yet", model.spec.name),
+            ));
         }
         Ok(())
     }
@@ -251,7 +259,13 @@ impl Service {
     /// Runs `request` by its model's batcher within its deadline: every output of the model,
     /// its own rows. `held` is the request's account: it takes the request's share of the
     /// joined batch while it waits, and its outputs once they exist.
-    pub async fn infer(&self, model: &Model, request: InferRequest, began: Instant, held: &mut Held) -> Result<Vec<Tensor>, RequestError> {
+    pub async fn infer(
+        &self,
+        model: &Model,
+        request: InferRequest,
+        began: Instant,
+        held: &mut Held,
+    ) -> Result<Vec<Tensor>, RequestError> {
         let deadline = self.deadline(began, Some(&request));
         let name = &model.spec.name;
         if model.spec.batched() {

@@ -165,9 +165,7 @@ mod tests {
         let mut b = budget.empty();
         assert!(!b.try_grow(300));
         let soon = Instant::now() + Duration::from_secs(5);
-        let waiter = tokio::spawn(async move {
-            b.grow(300, soon, "a request").await.map(|_| b.bytes())
-        });
+        let waiter = tokio::spawn(async move { b.grow(300, soon, "a request").await.map(|_| b.bytes()) });
         tokio::time::sleep(Duration::from_millis(20)).await;
         a.shrink(500);
         assert_eq!(waiter.await.unwrap(), Ok(300));

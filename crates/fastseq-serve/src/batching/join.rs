@@ -81,7 +81,11 @@ pub fn split(outputs: &[Tensor], rows: &[usize]) -> Result<Vec<Vec<Tensor>>, Not
             shape[0] = r;
             // A copy where the run had several requests: each answer then holds its own bytes
             // only, not the whole batch's, for as long as its client takes to read it.
-            let data = if rows.len() == 1 { out.data.slice(start..end) } else { Bytes::copy_from_slice(&out.data[start..end]) };
+            let data = if rows.len() == 1 {
+                out.data.slice(start..end)
+            } else {
+                Bytes::copy_from_slice(&out.data[start..end])
+            };
             answer.push(Tensor { datatype: out.datatype, shape, data });
         }
     }
@@ -143,7 +147,8 @@ mod tests {
     #[test]
     fn rows_of_zero_one_and_two_come_back_to_their_own() {
         for counts in [vec![0, 2], vec![2, 0], vec![0, 1, 1], vec![1, 0, 1], vec![3, 0, 0], vec![0, 0]] {
-            let inputs: Vec<Vec<Tensor>> = counts.iter().enumerate().map(|(k, &r)| vec![f32s(r, 100.0 * k as f32)]).collect();
+            let inputs: Vec<Vec<Tensor>> =
+                counts.iter().enumerate().map(|(k, &r)| vec![f32s(r, 100.0 * k as f32)]).collect();
             let refs: Vec<&[Tensor]> = inputs.iter().map(Vec::as_slice).collect();
             let joined = join(&refs);
             assert_eq!(joined[0].shape, vec![counts.iter().sum::<usize>(), 2]);

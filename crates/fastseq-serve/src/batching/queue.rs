@@ -76,7 +76,12 @@ impl Batcher {
 
     /// Queues a request (its tensors as the protocol decoded them, in the model's input
     /// order); its answer comes on the receiver. A warm-up run's rows are not counted.
-    pub fn submit(&self, inputs: Vec<Tensor>, deadline: Instant, warm_up: bool) -> Result<oneshot::Receiver<Answer>, RequestError> {
+    pub fn submit(
+        &self,
+        inputs: Vec<Tensor>,
+        deadline: Instant,
+        warm_up: bool,
+    ) -> Result<oneshot::Receiver<Answer>, RequestError> {
         let (reply, answer) = oneshot::channel();
         let (rows, key) = match join::key(&inputs) {
             Some((rows, key)) => (rows, Some(key)),
@@ -194,7 +199,9 @@ impl Shared {
     fn not_joinable(&self, inputs: &[Tensor]) -> RequestError {
         let names = self.spec.inputs.iter().map(|t| t.name.as_str());
         if let Some((name, _)) = names.clone().zip(inputs).find(|(_, t)| t.shape.is_empty()) {
-            return RequestError::bad(format!("input '{name}' of a batched request needs a batch axis (axis 0); got a scalar"));
+            return RequestError::bad(format!(
+                "input '{name}' of a batched request needs a batch axis (axis 0); got a scalar"
+            ));
         }
         let sizes: Vec<String> = names.zip(inputs).map(|(n, t)| format!("'{n}' {}", t.shape[0])).collect();
         RequestError::bad(format!(

@@ -152,13 +152,14 @@ async fn infer(
     // The model is named inside the message: it is read first, bounded and counted.
     let limit = service.options.max_request_bytes;
     let until = (began + service.options.body_timeout).min(deadline.unwrap_or(began + service.options.body_timeout));
-    let body = match read(request.into_body(), limit, until, Some((&mut held, service.deadline(began, None))), began).await {
-        Ok(b) => b,
-        Err(e) => {
-            service.failed(None, &e, began, what);
-            return Err(e);
-        }
-    };
+    let body =
+        match read(request.into_body(), limit, until, Some((&mut held, service.deadline(began, None))), began).await {
+            Ok(b) => b,
+            Err(e) => {
+                service.failed(None, &e, began, what);
+                return Err(e);
+            }
+        };
     let message = match decode::<messages::ModelInferRequest>(&body) {
         Ok(m) => m,
         Err(e) => {
@@ -259,7 +260,8 @@ async fn read(
 }
 
 fn decode<M: Message + Default>(body: &Bytes) -> Result<M, RequestError> {
-    M::decode(body.clone()).map_err(|e| RequestError::bad(format!("the request is not a valid message: {}", client_text(&e.to_string()))))
+    M::decode(body.clone())
+        .map_err(|e| RequestError::bad(format!("the request is not a valid message: {}", client_text(&e.to_string()))))
 }
 
 /// A message framed for gRPC: the flag byte (not compressed), its length, its bytes.
@@ -279,7 +281,10 @@ fn reply<M: Message>(message: &M) -> Response<Answer> {
 fn ok(body: Answer) -> Response<Answer> {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    Response::builder().header(CONTENT_TYPE, "application/grpc").body(body.with_trailers(trailers)).expect("a valid response")
+    Response::builder()
+        .header(CONTENT_TYPE, "application/grpc")
+        .body(body.with_trailers(trailers))
+        .expect("a valid response")
 }
 
 /// A failure as gRPC answers it: headers only, its status and message in them.
@@ -320,4 +325,3 @@ fn grpc_deadline(headers: &HeaderMap) -> Option<Duration> {
         _ => return None,
     })
 }
-

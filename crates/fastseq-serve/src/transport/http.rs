@@ -71,7 +71,15 @@ async fn route(
     began: Instant,
     what: &str,
 ) -> Routed {
-    let no_route = || (RequestError::new(Status::NotFound, format!("no route {}: the KServe v2 routes are under /v2", client_text(path))), false);
+    let no_route = || {
+        (
+            RequestError::new(
+                Status::NotFound,
+                format!("no route {}: the KServe v2 routes are under /v2", client_text(path)),
+            ),
+            false,
+        )
+    };
     match parts {
         ["v2"] => {
             get(method, path)?;
@@ -136,7 +144,13 @@ async fn route(
 }
 
 /// An infer request: its body read within its limits, decoded, run, encoded.
-async fn infer(service: &Service, model: &Model, request: Request<Incoming>, began: Instant, what: &str) -> Response<Answer> {
+async fn infer(
+    service: &Service,
+    model: &Model,
+    request: Request<Incoming>,
+    began: Instant,
+    what: &str,
+) -> Response<Answer> {
     match run(service, model, request, began).await {
         Ok(response) => {
             model.metrics.done(began.elapsed());
@@ -167,7 +181,12 @@ impl From<RequestError> for Failure {
     }
 }
 
-async fn run(service: &Service, model: &Model, request: Request<Incoming>, began: Instant) -> Result<Response<Answer>, Failure> {
+async fn run(
+    service: &Service,
+    model: &Model,
+    request: Request<Incoming>,
+    began: Instant,
+) -> Result<Response<Answer>, Failure> {
     let closing = |e: RequestError| Failure::Error(e, true);
     let (head, body) = request.into_parts();
     let headers = &head.headers;
@@ -176,7 +195,10 @@ async fn run(service: &Service, model: &Model, request: Request<Incoming>, began
         if !e.is_empty() && !e.eq_ignore_ascii_case(b"identity") {
             return Err(closing(RequestError::new(
                 Status::UnsupportedMediaType,
-                format!("Content-Encoding {} is not supported: send the request uncompressed", client_bytes(e).trim_matches('\'')),
+                format!(
+                    "Content-Encoding {} is not supported: send the request uncompressed",
+                    client_bytes(e).trim_matches('\'')
+                ),
             )));
         }
     }
@@ -255,7 +277,11 @@ async fn read_body(
                 return Err(Failure::Error(
                     RequestError::new(
                         Status::RequestTimeout,
-                        format!("the body did not arrive within {} s ({} bytes came)", crate::error::seconds(timeout), data.len()),
+                        format!(
+                            "the body did not arrive within {} s ({} bytes came)",
+                            crate::error::seconds(timeout),
+                            data.len()
+                        ),
                     ),
                     true,
                 ))
@@ -268,7 +294,10 @@ async fn read_body(
         let size = data.len() + first.as_ref().map_or(0, Bytes::len) + chunk.len();
         if size > limit {
             return Err(Failure::Error(
-                RequestError::new(Status::PayloadTooLarge, format!("the body is over the limit of {limit} bytes (max_request_bytes)")),
+                RequestError::new(
+                    Status::PayloadTooLarge,
+                    format!("the body is over the limit of {limit} bytes (max_request_bytes)"),
+                ),
                 true,
             ));
         }
@@ -309,10 +338,7 @@ fn get(method: &Method, path: &str) -> Result<(), (RequestError, bool)> {
 }
 
 fn method_error(path: &str, allowed: &str, method: &Method) -> RequestError {
-    RequestError::new(
-        Status::MethodNotAllowed,
-        format!("{} takes {allowed}, not {method}", client_text(path)),
-    )
+    RequestError::new(Status::MethodNotAllowed, format!("{} takes {allowed}, not {method}", client_text(path)))
 }
 
 fn json(service: &Service, status: StatusCode, body: Bytes) -> Response<Answer> {

@@ -46,7 +46,12 @@ fn http1(service: &Service) -> hyper::server::conn::http1::Builder {
 impl Server {
     /// Serves `service` over HTTP on `http` and, if given, gRPC on `grpc`, on a runtime of
     /// `threads` threads (0: one per core this process may use).
-    pub fn start(service: Arc<Service>, http: StdListener, grpc: Option<StdListener>, threads: usize) -> std::io::Result<Server> {
+    pub fn start(
+        service: Arc<Service>,
+        http: StdListener,
+        grpc: Option<StdListener>,
+        threads: usize,
+    ) -> std::io::Result<Server> {
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
@@ -115,7 +120,13 @@ enum Kind {
     Grpc,
 }
 
-async fn accept(listener: TcpListener, service: Arc<Service>, mut stopped: watch::Receiver<bool>, connections: Arc<AtomicUsize>, kind: Kind) {
+async fn accept(
+    listener: TcpListener,
+    service: Arc<Service>,
+    mut stopped: watch::Receiver<bool>,
+    connections: Arc<AtomicUsize>,
+    kind: Kind,
+) {
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
