@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -146,7 +146,7 @@ fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
 
 /// Log lines to Python's logging, from a thread of their own.
 fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
-    let (send, receive): (SyncSender<(bool, String)>, Receiver<(bool, String)>) = sync_channel(4096);
+    let (send, receive) = sync_channel::<(bool, String)>(4096);
     let dropped = Arc::new(AtomicU64::new(0));
     let lost = dropped.clone();
     std::thread::Builder::new()

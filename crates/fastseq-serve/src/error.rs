@@ -98,14 +98,12 @@ pub const MAX_ECHO: usize = 64;
 pub fn client_text(s: &str) -> String {
     let mut out = String::with_capacity(s.len().min(MAX_ECHO * 2) + 2);
     out.push('\'');
-    let mut shown = 0;
-    for c in s.chars() {
+    for (shown, c) in s.chars().enumerate() {
         if shown == MAX_ECHO {
             out.push_str(&format!("...' ({} bytes)", s.len()));
             return out;
         }
         escape_into(&mut out, c);
-        shown += 1;
     }
     out.push('\'');
     out

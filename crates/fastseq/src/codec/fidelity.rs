@@ -87,7 +87,7 @@ pub mod string {
 
     use crate::codec::fidelity::{bytes_of, text_of, wire_len};
 
-    pub fn encode(tag: u32, value: &String, buf: &mut impl BufMut) {
+    pub fn encode(tag: u32, value: &str, buf: &mut impl BufMut) {
         let bytes = bytes_of(value);
         encode_key(tag, WireType::LengthDelimited, buf);
         encode_varint(bytes.len() as u64, buf);

@@ -337,7 +337,7 @@ mod tests {
         let before = (a.encode_to_vec(), b.encode_to_vec());
         let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
         let held = memory_bytes(&[&a, &b]);
-        assert!(held >= 4096 && held < 2 * 4096, "shared slices count once: {held}");
+        assert!((4096..2 * 4096).contains(&held), "shared slices count once: {held}");
         assert_eq!(copy_and_spill(&mut [&mut a, &mut b], dir.path(), 0), 4096, "the weight is mapped, once");
         assert_eq!(memory_bytes(&[&a, &b]), held - 4096, "the mapped weight is not memory of their own");
         assert_eq!((a.encode_to_vec(), b.encode_to_vec()), before);

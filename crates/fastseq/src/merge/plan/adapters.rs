@@ -195,14 +195,13 @@ fn compatible(a: &[Option<&Dim>], b: &[Option<&Dim>]) -> bool {
     a.len() == b.len() && !a.iter().zip(b).any(|(x, y)| clash(x, y))
 }
 
-/// Checks one edge; returns the adapter it needs (allowed or not by `adapt`), if any.
+/// Checks one edge, from the output `(name, value info)` to the input `(name, value info)`;
+/// returns the adapter it needs (allowed or not by `adapt`), if any.
 pub(crate) fn check_edge(
     where_: &str,
     edge: usize,
-    o: &str,
-    out: &ValueInfoProto,
-    i: &str,
-    inp: &ValueInfoProto,
+    (o, out): (&str, &ValueInfoProto),
+    (i, inp): (&str, &ValueInfoProto),
     adapt: bool,
     remedy: Option<&str>,
 ) -> Result<Option<Adapter>> {

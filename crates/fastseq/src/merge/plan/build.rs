@@ -84,10 +84,8 @@ pub fn build_plan(models: &[ModelProto], labels: &[String], opts: &Options) -> R
         let checked = check_edge(
             where_,
             x,
-            &e.output,
-            out_vi,
-            &e.input,
-            in_vi,
+            (&e.output, out_vi),
+            (&e.input, in_vi),
             opts.adapt.covers(x),
             opts.adapt_remedy.as_deref(),
         );

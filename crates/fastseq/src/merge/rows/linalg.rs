@@ -225,7 +225,7 @@ fn conv(args: &Args, op: &str, ix: usize, iw: usize, extra: &[usize]) -> R<Outs>
     let Some(dims) = dims_of(args, x)? else { return one(T::opaque(x.on_n)) };
     let w = args.need(iw)?.dims().map(<[Dim]>::to_vec).unwrap_or_default();
     let group = int_attr(args.node, "group").unwrap_or(1);
-    let channels = match (op, w.get(0), w.get(1)) {
+    let channels = match (op, w.first(), w.get(1)) {
         ("ConvTranspose", _, Some(Dim::Fixed(c))) => Dim::Fixed(c * group),
         ("ConvTranspose", _, _) => Dim::Free,
         (_, Some(d), _) => *d,

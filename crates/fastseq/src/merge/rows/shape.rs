@@ -304,10 +304,11 @@ fn flatten(args: &Args) -> R<Outs> {
 fn squeeze(args: &Args) -> R<Outs> {
     let x = args.need(0)?;
     let list = list(args, "axes", 1)?;
-    if x.ints.is_some() && x.rank() == Some(1) && list.as_deref().is_none_or(|a| a == [0] || a == [-1]) {
-        if x.ints.as_ref().is_some_and(|e| e.len() == 1) {
-            return one(T::ints(true, x.ints.clone().expect("checked")));
-        }
+    if x.ints.as_ref().is_some_and(|e| e.len() == 1)
+        && x.rank() == Some(1)
+        && list.as_deref().is_none_or(|a| a == [0] || a == [-1])
+    {
+        return one(T::ints(true, x.ints.clone().expect("checked")));
     }
     let Some(dims) = dims_of(args, x)? else { return one(T::opaque(x.on_n)) };
     let gone: Vec<usize> = match list {
