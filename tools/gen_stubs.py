@@ -31,6 +31,16 @@ ALIASES = {
     "Source": "bytes | str | os.PathLike[str] | tuple[str | os.PathLike[str], str | os.PathLike[str]] | Composed",
 }
 
+#: Builtin containers as PyO3 records an untyped ``PyDict``, ``PyList``, ...: written with
+#: their parameters (items of any type), as a strict type checker wants every generic.
+UNTYPED = {
+    "dict": "dict[typing.Any, typing.Any]",
+    "list": "list[typing.Any]",
+    "set": "set[typing.Any]",
+    "frozenset": "frozenset[typing.Any]",
+    "tuple": "tuple[typing.Any, ...]",
+}
+
 #: The longest `def` line before its parameters go one a line.
 LINE = 100
 
@@ -84,7 +94,9 @@ class Renderer:
         self.used_aliases: set[str] = set()
 
     # --- expressions -------------------------------------------------------------------
-    def expr(self, e: dict[str, Any], annotation: bool = True) -> str:
+    def expr(self, e: dict[str, Any], annotation: bool = True, head: bool = False) -> str:
+        """``e`` as the stub writes it; ``head``: the generic of a subscript (``dict`` of
+        ``dict[str, int]``), written bare."""
         kind = e["type"]
         if kind == "constant":
             k = e["kind"]
@@ -102,6 +114,8 @@ class Renderer:
             return e["id"]
         if kind == "attribute":
             value = self.expr(e["value"])
+            if value == "builtins" and annotation and not head and e["attr"] in UNTYPED:
+                return UNTYPED[e["attr"]]
             return e["attr"] if value == "builtins" else f"{value}.{e['attr']}"
         if kind == "id":
             return self.classes[e["id"]]["name"]
@@ -111,7 +125,7 @@ class Renderer:
                 items = ", ".join(self.expr(x) for x in inner["elts"]) or "()"
             else:
                 items = self.expr(inner)
-            return f"{self.expr(e['value'])}[{items}]"
+            return f"{self.expr(e['value'], head=True)}[{items}]"
         if kind == "tuple":
             items = [self.expr(x) for x in e["elts"]]
             return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"

@@ -321,7 +321,7 @@ def start_server(
     models: _typeshed.SupportsGetItem[int, tuple[ServedSpec, typing.Any]],
     http_fd: typing.SupportsIndex,
     grpc_fd: typing.SupportsIndex | None,
-    options: dict,
+    options: dict[typing.Any, typing.Any],
     log: typing.Any,
 ) -> Server:
     """Serves `models` (pairs of a served spec and an engine callable) on the listening socket

@@ -34,15 +34,17 @@ def _portable(cause: BaseException | None) -> BaseException | None:
         return Exception(f"{kind.__module__}.{kind.__qualname__}: {cause}")
 
 
-def _rebuild(cls: type, args: tuple, state: dict[str, Any], cause: BaseException | None, suppress: bool):
+def _rebuild(
+    cls: type, args: tuple[Any, ...], state: dict[str, Any], cause: BaseException | None, suppress: bool
+) -> BaseException:
     """Unpickles a fastseq error without calling its ``__init__`` (some take other
     arguments than their ``args``)."""
     # The built-in class whose layout the instance has (OSError's for a TimeoutError
     # subclass): only its __new__ may make one.
-    solid = cls
+    solid: Any = cls
     while solid.__flags__ & (1 << 9):  # Py_TPFLAGS_HEAPTYPE: a class defined in Python
         solid = solid.__base__
-    error = solid.__new__(cls, *args)
+    error: BaseException = solid.__new__(cls, *args)
     error.args = args
     error.__dict__.update(state)
     error.__cause__ = cause
@@ -55,7 +57,7 @@ class FastseqError(Exception):
 
     __module__ = "fastseq"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return _rebuild, (
             type(self),
             self.args,
@@ -191,7 +193,8 @@ def _truncated_download_error() -> type:
         __qualname__ = "TruncatedDownloadError"
 
         def __init__(self, message: str, content: bytes = b"", *, received: int = 0, announced: int = 0) -> None:
-            urllib.error.ContentTooShortError.__init__(self, message, content)
+            # typeshed types content as urlretrieve's (filename, headers); any value is kept
+            urllib.error.ContentTooShortError.__init__(self, message, content)  # type: ignore[arg-type]
             self.received, self.announced = received, announced
 
         def __str__(self) -> str:  # URLError's would print "<urlopen error ...>"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
 from fastseq.errors import CompositionError, FastseqError, human_size
@@ -125,7 +125,7 @@ def _source_error(model: onnx.ModelProto, data: bytes) -> Exception | None:
     return error
 
 
-def _refuse(error: Exception, what: str):
+def _refuse(error: Exception, what: str) -> Exception:
     """fastseq's class for an error of onnx's checker: an ``InvalidModelError`` for a
     ``ValidationError``, an ``InvalidShapesError`` for an ``InferenceError``."""
     import onnx
@@ -157,7 +157,7 @@ def _vouched(
     _remember_valid(_digest(data))
 
 
-def _result(given, data: bytes, inplace: bool | None):
+def _result(given: Any, data: bytes, inplace: bool | None) -> Any:
     """``data`` parsed into ``given`` itself (``inplace``) or into a new proto of its type."""
     if inplace:
         given.ParseFromString(data)
@@ -195,7 +195,7 @@ def merge_graphs(
     import onnx
 
     stages = [_held_graph(_graph(g1, "g1"), "g1"), _held_graph(_graph(g2, "g2"), "g2")]
-    spec = _compose.merge_spec(*stages, io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
+    spec = _compose.merge_spec(stages[0], stages[1], io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
     return onnx.GraphProto.FromString(build(spec).composed.graph_bytes())
 
 
@@ -231,9 +231,9 @@ def merge_models(
     unset = min(irs) <= 0
     data = [_decodable(m) for m in models]
     stages = [_held_model(d, m, k) for k, (d, m) in enumerate(zip(data, models))]
-    spec = _compose.merge_spec(*stages, io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
-    spec.metadata.update(producer_name=producer_name, producer_version=producer_version, domain=domain)
-    spec.metadata = {k: v for k, v in spec.metadata.items() if v is not None}
+    spec = _compose.merge_spec(stages[0], stages[1], io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
+    given = {"producer_name": producer_name, "producer_version": producer_version, "domain": domain}
+    spec.metadata = {k: v for k, v in {**spec.metadata, **given}.items() if v is not None}
     spec.model_version = model_version
     composed = build(spec).composed
     if composed.encoded_len() >= _core.PROTOBUF_LIMIT:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union, cast
 
 from fastseq.errors import ConversionError, InputError, human_size
 from fastseq.ops.operator import Operator
@@ -103,8 +103,8 @@ def quantize(
     if isinstance(model, str) and model.startswith(("hf://", "http://", "https://", "builtin:")):
         from fastseq.sources import resolve as loader
 
-        data = loader.resolve(model, 0).data  # downloaded into the cache; a local path
-        model = data[0] if isinstance(data, tuple) else data
+        resolved = loader.resolve(model, 0).data  # downloaded into the cache; a local path
+        model = cast("str | bytes", resolved[0] if isinstance(resolved, tuple) else resolved)
     from fastseq import _core
     from fastseq.runtime.export import utf8_folder, utf8_name
 
@@ -120,6 +120,7 @@ def quantize(
         quantized.parent.mkdir()
         try:
             if static:
+                assert calibration is not None  # refused above without it
                 reader = _Reader(calibration, _input_names(onnx, current), progress, name)
                 qdq = kind in (None, "qdq")
                 run = dict(
@@ -156,9 +157,12 @@ def quantize(
                 )
             raise ConversionError(f"{name}: quantization failed: {_first_line(e)}{hint}") from e
         written = stage.commit(f"out/{staged_name}")
-    data = written.data_files
+    data_files = written.data_files
     return QuantizeResult(
-        target, target.parent / data[0] if data else None, size_before, written.model_bytes + written.data_bytes
+        target,
+        target.parent / data_files[0] if data_files else None,
+        size_before,
+        written.model_bytes + written.data_bytes,
     )
 
 
@@ -316,7 +320,9 @@ def _bar(total: int | None, desc: str, show: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="batch")
 
 
-def _batches(calibration: Calibration, inputs: list[str], name: str) -> list | Iterator:
+def _batches(
+    calibration: Calibration, inputs: list[str], name: str
+) -> list[dict[str, np.ndarray]] | Iterator[dict[str, np.ndarray]]:
     """Calibration batches as feeds ``{input name: array}``, checked against ``inputs``."""
     import numpy as np
 

@@ -70,7 +70,8 @@ def application(
         num_replicas=num_replicas,
         ray_actor_options=dict(ray_actor_options or {}),
     )
-    return deployment.bind(shipped, chosen, row_independent)
+    # Ray's overloads type deployment(cls, **options) as the decorator form, deployment(**options)
+    return deployment.bind(shipped, chosen, row_independent)  # type: ignore[attr-defined]
 
 
 def _replica(batching: str, max_batch_size: int, max_delay_ms: float) -> type:
@@ -126,11 +127,11 @@ def _ray_batched(pipe: Engine | Pipelined, row_independent: bool, max_batch_size
     runner = engine.runner
 
     @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=max_delay_ms / 1000)
-    async def batched(requests: list[dict]) -> list[Any]:
+    async def batched(requests: list[dict[str, Any]]) -> list[Any]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, run_all, runner, requests, max_batch_size)
 
-    async def one(feeds: dict) -> list:
+    async def one(feeds: dict[str, Any]) -> list[Any]:
         answer = await batched(feeds)
         if isinstance(answer, BaseException):
             raise answer

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 
@@ -172,7 +173,7 @@ def make_folders(path: str | os.PathLike[str]) -> list[Path]:
 def _from_fastseq() -> bool:
     """Whether the warning being shown was raised by fastseq's own code: the first frame
     outside the warnings machinery is the caller of ``warnings.warn``."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__") in ("warnings", __name__):
         frame = frame.f_back
     return frame is not None and str(frame.f_globals.get("__name__", "")).startswith("fastseq")
@@ -242,7 +243,12 @@ class Quiet:
         levels = [h.level for h in consoles]
         for h in consoles:  # its file log stays as it is
             h.setLevel(logging.CRITICAL)
-        self._undo.append(lambda: [h.setLevel(level) for h, level in zip(consoles, levels)])
+
+        def restore_levels() -> None:
+            for h, level in zip(consoles, levels):
+                h.setLevel(level)
+
+        self._undo.append(restore_levels)
         context = ray.data.DataContext.get_current()
         bars = context.enable_progress_bars
         context.enable_progress_bars = False

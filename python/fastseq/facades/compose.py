@@ -82,7 +82,7 @@ def compose_to_file(
     return target
 
 
-def save(composed, target: Path, external_data: bool | Literal["reuse"] | None) -> _core.Saved:
+def save(composed: _core.Composed, target: Path, external_data: bool | Literal["reuse"] | None) -> _core.Saved:
     """Writes ``composed`` to ``target`` in the spec's external-data mode ("reuse" was
     decided at build time: the model already refers to the sources' data files); returns
     what the core's writer wrote."""
@@ -142,8 +142,8 @@ def merge_models(
     import onnx
 
     spec = merge_spec(m1, m2, io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
-    spec.metadata.update(producer_name=producer_name, producer_version=producer_version, domain=domain)
-    spec.metadata = {k: v for k, v in spec.metadata.items() if v is not None}
+    given = {"producer_name": producer_name, "producer_version": producer_version, "domain": domain}
+    spec.metadata = {k: v for k, v in {**spec.metadata, **given}.items() if v is not None}
     spec.model_version = model_version
     composed = build(spec).composed
     # The core merges a joint whose sides disagree under onnx.compose's rules (onnx's
@@ -159,7 +159,7 @@ def merge_models(
     return onnx.ModelProto.FromString(composed.to_bytes())
 
 
-def _stage(model: ModelSource, index: int) -> Stage:
+def _stage(model: ModelSource | Stage | _core.Composed, index: int) -> Stage:
     """A stage of merge_models. An ``onnx.ModelProto`` is decoded as it is: tensors in
     external data stay references (there is no folder to read them from), as onnx.compose
     keeps them. A ``Stage`` (a model held by the core, labelled) is taken as it is."""
@@ -181,8 +181,8 @@ def name_of(name: object) -> str:
 
 
 def merge_spec(
-    m1: ModelSource,
-    m2: ModelSource,
+    m1: ModelSource | Stage | _core.Composed,
+    m2: ModelSource | Stage | _core.Composed,
     io_map: IoMap,
     inputs: Sequence[str] | None,
     outputs: Sequence[str] | None,

@@ -25,12 +25,15 @@ import sys
 import tempfile
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
 from fastseq.sources import download as downloads
 from fastseq.sources import resolve as loader
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["ONNXLoader"]
 
@@ -229,7 +232,7 @@ class ONNXLoader:
         *,
         force_download: bool = False,
         **kwargs: Any,
-    ):
+    ) -> onnx.ModelProto:
         """Loads a model as an ``onnx.ModelProto``, downloading it when needed.
 
         Args:
@@ -305,7 +308,7 @@ class ONNXLoader:
         return cls._load(text, paths[0])
 
     @staticmethod
-    def _load(source: str, path: str | Path):
+    def _load(source: str, path: str | Path) -> onnx.ModelProto:
         import onnx
         from onnx.external_data_helper import load_external_data_for_model
 

@@ -56,7 +56,7 @@ class Pipeline(Facade):
     def __init__(
         self,
         stages: Mapping[str, Any],
-        edges: Sequence[str | Edge | tuple] = (),
+        edges: Sequence[str | Edge | tuple[Any, ...]] = (),
         inputs: Mapping[str, str | Sequence[str]] | None = None,
         outputs: Sequence[str] | None = None,
         *,

@@ -20,7 +20,7 @@ from fastseq.sources import resolve as loader
 if TYPE_CHECKING:
     import onnx
 
-    from fastseq import quantize
+    from fastseq import _core, quantize
     from fastseq.runtime.cache import SessionCache
 
 __all__ = ["ONNXSequential", "TensorInfo"]
@@ -172,7 +172,7 @@ class ONNXSequential(Facade):
 
         return [onnx.ModelProto.FromString(s.to_bytes()) for s in self._held_stages("list them")]
 
-    def _held_stages(self, what: str) -> list:
+    def _held_stages(self, what: str) -> list[_core.Composed]:
         stages = self._engine.stages
         if stages is None:
             raise CompositionError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field, replace
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
@@ -227,8 +228,9 @@ def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], li
             return found[0] if len(found) == 1 else None
         if i == 0:
             return None
-        if spec.io_maps is not None and spec.io_maps[i - 1] is not None:
-            found = [(i - 1, out) for out, inp in spec.io_maps[i - 1] if inp == "input"]
+        joint = spec.io_maps[i - 1] if spec.io_maps is not None else None
+        if joint is not None:
+            found = [(i - 1, out) for out, inp in joint if inp == "input"]
             return found[0] if len(found) == 1 else None
         outputs = list(outputs_of(i - 1))
         return (i - 1, outputs[0]) if len(outputs) == len(fits[i].inputs) == 1 else None
@@ -253,7 +255,7 @@ def _fit_operators(spec: PipelineSpec, sources: list[Any], labels: list[str], li
         busy.add(i)
         fed = feed(i)
         dims = outputs_of(fed[0]).get(fed[1]) if fed is not None else None
-        if dims:  # () is an output of unknown rank (or a scalar, which no operator here reads)
+        if dims and fed is not None:  # () is an output of unknown rank (or a scalar, which no operator here reads)
             try:
                 fits[i] = ops.refit(fits[i], len(dims))
             except FastseqError as e:
@@ -300,7 +302,8 @@ def _user_stacklevel() -> int:
     import sys
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # fastseq/
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,7 +93,7 @@ def _blocking_op(model: onnx.ModelProto, message: str) -> str | None:
 # --- domains other than ai.onnx ------------------------------------------------------------
 
 
-def _nodes(nodes) -> Iterator[onnx.NodeProto]:
+def _nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """Every node of ``nodes``, their If/Loop/Scan bodies included."""
     import onnx
 
@@ -189,7 +189,7 @@ def _set_version(model: onnx.ModelProto, domain: str, goal: int) -> None:
     """Imports ``goal`` for ``domain`` in the model and in the local functions that follow
     it (a duplicate import of the domain is dropped)."""
     for owner in [model] + [f for f in model.functions if _follows(f, model, domain)]:
-        kept = []
+        kept: list[onnx.OperatorSetIdProto] = []
         for entry in owner.opset_import:
             if _domain(entry.domain) == domain:
                 if any(_domain(k.domain) == domain for k in kept):

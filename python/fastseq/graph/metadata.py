@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["add_metadata", "metadata_pairs", "stamp"]
 
@@ -41,7 +44,9 @@ def metadata_pairs(additional_metadata: Sequence[tuple[str, Any]] | None) -> lis
     return pairs
 
 
-def add_metadata(onnx_model, additional_metadata: Sequence[tuple[str, Any]] | None = None):
+def add_metadata(
+    onnx_model: onnx.ModelProto, additional_metadata: Sequence[tuple[str, Any]] | None = None
+) -> onnx.ModelProto:
     """Adds ``(key, value)`` pairs to ``onnx_model.metadata_props`` in place and returns the
     model: kornia's ``kornia.onnx.add_metadata``. ``source`` and ``version`` are written
     first: kornia's values in a program that has imported kornia, as kornia writes them, else

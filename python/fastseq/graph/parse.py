@@ -164,7 +164,7 @@ def groups(
 _NESTED = "io_maps=[[('out', 'in')], [('out2', 'in2')]]: one list of (output, input) pairs per joint"
 
 
-def normalize_io_maps(io_maps: Any, n_models: int) -> list[list[tuple[str, str]]] | None:
+def normalize_io_maps(io_maps: Any, n_models: int) -> list[list[tuple[str, str]] | None] | None:
     """``io_maps`` as one list of ``(output, input)`` pairs per joint.
 
     Besides the nested form, takes the flat form ``[("a", "b"), ...]`` for a single joint
@@ -198,7 +198,7 @@ def normalize_io_maps(io_maps: Any, n_models: int) -> list[list[tuple[str, str]]
                 f"{n_models} models have {joints} joints: expected {_NESTED}"
             )
         return [flat]
-    out = []
+    out: list[list[tuple[str, str]] | None] = []
     for j, entry in enumerate(entries):
         is_list = isinstance(entry, Iterable) and not isinstance(entry, (str, bytes, Mapping))
         pairs = _as_pairs(list(entry)) if is_list else None
@@ -211,7 +211,7 @@ def normalize_io_maps(io_maps: Any, n_models: int) -> list[list[tuple[str, str]]
     return out
 
 
-def _as_pairs(items: list) -> list[tuple[str, str]] | None:
+def _as_pairs(items: list[Any]) -> list[tuple[str, str]] | None:
     """``items`` as (str, str) pairs, or None if any item is not a pair of names."""
     pairs = []
     for item in items:

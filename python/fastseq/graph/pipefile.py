@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,12 +155,13 @@ def _parse(data: dict[str, Any], folder: Path, origin: str, prefix: str) -> Pipe
         else:
             parsed[name] = source(key, value)
     options: dict[str, Any] = {}
-    for key, kind, low, high in (
+    bounds: tuple[tuple[str, type, Any, Any], ...] = (
         ("opset", int, 1, 2**31 - 1),
         ("ir_version", int, 1, 2**31 - 1),
         ("model_version", int, 0, 2**63 - 1),
         ("cache_dir", str, None, None),
-    ):
+    )
+    for key, kind, low, high in bounds:
         if key in data:
             value = data[key]
             if key == "opset" and value == "highest":
@@ -206,9 +208,9 @@ def _parse(data: dict[str, Any], folder: Path, origin: str, prefix: str) -> Pipe
         except (LoadError, TypeError, ValueError, OverflowError) as e:
             raise bad("session_options", str(e)) from None
         options["session_options"] = dict(table)
-    for key, kind in (("edges", list), ("outputs", list), ("inputs", dict)):
-        if key in data and not isinstance(data[key], kind):
-            raise bad(key, f"expected {'a list of strings' if kind is list else 'a table'}")
+    for key, container in (("edges", list), ("outputs", list), ("inputs", dict)):
+        if key in data and not isinstance(data[key], container):
+            raise bad(key, f"expected {'a list of strings' if container is list else 'a table'}")
     for key in ("edges", "outputs"):
         for i, item in enumerate(data.get(key, [])):
             if not isinstance(item, str):
@@ -239,7 +241,12 @@ def _parse(data: dict[str, Any], folder: Path, origin: str, prefix: str) -> Pipe
 
 
 def _chain(
-    data: dict[str, Any], stages: dict[str, Any], adapt: Any, options: dict[str, Any], origin: str, bad
+    data: dict[str, Any],
+    stages: dict[str, Any],
+    adapt: Any,
+    options: dict[str, Any],
+    origin: str,
+    bad: Callable[[str, str], PipelineFileError],
 ) -> PipelineSpec:
     """The chain form: ``chain`` lists every stage once, in the order they run; each is a
     stage name, or ``{ stage = NAME, io_map = ["OUT:IN", ...] }`` to join it to the one
@@ -247,9 +254,9 @@ def _chain(
     from fastseq.errors import CompositionError
     from fastseq.graph.parse import _stage, _Where, parse_io_pair
 
-    for key in (k for k in ("edges", "inputs", "outputs") if k in data):
+    for given in (k for k in ("edges", "inputs", "outputs") if k in data):
         raise bad(
-            key,
+            given,
             "belongs to the graph form: a chain runs its stages in order and exposes the last one's "
             "outputs; write edges (and inputs, outputs) instead of chain to name each connection",
         )
@@ -346,7 +353,7 @@ def _load(file: Path, origin: str) -> dict[str, Any]:
         ) from None
 
 
-def _check_depth(data: dict[str, Any], bad) -> None:
+def _check_depth(data: dict[str, Any], bad: Callable[[str, str], PipelineFileError]) -> None:
     """Refuses values nested deeper than :data:`MAX_DEPTH`, naming the key (what reads them
     later need not guard against recursion)."""
     todo: list[tuple[str, Any, int]] = [(str(k), v, 1) for k, v in data.items()]
@@ -401,7 +408,7 @@ def _shown(value: Any) -> str:
     return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
 
 
-def _providers(value: Any, bad) -> list[Any]:
+def _providers(value: Any, bad: Callable[[str, str], PipelineFileError]) -> list[Any]:
     if not isinstance(value, list):
         raise bad("providers", "expected a list of provider names or { name = ..., option = ... } tables")
     out: list[Any] = []

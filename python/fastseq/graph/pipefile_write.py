@@ -124,9 +124,10 @@ def _stage_source(st: Stage, target: Path, folder: Path, beside: list[tuple[Path
     else:
         from fastseq.sources import resolve as loader
 
-        data = loader.resolve_local(src, 0).data
-        if not isinstance(data, bytes):
+        resolved = loader.resolve_local(src, 0).data
+        if not isinstance(resolved, bytes):
             raise TypeError(f"stage {st.name}: cannot write a {type(src).__name__} to a file")
+        data = resolved
     beside.append((target.with_name(name), data))
     return name
 

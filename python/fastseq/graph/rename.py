@@ -5,14 +5,18 @@ renaming is the core's (its one name walker)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from fastseq import _core
 from fastseq.errors import CompositionError
 
+if TYPE_CHECKING:
+    import onnx
+
 __all__ = ["io_name_conversion"]
 
 
-def io_name_conversion(onnx_model, io_name_mapping: Mapping[str, str]):
+def io_name_conversion(onnx_model: onnx.ModelProto, io_name_mapping: Mapping[str, str]) -> onnx.ModelProto:
     """Renames tensors of ``onnx_model`` in place as ``io_name_mapping`` says (old -> new)
     and returns the model: kornia's ``kornia.onnx.io_name_conversion``, e.g.
     ``{"pixel_values": "input", "predicted_depth": "output"}`` for the default names that

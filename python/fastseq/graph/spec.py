@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastseq.errors import CompositionError
 from fastseq.graph.parse import (
@@ -25,6 +25,7 @@ from fastseq.graph.parse import (
     parse_port,
 )
 from fastseq.graph.parts import META_KEYS, Edge, Exposed, IoInfo, IoMap, Stage
+from fastseq.ops.operator import Operator
 from fastseq.sources import resolve as loader
 
 __all__ = ["META_KEYS", "Edge", "Exposed", "IoInfo", "IoMap", "PipelineSpec", "Stage"]
@@ -99,7 +100,7 @@ class PipelineSpec:
         **options: Any,
     ) -> PipelineSpec:
         """A chain of models, kornia's and onnx.compose's form."""
-        if loader.is_model_proto(models) or isinstance(models, (loader.Operator, bytes, str, os.PathLike)):
+        if loader.is_model_proto(models) or isinstance(models, (Operator, bytes, str, os.PathLike)):
             raise TypeError("models must be a sequence of models, e.g. [m1, m2]")
         if isinstance(sha256, str) and len(models) > 1:
             raise TypeError("with several models, pass sha256 as a list: one digest (or None) per model")
@@ -114,7 +115,7 @@ class PipelineSpec:
     def graph(
         cls,
         stages: Mapping[str, Any],
-        edges: Sequence[str | Edge | tuple] = (),
+        edges: Sequence[str | Edge | tuple[Any, ...]] = (),
         inputs: Mapping[str, str | Sequence[str]] | None = None,
         outputs: Sequence[str] | None = None,
         *,
@@ -128,7 +129,7 @@ class PipelineSpec:
         if not isinstance(stages, Mapping) or not stages:
             raise TypeError("stages must be a non-empty dict: stage name -> model")
         parsed_stages = [_stage(name, value, at) for name, value in stages.items()]
-        names = [s.name for s in parsed_stages]
+        names = [cast(str, s.name) for s in parsed_stages]  # named stages, all of them
         if isinstance(edges, str):
             raise TypeError('edges must be a list of "stage.output -> stage.input" strings')
         parsed_edges = [parse_edge(e, names, at.key(f"edges[{i}]")) for i, e in enumerate(edges)]

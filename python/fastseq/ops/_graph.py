@@ -13,6 +13,7 @@ import math
 import struct
 import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, ParamSpec
 
 from fastseq.errors import OperatorError
@@ -136,7 +137,8 @@ def operator(f: Callable[P, Operator]) -> Callable[P, Operator]:
 def user_stacklevel() -> int:
     """The ``stacklevel`` of the first caller outside fastseq, for warnings.warn called by
     the caller of this function: a warning points at the user's code."""
-    frame, level = sys._getframe(2), 2
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
     while frame is not None and frame.f_globals.get("__name__", "").startswith("fastseq"):
         frame, level = frame.f_back, level + 1
     return level

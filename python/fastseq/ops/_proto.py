@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 #: struct codes of the element types constants are written in, by numpy name, and the
 #: ONNX element type (TensorProto.DataType) of each.
@@ -96,7 +97,7 @@ def attribute(name: str, value: int | float | str | Sequence[int]) -> bytes:
     raise TypeError(f"attribute {name}: unsupported value {value!r}")
 
 
-def node(op_type: str, inputs: Sequence[str], outputs: Sequence[str], name: str, attrs: dict) -> bytes:
+def node(op_type: str, inputs: Sequence[str], outputs: Sequence[str], name: str, attrs: dict[str, Any]) -> bytes:
     """NodeProto in the default domain; attributes sorted by name (``make_node``'s order)."""
     return (
         b"".join(_str(1, i) for i in inputs)

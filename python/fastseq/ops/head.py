@@ -135,7 +135,7 @@ def topk(
         sorted=1,
     )
     call = g.call_text(op, dict(k=count, axis=ax, largest=big, dtype=name, rank=len(shape)))
-    picked = list(shape)
+    picked: list[int | str] = list(shape)
     picked[ax % len(shape)] = count
     outputs = [g.tensor("values", name, picked), g.tensor("indices", "int64", picked)]
     model = graph.model(call, [g.tensor("input", name, shape)], outputs, version)

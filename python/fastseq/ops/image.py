@@ -256,7 +256,7 @@ def _resize_nodes(
 
 def _resize_options(
     op: str, size: Any, mode: Any, antialias: Any, cubic_coeff: Any, layout: Any, dtype: Any, opset: Any
-):
+) -> tuple[tuple[int, int], str, bool, float, str, str, int, int]:
     hw = g.size2(op, size)
     chosen = g.choice(op, "mode", mode, MODES, MODE_ALIASES)
     aa = g.flag(op, "antialias", antialias)
@@ -392,6 +392,7 @@ def letterbox(
     graph = g.Graph(op, version)
     resized = f"{op}/resized"
     scale = _resize_nodes(graph, order, hw, chosen, "not_larger", aa, coeff, name, elem, resized)
+    assert scale is not None  # an aspect kept: the scale it was resized by
     axes = graph.ints([order.index("H"), order.index("W")], "hw_axes")
     resized_hw = graph.node("Gather", [graph.node("Shape", [resized]), axes])
     fill_value = graph.scalar(value, name, "fill")

@@ -236,7 +236,7 @@ def _assigned_resources() -> dict[str, Any]:
     if not ray.is_initialized():
         return {"cpus": None, "gpu_ids": []}
     try:
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")  # type: ignore[no-untyped-call]
     except AssertionError:  # Ray's answer in the driver, which is assigned nothing
         return {"cpus": None, "gpu_ids": []}
     return {"cpus": cpus, "gpu_ids": ray.get_gpu_ids()}
@@ -336,7 +336,7 @@ def run_dataset(
     if concurrency is None:
         # Leave a CPU to the read and write tasks: actors holding every CPU starve them and
         # Ray Data then waits forever.
-        concurrency = max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)
+        concurrency = max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)  # type: ignore[no-untyped-call]
     fed = [(input_columns or {}).get(i.name, i.name) for i in engine.inputs]
     try:
         out = map_batches(

@@ -5,7 +5,7 @@ changes), and the pipeline called on the whole batch, N rows or one row at a tim
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -16,13 +16,19 @@ from fastseq.runtime import inputs as rule
 
 if TYPE_CHECKING:
     from fastseq.runtime.runnable import Runnable
+    from fastseq.runtime.tensors import TensorInfo
 
 
 def map_hint(input_name: str) -> str:
     return f" (map another column with input_columns={{'{input_name}': 'COLUMN'}})"
 
 
-def routes(inputs, outputs, input_columns, output_columns) -> tuple[dict[str, str], dict[str, str]]:
+def routes(
+    inputs: Sequence[TensorInfo],
+    outputs: Sequence[TensorInfo],
+    input_columns: Mapping[str, str] | None,
+    output_columns: Mapping[str, str] | Sequence[str] | None,
+) -> tuple[dict[str, str], dict[str, str]]:
     """{input: column} and {output: column}, the user's names checked against the model's."""
     in_names = [i.name for i in inputs]
     out_names = [o.name for o in outputs]
@@ -87,7 +93,7 @@ def stack(values: np.ndarray, column: str, info: Any, label: str) -> np.ndarray:
                     f"{label}: column '{column}' (row {i} of the batch) has shape {list(np.shape(row))} where "
                     f"row 0 has {list(first)}: rows stacked for input '{info.name}' must share a shape"
                 )
-        values = np.stack(values)
+        values = np.stack(list(values))
     if not rule.converts(info.dtype, values.dtype):
         raise _refused(where, values.dtype, info)
     check_row_shape(info, values.shape[1:], where)
@@ -123,11 +129,19 @@ def check_row_shape(info: Any, row: tuple[int | None, ...], where: str) -> None:
             raise InputError(f"{where} has rows of shape {list(row)}; input '{info.name}' expects {want}")
 
 
-def run_rows(pipe: Runnable, feeds, inputs, rows: int, outputs, label: str) -> list[np.ndarray]:
+def run_rows(
+    pipe: Runnable,
+    feeds: Mapping[str, np.ndarray],
+    inputs: Sequence[TensorInfo],
+    rows: int,
+    outputs: Sequence[TensorInfo],
+    label: str,
+) -> list[np.ndarray]:
     """Calls the pipeline on the whole batch when its batch axis is dynamic, N rows at a
     time when it is fixed at N, and row by row when the input has no batch axis."""
     output_names = [o.name for o in outputs]
-    step, batched = None, True  # step: the fixed batch size, None when dynamic
+    step: int | None = None  # the fixed batch size, None when dynamic
+    batched = True
     for info in inputs:
         value = feeds[info.name]
         if info.shape is None:
@@ -138,7 +152,7 @@ def run_rows(pipe: Runnable, feeds, inputs, rows: int, outputs, label: str) -> l
             step = info.shape[0] if step is None else min(step, info.shape[0])
     if batched and step is None:
         return pipe.run(feeds, output_names)
-    step = step if batched else 1
+    step = step if batched and step is not None else 1  # (batched with no step returned above)
     if rows == 0:  # nothing to call a fixed-size pipeline with: empty output columns
         empty = []
         for o in outputs:
@@ -159,7 +173,13 @@ def run_rows(pipe: Runnable, feeds, inputs, rows: int, outputs, label: str) -> l
     return [np.concatenate(outs) for outs in zip(*parts)] if parts else []
 
 
-def check_schema(ds: Any, shipped: Any, input_columns=None, output_columns=None, drop_columns: bool = False) -> None:
+def check_schema(
+    ds: Any,
+    shipped: Any,
+    input_columns: Mapping[str, str] | None = None,
+    output_columns: Mapping[str, str] | Sequence[str] | None = None,
+    drop_columns: bool = False,
+) -> None:
     """Checks in the driver, before any actor starts, that the dataset has a column for each
     input with a dtype and row shape the pipeline takes, and no column an output would
     replace (when Ray knows the schema)."""

@@ -153,7 +153,7 @@ class Batcher:
             if request.chain is not None:
                 request.chain.wake()
             raise
-        request.chain.wake()
+        request.chain.wake()  # type: ignore[union-attr]  # set by _put before the answer's release
         answer = request.answer
         if isinstance(answer, BaseException):
             raise answer

@@ -23,7 +23,7 @@ class Request:
 
     __slots__ = ("feeds", "rows", "key", "since", "done", "loop", "future", "answer", "chain", "gone")
 
-    def __init__(self, feeds: dict[str, np.ndarray], rows: int, key: tuple) -> None:
+    def __init__(self, feeds: dict[str, np.ndarray], rows: int, key: tuple[Any, ...]) -> None:
         self.feeds, self.rows, self.key = feeds, rows, key
         self.since = 0.0
         self.done: Any = None
@@ -86,7 +86,7 @@ def run_all(runner: Runner, feeds: list[dict[str, Any]], max_rows: int) -> list[
     batches of at most ``max_rows`` rows, a failing joint run retried per request. Each
     request's answer in order: its outputs, or the exception to raise for it."""
     answers: list[Any] = [None] * len(feeds)
-    groups: dict[tuple, list[tuple[int, Request]]] = {}
+    groups: dict[tuple[Any, ...], list[tuple[int, Request]]] = {}
     for k, f in enumerate(feeds):
         try:
             r = joinable(runner, runner.check_feeds(f))

@@ -115,7 +115,7 @@ def _strided(name: str, what: str, fix: str) -> InputError:
     )
 
 
-def _contiguous_strides(cai: dict) -> tuple[int, ...] | None:
+def _contiguous_strides(cai: dict[str, Any]) -> tuple[int, ...] | None:
     itemsize = np.dtype(cai["typestr"]).itemsize
     strides, step = [], itemsize
     for d in reversed(cai["shape"]):
@@ -161,9 +161,9 @@ class Binding:
         self._run_options = run_options if run_options is not None else runner.quiet
         self._names = list(runner.output_names(output_names))
         self._bound: dict[str, tuple[_Buffer, Any]] = {}
-        self._out_for: dict[tuple, list[Any]] = {}  # input signature -> output buffers
+        self._out_for: dict[tuple[Any, ...], list[Any]] = {}  # input signature -> output buffers
         self._outputs: list[Any] | None = None
-        self._signature: tuple | None = None
+        self._signature: tuple[Any, ...] | None = None
         self._busy = threading.Lock()  # held while a thread binds or runs
 
     def __repr__(self) -> str:
@@ -259,11 +259,13 @@ class Binding:
                 raise
             raise explained from e
         if self._outputs is None:  # shapes not known before the first run
+            signature = self._signature
+            assert signature is not None  # set by _prepare_outputs
             values = self._iob.get_outputs()
-            self._out_for[self._signature] = self._allocate([v.shape() for v in values])
+            self._out_for[signature] = self._allocate([v.shape() for v in values])
             self._iob.clear_binding_outputs()
-            self._bind_outputs(self._out_for[self._signature])
-            self._outputs = self._out_for[self._signature]
+            self._bind_outputs(self._out_for[signature])
+            self._outputs = self._out_for[signature]
             # The run's results are in ONNX Runtime's buffers: copy them into ours once.
             for buf, value in zip(self._outputs, values):
                 _copy_into(buf, value)

@@ -35,6 +35,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from fastseq.errors import FastseqError, human_size
@@ -299,7 +300,8 @@ def read_hits(raw: bytes) -> int:
 
 def warn(message: str) -> None:
     """A RuntimeWarning attributed to the first caller outside fastseq."""
-    frame, level = sys._getframe(0), 1
+    frame: FrameType | None = sys._getframe(0)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").startswith("fastseq"):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, RuntimeWarning, stacklevel=level)

@@ -228,7 +228,12 @@ class SessionEngine:
         self.session_info = {}
         self.set_session(self._new_session(providers, self._options, self.session_info))
 
-    def _new_session(self, providers, session_options, info: dict[str, Any] | None) -> ort.InferenceSession:
+    def _new_session(
+        self,
+        providers: Sequence[Provider] | None,
+        session_options: ort.SessionOptions | None,
+        info: dict[str, Any] | None,
+    ) -> ort.InferenceSession:
         def adopt(copy: PrivateCopy) -> None:
             spilled = self._take_spilled(copy)
             if info is not None:

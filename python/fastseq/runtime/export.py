@@ -16,10 +16,13 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
 from fastseq.errors import ExportError
+
+if TYPE_CHECKING:
+    import onnx
 
 #: onnx.save's keywords and their defaults there (onnx 1.16 to 1.23); its size_threshold
 #: (1024) is the core's layout's, which fastseq's own writes use.
@@ -154,7 +157,7 @@ def _encoder(fmt: str | None, target: Path) -> Callable[[bytes], bytes] | None:
     return lambda data: serializer.serialize_proto(ModelProto.FromString(data))
 
 
-def _as_proto(composed: _core.Composed, staging: Path):
+def _as_proto(composed: _core.Composed, staging: Path) -> onnx.ModelProto:
     """A fresh ``onnx.ModelProto`` of ``composed``. Over the protobuf limit it cannot come
     from bytes: the core writes it with external data first, and onnx loads that back."""
     import onnx

@@ -44,10 +44,12 @@ def accepts(expected: np.dtype | None, got: np.dtype) -> bool:
 def converts(expected: np.dtype | None, got: np.dtype) -> bool:
     """Whether an input declared ``expected`` takes an array of ``got``, as it is or
     converted without changing a value (numpy's safe casts): the rule, for every entry point."""
-    return accepts(expected, got) or (expected.kind not in "UO" and np.can_cast(got, expected, "safe"))
+    return accepts(expected, got) or (
+        expected is not None and expected.kind not in "UO" and np.can_cast(got, expected, "safe")
+    )
 
 
-def dtype_refused(name: str, expected: np.dtype, got: Any, note: str = "") -> InputError:
+def dtype_refused(name: str, expected: np.dtype | None, got: Any, note: str = "") -> InputError:
     """The error for an array of ``got`` given to input ``name`` of ``expected`` (``note``:
     :func:`stage_note`'s)."""
     return InputError(
@@ -103,12 +105,12 @@ class InputCheck:
         """What is wrong with an array of ``shape`` for this input, or None."""
         if self.ndim is not None and len(shape) != self.ndim:
             return InputError(
-                f"input '{self.name}' expects rank {self.ndim} {list(self.shape)}, got shape {list(shape)}"
+                f"input '{self.name}' expects rank {self.ndim} {list(self.shape or ())}, got shape {list(shape)}"
             )
         for axis, size in self.static:
             if shape[axis] != size:
                 return InputError(
-                    f"input '{self.name}' expects size {size} on axis {axis} {list(self.shape)}, "
+                    f"input '{self.name}' expects size {size} on axis {axis} {list(self.shape or ())}, "
                     f"got shape {list(shape)}"
                 )
         return None

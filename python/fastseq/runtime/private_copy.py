@@ -84,7 +84,7 @@ class PendingCopy:
     ) -> None:
         import threading
 
-        self._args: tuple | None = (list(models), spill_min)
+        self._args: tuple[list[_core.Composed], int | None] | None = (list(models), spill_min)
         self._adopt: Callable[[PrivateCopy], None] | None = adopt
         self._copy: PrivateCopy | None = None
         self._error: BaseException | None = None
@@ -100,6 +100,7 @@ class PendingCopy:
 
     def _write(self) -> None:
         try:
+            assert self._args is not None  # set before the thread starts, taken once
             models, spill_min = self._args
             self._args = None  # the caller decides how long the models live
             self._copy = PrivateCopy.of(models, spill_min)

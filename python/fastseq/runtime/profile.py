@@ -307,7 +307,7 @@ def _read_events(path: str) -> list[_Event]:
                 cut = True
                 continue
             args = e.get("args") or {}
-            index = args.get("node_index")
+            node_index = args.get("node_index")
             events.append(
                 _Event(
                     e.get("cat", ""),
@@ -316,7 +316,7 @@ def _read_events(path: str) -> list[_Event]:
                     int(e["ts"]),
                     int(e["dur"]),
                     args.get("op_name"),
-                    int(index) if str(index).isdigit() else None,
+                    int(str(node_index)) if str(node_index).isdigit() else None,
                 )
             )
     return events

@@ -157,7 +157,7 @@ class Runner:
 
     def run_checked(
         self, output_names: list[str], feeds: dict[str, Any], run_options: ort.RunOptions | None = None
-    ) -> list:
+    ) -> list[Any]:
         """Runs feeds already checked (:meth:`feeds`, :meth:`check_feeds`) for ``output_names``
         (:meth:`output_names`); a failure raised as :meth:`explain` says."""
         if run_options is None:
@@ -236,7 +236,7 @@ class Runner:
             nonlocal watch
             if done.done() or stopped:
                 return
-            if run_options.terminate:
+            if run_options is not None and run_options.terminate:  # (polled only when given)
                 stop("caller")
             else:
                 watch = loop.call_later(POLL, poll)
@@ -261,7 +261,9 @@ class Runner:
         failure = RuntimeError(error)
         raise self.explain(failure) from failure
 
-    def _settled_call(self, output_names: list[str], feeds: dict[str, Any], options: ort.RunOptions) -> tuple:
+    def _settled_call(
+        self, output_names: list[str], feeds: dict[str, Any], options: ort.RunOptions
+    ) -> tuple[list[Any], str]:
         """:meth:`run_checked` as (outputs, error text), as ``run_async`` reports it."""
         try:
             return self._run(output_names, feeds, options), ""

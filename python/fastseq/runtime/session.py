@@ -58,6 +58,7 @@ def open_cached(
     when it is written, before ONNX Runtime reads it (to swap in its spilled models); on a
     hit, before this returns."""
     from fastseq.runtime import cache_entry as session_cache
+    from fastseq.runtime.cachedir import DATA
 
     options = session_options if session_options is not None else default_options()
     usable = usable_providers(providers)
@@ -82,7 +83,7 @@ def open_cached(
         return path
 
     def make(path: str, optimise: bool, save_to: str | None) -> ort.InferenceSession:
-        return new_session(path, options, usable, optimise, save_to, session_cache.DATA)
+        return new_session(path, options, usable, optimise, save_to, DATA)
 
     try:
         digest = _core.model_digest(models[0])  # a source changed since it was loaded fails here, by name

@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
 from fastseq.errors import DownloadError, DownloadTimeoutError, LoadError
@@ -273,11 +273,12 @@ def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
 
     def watched(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
         class Connection(base):  # type: ignore[valid-type,misc]
-            def __init__(self, *args, **kwargs) -> None:
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
-                create = self._create_connection  # socket.create_connection, kept per instance
+                # socket.create_connection, kept per instance (the base is a variable: mypy cannot see it)
+                create: Callable[..., socket.socket] = self._create_connection  # type: ignore[has-type]
 
-                def create_watched(*a, **kw):
+                def create_watched(*a: Any, **kw: Any) -> socket.socket:
                     sock = create(*a, **kw)
                     watchdog.watch(sock)
                     return sock
@@ -287,12 +288,12 @@ def _opener(watchdog: _Watchdog) -> urllib.request.OpenerDirector:
         return Connection
 
     class Http(urllib.request.HTTPHandler):
-        def http_open(self, req):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
             return self.do_open(watched(http.client.HTTPConnection), req)
 
     class Https(urllib.request.HTTPSHandler):
-        def https_open(self, req):
-            kwargs = {"context": self._context}
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            kwargs: dict[str, Any] = {"context": self._context}  # type: ignore[attr-defined]  # (not in typeshed)
             if hasattr(self, "_check_hostname"):  # Python 3.11
                 kwargs["check_hostname"] = self._check_hostname
             return self.do_open(watched(http.client.HTTPSConnection), req, **kwargs)

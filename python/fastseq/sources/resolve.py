@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, TypeGuard, Union
 
 from fastseq import _core
 from fastseq.errors import DownloadError, LoadError
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 ModelSource = Union["onnx.ModelProto", Operator, bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
 
-def is_model_proto(model: object) -> bool:
+def is_model_proto(model: object) -> TypeGuard[onnx.ModelProto]:
     """An ``onnx.ModelProto``, without importing onnx (loaded already if one exists)."""
     onnx = sys.modules.get("onnx")
     return onnx is not None and isinstance(model, onnx.ModelProto)
@@ -351,7 +351,7 @@ class _HubRepo:
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
         from huggingface_hub.errors import LocalEntryNotFoundError
 
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             repo_id=self.repo_id,
             filename=filename,
             revision=self.revision,
@@ -433,7 +433,7 @@ class _HubRepo:
 def _causes(e: BaseException) -> str:
     """``e`` and what caused it, in one line: huggingface_hub's force-download failure says
     only "failed due to the above error", the cause being the useful part."""
-    parts = []
+    parts: list[str] = []
     seen: BaseException | None = e
     while seen is not None and len(parts) < 4:
         text = " ".join(str(seen).split()) or type(seen).__name__

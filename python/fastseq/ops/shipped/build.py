@@ -24,9 +24,9 @@ MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
 
 
-def _save(graph: onnx.GraphProto, name: str, doc: str) -> None:
+def _save(graph: onnx.GraphProto, name: str, doc: str | None) -> None:
     model = helper.make_model(graph, opset_imports=OPSET, ir_version=IR, producer_name="fastseq")
-    model.doc_string = doc
+    model.doc_string = doc or ""
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, HERE / f"{name}.onnx")
 
@@ -145,7 +145,7 @@ def digits() -> None:
     # name it N, as the operators do, so that a pipeline's shapes read [N, 10].
     for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         value.type.tensor_type.shape.dim[0].dim_param = "N"
-    model.doc_string = digits.__doc__
+    model.doc_string = digits.__doc__ or ""
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, HERE / "digits.onnx")
 
@@ -155,7 +155,9 @@ def digits() -> None:
     ink = np.array([255, 235, 180], np.float32)
     images = []
     for i in picks:
-        grey = Image.fromarray((data.images[i] * (255 / 16)).astype(np.float32), "F").resize((64, 64), Image.BICUBIC)
+        grey = Image.fromarray((data.images[i] * (255 / 16)).astype(np.float32), "F").resize(
+            (64, 64), Image.Resampling.BICUBIC
+        )
         level = np.clip(np.asarray(grey), 0, 255)[..., None] / 255
         images.append(np.clip(level * ink + (1 - level) * 12, 0, 255).round().astype(np.uint8))
     assert (clf.predict(x[picks]) == data.target[picks]).all()
