@@ -14,6 +14,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+#: this folder (the test helpers' home, on the path of every test and subprocess) and the
+#: repository's root
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 

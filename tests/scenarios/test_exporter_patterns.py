@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
 from conftest import FIXTURES, ONNX_DATA, scale_model, session
-from test_rows import refusal, rows, same_as_alone
+from runtime.test_rows import refusal, rows, same_as_alone
 
 F = TensorProto.FLOAT
 LIGHT = ONNX_DATA / "light"

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "python" / "fastseq"
+from conftest import ROOT
+
+PACKAGE = ROOT / "python" / "fastseq"
 
 #: bottom to top; a module may import its own layer and those before it
 LAYERS = [

@@ -30,9 +30,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import ROOT
 from servers import serve_files, serve_hub
 
-ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: the files whose blocks run: the README, then the documentation pages
 DOCUMENTS = [README, *sorted((ROOT / "docs").rglob("*.md"))]

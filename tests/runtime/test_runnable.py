@@ -22,7 +22,6 @@ import fastseq
 from conftest import scale_model, tmpfs
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
-REPO = Path(__file__).resolve().parents[1]
 
 
 def reference(x):

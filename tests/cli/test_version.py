@@ -8,14 +8,13 @@ import re
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import fastseq
+from conftest import ROOT
 from fastseq import _core
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-import check_dist  # noqa: E402
+import check_dist
 
 
 def test_the_version_is_set_once_in_cargo_toml():

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import scale_model, session
+from conftest import TESTS, scale_model, session
 
 ray = pytest.importorskip("ray", reason="needs the ray extra: pip install 'fastseq-onnx[ray]'")
 
@@ -22,7 +21,7 @@ import fastseq  # noqa: E402
 import fastseq.ray as fray  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)  # a Ray scheduling deadlock would otherwise hang CI
-TESTS = Path(__file__).parent
+
 ROWS = 10_000
 
 

@@ -20,7 +20,7 @@ import pytest
 import fastseq
 from fastseq.runtime import batcher as batcher_module
 from fastseq.runtime import batches
-from test_batching import light_heavy, matmuls, rows, same, slow_model
+from runtime.test_batcher import light_heavy, matmuls, rows, same, slow_model
 
 
 def test_threads_and_coroutines_of_two_loops_share_one_batcher_and_get_their_own_rows():

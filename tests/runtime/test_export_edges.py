@@ -19,7 +19,7 @@ import pytest
 
 import fastseq
 from conftest import tmpfs
-from test_writer import FORMATS, KINDS, expected, matmul_model, outputs, referenced, write
+from runtime.test_export import FORMATS, KINDS, expected, matmul_model, outputs, referenced, write
 
 SUFFIX = {"textproto": ".txtpb", "json_external": ".json"}
 #: every path that writes a model file: test_writer's and the core's plain exports

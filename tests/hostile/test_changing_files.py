@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from conftest import scale_model
+from conftest import TESTS, scale_model
 from fastseq import _core
 
 N = 1 << 16  # 64K floats: 256 KB of weights per row
@@ -176,7 +176,7 @@ for _ in range(int(sys.argv[3])):
 
 
 def export_loop(scale: float, target: Path, count: int) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     return subprocess.Popen(
         [sys.executable, "-c", EXPORT_LOOP, str(scale), str(target), str(count)],
         stdout=subprocess.PIPE,

@@ -22,8 +22,6 @@ from fastseq import _core
 from fastseq.sources import download
 from fastseq.sources import resolve as loader
 
-ROOT = Path(__file__).parent
-
 
 def chain_model_bytes(nodes: int) -> bytes:
     """A valid model of ``nodes`` Relu nodes in a chain, written byte by byte (building it

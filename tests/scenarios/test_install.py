@@ -13,9 +13,9 @@ from pathlib import Path
 import onnx
 import pytest
 
+from conftest import ROOT as REPO
 from conftest import scale_model
 
-REPO = Path(__file__).resolve().parents[1]
 NO_ORT = "import sys; sys.modules['onnxruntime'] = None  # as if it were not installed\n"
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "python" / "fastseq"
+from conftest import ROOT
+
+PACKAGE = ROOT / "python" / "fastseq"
 LIMIT = 500
 #: files still over the limit, being edited elsewhere: to be split, never to grow this list
 OVER: set[str] = set()

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 RELEASE = ROOT / ".github" / "workflows" / "release.yml"
 BUILD = ROOT / "tools" / "build_dist.sh"

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import fastseq
-from conftest import session
+from conftest import ROOT, session
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benches"))
+sys.path.insert(0, str(ROOT / "benches"))
 import corpus
 
 pytestmark = pytest.mark.models

@@ -26,9 +26,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import fastseq
-from conftest import tmpfs
+from conftest import TESTS, tmpfs
 
-TESTS = Path(__file__).resolve().parent
 X = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
 USER = b"the user's own file"
 
@@ -308,7 +307,7 @@ def test_optimized_exports_keep_their_weights_in_a_data_file(out):
 LOOP = """
 import sys
 from pathlib import Path
-from test_writer import write
+from runtime.test_export import write
 kind, scale, target, count = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 print("ready", flush=True)
 for _ in range(count):
@@ -417,7 +416,7 @@ def test_a_read_only_target_is_an_export_error_for_an_ordinary_user(kind):
         target.write_bytes(b"old model")
         target.chmod(0o444)
         warm = (
-            f"from pathlib import Path\nfrom test_writer import write\nwrite({kind!r}, 1.0, "
+            f"from pathlib import Path\nfrom runtime.test_export import write\nwrite({kind!r}, 1.0, "
             f"Path({str(target_for(kind, shared / 'warm'))!r}))\nimport fastseq\n"
         )
         code = (

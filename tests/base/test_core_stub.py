@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from fastseq import _core
 
-ROOT = Path(__file__).resolve().parent.parent
 STUB = ROOT / "python" / "fastseq" / "_core.pyi"
 
 

@@ -1,0 +1,1 @@
+"""Tests of the top layer: the fastseq command, run as a subprocess."""

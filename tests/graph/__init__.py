@@ -1,0 +1,1 @@
+"""Tests of fastseq.graph: the pipeline description, pipeline files, opset conversion."""

@@ -1,0 +1,1 @@
+"""Tests of the integrations: fastseq.ray, fastseq.ray_serve and fastseq.quantize."""

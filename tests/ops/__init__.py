@@ -1,0 +1,1 @@
+"""Tests of fastseq.ops: the operators, their protobuf writer and the shipped models."""

@@ -1,0 +1,1 @@
+"""Tests of fastseq.runtime, one file per module (test_<module>.py)."""

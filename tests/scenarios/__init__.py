@@ -1,0 +1,2 @@
+"""What users do across the layers: fastseq without ONNX Runtime, exporters' batch
+axes, every caller's own rows, the real-model corpus."""

@@ -1,0 +1,1 @@
+"""Tests of fastseq.sources: paths, bytes, URLs and the Hugging Face Hub."""
