@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 import fastseq
 from fastseq import ops
 from fastseq.ops import OperatorError, _graph
-from ops.test_ops import bilinear, nearest, nms_reference
+from ops.references import bilinear, nearest, nms_reference
 from ops.test_proto import IDS, VARIANTS, build_described, feed, with_onnx_helper
 
 #: The opsets where ops changed form (Softmax, ReduceSum, Resize in 13; integer Max in 12),

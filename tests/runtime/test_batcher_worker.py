@@ -1,7 +1,7 @@
 """The batcher's worker, its queue and its callers: threads and coroutines on one batcher,
 a caller interrupted while it waits, a worker that ends when idle and at interpreter exit,
 a failing worker, the batcher's own session and the pipeline's of the moment. Real
-sessions, real threads, real loops (tests/test_batching.py has the rest of the batcher's
+sessions, real threads, real loops (tests/runtime/test_batcher.py has the rest of the batcher's
 guarantees)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import fastseq
 from fastseq.runtime import batcher as batcher_module
 from fastseq.runtime import batches
-from runtime.test_batcher import light_heavy, matmuls, rows, same, slow_model
+from runtime.models import light_heavy, matmuls, rows, same, slow_model
 
 
 def test_threads_and_coroutines_of_two_loops_share_one_batcher_and_get_their_own_rows():

@@ -2,11 +2,13 @@
 called: unnamed nodes (onnx.helper, skl2onnx and many converters leave them so), named ones,
 both, names that clash across stages or look like another stage's, graph pipelines,
 pipeline files, and files written by fastseq and read back (their stage map), on real
-ONNX Runtime sessions and profiles."""
+ONNX Runtime sessions and profiles; and the profile as a caller sees it (fastseq.runtime.profile):
+its table, dict and drawing, its arguments, the files it leaves, the command line."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +20,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from conftest import FIXTURES
+from conftest import FIXTURES, tmpfs
 from fastseq.runtime.profile import Profile, StageTime
+from runtime import models
 
 DIM = 128
 
@@ -302,3 +305,136 @@ def test_one_stalled_run_makes_no_stage_the_hot_one(monkeypatch):
     p = light_heavy().profile(rows(), runs=9, warmup=3)
     assert p.hottest.name == "heavy" and p.run_ms < stall / 1000 / 10
     check_sums(p)
+
+
+# --- profiles (the API: table, dict, drawing, arguments, files, the command line) ----------------
+
+
+def test_profile_maps_the_time_back_to_the_stages_and_their_own_node_names():
+    pipe = models.light_heavy()
+    session = pipe.get_session()
+    x = models.rows(256)
+    before = pipe(x)
+    p = pipe.profile(x, runs=20, warmup=2)
+    light, heavy = p.stages
+    assert (light.name, light.nodes, heavy.name, heavy.nodes) == ("light", 1, "heavy", 10)
+    assert heavy.ms > light.ms and p.hottest is heavy  # ten times the work
+    # Both stages name their nodes mm0, mm1, ...: the merge renamed the clash, the profile does not show it.
+    assert [(n.name, n.op_type) for n in light.slowest] == [("mm0", "MatMul")]
+    assert {n.name for n in heavy.slowest} <= {f"mm{k}" for k in range(10)} and len(heavy.slowest) == 5
+    assert all(n.op_type == "MatMul" for n in heavy.slowest)
+    # The stages and the rest between them make up the run.
+    assert sum(s.ms for s in p.stages) + p.unassigned_ms == pytest.approx(p.run_ms)
+    assert sum(s.share for s in p.stages) + p.unassigned_share == pytest.approx(1.0)
+    assert p.runs == 20 and p.session_s > 0 and p.providers == ("CPUExecutionProvider",)
+    # The pipeline's own session is untouched.
+    assert pipe.get_session() is session
+    models.same(pipe(x), before)
+
+
+def test_profile_table_dict_and_drawing():
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    pipe = models.light_heavy(session_options=options)
+    p = pipe.profile(models.rows(8), runs=3, warmup=1)
+    assert not options.enable_profiling  # the pipeline's options are its own again
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    table = str(p)
+    assert (
+        f"{p.hottest.name} (hottest)" in table and "light" in table and "heavy" in table and "(between stages)" in table
+    )
+    assert "mm0 (MatMul)" in table
+    data = json.loads(json.dumps(p.to_dict()))
+    assert data["hottest"] == p.hottest.name and [s["name"] for s in data["stages"]] == ["light", "heavy"]
+    assert data["stages"][1]["nodes"] == 10 and data["stages"][0]["slowest"][0]["name"] == "mm0"
+    dot = pipe.to_dot(profile=p)
+    assert "(hottest)" in dot and f"{p.stages[1].ms:.3g} ms" in dot and "#c62828" in dot  # the hottest in red
+    assert "(hottest)" not in pipe.to_dot()
+
+
+def test_profile_stage_names_from_a_pipeline_file(tmp_path):
+    models.light_heavy().to_file(tmp_path / "pipeline.toml")
+    pipe = fastseq.Pipeline.from_file(tmp_path / "pipeline.toml")
+    p = pipe.profile(x=models.rows(4), runs=2, warmup=0)
+    assert [s.name for s in p.stages] == ["light", "heavy"]
+
+
+def test_profile_of_a_chain_names_its_models_and_counts_adapters_between_stages():
+    seq = fastseq.ONNXSequential(models.matmuls(2, seed=3), models.matmuls(3, seed=4))
+    p = seq.profile(models.rows(2), runs=2, warmup=1)
+    assert [(s.name, s.nodes) for s in p.stages] == [(seq.engine.labels[0], 2), (seq.engine.labels[1], 3)]
+    # An adapter the merge inserts between stages (here a Cast) belongs to no stage.
+    as_double = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            "d",
+            [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 128])],
+            [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 128])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
+    pipe = fastseq.Pipeline({"a": models.matmuls(1), "b": as_double}, edges=["a.y -> b.x"], adapt=True)
+    p = pipe.profile(models.rows(2), runs=2, warmup=1)
+    assert [s.nodes for s in p.stages] == [1, 1]
+    assert [n.op_type for n in p.unassigned_nodes] == ["Cast"]
+
+
+def test_a_stage_node_named_like_an_adapter_is_still_the_stages_work():
+    # The core says which nodes it inserted; a name is not the test.
+    lookalike = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"], name="fastseq/adapt0/Cast")],
+            "d",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
+    pipe = fastseq.Pipeline({"a": models.matmuls(1), "b": lookalike}, edges=["a.y -> b.x"])
+    p = pipe.profile(models.rows(2), runs=2, warmup=1)
+    assert [s.nodes for s in p.stages] == [1, 1]
+    assert p.unassigned_nodes == ()
+    assert [n.name for n in p.stages[1].slowest] == ["fastseq/adapt0/Cast"]
+
+
+def test_profile_refuses_bad_arguments_and_inputs():
+    pipe = models.light_heavy()
+    with pytest.raises(ValueError, match="runs >= 1"):
+        pipe.profile(models.rows(2), runs=0)
+    with pytest.raises(fastseq.InputError, match="expects float32"):
+        pipe.profile(models.rows(2).astype(np.float64))
+
+
+def test_profile_leaves_no_files_and_refuses_a_profile_cut_short_by_a_full_disk(tmp_path, monkeypatch):
+    pipe = models.light_heavy()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    pipe.profile(models.rows(4), runs=2, warmup=1)
+    assert not os.listdir(tmp_path / "tmp")
+    # ONNX Runtime writes its profile without checking the writes: on a full disk the file is
+    # cut short, and the profile says so instead of summing what is left.
+    with tmpfs(tmp_path / "full", "256k") as full:
+        monkeypatch.setattr("tempfile.tempdir", str(full))
+        with pytest.raises(fastseq.RunError, match="of the 200 runs measured: its file was cut short"):
+            pipe.profile(models.rows(64), runs=200, warmup=0)
+        assert not os.listdir(full)
+    models.same(pipe(models.rows(2)), pipe(models.rows(2)))  # the pipeline is unharmed
+
+
+def test_cli_profile_prints_the_table(tmp_path):
+    models.light_heavy().to_file(tmp_path / "pipeline.toml")
+    np.save(tmp_path / "x.npy", models.rows(4))
+
+    def fastseq_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "fastseq", *args], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        )
+
+    r = fastseq_cli("profile", "pipeline.toml", "--input", "x=x.npy", "--runs", "3", "--warmup", "1")
+    assert r.returncode == 0, r.stderr
+    assert "light" in r.stdout and "heavy" in r.stdout and "(hottest)" in r.stdout and "(between stages)" in r.stdout
+    assert "median of 3 profiled runs" in r.stdout and "mm0 (MatMul)" in r.stdout
+    r = fastseq_cli("profile", "pipeline.toml", "--input", "x=missing.npy")
+    assert r.returncode != 0 and "fastseq: error: --input x=missing.npy: no such file" in r.stderr

@@ -1,5 +1,7 @@
-"""The runtime half: sessions without a second copy of the weights, the session cache, calls
-on precomputed checks, IO binding, RunOptions, optimised exports, errors in stage names."""
+"""The API pipelines share (fastseq.runtime.runnable), on ONNXSequential and Pipeline:
+sessions without a second copy of the weights, calls on precomputed checks, RunOptions,
+optimised exports, errors in stage names, pickling, spilling the pipeline's own memory. IO
+binding is test_binding.py's, the session cache test_cache.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -20,21 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
 from conftest import scale_model, tmpfs
-
-X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
-
-
-def reference(x):
-    return np.maximum(np.maximum(2 * x, 0) * 3, 0)
-
-
-def chain(tmp_path: Path) -> list[str]:
-    paths = []
-    for k, scale in enumerate((2.0, 3.0)):
-        p = tmp_path / f"m{k}.onnx"
-        onnx.save(scale_model(scale, shape=("N", 4)), str(p))
-        paths.append(str(p))
-    return paths
+from runtime.models import X, chain, reference
 
 
 # --- sessions -------------------------------------------------------------------------------
@@ -188,193 +175,6 @@ def test_runtime_failure_names_the_stage_and_its_own_names():
     assert isinstance(info.value.__cause__, Exception)
 
 
-# --- IO binding -------------------------------------------------------------------------------
-def test_binding_matches_run_and_reuses_output_buffers(tmp_path):
-    pipe = fastseq.ONNXSequential(*chain(tmp_path))
-    x = X.copy()
-    b = pipe.bind(x)
-    assert repr(b) == (
-        "Binding(inputs [x: float32[2, 4] on cpu]; outputs as numpy [y: float32[N, 4] (allocated by the next run)])"
-    )
-    (y1,) = b()
-    assert repr(b) == "Binding(inputs [x: float32[2, 4] on cpu]; outputs as numpy [y: float32[2, 4] on cpu])"
-    assert "x: not bound" in repr(pipe.bind())
-    np.testing.assert_allclose(y1, pipe.get_session().run(None, {"x": x})[0])
-    x[:] = -x  # new data in the bound buffer, no rebinding
-    (y2,) = b.run()
-    assert y2 is y1  # the same output buffer, overwritten
-    np.testing.assert_allclose(y2, reference(-X))
-    # A new array (another batch size) is bound and gets its own outputs.
-    x3 = np.ones((5, 4), np.float32)
-    (y3,) = b(x3)
-    assert y3.shape == (5, 4) and not np.shares_memory(y3, y1)
-    np.testing.assert_allclose(y3, reference(x3))
-    (y4,) = b(x)  # back to the first shape: its buffer again
-    assert y4 is y1
-    with pytest.raises(fastseq.InputError, match="expects float32"):
-        b(x.astype(np.float64))
-
-
-class DLPackOnly:
-    """An array known to the binding only by the DLPack protocol."""
-
-    def __init__(self, a):
-        self._a = a
-
-    def __dlpack__(self, **kw):
-        return self._a.__dlpack__(**kw)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
-
-
-def test_binding_takes_dlpack_objects_in_place_and_ortvalues_out(tmp_path):
-    pipe = fastseq.ONNXSequential(*chain(tmp_path))
-    x = X.copy()
-    b = pipe.bind(DLPackOnly(x), outputs="ortvalue")
-    (out,) = b()
-    assert isinstance(out, ort.OrtValue)
-    np.testing.assert_allclose(out.numpy(), reference(X))
-    x *= 2  # bound in place: the binding sees the new values
-    np.testing.assert_allclose(b()[0].numpy(), reference(2 * X))
-
-
-@pytest.mark.torch
-def test_binding_torch_cpu_tensors_in_place():
-    import torch
-
-    pipe = fastseq.ONNXSequential(scale_model(2.0, shape=("N", 4)), scale_model(3.0, shape=("N", 4)))
-    x = torch.from_numpy(X.copy())
-    b = pipe.bind(x, outputs="torch")
-    (y,) = b()
-    assert isinstance(y, torch.Tensor)
-    np.testing.assert_allclose(y.numpy(), reference(X))
-    x.mul_(-1)
-    assert b()[0] is y
-    np.testing.assert_allclose(y.numpy(), reference(-X))
-
-
-# --- the session cache ------------------------------------------------------------------------
-def test_cache_stores_then_hits_in_a_fresh_process(tmp_path):
-    paths = chain(tmp_path)
-    cache = tmp_path / "cache"
-    pipe = fastseq.ONNXSequential(*paths, session_cache=cache)
-    assert pipe.session_info["cache"] == "stored"
-    entry = Path(pipe.session_info["entry"])
-    assert {p.name for p in entry.iterdir()} >= {"model.onnx", "manifest.json"}
-    code = textwrap.dedent(f"""
-        import numpy as np, fastseq
-        pipe = fastseq.ONNXSequential(*{paths!r}, session_cache={str(cache)!r})
-        print(pipe.session_info["cache"], float(pipe(np.ones((3, 4), np.float32))[0].sum()))
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out[0] == "hit" and float(out[1]) == pytest.approx(reference(np.ones((3, 4))).sum())
-    assert not [p for p in cache.iterdir() if p.name.startswith(".")]
-
-
-def test_cache_misses_on_every_key_part(tmp_path, monkeypatch):
-    paths = chain(tmp_path)
-    cache = tmp_path / "cache"
-    fastseq.ONNXSequential(*paths, session_cache=cache)
-    other_model = [paths[0], str(tmp_path / "m0.onnx")]
-    assert fastseq.ONNXSequential(*other_model, session_cache=cache).session_info["cache"] == "stored"
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    assert (
-        fastseq.ONNXSequential(*paths, session_cache=cache, session_options=options).session_info["cache"] == "stored"
-    )
-    with_opts = [("CPUExecutionProvider", {"arena_extend_strategy": "kSameAsRequested"})]
-    assert fastseq.ONNXSequential(*paths, session_cache=cache, providers=with_opts).session_info["cache"] == "stored"
-    monkeypatch.setattr(ort, "__version__", "0.0.1")
-    assert fastseq.ONNXSequential(*paths, session_cache=cache).session_info["cache"] == "stored"
-    monkeypatch.undo()
-    assert fastseq.ONNXSequential(*paths, session_cache=cache).session_info["cache"] == "hit"
-    assert len([p for p in cache.iterdir() if p.name != "CACHEDIR.TAG"]) == 5
-
-
-@pytest.mark.parametrize("damage", ["truncate-data", "flip-model", "foreign", "no-manifest-files"])
-def test_damaged_entries_are_rebuilt_never_loaded(tmp_path, damage):
-    big = scale_model(2.0, shape=("N", 512))  # 2 KB of weights: in model.data
-    cache = tmp_path / "cache"
-    pipe = fastseq.ONNXSequential(big, session_cache=cache)
-    entry = Path(pipe.session_info["entry"])
-    manifest = json.loads((entry / "manifest.json").read_text())
-    if damage == "truncate-data":
-        data = entry / "model.data"
-        assert data.exists()
-        data.write_bytes(data.read_bytes()[:100])
-    elif damage == "flip-model":
-        raw = bytearray((entry / "model.onnx").read_bytes())
-        raw[len(raw) // 2] ^= 0xFF
-        (entry / "model.onnx").write_bytes(bytes(raw))
-    elif damage == "foreign":
-        manifest["key"]["model"] = "0" * 32
-        (entry / "manifest.json").write_text(json.dumps(manifest))
-    else:
-        (entry / "manifest.json").write_text("{")
-    again = fastseq.ONNXSequential(big, session_cache=cache)
-    assert again.session_info["cache"] == "stored"
-    x = np.ones((3, 512), np.float32)
-    np.testing.assert_allclose(again(x)[0], np.full((3, 512), 2.0))
-    assert fastseq.ONNXSequential(big, session_cache=cache).session_info["cache"] == "hit"
-
-
-def test_concurrent_writers_leave_one_whole_entry(tmp_path):
-    paths = chain(tmp_path)
-    cache = tmp_path / "cache"
-    code = textwrap.dedent(f"""
-        import numpy as np, fastseq
-        pipe = fastseq.ONNXSequential(*{paths!r}, session_cache={str(cache)!r})
-        print(pipe.session_info["cache"], float(pipe(np.ones((3, 4), np.float32))[0].sum()))
-    """)
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    outs = [p.communicate()[0].split() for p in procs]
-    assert all(p.returncode == 0 for p in procs)
-    assert {o[0] for o in outs} <= {"stored", "hit"}
-    assert all(float(o[1]) == pytest.approx(reference(np.ones((3, 4))).sum()) for o in outs)
-    entries = [p.name for p in cache.iterdir() if p.name != "CACHEDIR.TAG"]
-    assert len(entries) == 1 and len(entries[0]) == 32
-    assert fastseq.ONNXSequential(*paths, session_cache=cache).session_info["cache"] == "hit"
-
-
-def test_read_only_cache_folder(tmp_path):
-    with tmpfs(tmp_path / "ro", "4m") as mount:
-        paths = chain(tmp_path)
-        other = [str(tmp_path / "m1.onnx")]
-        cache = mount / "c"  # a tmpfs's own root is writable by all (1777): not a cache fastseq uses
-        fastseq.ONNXSequential(*paths, session_cache=cache)
-        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
-        # Entries already there are used; new ones cannot be stored: a warning, and a session.
-        assert fastseq.ONNXSequential(*paths, session_cache=cache).session_info["cache"] == "hit"
-        with pytest.warns(RuntimeWarning, match="not writable|could not store"):
-            pipe = fastseq.ONNXSequential(*other, session_cache=cache)
-        assert pipe.session_info["cache"] is None
-        np.testing.assert_allclose(pipe(X)[0], np.maximum(3 * X, 0))
-
-
-def test_cache_from_the_environment_and_the_cli(tmp_path, monkeypatch):
-    paths = chain(tmp_path)
-    cache = tmp_path / "envcache"
-    monkeypatch.setenv("FASTSEQ_SESSION_CACHE", str(cache))
-    assert fastseq.ONNXSequential(*paths).session_info["cache"] == "stored"
-    assert fastseq.ONNXSequential(*paths, session_cache=False).session_info.get("cache") is None
-    env = dict(os.environ, FASTSEQ_SESSION_CACHE=str(cache))
-    out = subprocess.run([sys.executable, "-m", "fastseq", "cache", "list"], capture_output=True, text=True, env=env)
-    assert out.returncode == 0 and "1 entr" in out.stdout, out.stdout + out.stderr
-    out = subprocess.run([sys.executable, "-m", "fastseq", "cache", "clear"], capture_output=True, text=True, env=env)
-    assert out.returncode == 0 and "removed 1" in out.stdout
-    assert [p.name for p in cache.iterdir()] == ["CACHEDIR.TAG"]  # the mark stays: it is still a cache
-
-
-def test_pickled_pipeline_keeps_its_cache(tmp_path):
-    import pickle
-
-    pipe = fastseq.ONNXSequential(*chain(tmp_path), session_cache=tmp_path / "c")
-    clone = pickle.loads(pickle.dumps(pipe))
-    assert clone.session_info["cache"] == "hit"
-    np.testing.assert_allclose(clone(X)[0], reference(X))
-
-
 # --- optimised exports ------------------------------------------------------------------------
 def test_export_optimized_records_its_setup_and_warns_elsewhere(tmp_path):
     pipe = fastseq.ONNXSequential(*chain(tmp_path))
@@ -400,35 +200,6 @@ def test_export_optimized_records_its_setup_and_warns_elsewhere(tmp_path):
     onnx.save(model, str(target))
     with pytest.warns(RuntimeWarning, match="optimised by onnxruntime 1.0.0"):
         fastseq.ONNXSequential(str(target))
-
-
-# --- GPU (marked; skipped without a CUDA provider and a CUDA torch) ------------------------
-def _cuda_ready() -> bool:
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _cuda_ready(), reason="needs onnxruntime-gpu, a CUDA torch and a GPU")
-def test_cuda_binding_keeps_tensors_on_the_device():
-    import torch
-
-    pipe = fastseq.ONNXSequential(
-        scale_model(2.0, shape=("N", 4)), scale_model(3.0, shape=("N", 4)), providers=["CUDAExecutionProvider"]
-    )
-    x = torch.from_numpy(X.copy()).cuda()
-    b = pipe.bind(x, outputs="torch")
-    (y,) = b()
-    assert y.is_cuda
-    np.testing.assert_allclose(y.cpu().numpy(), reference(X), rtol=1e-6)
-    x.mul_(-1)
-    assert b()[0].data_ptr() == y.data_ptr()
-    np.testing.assert_allclose(y.cpu().numpy(), reference(-X), rtol=1e-6)
 
 
 def test_graph_pipeline_shares_the_runtime(tmp_path):

@@ -1,10 +1,13 @@
-"""The runner's one seam into ONNX Runtime's private API (``session._sess``, the compiled
-session without ``InferenceSession.run``'s per-call checks): used where it is there, the
-public methods where it is not, with the same answers either way."""
+"""The runner (fastseq.runtime.runner): its one seam into ONNX Runtime's private API
+(``session._sess``, the compiled session without ``InferenceSession.run``'s per-call checks),
+used where it is there, the public methods where it is not, with the same answers either
+way; and run_async on ONNX Runtime's own threads, checked like a call, stopped by its
+timeout or its cancellation through run options of its own."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import onnxruntime as ort
@@ -13,6 +16,7 @@ import pytest
 import fastseq
 from conftest import scale_model, session
 from fastseq.runtime.runner import Runner, compiled_binding_run, compiled_calls
+from runtime.models import light_heavy, rows, same, slow_model
 
 X = np.array([[1, -2, 3, -4], [0.5, 1, -1, 2]], np.float32)
 
@@ -95,3 +99,99 @@ def test_io_binding_runs_through_the_seam_or_the_public_method():
         run(ort.RunOptions())
         np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], expected)
     assert wrapped.calls == 1
+
+
+# --- run_async ----------------------------------------------------------------------------------
+def test_run_async_equals_the_call_on_onnxruntimes_own_threads():
+    pipe = light_heavy()
+    inputs = [rows(1 + k % 3, seed=k) for k in range(16)]
+    expected = [pipe(x) for x in inputs]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def no_executor(*args):  # ONNX Runtime's run_async, not a thread of ours
+            raise AssertionError("run_async went through an executor")
+
+        loop.run_in_executor = no_executor
+        threads = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
+        got = await asyncio.gather(*(pipe.run_async(x) for x in inputs), pipe.run_async(x=inputs[0]))
+        started = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)} - threads
+        return got, started
+
+    got, started = asyncio.run(main())
+    assert not started
+    for g, e in zip(got, [*expected, expected[0]]):
+        same(g, e)
+
+
+def test_run_async_checks_inputs_like_the_call():
+    pipe = light_heavy()
+
+    async def main():
+        with pytest.raises(fastseq.InputError, match="expects float32"):
+            await pipe.run_async(rows(2).astype(np.float64))
+        with pytest.raises(fastseq.InputError, match="expects size 128 on axis 1"):
+            await pipe.run_async(np.zeros((2, 5), np.float32))
+        with pytest.raises(fastseq.InputError, match="'z' is not an input"):
+            await pipe.run_async(z=rows(2))
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("threads", [2, 1], ids=["onnxruntime-pool", "no-pool-executor"])
+def test_run_async_timeout_and_cancellation_stop_the_run(threads, monkeypatch):
+    """A timeout or a cancelled task stops the run through run options of its own, a copy of
+    the caller's: the caller's are never changed (before this fix the flag was set on theirs
+    and reset later, which stopped every other call sharing them meanwhile)."""
+    from fastseq.runtime import runner
+
+    copies = []
+    real = runner.run_copy
+    monkeypatch.setattr(runner, "run_copy", lambda given: copies.append(real(given)) or copies[-1])
+    pipe = slow_model(threads)
+    x = np.ones((128, 128), np.float32)
+
+    async def main():
+        with pytest.raises(fastseq.RunTimeoutError, match="timeout of 0.05 s"):
+            await pipe.run_async(x, timeout=0.05)
+        options = ort.RunOptions()
+        options.logid = "mine"
+        task = asyncio.ensure_future(pipe.run_async(x, run_options=options))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert copies[-1].terminate and copies[-1].logid == "mine"  # the run's own options stop it ...
+        assert not options.terminate  # ... and the caller's are untouched
+        small = np.ones((1, 128), np.float32)
+        same(await pipe.run_async(small, timeout=60, run_options=options), [small])
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("threads", [2, 1], ids=["onnxruntime-pool", "no-pool-executor"])
+def test_two_run_async_calls_sharing_run_options_do_not_cancel_each_other(threads):
+    """Issue 26 (12): cancelling one of two calls that share one RunOptions stopped both. Now
+    the other finishes with its result, and the caller's terminate still stops a call."""
+    pipe = slow_model(threads)
+    x = np.ones((128, 128), np.float32)
+    shared = ort.RunOptions()
+
+    async def main():
+        first = asyncio.ensure_future(pipe.run_async(x, run_options=shared))
+        second = asyncio.ensure_future(pipe.run_async(x, run_options=shared))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        same(await second, [x])  # the identity weights: x through 3,000 MatMuls
+        assert not shared.terminate
+        # The caller's own flag, set while a call runs, stops it (fastseq watches theirs).
+        third = asyncio.ensure_future(pipe.run_async(x, run_options=shared))
+        await asyncio.sleep(0.05)
+        shared.terminate = True
+        with pytest.raises(fastseq.RunTimeoutError, match="stopped"):
+            await third
+
+    asyncio.run(main())
