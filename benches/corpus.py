@@ -5,7 +5,7 @@ architectures of the onnx wheel's ``backend/test/data/light``. Nothing comes fro
 
     models = corpus.build(folder)          # [Entry], each written to folder/NAME.onnx
 
-Used by ``benches/bench_models.py`` (the docs' table) and ``tests/test_real_models.py`` (the
+Used by ``benches/bench_models.py`` (the docs' table) and ``tests/scenarios/test_real_models.py`` (the
 ``models`` test group). Needs torch, torchvision, transformers and onnxscript (the dynamo
 exporter); ``pip download`` fetches rapidocr-onnxruntime's wheel (a model missing its
 package is left out, with the reason)."""

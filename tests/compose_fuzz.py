@@ -13,7 +13,7 @@ external-data locations, duplicate names, a missing graph, IR version 0.
 
 :func:`compare` runs one case through both, onnx's result checked as onnx's harness checks
 it (``check_model(full_check=True)``), and every model fastseq returns checked the same way.
-``tests/test_onnx_compose_fuzz.py`` runs a few hundred cases; ``benches/fuzz_compose.py``
+``tests/peers/test_onnx_compose_fuzz.py`` runs a few hundred cases; ``benches/fuzz_compose.py``
 runs 20,000 and prints the summary.
 """
 

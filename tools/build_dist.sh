@@ -9,7 +9,7 @@
 #
 # `pip wheel .` would tag the wheel linux_x86_64 (PyPI refuses it) and a plain `maturin build`
 # manylinux_2_34 (glibc 2.34+ only): zig links against the older glibc from any host.
-# .github/workflows/release.yml passes the same flags to maturin (tests/test_release.py
+# .github/workflows/release.yml passes the same flags to maturin (tests/project/test_release.py
 # compares them with FLAGS below).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,7 +6,7 @@ class carries, in the extension's own binary, a JSON record of its parameters, d
 type annotations, return type and docstring (the records ``pyo3-introspection`` reads). This
 tool reads those records (ELF symbols ``PYO3_INTROSPECTION_1_*``) and the module itself
 (its names, constants and exception classes, which the module's init adds), and renders the
-stub. ``tests/test_stubs.py`` renders it again and fails when the file differs.
+stub. ``tests/base/test_core_stub.py`` renders it again and fails when the file differs.
 
     python tools/gen_stubs.py            # rewrites python/fastseq/_core.pyi
     python tools/gen_stubs.py --check    # exits 1 when the file is not what it would write
@@ -50,7 +50,7 @@ MODULES = ("_typeshed", "collections.abc", "os", "pathlib", "typing")
 HEADER = '''"""Type stubs for the Rust extension module ``fastseq._core``, written by
 ``tools/gen_stubs.py`` from the extension itself (the signatures, types and docstrings
 PyO3 records in it, and the module's own names): do not edit by hand; run the tool after
-changing the bindings (``tests/test_stubs.py`` fails when this file drifts)."""
+changing the bindings (``tests/base/test_core_stub.py`` fails when this file drifts)."""
 '''
 
 

@@ -1,7 +1,7 @@
 """Type stubs for the Rust extension module ``fastseq._core``, written by
 ``tools/gen_stubs.py`` from the extension itself (the signatures, types and docstrings
 PyO3 records in it, and the module's own names): do not edit by hand; run the tool after
-changing the bindings (``tests/test_stubs.py`` fails when this file drifts)."""
+changing the bindings (``tests/base/test_core_stub.py`` fails when this file drifts)."""
 
 import _typeshed
 import collections.abc

@@ -1,7 +1,7 @@
-"""fastseq's exception classes: each is ``fastseq.<Name>`` (in tracebacks and for pickle),
-crosses a process boundary as itself (pickle, a real ProcessPoolExecutor; Ray in
-test_ray.py), and derives from the standard class kornia or onnx.compose raise for the same
-failure, so that code written for them keeps catching it."""
+"""fastseq's exception classes (fastseq.errors): each is ``fastseq.<Name>`` (in tracebacks and
+for pickle), crosses a process boundary as itself (pickle, a real ProcessPoolExecutor; Ray in
+tests/integrations/test_ray.py), and derives from the standard class kornia or onnx.compose
+raise for the same failure, so that code written for them keeps catching it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 and anchor resolving, the API reference generated from the docstrings by mkdocstrings), the
 API reference names every public name, and every public name, member and constructor
 parameter has a docstring to generate it from. The pages' code blocks run in
-tests/test_readme.py."""
+tests/docs/test_readme.py."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_site_builds_strictly(tmp_path):
     # generated from the docstrings: a constructor parameter's explanation is on the page
     assert "keep_outputs" in api and "Base class of every fastseq error." in api
     security = (tmp_path / "site" / "security" / "index.html").read_text()
-    assert "tests/test_hostile.py" in security, "the threat model, with its tests"
+    assert "tests/hostile/test_hostile.py" in security, "the threat model, with its tests"
     assert "--8&lt;--" not in security and "Report a vulnerability" in security, "SECURITY.md's policy is included"
 
 

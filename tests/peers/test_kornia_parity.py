@@ -4,7 +4,7 @@ metadata stamp, and ``HF_HUB_OFFLINE`` being about the Hub only. Each case follo
 source (0.9.0: ``kornia/onnx/utils.py`` ``ONNXLoader``, ``kornia/onnx/download.py``
 ``CachedDownloader``, ``kornia/core/download.py`` ``_download_url_to_file``,
 ``kornia/config.py``); kornia is not installed in the default run, so the same cases run
-side by side with the real kornia in tests/test_kornia_compat.py (``-m torch``). Real HTTP
+side by side with the real kornia in tests/peers/test_kornia_compat.py (``-m torch``). Real HTTP
 servers on 127.0.0.1 throughout."""
 
 from __future__ import annotations

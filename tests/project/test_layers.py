@@ -39,7 +39,7 @@ def layer_of(module: str) -> int:
             if (module == p or (not exact_top and module.startswith(p + "."))) and len(p) > best:
                 best, rank = len(p), k
     if rank is None:
-        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in tests/test_layers.py")
+        raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in tests/project/test_layers.py")
     return rank
 
 

@@ -22,7 +22,7 @@ from conftest import tmpfs
 from runtime.test_export import FORMATS, KINDS, expected, matmul_model, outputs, referenced, write
 
 SUFFIX = {"textproto": ".txtpb", "json_external": ".json"}
-#: every path that writes a model file: test_writer's and the core's plain exports
+#: every path that writes a model file: test_export.py's and the core's plain exports
 ALL = ["inline", "external_data", *KINDS]
 
 
@@ -224,7 +224,7 @@ PLAIN = {
 
 @pytest.mark.parametrize("kind", PLAIN)
 def test_a_read_only_target_is_an_export_error_for_an_ordinary_user_on_the_plain_paths(kind):
-    """Issue 26, item 2, on the paths test_writer.py's KINDS leave out (the core's own
+    """Issue 26, item 2, on the paths test_export.py's KINDS leave out (the core's own
     exports, compose_to_file, a reuse export, a plain `fastseq merge`): as nobody, in a folder
     anyone may write in (a rename over the file would go through), a read-only target is an
     ExportError naming it, and it stays as it was."""

@@ -1,5 +1,5 @@
 """The real-model corpus (benches/corpus.py; the ``models`` group, out of the default run:
-``pytest -m models tests/test_real_models.py``, with torch, torchvision, transformers and
+``pytest -m models tests/scenarios/test_real_models.py``, with torch, torchvision, transformers and
 onnxscript installed): each model's verdict against the truth of its rows run alone and
 together, and each batched model served to concurrent requests, each answer equal to that
 request run alone. Batch-1 exports are made batchable with ``dynamic_batch``."""

@@ -225,7 +225,7 @@ def test_json_data_nested_as_the_shape():
 
 def test_every_onnx_tensor_type_maps_or_is_refused_by_name():
     """Each tensor type ONNX Runtime gives a numpy dtype has its KServe datatype; the others are
-    refused by name (read off real sessions: tests/test_netserve.py's model of every type)."""
+    refused by name (read off real sessions: tests/serving/test_server.py's model of every type)."""
     assert set(DTYPES) == set(EVERY)
     for datatype, a in EVERY.items():
         dtype = np.dtype(np.str_) if datatype == "BYTES" else a.dtype

@@ -12,7 +12,7 @@ from fastseq import _core
 # Config entries ONNX Runtime lets us read back by key (it has no way to list them): every
 # key that onnxruntime 1.32 reads (its headers' and its library's), so that a copy of a
 # caller's options (runtime/ort_options.py) and a pipeline sent to a Ray actor keep what is set;
-# tests/test_options.py checks the list against the installed onnxruntime.
+# tests/runtime/test_ort_options.py checks the list against the installed onnxruntime.
 _CONFIG_KEYS = (
     "ep.context_embed_mode",
     "ep.context_enable",

@@ -5,7 +5,7 @@ costs microseconds.
 Field numbers are those of ``crates/fastseq/proto/onnx-ml.proto`` (proto2: a field that is set is
 written even when empty or zero; repeated scalars are not packed). Fields are written in
 field-number order, as protobuf itself serializes, so the bytes equal what
-``onnx.helper`` builds (tests/test_ops_proto.py compares both for every operator).
+``onnx.helper`` builds (tests/ops/test_proto.py compares both for every operator).
 """
 
 from __future__ import annotations

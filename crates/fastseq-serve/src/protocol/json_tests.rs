@@ -1,5 +1,5 @@
 //! HTTP decode and encode: every datatype both ways, requested outputs and parameters, and
-//! the hostile and malformed requests of tests/test_netserve_protocol.py, refused in its words.
+//! the hostile and malformed requests of tests/serving/test_protocol.py, refused in its words.
 use std::time::Duration;
 
 use bytes::Bytes;

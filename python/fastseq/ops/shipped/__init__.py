@@ -32,7 +32,7 @@ def path(name: str) -> Path:
 #: ``builtin:shipped/NAME`` names the shipped file NAME, whatever operator shares its name.
 PREFIX = "shipped/"
 #: The operators that compute what each first-release file whose name an operator shares
-#: computes (``tests/test_ops.py`` runs both): what the deprecation note suggests.
+#: computes (``tests/ops/test_ops.py`` runs both): what the deprecation note suggests.
 SAME_AS = {
     "to_float": "builtin:to_float? then builtin:layout?src=NHWC&dst=NCHW",
     "resize": "builtin:resize?size=32",
