@@ -1,9 +1,9 @@
 //! An HTTP infer request decoded: its JSON (the whole body, or the header that Triton's
 //! binary extension puts first, `Inference-Header-Content-Length` long) read into borrowed
 //! fields, each input's `data` read from its text straight into its bytes
-//! ([`super::values::from_json`]), each binary input a slice of the body
-//! ([`super::binary::checked`]); everything checked as Python's protocol did, in its order,
-//! with its words; then the tensors against the model ([`super::shape::against_model`]).
+//! ([`crate::protocol::values::from_json`]), each binary input a slice of the body
+//! ([`crate::protocol::binary::checked`]); everything checked as Python's protocol did, in its order,
+//! with its words; then the tensors against the model ([`crate::protocol::shape::against_model`]).
 use std::collections::HashMap;
 
 use bytes::Bytes;
@@ -12,10 +12,10 @@ use serde_json::value::RawValue;
 use crate::error::{client_text, did_you_mean, RequestError};
 use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
 
-use super::params::{self, kind, not_json, shown, Param};
-use super::reader::{capped_list, too_deep, Document, Fields, Inputs, Shaped, MAX_MEMBERS};
-use super::shape::{self, Dim};
-use super::{binary, values, Checks, MAX_DEPTH, MAX_RANK};
+use crate::protocol::params::{self, kind, not_json, shown, Param};
+use crate::protocol::reader::{capped_list, too_deep, Document, Fields, Inputs, Shaped, MAX_MEMBERS};
+use crate::protocol::shape::{self, Dim};
+use crate::protocol::{binary, values, Checks, MAX_DEPTH, MAX_RANK};
 
 /// The request's parameters that the decode reads.
 const REQUEST_PARAMETERS: [&str; 5] =
@@ -372,5 +372,4 @@ pub(crate) fn output_index(model: &ModelSpec, asked: &[(usize, bool)], name: &st
 }
 
 #[cfg(test)]
-#[path = "json_tests.rs"]
 mod tests;

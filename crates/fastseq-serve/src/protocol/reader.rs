@@ -1,7 +1,7 @@
 //! An HTTP request's JSON read in one pass, as far as the decode needs it: the top-level
 //! object's members, its `inputs` list's objects' members, every value unread (a borrowed
 //! slice of the text, which serde_json has checked). A tensor's `data` is read once more,
-//! by [`super::values::from_json`], and nothing else is; a tree of values is never built.
+//! by [`crate::protocol::values::from_json`], and nothing else is; a tree of values is never built.
 use std::collections::HashMap;
 use std::fmt;
 
@@ -10,8 +10,8 @@ use serde_json::value::RawValue;
 
 use crate::error::RequestError;
 
-use super::params::not_json;
-use super::MAX_DEPTH;
+use crate::protocol::params::not_json;
+use crate::protocol::MAX_DEPTH;
 
 /// The most members of one object, or items of one list, that the decode keeps (each costs
 /// more than its text: without a bound, a body of `{"a":0,"b":0,...}` would take ten times
