@@ -39,6 +39,9 @@ struct State {
     queue: VecDeque<Job>,
     rows: usize,
     closed: bool,
+    /// The worker waits on the condition variable: a submit wakes it (a futex call each),
+    /// and only then.
+    sleeping: bool,
 }
 
 struct Shared {
@@ -59,7 +62,7 @@ impl Batcher {
     /// Starts the worker of `spec`'s model over `engine`.
     pub fn start(spec: Arc<ModelSpec>, engine: Arc<dyn Engine>, metrics: Arc<ModelMetrics>) -> Batcher {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { queue: VecDeque::new(), rows: 0, closed: false }),
+            state: Mutex::new(State { queue: VecDeque::new(), rows: 0, closed: false, sleeping: false }),
             wake: Condvar::new(),
             spec,
             engine,
@@ -90,8 +93,11 @@ impl Batcher {
         }
         state.rows += job.rows;
         state.queue.push_back(job);
+        let sleeping = state.sleeping;
         drop(state);
-        self.shared.wake.notify_one();
+        if sleeping {
+            self.shared.wake.notify_one();
+        }
         Ok(answer)
     }
 
@@ -140,11 +146,15 @@ impl Shared {
                 if delay.is_zero() || state.closed || state.rows >= max_rows || now >= until {
                     return Some(self.take(&mut state, max_rows));
                 }
+                state.sleeping = true;
                 state = self.wake.wait_timeout(state, until - now).unwrap_or_else(|e| e.into_inner()).0;
+                state.sleeping = false;
             } else if state.closed {
                 return None;
             } else {
+                state.sleeping = true;
                 state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                state.sleeping = false;
             }
         }
     }

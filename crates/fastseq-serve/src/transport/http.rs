@@ -42,11 +42,12 @@ pub async fn handle(service: Arc<Service>, request: Request<Incoming>) -> Result
     let began = Instant::now();
     let method = request.method().clone();
     let path = decoded(request.uri().path());
-    let what = format!("{method} {}", client_text(&path));
+    // How a log line names the request: made only for one.
+    let what = || format!("{method} {}", client_text(&path));
     if request.headers().contains_key(UPGRADE) {
         service.metrics.upgrades.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let error = RequestError::bad("upgrading the connection (WebSocket, HTTP/2 over HTTP/1.1) is not supported: send KServe v2 requests over HTTP/1.1, or gRPC to the gRPC port");
-        service.failed(None, &error, began, &what);
+        service.failed(None, &error, began, &what());
         return Ok(error_response(&service, &error, true));
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -54,7 +55,7 @@ pub async fn handle(service: Arc<Service>, request: Request<Incoming>) -> Result
     Ok(match answer {
         Ok(response) => response,
         Err((error, close)) => {
-            service.failed(None, &error, began, &what);
+            service.failed(None, &error, began, &what());
             error_response(&service, &error, close)
         }
     })
@@ -69,7 +70,7 @@ async fn route(
     path: &str,
     parts: &[&str],
     began: Instant,
-    what: &str,
+    what: &(dyn Fn() -> String + Sync),
 ) -> Routed {
     let no_route = || (RequestError::new(Status::NotFound, format!("no route {}: the KServe v2 routes are under /v2", client_text(path))), false);
     match parts {
@@ -136,7 +137,13 @@ async fn route(
 }
 
 /// An infer request: its body read within its limits, decoded, run, encoded.
-async fn infer(service: &Service, model: &Model, request: Request<Incoming>, began: Instant, what: &str) -> Response<Answer> {
+async fn infer(
+    service: &Service,
+    model: &Model,
+    request: Request<Incoming>,
+    began: Instant,
+    what: &(dyn Fn() -> String + Sync),
+) -> Response<Answer> {
     match run(service, model, request, began).await {
         Ok(response) => {
             model.metrics.done(began.elapsed());
@@ -148,7 +155,7 @@ async fn infer(service: &Service, model: &Model, request: Request<Incoming>, beg
             error_response(service, &RequestError::new(Status::BadRequest, "the client left"), true)
         }
         Err(Failure::Error(error, close)) => {
-            service.failed(Some(model), &error, began, what);
+            service.failed(Some(model), &error, began, &what());
             error_response(service, &error, close)
         }
     }
@@ -247,7 +254,7 @@ async fn read_body(
     let limit = service.options.max_request_bytes;
     let timeout = service.options.body_timeout;
     let until = began + timeout;
-    let mut data = BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut data = BytesMut::new(); // filled only where the body comes in several chunks
     let mut first: Option<Bytes> = None;
     loop {
         let frame = match tokio::time::timeout_at(until.into(), body.frame()).await {
@@ -279,6 +286,7 @@ async fn read_body(
         match first.take() {
             None if data.is_empty() => first = Some(chunk),
             Some(f) => {
+                data.reserve(declared.unwrap_or(0).max(f.len() + chunk.len()));
                 data.extend_from_slice(&f);
                 data.extend_from_slice(&chunk);
             }

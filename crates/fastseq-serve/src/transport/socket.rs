@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::os::fd::AsRawFd;
+
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
@@ -47,8 +49,26 @@ impl AsyncRead for Socket {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
             ready!(self.stream.poll_read_ready(cx))?;
-            match self.stream.try_read(buf.initialize_unfilled()) {
+            // SAFETY: only read(2) writes through it, and only initialised bytes are marked so.
+            let unfilled = unsafe { buf.unfilled_mut() };
+            let fd = self.stream.as_raw_fd();
+            // read(2) into the buffer's unfilled part as it is: hyper hands a fresh, uninitialised
+            // view each time, and zeroing it first (ReadBuf::initialize_unfilled) cost a memset
+            // of the whole buffer a read.
+            let read = self.stream.try_io(Interest::READABLE, || {
+                // SAFETY: the pointer and length are the unfilled part of `buf`, which read(2)
+                // writes at most `len` bytes into.
+                let n = unsafe { libc::read(fd, unfilled.as_mut_ptr().cast(), unfilled.len()) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match read {
                 Ok(n) => {
+                    // SAFETY: read(2) initialised the first n bytes of the unfilled part.
+                    unsafe { buf.assume_init(n) };
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
