@@ -29,27 +29,23 @@ pub struct TensorData(Bytes);
 #[pymethods]
 impl TensorData {
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: std::os::raw::c_int) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyValueError::new_err("a null view"));
-        }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-            return Err(pyo3::exceptions::PyBufferError::new_err("a tensor's data is read-only"));
-        }
         let data = &slf.get().0;
-        // SAFETY: `view` is the caller's to fill; the bytes live as long as the object, which
-        // the view holds a reference to (`obj`).
-        unsafe {
-            (*view).obj = slf.clone().into_any().into_ptr();
-            (*view).buf = data.as_ptr() as *mut std::os::raw::c_void;
-            (*view).len = data.len() as isize;
-            (*view).readonly = 1;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT { c"B".as_ptr() as *mut _ } else { std::ptr::null_mut() };
-            (*view).ndim = 1;
-            (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND { &mut (*view).len } else { std::ptr::null_mut() };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES { &mut (*view).itemsize } else { std::ptr::null_mut() };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
+        // CPython's own filling of a one-dimensional read-only byte buffer (what `bytes` hands
+        // out): it refuses a writable request, and the view holds a reference to the object,
+        // whose bytes live as long as it does.
+        // SAFETY: `view` is the caller's to fill; the pointer and length are the object's own.
+        let done = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                data.as_ptr() as *mut std::os::raw::c_void,
+                data.len() as ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if done == -1 {
+            return Err(PyErr::fetch(slf.py()));
         }
         Ok(())
     }
