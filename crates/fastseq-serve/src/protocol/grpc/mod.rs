@@ -17,6 +17,7 @@ use super::shape::{self, list, Dim};
 use super::values::int_range;
 use super::{binary, chosen, values_word, Checks};
 
+pub mod cost;
 pub mod messages;
 pub use messages::*;
 
