@@ -16,6 +16,7 @@ h2_connection = pytest.importorskip("h2.connection")
 h2_config = pytest.importorskip("h2.config")
 h2_events = pytest.importorskip("h2.events")
 h2_settings = pytest.importorskip("h2.settings")
+h2_exceptions = pytest.importorskip("h2.exceptions")
 
 SERVICE = "/inference.GRPCInferenceService/"
 
@@ -86,10 +87,19 @@ class Connection:
         return sid
 
     def send(self, sid: int, data: bytes, end: bool = False) -> None:
+        """Sends ``data`` on the call (as flow control lets it); where the server has already
+        answered and closed the call, the rest is not sent."""
+        try:
+            self._send(sid, data, end)
+        except h2_exceptions.StreamClosedError:
+            self.flush()
+
+    def _send(self, sid: int, data: bytes, end: bool) -> None:
         while data:
             room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
             if room <= 0:
-                self.pump(0.05)
+                if not self.pump(0.05) or self.answers[sid].ended:
+                    return
                 continue
             self.conn.send_data(sid, data[:room])
             data = data[room:]

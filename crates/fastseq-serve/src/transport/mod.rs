@@ -149,7 +149,8 @@ async fn accept(listener: TcpListener, service: Arc<Service>, mut stopped: watch
 async fn serve_http(stream: TcpStream, service: Arc<Service>, mut stopped: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let stream = Arc::new(stream);
-    let socket = Socket::new(stream.clone(), service.options.body_timeout);
+    let refusals = Arc::new(socket::Refusals::new(service.options.max_header_bytes, service.options.max_headers));
+    let socket = Socket::http1(stream.clone(), service.options.body_timeout, refusals.clone());
     let unread = Arc::new(body::Unread::default());
     let handler = {
         let service = service.clone();
@@ -170,6 +171,12 @@ async fn serve_http(stream: TcpStream, service: Arc<Service>, mut stopped: watch
             }
         }
     };
+    let said = refusals.said.load(Ordering::Relaxed);
+    if said > 0 {
+        // hyper's answer to a request it could not parse, said as ours: counted and logged
+        service.metrics.response(said);
+        service.say(false, &format!("a request hyper could not read as HTTP/1.1 (its headers over their limits, or not HTTP/1.1): {said}"));
+    }
     if unread.linger.load(Ordering::Relaxed) {
         linger(&stream, service.options.max_request_bytes).await;
     }
