@@ -46,9 +46,7 @@ impl Refusals {
             return None;
         }
         let head = data.to_ascii_lowercase();
-        if memchr::memmem::find(&head, b"\r\ncontent-length: 0\r\n").is_none() {
-            return None;
-        }
+        memchr::memmem::find(&head, b"\r\ncontent-length: 0\r\n")?;
         let (status, reason, message) = match &data[9..12] {
             b"431" => (431, "Request Header Fields Too Large", self.headers_too_large.as_str()),
             b"414" => (414, "URI Too Long", "the request's path is over the limit of the request's headers"),
@@ -111,25 +109,6 @@ impl Socket {
 
 use std::future::Future;
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hypers_own_failures_are_said_with_the_protocols_error() {
-        let r = Refusals::new(16384, 64);
-        let hyper = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
-        let ours = String::from_utf8(r.answer(hyper).unwrap()).unwrap();
-        assert!(ours.starts_with("HTTP/1.1 431 ") && ours.ends_with("{\"error\":\"the request's headers are over the limit of 16384 bytes or 64 headers\"}"), "{ours}");
-        assert_eq!(r.said.load(std::sync::atomic::Ordering::Relaxed), 431);
-        let h2 = b"HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-length: 0\r\n\r\n";
-        assert!(String::from_utf8(r.answer(h2).unwrap()).unwrap().starts_with("HTTP/1.1 400 "));
-        // our own answers are left alone: a 503 of the health route, any answer with a body
-        assert!(r.answer(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n").is_none());
-        assert!(r.answer(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 12\r\n\r\n").is_none());
-    }
-}
-
 impl AsyncRead for Socket {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
@@ -188,5 +167,24 @@ impl AsyncWrite for Socket {
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         // The socket closes when its last owner drops it; a half-close is not needed to end an answer.
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hypers_own_failures_are_said_with_the_protocols_error() {
+        let r = Refusals::new(16384, 64);
+        let hyper = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        let ours = String::from_utf8(r.answer(hyper).unwrap()).unwrap();
+        assert!(ours.starts_with("HTTP/1.1 431 ") && ours.ends_with("{\"error\":\"the request's headers are over the limit of 16384 bytes or 64 headers\"}"), "{ours}");
+        assert_eq!(r.said.load(std::sync::atomic::Ordering::Relaxed), 431);
+        let h2 = b"HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-length: 0\r\n\r\n";
+        assert!(String::from_utf8(r.answer(h2).unwrap()).unwrap().starts_with("HTTP/1.1 400 "));
+        // our own answers are left alone: a 503 of the health route, any answer with a body
+        assert!(r.answer(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n").is_none());
+        assert!(r.answer(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 12\r\n\r\n").is_none());
     }
 }
