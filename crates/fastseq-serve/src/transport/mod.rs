@@ -177,7 +177,9 @@ async fn serve_http(stream: TcpStream, service: Arc<Service>, mut stopped: watch
         service.metrics.response(said);
         service.say(false, &format!("a request hyper could not read as HTTP/1.1 (its headers over their limits, or not HTTP/1.1): {said}"));
     }
-    if unread.linger.load(Ordering::Relaxed) {
+    if said > 0 || unread.linger.load(Ordering::Relaxed) {
+        // hyper closes after its refusal with the client's bytes unread: without reading them
+        // first the close is a reset, and the client may never see the answer.
         linger(&stream, service.options.max_request_bytes).await;
     }
     if let Err(e) = result {
