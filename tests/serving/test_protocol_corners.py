@@ -151,7 +151,9 @@ def test_upgrades_are_refused_logged_and_counted(server, caplog, request_head):
 def test_http2_spoken_to_the_http_port_is_refused_not_a_500(server):
     """An HTTP/2 client (prior knowledge) on the HTTP/1.1 port: refused, never a 5xx."""
     status, _, body = raw(server.port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\0\0\0\4\0\0\0\0\0")
-    assert status == 400 and "gRPC port" in strict(body)["error"], (status, body)
+    # hyper closes on the HTTP/2 preface without an answer (where it answers, a 505, it is said
+    # as a 400 naming the gRPC port): refused either way, never a 5xx
+    assert status == 0 or (status == 400 and "gRPC port" in strict(body)["error"]), (status, body)
     # a request hyper cannot parse at all: closed, or a 400 with the protocol's error, never a 5xx
     status, _, body = raw(server.port, b"GET /v2 HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
     assert status == 0 or (status == 400 and strict(body)["error"] == "the request is not valid HTTP/1.1"), (status, body)
