@@ -17,6 +17,7 @@ use crate::protocol::shape::{self, Dim};
 use crate::protocol::values::int_range;
 use crate::protocol::{list, binary, chosen, values_word, Checks};
 
+pub mod cost;
 pub mod messages;
 pub use messages::*;
 
