@@ -3,7 +3,7 @@
 //! message's wire form can be far smaller than its decoded form: an empty input is 2 bytes on
 //! the wire and a struct of a few hundred bytes once decoded, an element of `bytes_contents`
 //! 2 bytes and a 32-byte `Bytes`, an `int64_contents` zero 1 byte and 8. The walk follows
-//! the messages' fields (as [`super::messages`] declares them) and bounds each: the decoded
+//! the messages' fields (as [`crate::protocol::grpc::messages`] declares them) and bounds each: the decoded
 //! struct or element (twice: a `Vec` grows by doubling), the tensor built from typed contents
 //! after it, strings and maps by their length. Where the bytes stop being a valid message the
 //! walk stops too, as prost's decode does.
@@ -11,7 +11,7 @@ use std::mem::size_of;
 
 use bytes::Bytes;
 
-use super::messages::{InferInputTensor, InferParameter, InferRequestedOutputTensor};
+use crate::protocol::grpc::messages::{InferInputTensor, InferParameter, InferRequestedOutputTensor};
 
 /// A map entry's cost beyond its bytes (a HashMap slot, its String and its value).
 const MAP_ENTRY: u64 = 160;
