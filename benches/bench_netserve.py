@@ -8,6 +8,7 @@ in-process batcher on the same core (issue 43's benchmark).
     python benches/bench_netserve.py --long     # RSS and open files over 1,000,000 requests (wrk)
     python benches/bench_netserve.py --readme   # and write the table into docs/benchmarks.md
     python benches/bench_netserve.py --fastseq "/path/venv/bin/fastseq"   # another build's CLI
+    python benches/bench_netserve.py --quick --pipelines cnn --modes serve-bin,in-process  # a subset
 
 Every server runs pinned to core 0 (``taskset -c 0``), every client to core 1, 32 connections,
 one row a request: wrk (HTTP/1.1, a Lua script posting one fixed body, counting answers that
@@ -408,6 +409,8 @@ def main() -> None:
     p.add_argument("--readme", action="store_true", help="write the table into docs/benchmarks.md")
     p.add_argument("--fastseq", default=f"{shlex.quote(sys.executable)} -m fastseq",
                    help="the command that runs fastseq's CLI (default: this Python's fastseq)")
+    p.add_argument("--wait-idle", type=float, default=0, metavar="S",
+                   help="wait up to S seconds for the load average to fall under 0.5 before measuring")
     p.add_argument("--pipelines", help="e.g. cnn (default: cnn,tabular)")
     p.add_argument("--modes", help="a comma-separated subset of: " + ", ".join(MODES))
     p.add_argument("--in-process", help=argparse.SUPPRESS)
@@ -422,6 +425,9 @@ def main() -> None:
     if nc.missing_tools():
         sys.exit("missing: " + "; ".join(nc.missing_tools()) + " (or run with --setup)")
     args.fastseq = shlex.split(args.fastseq)
+    deadline = time.monotonic() + args.wait_idle
+    while os.getloadavg()[0] > 0.5 and time.monotonic() < deadline:
+        time.sleep(5)
     if os.getloadavg()[0] > 0.5:
         print(f"warning: load average {os.getloadavg()[0]:.1f}: something else runs here, numbers will be noisy",
               file=sys.stderr)
