@@ -28,6 +28,7 @@ PEERS = {  # venv -> what pip installs there (onnxruntime pinned to this Python'
     "perf": ["--no-deps", "tritonclient==2.40.0", "nvidia-cuda-runtime-cu12"],
 }
 
+
 class Server:
     """One server process pinned to the server core; ``http``/``grpc`` its ports once ready."""
 
