@@ -4,9 +4,10 @@ in-process batcher on the same core (issue 43's benchmark).
 
     python benches/bench_netserve.py --setup    # once: wrk, h2load, libb64 (apt), the peers' venvs
     python benches/bench_netserve.py            # the table: 3 rounds, both pipelines (about 10 minutes)
-    python benches/bench_netserve.py --quick    # one short round (a smoke run, about 2 minutes)
+    python benches/bench_netserve.py --quick    # one round of 1 s a mode (a smoke run, under 2 minutes)
     python benches/bench_netserve.py --long     # RSS and open files over 1,000,000 requests (wrk)
     python benches/bench_netserve.py --readme   # and write the table into docs/benchmarks.md
+    python benches/bench_netserve.py --wait-idle 600   # first wait (up to 10 min) for a quiet machine
     python benches/bench_netserve.py --fastseq "/path/venv/bin/fastseq"   # another build's CLI
     python benches/bench_netserve.py --quick --pipelines cnn --modes serve-bin,in-process  # a subset
 
@@ -18,7 +19,11 @@ is its /proc utime+stime (children included) over the requests it answered (fast
 ``nv_inference_request_success``, which also gives the mean batch); "beyond compute" takes
 off ONNX Runtime's own CPU per row at that batch size, measured alone on core 0. Before
 measuring, one request of each mode is checked against ``pipe(x)``; any request that fails
-fails the run. Server kinds in turns, each round, medians of 3 rounds."""
+fails the run. Server kinds in turns, each round, medians of 3 rounds. The in-process mode
+imports this Python's fastseq: run the benchmark with the Python of the build under test.
+On a machine that others share, a single-threaded server gets a smaller share of core 0
+than the batcher's 32 threads: numbers are only worth comparing when the load average is
+near 0 (the run says when it is not)."""
 
 from __future__ import annotations
 
