@@ -4,7 +4,6 @@
 //! ([`crate::protocol::values::from_json`]), each binary input a slice of the body
 //! ([`crate::protocol::binary::checked`]); everything checked as Python's protocol did, in its order,
 //! with its words; then the tensors against the model ([`crate::protocol::shape::against_model`]).
-use std::collections::HashMap;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
@@ -24,7 +23,7 @@ const REQUEST_PARAMETERS: [&str; 5] =
 /// A member that must be an object (or absent): its fields.
 fn object<'a>(raw: Option<&'a RawValue>, what: &str, known: &[&str]) -> Result<Fields<'a>, RequestError> {
     match raw {
-        None => Ok(Fields(HashMap::new())),
+        None => Ok(Fields::default()),
         Some(v) if v.get().starts_with('{') => Fields::parse(v)?.known(known),
         Some(v) => Err(RequestError::bad(format!("{what} must be a JSON object, got {}", kind(v)))),
     }
@@ -147,7 +146,7 @@ pub fn decode_http_indexed(
                 binary::checked(name, raw, datatype, &shape, count)?
             }
             // null is data too (one value, of no datatype's kind), as Python read it
-            None => match fields.0.remove("data") {
+            None => match fields.remove("data") {
                 Some(v) => values::from_json(name, v.get(), datatype, &shape, count)?.into(),
                 None => {
                     return Err(RequestError::bad(format!(
@@ -166,7 +165,7 @@ pub fn decode_http_indexed(
             size - offset
         )));
     }
-    let binary_output = match parameters.0.get("binary_data_output").map(|v| (v.get(), *v)) {
+    let binary_output = match parameters.get("binary_data_output").map(|v| (v.get(), v)) {
         None => false,
         Some(("true", _)) => true,
         Some(("false", _)) => false,
@@ -178,8 +177,8 @@ pub fn decode_http_indexed(
         }
     };
     let timeout = {
-        let p = &parameters.0;
-        let got = |key: &str| p.get(key).map(|v| params::from_raw(v));
+        let p = &parameters;
+        let got = |key: &str| p.get(key).map(params::from_raw);
         for key in ["timeout", "sequence_id", "sequence_start", "sequence_end"] {
             if let Some(Err(e)) = got(key) {
                 return Err(e);
@@ -338,7 +337,7 @@ fn requested(model: &ModelSpec, raw: &RawValue, binary_output: bool) -> Result<V
         if params.has("shared_memory_region") {
             return Err(RequestError::bad(format!("output '{name}': shared memory is not supported by fastseq serve")));
         }
-        let binary = match params.0.remove("binary_data").map(|v| (params::from_raw(v), v)) {
+        let binary = match params.remove("binary_data").map(|v| (params::from_raw(v), v)) {
             None => binary_output,
             Some((Ok(Param::Bool(b)), _)) => b,
             Some((_, v)) => {
