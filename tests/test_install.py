@@ -125,21 +125,50 @@ def without(modules: list[str], code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", hide + code], capture_output=True, text=True, timeout=120)
 
 
-def test_serving_without_its_extra_names_the_extra_and_the_command(tmp_path):
+def test_the_asgi_app_without_its_extra_names_the_extra(tmp_path):
     onnx.save(scale_model(2.0), str(tmp_path / "m.onnx"))
-    for call, hidden in (("fastseq.serve(pipe, port=0)", "uvicorn"), ("fastseq.serving.app(pipe)", "prometheus_client")):
-        r = without([hidden], f"""
+    r = without(["prometheus_client"], f"""
 import fastseq
 pipe = fastseq.ONNXSequential({str(tmp_path / 'm.onnx')!r})
 try:
-    {call}
+    fastseq.serving.app(pipe)
 except fastseq.MissingExtraError as e:
-    assert isinstance(e, ModuleNotFoundError) and e.extra == "serve" and e.name == {hidden!r}
+    assert isinstance(e, ModuleNotFoundError) and e.extra == "serve" and e.name == "prometheus_client"
     print(e)
 """)
-        assert r.returncode == 0, r.stderr
-        assert f"needs the serve extra, which is not installed ({hidden} missing): pip install 'fastseq-onnx[serve]'" \
-            in r.stdout, r.stdout
+    assert r.returncode == 0, r.stderr
+    assert ("needs the serve extra, which is not installed (prometheus_client missing): "
+            "pip install 'fastseq-onnx[serve]'") in r.stdout, r.stdout
+
+
+def test_fastseq_serve_needs_no_extra(tmp_path):
+    """The request path is the core's: without uvicorn, prometheus_client and grpcio, ``fastseq
+    serve`` serves HTTP and gRPC, answers an infer request and drains on SIGTERM."""
+    import json
+    import signal
+    import urllib.request
+
+    onnx.save(scale_model(2.0, shape=("N", 2)), str(tmp_path / "m.onnx"))
+    hide = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in ("uvicorn", "prometheus_client", "grpc"))
+    code = hide + f"from fastseq.cli import main\nsys.exit(main(['serve', {str(tmp_path / 'm.onnx')!r}, '--port', '0', " \
+                  "'--grpc-port', '0']))"
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "ready:" in line or len(lines) > 20:
+                break
+        listening = next(line for line in lines if "listening on http://127.0.0.1:" in line)
+        port = int(listening.split("127.0.0.1:")[1].split()[0])
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/m/infer", body.encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            answer = json.loads(r.read())
+        assert answer["outputs"][0]["data"] == [2.0, 4.0], answer
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, "".join(lines) + proc.stderr.read()
 
 
 def test_ray_without_its_extra_names_the_extra_in_python_and_on_the_command_line(tmp_path):

@@ -273,6 +273,108 @@ class Layout:
         """Tensors of at least this many bytes go to the data file."""
 
 
+@typing.final
+class Server:
+    """A running server."""
+
+    def drain(self) -> None:
+        """Stops taking requests; those open go on."""
+
+    def mark_ready(self) -> None:
+        """Ready without a warm-up run."""
+
+    @property
+    def open(self) -> int:
+        """Requests open now (arriving, queued or running)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    def shutdown(self, grace_s: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        """Drains, waits up to `grace_s` for the open requests, closes. True where all ended in time."""
+
+    def warm_up(self) -> None:
+        """Runs a row of zeros through each model, then marks the server ready; a RuntimeError
+        saying which model failed and why.
+        """
+
+
+@typing.final
+class TensorData:
+    """A tensor's bytes, read-only, as Python's buffer protocol hands them to numpy."""
+
+    def __len__(self) -> int: ...
+
+
+@typing.final
+class ServedSpec:
+    """A served model as the protocol checks requests against it: its name and version, its
+    inputs and outputs (name, KServe datatype, shape with -1 for a dynamic axis or None), and
+    its batching.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+
+def start_server(
+    models: _typeshed.SupportsGetItem[int, tuple[ServedSpec, typing.Any]],
+    http_fd: typing.SupportsIndex,
+    grpc_fd: typing.SupportsIndex | None,
+    options: dict,
+    log: typing.Any,
+) -> Server:
+    """Serves `models` (pairs of a served spec and an engine callable) on the listening socket
+    `http_fd` (and `grpc_fd`), both taken over; `options` as fastseq.serving sets them;
+    `log(error, line)` receives one line per failure.
+    """
+
+
+def served_spec(
+    name: str,
+    version: str,
+    inputs: _typeshed.SupportsGetItem[int, tuple[str, str, _typeshed.SupportsGetItem[int, typing.SupportsIndex] | None]],
+    outputs: _typeshed.SupportsGetItem[int, tuple[str, str, _typeshed.SupportsGetItem[int, typing.SupportsIndex] | None]],
+    max_batch_size: typing.SupportsIndex = 0,
+    max_delay_us: typing.SupportsIndex = 0,
+) -> ServedSpec:
+    """The protocol's description of a served model (see [`ServedSpec`]): each tensor as (name,
+    KServe datatype, shape or None).
+    """
+
+
+def served_documents(spec: ServedSpec) -> tuple[bytes, bytes]:
+    """The model's metadata and Triton configuration documents (JSON), as the protocol writes them."""
+
+
+def decode_http(
+    spec: ServedSpec,
+    body: typing.Any,
+    header_length: typing.SupportsIndex | None = None,
+    every_input: bool = True,
+) -> tuple[str | None, list[tuple[str, str, list[int], typing.Any]], list[tuple[int, bool]], float | None]:
+    """The HTTP infer request in `body` for `spec` (see `fastseq_serve::protocol::decode_http`):
+    `(id, inputs in the model's order, outputs as (index, binary), timeout in seconds)`; a
+    `fastseq.RequestError` for a request the protocol refuses. `every_input=False` leaves
+    missing inputs to the caller's input rule.
+    """
+
+
+def encode_http(
+    spec: ServedSpec,
+    id: str | None,
+    items: _typeshed.SupportsGetItem[int, tuple[typing.SupportsIndex, bool, str, _typeshed.SupportsGetItem[int, typing.SupportsIndex], typing.Any]],
+) -> tuple[bytes, int | None]:
+    """The answer to a request for `spec` (its `id`): `items` as (output index, binary, datatype,
+    shape, values), values a C-contiguous uint8 view of the array, or a list of str or bytes
+    for BYTES. Returns `(body, header_length)` (None: the body is JSON alone).
+    """
+
+
+def error_json(message: str) -> bytes:
+    """`{"error": message}`, always valid JSON."""
+
+
 def compose(
     sources: _typeshed.SupportsGetItem[int, Source],
     labels: _typeshed.SupportsGetItem[int, str],

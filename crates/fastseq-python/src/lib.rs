@@ -12,6 +12,8 @@ mod files;
 mod io_infos;
 mod layout;
 mod plan;
+mod server;
+mod serving;
 mod sources;
 mod writer;
 
@@ -73,6 +75,15 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Saved>()?;
     m.add_class::<PrivateCopyInfo>()?;
     m.add_class::<PyLayout>()?;
+    m.add_class::<server::Server>()?;
+    m.add_class::<server::TensorData>()?;
+    m.add_function(wrap_pyfunction!(server::start_server, m)?)?;
+    m.add_class::<serving::ServedSpec>()?;
+    m.add_function(wrap_pyfunction!(serving::served_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::served_documents, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::decode_http, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::encode_http, m)?)?;
+    m.add_function(wrap_pyfunction!(serving::error_json, m)?)?;
     m.add_function(wrap_pyfunction!(compose_sources, m)?)?;
     m.add_function(wrap_pyfunction!(load_model, m)?)?;
     m.add_function(wrap_pyfunction!(load_models, m)?)?;

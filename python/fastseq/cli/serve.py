@@ -61,7 +61,7 @@ def add(sub: Any) -> None:
     from fastseq.serving import DEFAULTS
 
     s = sub.add_parser("serve", help="serve a model, several composed in order, or the pipelines of a pipeline.toml "
-                                     "on the KServe v2 / Triton protocol over HTTP (needs the serve extra)")
+                                     "on the KServe v2 / Triton protocol over HTTP and gRPC")
     s.add_argument("models", nargs="+", metavar="SOURCE",
                    help="paths, URLs, hf:// ids or builtin:NAME, composed in order; or one pipeline.toml (each of "
                         "its pipelines served under its name)")
@@ -73,7 +73,7 @@ def add(sub: Any) -> None:
     s.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
     s.add_argument("--grpc-port", type=int,
                    help="also serve the protocol over gRPC on this port (Triton's GRPCInferenceService, what "
-                        "tritonclient.grpc calls; 0 picks a free one; needs grpcio)")
+                        "tritonclient.grpc calls; 0 picks a free one)")
     s.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
                    help=f"rows of concurrent requests joined into one run (default {DEFAULTS['max_batch_size']}; "
                         "1 turns batching off)")
@@ -89,6 +89,12 @@ def add(sub: Any) -> None:
     s.add_argument("--body-timeout-s", type=_positive(float), default=DEFAULTS["body_timeout_s"],
                    help=f"how long a request body may take to arrive (default {DEFAULTS['body_timeout_s']:g}); "
                         "a slower one is a 408")
+    s.add_argument("--max-uploads", type=int, default=DEFAULTS["max_uploads"],
+                   help=f"request bodies arriving at once before a 503 (default {DEFAULTS['max_uploads']}); a request "
+                        "takes a place in the queue only once its body has arrived")
+    s.add_argument("--memory-budget", type=_size, default=DEFAULTS["memory_budget"],
+                   help="bytes all requests may hold together, e.g. 512M (default 1G): bodies, decoded tensors, batches "
+                        "and answers until read; past it a request waits (then 503), and one alone over it is a 413")
     s.add_argument("--no-warm-up", action="store_true",
                    help="ready once the sessions exist, without a warm-up run (for a model that a row of zeros, each "
                         "dynamic axis 1, does not fit)")
@@ -103,27 +109,25 @@ def add(sub: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
-    for flag in ("max_batch_size", "max_queue"):
+    for flag in ("max_batch_size", "max_queue", "max_uploads"):
         if getattr(args, flag) < 1:
             raise fail(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     for flag in ("port", "grpc_port"):
         value = getattr(args, flag)
         if value is not None and not 0 <= value <= 65535:
             raise fail(f"--{flag.replace('_', '-')} must be from 0 to 65535, got {value}")
-    from fastseq.errors import require_extra
-
-    require_extra("fastseq serve", "serve", ("uvicorn", "prometheus_client") + (("grpc",) if args.grpc_port is not None else ()))
     from fastseq import serving
     from fastseq.serving.server import Server, say
     _log(quiet)
     pipelines = _pipelines(args, quiet)
-    app = serving.app(pipelines, row_independent=args.row_independent, warm_up=not args.no_warm_up,
+    served = serving.served(pipelines, row_independent=args.row_independent, warm_up=not args.no_warm_up,
                       max_batch_size=args.max_batch_size,
                       max_delay_ms=args.max_delay_ms, max_queue=args.max_queue,
                       max_request_bytes=args.max_request_bytes, timeout_s=args.timeout_s,
-                      body_timeout_s=args.body_timeout_s)
+                      body_timeout_s=args.body_timeout_s, max_uploads=args.max_uploads,
+                      memory_budget=args.memory_budget)
     try:
-        server = Server(app, args.host, args.port, grpc_port=args.grpc_port, announce=say, verbose=quiet.verbose)
+        server = Server(served, args.host, args.port, grpc_port=args.grpc_port, announce=say, verbose=quiet.verbose)
     except OSError as e:
         raise fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     return server.run()  # 1 where a model's warm-up failed (its line says which)
@@ -163,8 +167,7 @@ def _stem(source: str) -> str:
 
 
 def _log(quiet: Quiet) -> None:
-    """The server's own log lines (one per error) as ``fastseq serve: ...`` on stderr; with
-    ``--verbose``, uvicorn's too."""
+    """The server's own log lines (one per error) as ``fastseq serve: ...`` on stderr."""
     import logging
     import sys
 
@@ -174,7 +177,3 @@ def _log(quiet: Quiet) -> None:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-    if quiet.verbose:
-        uv = logging.getLogger("uvicorn")
-        uv.addHandler(handler)
-        uv.setLevel(logging.INFO)

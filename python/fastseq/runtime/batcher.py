@@ -115,9 +115,7 @@ class Batcher:
         engine = engine_of(pipe)
         # declared by the call or by the pipeline's description (a pipeline file's row_independent)
         row_independent = row_independent or getattr(pipe, "row_independent", False) is True
-        if not row_independent:  # the core's verdict first: it names the node at fault
-            engine.check_rows()
-        _check_batch_axis(engine.runner, declared=row_independent)
+        batchable(engine, row_independent)
         self.max_batch_size = int(max_batch_size)
         self.max_delay_ms = float(max_delay_ms)
         self.row_independent = row_independent
@@ -387,6 +385,15 @@ def _check_settings(max_batch_size: Any, max_delay_ms: Any) -> None:
             f"max_delay_ms must be a finite number of milliseconds from 0 to {threading.TIMEOUT_MAX * 1000:g}, "
             f"got {max_delay_ms!r}"
         )
+
+
+def batchable(engine: Engine, row_independent: bool = False) -> None:
+    """Whether requests to ``engine``'s pipeline may be joined along their first axis (the
+    batcher's rule, and the network server's): a CompositionError saying why not.
+    ``row_independent`` (declared) skips the core's check that no node mixes rows."""
+    if not row_independent:  # the core's verdict first: it names the node at fault
+        engine.check_rows()
+    _check_batch_axis(engine.runner, declared=row_independent)
 
 
 def _check_batch_axis(runner: Runner, declared: bool = False) -> None:

@@ -164,9 +164,11 @@ class App:
                 raise RequestError(f"the body has {declared} bytes, over the limit of {service.max_request_bytes} "
                                    "(max_request_bytes)", 413)
             body = await self._body(receive)
-            request = decode_infer(model.name, body, header_length, model.inputs, model.outputs)
+            request = decode_infer(model.name, body, header_length, model.inputs, model.outputs, every_input=True,
+                                   spec=model.spec)
             chosen = await service.infer(model, request, began)
-            body, header = encode_infer(model.name, model.version, request.id, chosen)
+            body, header = encode_infer(model.name, model.version, request.id, chosen, spec=model.spec,
+                                        index=model.output_index)
             headers = [(b"content-type", b"application/octet-stream" if header is not None else b"application/json"),
                        (b"content-length", str(len(body)).encode())]
             if header is not None:

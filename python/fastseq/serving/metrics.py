@@ -105,12 +105,9 @@ class Metrics:
     (prometheus_client's process collector)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, ProcessCollector
-
         self.models: dict[str, ModelStats] = {}
         self.responses: dict[int, int] = {}
-        self._process = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self._process)
+        self._process: Any = None  # prometheus_client's, made when first scraped (the serve extra)
 
     def model(self, name: str, version: str) -> ModelStats:
         stats = self.models[name] = ModelStats(name, version)
@@ -156,7 +153,11 @@ class Metrics:
     def text(self) -> bytes:
         """Every metric in Prometheus' text format (0.0.4), Triton's names as Triton writes
         them (a counter without ``_total``)."""
-        from prometheus_client import generate_latest
+        from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
+        if self._process is None:
+            self._process = CollectorRegistry(auto_describe=False)
+            ProcessCollector(registry=self._process)
 
         lines = []
         for name, doc, kind, samples in self.families():

@@ -6,18 +6,18 @@ each on its own through ``run_async``. Ready once a warm-up run has passed."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
+from fastseq import _core
 from fastseq.errors import CompositionError, InputError
-from fastseq.runtime.batcher import Batcher
+from fastseq.runtime.batcher import Batcher, batchable
 from fastseq.runtime.engine import Engine, Pipelined, engine_of
-from fastseq.serving.datatypes import CONFIG_TYPES, DTYPES, datatype_of
-from fastseq.serving.protocol import Tensor
+from fastseq.serving.datatypes import DTYPES, datatype_of
+from fastseq.serving.protocol import Tensor, served_spec
 
 log = logging.getLogger("fastseq.serve")
 
@@ -57,47 +57,47 @@ class ServedModel:
         self.inputs = _tensors(session.get_inputs(), runner.inputs, "input")
         self.outputs = _tensors(session.get_outputs(), runner.outputs, "output")
         self.output_order = list(self.outputs)
-        self.batcher: Batcher | None = None
+        self.output_index = {n: k for k, n in enumerate(self.output_order)}
         self._run_with = run_with  # another batching's (Ray Serve's), in place of the batcher
+        self._batcher: Any = None
+        # declared by the caller (--row-independent) or by the pipeline's description (its file's row_independent)
+        row_independent = row_independent or getattr(pipe, "row_independent", False) is True
+        self._batching = dict(max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, row_independent=row_independent,
+                              spinning=False, on_batch=on_batch)
+        self.batched = False
         if run_with is None and max_batch_size > 1:
             try:
-                # Without spinning: the server's loop and its clients need the cores that ONNX
-                # Runtime's idle pool threads would spin on (measured: 210-230 us of the server's
-                # CPU a request against 320-380 us, at the same rows/s or more).
-                self.batcher = Batcher(engine, max_batch_size, max_delay_ms, row_independent=row_independent,
-                                       spinning=False, on_batch=on_batch)
+                batchable(engine, row_independent)
+                self.batched = True
             except CompositionError as e:
                 # the whole reason, on one line: the node at fault and the flag that overrides it
                 log.warning("model '%s' is served request by request: %s", name, " ".join(str(e).split()))
-        self.max_batch_size = max_batch_size if self.batcher is not None or run_with is not None else 0
+        self.max_delay_ms = float(max_delay_ms)
+        self.max_batch_size = max_batch_size if self.batched or run_with is not None else 0
         # the one input of the common pipeline, passed by position: the batcher's short path
         self._single = next(iter(self.inputs)) if len(self.inputs) == 1 else None
         self.ready = False
-        self.metadata = json.dumps({
-            "name": name, "versions": [VERSION], "platform": "onnxruntime_onnx",
-            "inputs": [t.as_json() for t in self.inputs.values()],
-            "outputs": [t.as_json() for t in self.outputs.values()],
-        }).encode()
-        self.config = json.dumps(self._config()).encode()
+        # The core's description: requests are decoded and answers encoded against it, the
+        # server in the core batches by it, and the metadata and configuration documents are its.
+        self.spec = served_spec(name, VERSION, tuple(self.inputs.values()), tuple(self.outputs.values()),
+                                self.max_batch_size, int(self.max_delay_ms * 1000))
+        self.metadata, self.config = _core.served_documents(self.spec)
 
-    def _config(self) -> dict[str, Any]:
-        """Triton's model configuration, as far as it describes this pipeline: with batching,
-        ``max_batch_size`` and each tensor's dims without the batch axis."""
-        batched = self.max_batch_size > 0
+    @property
+    def batcher(self) -> Any:
+        """The pipeline's batcher, made when first asked for (the ASGI app's path; the server
+        in the core batches by itself); None where the model is not batched."""
+        if self.batched and self._batcher is None:
+            self._batcher = Batcher(self.engine, **self._batching)
+        return self._batcher
 
-        def dims(t: Tensor) -> list[int]:
-            shape = list(t.shape) if t.shape is not None else [-1]
-            return shape[1:] if batched and shape else shape
+    def batch_run(self) -> Any:
+        """What the core's server calls once a batch: the pipeline's runner (the batchers' own
+        session of it, without spinning, where batched on the CPU)."""
+        from fastseq.serving.runs import BatchRun
 
-        def entries(tensors: dict[str, Tensor]) -> list[dict[str, Any]]:
-            return [{"name": t.name, "data_type": CONFIG_TYPES[t.datatype], "dims": dims(t)} for t in tensors.values()]
-
-        config: dict[str, Any] = {"name": self.name, "platform": "onnxruntime_onnx", "backend": "fastseq",
-                                  "max_batch_size": self.max_batch_size, "input": entries(self.inputs),
-                                  "output": entries(self.outputs)}
-        if self.batcher is not None:
-            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(self.batcher.max_delay_ms * 1000)}
-        return config
+        runner = self.engine.batch_runner() if self.batched else self.engine.runner
+        return BatchRun(runner, list(self.inputs.values()), list(self.outputs.values()))
 
     async def infer(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Every output for ``feeds`` (checked by the pipeline's one input rule)."""
@@ -129,5 +129,5 @@ class ServedModel:
     def close(self) -> None:
         """Refuses new requests; those taken by the batcher run and are answered first."""
         self.ready = False
-        if self.batcher is not None:
-            self.batcher.close()
+        if self._batcher is not None:
+            self._batcher.close()

@@ -1,143 +1,133 @@
-"""The server process: an :class:`~fastseq.serving.asgi.App` on uvicorn (with httptools and
-uvloop where installed), on a socket bound before the models warm up, so that the port is
-known (``port=0`` picks a free one) and a client sees "not ready" rather than "refused"
-meanwhile.
+"""The server process: the request path of the core (``fastseq._core.Server``: HTTP/1.1 and
+gRPC on tokio and hyper, the protocol, batching, limits and metrics in Rust) over the models of
+an :class:`~fastseq.serving.asgi.App`, entered in Python once a batch. Its sockets are bound
+here, before the models warm up, so that the port is known (``port=0`` picks a free one) and a
+client sees "not ready" rather than "refused" meanwhile.
 
-SIGTERM (or SIGINT) stops taking requests: ready turns false and new requests are a 503, the
-listening socket closes, the requests open are answered, the batchers run what they took and
-close, and :meth:`Server.run` returns 0 (uvicorn would raise the signal again after its
-shutdown, which ends the process with the signal's status instead). A second SIGINT stops at
-once. A model whose warm-up fails stops the server: :meth:`run` returns 1."""
+SIGTERM (or SIGINT) stops taking requests: ready turns false, the listening sockets close, new
+requests on open connections are a 503, the requests open are answered, the batches taken run,
+and :meth:`Server.run` returns 0. A second SIGINT stops at once. A model whose warm-up fails
+stops the server: :meth:`run` returns 1."""
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import signal
 import socket
 import sys
+import threading
 from typing import Any
 
-import uvicorn
-
+from fastseq._core import __version__
 from fastseq.serving.asgi import App
+
+log = logging.getLogger("fastseq.serve")
 
 #: how long a shutdown waits for open requests past their own timeout
 GRACE_S = 5.0
 
 
-def _loop_and_http() -> tuple[str, str]:
-    """uvloop and httptools where installed (uvicorn's "standard" extra), else asyncio and h11."""
-    import importlib.util
-
-    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
-    return loop, http
-
-
 def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A listening TCP socket on ``host``:``port`` (IPv6 where ``host`` is an IPv6 address)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=backlog)
-    sock.set_inheritable(True)
-    return sock
+    return socket.create_server((host, port), family=family, backlog=backlog)
+
+
+def _log_line(error: bool, line: str) -> None:
+    (log.error if error else log.warning)("%s", line)
 
 
 class Server:
-    """``app`` served on ``host``:``port`` (bound when made: :attr:`port` is the real one).
-    :meth:`run` blocks until stopped (a signal in the main thread, or :meth:`stop` from any)."""
+    """The models of ``served`` (:func:`fastseq.serving.served`'s, or an ASGI app's) served on ``host``:``port`` (bound when made: :attr:`port` is the real
+    one), and over gRPC on ``grpc_port`` if given. :meth:`run` blocks until stopped (a signal
+    in the main thread, or :meth:`stop` from any)."""
 
-    def __init__(self, app: App, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
+    def __init__(self, served: Any, host: str = "127.0.0.1", port: int = 8000, *, grpc_port: int | None = None,
                  announce: Any = None, verbose: bool = False) -> None:
-        self.app = app
-        self.socket = bind(host, port)
-        self.host, self.port = host, self.socket.getsockname()[1]
+        # what fastseq.serving.served made, or the ASGI application over it
+        self.service = served.service if isinstance(served, App) else served
+        self.host = host
+        self._sockets = [bind(host, port)]
+        self.port = self._sockets[0].getsockname()[1]
+        self.grpc_port = None
+        if grpc_port is not None:
+            try:
+                self._sockets.append(bind(host, grpc_port))
+            except OSError:
+                self._sockets[0].close()
+                raise
+            self.grpc_port = self._sockets[1].getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"
         self._announce = announce
-        self.grpc_port = grpc_port  # the bound one once serving
-        self._grpc: Any = None
-        loop, http = _loop_and_http()
-        config = uvicorn.Config(
-            app, loop=loop, http=http, lifespan="on", access_log=False, log_config=None,
-            log_level="info" if verbose else "warning", server_header=False, backlog=2048,
-            # a request open at the signal may still be reading its body, then running
-            timeout_graceful_shutdown=int(app.service.body_timeout_s + app.service.timeout_s + GRACE_S),
-        )
-        self._server = _Draining(config, app.service)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._core: Any = None
         self.exit_code: int | None = None
+
+    def _options(self) -> dict[str, Any]:
+        s = self.service
+        return {"max_queue": s.max_queue, "max_request_bytes": s.max_request_bytes, "timeout_s": s.timeout_s,
+                "body_timeout_s": s.body_timeout_s, "version": __version__, **s.core_options}
 
     def run(self) -> int:
         """Serves until stopped; 0 after a clean shutdown, 1 if a model failed its warm-up."""
-        factory = getattr(self._server.config, "get_loop_factory", lambda: None)()  # uvicorn >= 0.36
-        if factory is not None:
-            with asyncio.Runner(loop_factory=factory) as runner:
-                return runner.run(self.serve())
-        return asyncio.run(self.serve())
+        from fastseq._core import start_server
 
-    async def serve(self) -> int:
-        self._loop = asyncio.get_running_loop()
-        server = self._server
-        serving = asyncio.ensure_future(server.serve(sockets=[self.socket]))
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.01)
-        grpc = ""
-        if self.grpc_port is not None and not serving.done():
-            from fastseq.serving import grpc_service
+        service = self.service
+        models = [(m.spec, m.batch_run()) for m in service.models.values()]
+        fds = [s.detach() for s in self._sockets]
+        self._core = core = start_server(models, fds[0], fds[1] if len(fds) > 1 else None, self._options(), _log_line)
+        restore = self._signals()
+        try:
+            grpc = f" and gRPC on {self.host}:{self.grpc_port}" if self.grpc_port is not None else ""
+            self._say(f"listening on {self.url} (KServe v2 over HTTP{grpc}); warming up "
+                      + ", ".join(f"'{name}'" for name in service.models))
+            code = 0
+            if service.warm:
+                try:
+                    core.warm_up()
+                except RuntimeError as e:  # its line is logged by the core, naming the model
+                    from fastseq.errors import RunError
 
-            try:
-                self._grpc, self.grpc_port = await grpc_service.start(self.app.service, self.host, self.grpc_port)
-            except (OSError, RuntimeError) as e:
-                self._say(f"error: cannot serve gRPC: {e}")
-                server.should_exit = True
-                await serving
-                self.exit_code = 1
-                return 1
-            grpc = f" and gRPC on {self.host}:{self.grpc_port}"
-        self._say(f"listening on {self.url} (KServe v2 over HTTP{grpc}); warming up "
-                  + ", ".join(f"'{name}'" for name in self.app.models))
-        warm = self.app.service.start()
-        await asyncio.wait({warm, serving}, return_when=asyncio.FIRST_COMPLETED)
-        code = 0
-        if warm.done() and warm.exception() is not None:
-            code = 1
-            server.should_exit = True
-        elif warm.done():
-            models = "; ".join(f"{name} at {self.url}/v2/models/{name}" + (
-                f" (batched, up to {m.max_batch_size} rows)" if m.batcher is not None else " (not batched)")
-                for name, m in self.app.models.items())
-            self._say(f"ready: {models}")
-        await serving  # drained: the service waited for every open request, HTTP's and gRPC's
-        if self._grpc is not None:
-            await self._grpc.stop(GRACE_S)
+                    service.failed = RunError(str(e))
+                    code = 1
+            else:
+                core.mark_ready()
+            if code == 0 and not self._stop.is_set():
+                models = "; ".join(f"{name} at {self.url}/v2/models/{name}" + (
+                    f" (batched, up to {m.max_batch_size} rows)" if m.batched else " (not batched)")
+                    for name, m in service.models.items())
+                self._say(f"ready: {models}")
+                while not self._stop.wait(0.5):
+                    pass
+            core.shutdown(service.body_timeout_s + service.timeout_s + GRACE_S)
+        finally:
+            restore()
         self.exit_code = code
         return code
 
     def stop(self) -> None:
         """As SIGTERM: drains and shuts down (from any thread)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._server.handle_exit, signal.SIGTERM, None)
+        if self._core is not None:
+            self._core.drain()
+        self._stop.set()
+
+    def _signals(self) -> Any:
+        """SIGTERM and SIGINT drain (a second SIGINT exits at once), where this is the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def handle(signum: int, frame: Any) -> None:
+            if self._stop.is_set() and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop()
+
+        previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
     def _say(self, line: str) -> None:
         if self._announce is not None:
             self._announce(line)
-
-
-class _Draining(uvicorn.Server):
-    """uvicorn's Server that drains the service at the first signal, and does not raise the
-    signal again once it has shut down (a clean exit is 0)."""
-
-    def __init__(self, config: uvicorn.Config, service: Any) -> None:
-        super().__init__(config)
-        self.service = service
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        self.service.drain()
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True
-        else:
-            self.should_exit = True
 
 
 def say(line: str) -> None:

@@ -30,7 +30,7 @@ class Service:
 
     def __init__(self, models: dict[str, ServedModel], metrics: Metrics | None = None, *, max_queue: int = 128,
                  max_request_bytes: int = 32 << 20, timeout_s: float = 60.0, body_timeout_s: float = 30.0,
-                 warm_up: bool = True) -> None:
+                 warm_up: bool = True, core_options: dict[str, Any] | None = None) -> None:
         for name, value in (("max_queue", max_queue), ("max_request_bytes", max_request_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"{name} must be an int >= 1, got {value!r}")
@@ -39,6 +39,7 @@ class Service:
                 raise InputError(f"{name} must be a number of seconds > 0, got {value!r}")
         self.models = models
         self.max_queue, self.max_request_bytes = max_queue, max_request_bytes
+        self.core_options = dict(core_options or {})  # the limits only the core's server keeps
         self.timeout_s, self.body_timeout_s = float(timeout_s), float(body_timeout_s)
         self.metrics = metrics if metrics is not None else Metrics()
         known = self.metrics.models
@@ -69,6 +70,11 @@ class Service:
     def _warmed(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.failed = task.exception()
+
+    @property
+    def warm(self) -> bool:
+        """Whether the models run a warm-up before they are ready."""
+        return self._warm_up
 
     @property
     def started(self) -> bool:
