@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,41 +28,24 @@ pub struct TensorData(Bytes);
 
 #[pymethods]
 impl TensorData {
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: std::os::raw::c_int,
-    ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyValueError::new_err("a null view"));
-        }
-        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-            return Err(pyo3::exceptions::PyBufferError::new_err("a tensor's data is read-only"));
-        }
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: std::os::raw::c_int) -> PyResult<()> {
         let data = &slf.get().0;
-        // SAFETY: `view` is the caller's to fill; the bytes live as long as the object, which
-        // the view holds a reference to (`obj`).
-        unsafe {
-            (*view).obj = slf.clone().into_any().into_ptr();
-            (*view).buf = data.as_ptr() as *mut std::os::raw::c_void;
-            (*view).len = data.len() as isize;
-            (*view).readonly = 1;
-            (*view).itemsize = 1;
-            (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                c"B".as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape =
-                if flags & ffi::PyBUF_ND == ffi::PyBUF_ND { &mut (*view).len } else { std::ptr::null_mut() };
-            (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                &mut (*view).itemsize
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = std::ptr::null_mut();
+        // CPython's own filling of a one-dimensional read-only byte buffer (what `bytes` hands
+        // out): it refuses a writable request, and the view holds a reference to the object,
+        // whose bytes live as long as it does.
+        // SAFETY: `view` is the caller's to fill; the pointer and length are the object's own.
+        let done = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                data.as_ptr() as *mut std::os::raw::c_void,
+                data.len() as ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if done == -1 {
+            return Err(PyErr::fetch(slf.py()));
         }
         Ok(())
     }
@@ -106,8 +89,7 @@ fn read_outputs(outputs: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     for item in outputs.try_iter()? {
         let item = item?;
         let (datatype, shape, data): (String, Vec<usize>, Bound<'_, PyAny>) = item.extract()?;
-        let datatype =
-            Datatype::parse(&datatype).ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
+        let datatype = Datatype::parse(&datatype).ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
         let buffer = pyo3::buffer::PyBuffer::<u8>::get(&data)?;
         // One copy a batch, made holding the GIL, so that nothing Python's outlives the call.
         let bytes = Bytes::from(buffer.to_vec(item.py())?);
@@ -123,8 +105,7 @@ fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
         let key: String = key.extract()?;
         let seconds = |v: &Bound<'_, PyAny>| -> PyResult<Duration> {
             let s: f64 = v.extract()?;
-            Duration::try_from_secs_f64(s)
-                .map_err(|_| PyValueError::new_err(format!("{key}: {s} is not a number of seconds")))
+            Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{key}: {s} is not a number of seconds")))
         };
         match key.as_str() {
             "max_queue" => o.max_queue = value.extract()?,
@@ -146,7 +127,7 @@ fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
 
 /// Log lines to Python's logging, from a thread of their own.
 fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
-    let (send, receive) = sync_channel::<(bool, String)>(4096);
+    let (send, receive): (SyncSender<(bool, String)>, Receiver<(bool, String)>) = sync_channel(4096);
     let dropped = Arc::new(AtomicU64::new(0));
     let lost = dropped.clone();
     std::thread::Builder::new()
@@ -158,8 +139,7 @@ fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
                 Python::attach(|py| {
                     let n = lost.swap(0, Ordering::Relaxed);
                     if n > 0 {
-                        let _ = sink
-                            .call1(py, (true, format!("{n} log lines were dropped: more came than could be written")));
+                        let _ = sink.call1(py, (true, format!("{n} log lines were dropped: more came than could be written")));
                     }
                     for (error, line) in lines {
                         let _ = sink.call1(py, (error, line));
@@ -248,3 +228,4 @@ pub(crate) fn start_server(
     .map(|inner| Server { inner })
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server: {e}")))
 }
+

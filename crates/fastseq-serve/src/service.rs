@@ -2,14 +2,21 @@
 //! and version, admission (uploads in progress and complete requests bounded apart; none
 //! while not ready or shutting down), the memory budget, its timeout, its failure as a status
 //! and one log line, the metrics; and the lifecycle (ready after a warm-up, draining).
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::batching::{Batcher, Budget, Engine, Held};
 use crate::error::{client_text, did_you_mean, log_line, RequestError, Status};
 use crate::metrics::{Metrics, ModelMetrics};
-use crate::tensor::{InferRequest, ModelSpec, Tensor};
+use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
+
+/// What a BYTES element of a request costs beyond its own bytes while its batch runs: the
+/// Python str it becomes (49 bytes and its text), its slot in numpy's object array (8), ONNX
+/// Runtime's std::string (32), and an output element of as many on the way back (a Python
+/// bytes of 33, its packed length of 37, a list slot of 8). Measured: 200,000 one-character
+/// elements through an Identity model held 30-35 MB (about 160 bytes each) at their peak.
+pub const STRING_COST: u64 = 192;
 
 /// The limits a server keeps.
 #[derive(Debug, Clone)]
@@ -59,6 +66,95 @@ pub struct Model {
     pub spec: Arc<ModelSpec>,
     pub batcher: Batcher,
     pub metrics: Arc<ModelMetrics>,
+    /// Output bytes a row takes by the model's declared shapes (a request, where the model is
+    /// not batched; 0 where the shapes do not say: a dynamic axis, BYTES).
+    declared_per_row: u64,
+    /// Output bytes a row gave in the recent runs (the warm-up's included): the most of the
+    /// last run's and an eighth less than before, so that one large request does not make
+    /// every later one look large for long.
+    seen_per_row: AtomicU64,
+}
+
+impl Model {
+    pub fn new(spec: ModelSpec, engine: Arc<dyn Engine>) -> Model {
+        let spec = Arc::new(spec);
+        let metrics = Arc::new(ModelMetrics::new(&spec.name, &spec.version));
+        let batcher = Batcher::start(spec.clone(), engine, metrics.clone());
+        let declared_per_row = declared_row_bytes(&spec);
+        Model { spec, batcher, metrics, declared_per_row, seen_per_row: AtomicU64::new(0) }
+    }
+
+    /// The rows a request counts as: its first axis where the model is batched, else 1.
+    pub fn rows(&self, request: &InferRequest) -> u64 {
+        if !self.spec.batched() {
+            return 1;
+        }
+        request.inputs.first().and_then(Tensor::rows).map_or(1, |r| r as u64)
+    }
+
+    /// Output bytes expected for `rows` rows.
+    pub fn expected_outputs(&self, rows: u64) -> u64 {
+        self.declared_per_row.max(self.seen_per_row.load(Ordering::Relaxed)).saturating_mul(rows)
+    }
+
+    /// Learns from a run's outputs for `rows` rows.
+    pub fn learn(&self, outputs: &[Tensor], rows: u64) {
+        if rows == 0 {
+            return;
+        }
+        let seen = outputs.iter().map(|t| t.data.len() as u64).sum::<u64>().div_ceil(rows);
+        let _ = self.seen_per_row.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(seen.max(old - old / 8)));
+    }
+
+    /// What running `request` adds to what its tensors hold already, as (bytes it will hold
+    /// for certain, bytes its outputs are expected to take): the joined batch's copy of its
+    /// inputs (batched models) and its BYTES elements as Python and ONNX Runtime hold them;
+    /// twice its expected outputs (ONNX Runtime's arrays and the server's copy, then the
+    /// server's copy and each request's own rows split out of it).
+    pub fn run_cost(&self, request: &InferRequest) -> (u64, u64) {
+        let joined = if self.spec.batched() { request.bytes() as u64 } else { 0 };
+        let strings: u64 = request
+            .inputs
+            .iter()
+            .filter(|t| t.datatype == Datatype::Bytes)
+            .map(|t| (t.elements() as u64).saturating_mul(STRING_COST).saturating_add(2 * t.data.len() as u64))
+            .fold(0, u64::saturating_add);
+        (joined.saturating_add(strings), self.expected_outputs(self.rows(request)).saturating_mul(2))
+    }
+}
+
+/// The output bytes a row takes by the model's declared shapes (past the batch axis where it
+/// is batched); 0 for what they do not say (a dynamic axis, BYTES).
+fn declared_row_bytes(spec: &ModelSpec) -> u64 {
+    let skip = usize::from(spec.batched());
+    spec.outputs
+        .iter()
+        .map(|t| match (t.datatype.size(), &t.shape) {
+            (Some(size), Some(dims)) if dims.iter().skip(skip).all(|&d| d >= 0) => dims
+                .iter()
+                .skip(skip)
+                .try_fold(size as u64, |n, &d| n.checked_mul(d as u64))
+                .unwrap_or(u64::MAX),
+            _ => 0,
+        })
+        .fold(0, u64::saturating_add)
+}
+
+/// The bytes of `request`'s tensors that are not slices of `body` (decoded into buffers of
+/// their own: JSON values, typed gRPC contents), and whether any is such a slice.
+pub fn fresh_bytes(body: &[u8], request: &InferRequest) -> (u64, bool) {
+    let range = body.as_ptr() as usize..body.as_ptr() as usize + body.len();
+    let mut fresh = 0;
+    let mut sliced = false;
+    for t in &request.inputs {
+        let at = t.data.as_ptr() as usize;
+        if !t.data.is_empty() && range.contains(&at) {
+            sliced = true;
+        } else {
+            fresh += t.data.len() as u64;
+        }
+    }
+    (fresh, sliced)
 }
 
 /// The models and everything requests share.
@@ -94,12 +190,7 @@ impl Service {
     pub fn new(models: Vec<(ModelSpec, Arc<dyn Engine>)>, options: Options, log: Log) -> Arc<Service> {
         let models: Vec<Model> = models
             .into_iter()
-            .map(|(spec, engine)| {
-                let spec = Arc::new(spec);
-                let metrics = Arc::new(ModelMetrics::new(&spec.name, &spec.version));
-                let batcher = Batcher::start(spec.clone(), engine, metrics.clone());
-                Model { spec, batcher, metrics }
-            })
+            .map(|(spec, engine)| Model::new(spec, engine))
             .collect();
         let metrics = Metrics::new(models.iter().map(|m| m.metrics.clone()).collect());
         Arc::new(Service {
@@ -137,7 +228,8 @@ impl Service {
                 .submit(zeros, deadline, true)
                 .map_err(|e| e.message)
                 .and_then(|rx| rx.blocking_recv().map_err(|_| "the model's worker ended".to_string()))
-                .and_then(|a| a.map_err(|e| e.message));
+                .and_then(|a| a.map_err(|e| e.message))
+                .map(|outputs| m.learn(&outputs, 1));
             if let Err(why) = answer {
                 let message = format!(
                     "model '{}' failed its warm-up run (a row of zeros, each dynamic axis 1), so it is not ready: {why}; \
@@ -182,12 +274,7 @@ impl Service {
             let names: Vec<&str> = self.models.iter().map(|m| m.spec.name.as_str()).collect();
             return Err(RequestError::new(
                 Status::NotFound,
-                format!(
-                    "no model {}{}; models: {}",
-                    client_text(name),
-                    did_you_mean(name, names.iter().copied()),
-                    names.join(", ")
-                ),
+                format!("no model {}{}; models: {}", client_text(name), did_you_mean(name, names.iter().copied()), names.join(", ")),
             ));
         };
         if let Some(v) = version {
@@ -213,10 +300,7 @@ impl Service {
                     format!("model '{}' is not ready: its warm-up run failed: {why}", model.spec.name),
                 ));
             }
-            return Err(RequestError::new(
-                Status::Unavailable,
-                format!("model '{}' is not ready yet", model.spec.name),
-            ));
+            return Err(RequestError::new(Status::Unavailable, format!("model '{}' is not ready yet", model.spec.name)));
         }
         Ok(())
     }
@@ -224,6 +308,12 @@ impl Service {
     /// A place for a body to arrive in (a 503 when `max_uploads` are arriving).
     pub fn upload(&self, model: &Model) -> Result<Slot<'_>, RequestError> {
         self.accepting(model)?;
+        self.upload_place()
+    }
+
+    /// A place for a body still arriving, whatever the model (a 503 when `max_uploads` are
+    /// arriving); a body that came whole with its headers needs none.
+    pub fn upload_place(&self) -> Result<Slot<'_>, RequestError> {
         let before = self.uploads.fetch_add(1, Ordering::AcqRel);
         let slot = Slot { count: &self.uploads, metrics: None };
         if before >= self.options.max_uploads {
@@ -256,22 +346,25 @@ impl Service {
         began + own.min(self.options.timeout)
     }
 
+    /// The bytes running `request` adds to `held` (what its account holds now): what it will
+    /// hold for certain, and its expected outputs as far as the budget has room for them (an
+    /// estimate never makes a request a 413: what it says past the budget is taken once the
+    /// outputs exist). Taken by the transport in one step with whatever else it still needs,
+    /// so that a request waits for bytes at one point only once its body is in.
+    pub fn run_bytes(&self, model: &Model, request: &InferRequest, held: u64) -> u64 {
+        let (certain, expected) = model.run_cost(request);
+        let room = self.budget.limit().saturating_sub(held.saturating_add(certain));
+        certain.saturating_add(expected.min(room))
+    }
+
     /// Runs `request` by its model's batcher within its deadline: every output of the model,
-    /// its own rows. `held` is the request's account: it takes the request's share of the
-    /// joined batch while it waits, and its outputs once they exist.
-    pub async fn infer(
-        &self,
-        model: &Model,
-        request: InferRequest,
-        began: Instant,
-        held: &mut Held,
-    ) -> Result<Vec<Tensor>, RequestError> {
+    /// its own rows. `held` is the request's account, holding its tensors and the run's cost
+    /// ([`Service::run_bytes`], taken by the caller); it holds exactly the outputs once they
+    /// exist (the caller lets go of its tensors: the run took them).
+    pub async fn infer(&self, model: &Model, request: InferRequest, began: Instant, held: &mut Held) -> Result<Vec<Tensor>, RequestError> {
         let deadline = self.deadline(began, Some(&request));
         let name = &model.spec.name;
-        if model.spec.batched() {
-            // The joined batch copies its inputs: its share is as large as its tensors.
-            held.grow(request.bytes() as u64, deadline, &format!("a request of model '{name}'")).await?;
-        }
+        let rows = model.rows(&request);
         let answer = model.batcher.submit(request.inputs, deadline, false)?;
         let late = || {
             RequestError::new(
@@ -288,8 +381,8 @@ impl Service {
             Err(_) => return Err(late()),
         };
         // The inputs are gone with the run; the outputs are held until the answer is read.
-        held.shrink(0);
-        held.force(outputs.iter().map(|t| t.data.len() as u64).sum());
+        model.learn(&outputs, rows);
+        held.resize(outputs.iter().map(|t| t.data.len() as u64).sum());
         Ok(outputs)
     }
 

@@ -170,6 +170,21 @@ fn bindings_layer(_first: &str) -> Layer {
     Some(("bindings", &["bindings"]))
 }
 
+/// The server crate's layers (`crates/fastseq-serve/src`): the base (a request's failure,
+/// the tensors, the metrics) < the protocol and batching, side by side (neither names the
+/// other: a decoded request is the base's `InferRequest`) < the service < the transports.
+fn serve_layer(first: &str) -> Layer {
+    const BASE: &[&str] = &["base"];
+    Some(match first {
+        "error" | "tensor" | "metrics" => ("base", BASE),
+        "protocol" => ("protocol", BASE),
+        "batching" => ("batching", BASE),
+        "service" => ("service", &["base", "batching"]),
+        "transport" => ("transport", &["base", "protocol", "batching", "service"]),
+        _ => return None,
+    })
+}
+
 /// Every problem with the layers of the crate whose sources are in `src`, each module's
 /// layer as `layer` says.
 fn problems(src: &Path, layer: fn(&str) -> Layer) -> Vec<String> {
@@ -283,6 +298,40 @@ fn the_bindings_name_each_other_without_circles() {
     assert!(found.is_empty(), "the files of crates/fastseq-python/src are broken:\n  {}", found.join("\n  "));
 }
 
+/// The server crate's table in `docs/architecture.md` lists each of its modules in the row of
+/// the layer [`serve_layer`] puts it in.
+#[test]
+fn the_architecture_page_lists_the_server_crate_by_layer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let section = page.split("\n### The request path").nth(1).expect("a '### The request path' section");
+    let section = section.split("\n## ").next().unwrap();
+    let mut listed = BTreeMap::new();
+    for row in section.lines().filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| layer")) {
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+        for m in cells[1].split('`').skip(1).step_by(2) {
+            listed.insert(m.trim_end_matches('/').to_string(), cells[0].to_string());
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fastseq-serve/src");
+    for entry in std::fs::read_dir(&src).unwrap().flatten() {
+        let m = entry.path().file_stem().unwrap().to_string_lossy().into_owned();
+        if m == "lib" {
+            continue;
+        }
+        let want = serve_layer(&m).map(|l| l.0.to_string());
+        assert_eq!(listed.get(&m), want.as_ref(), "docs/architecture.md's server table, module {m}");
+    }
+}
+
+/// The server crate, layer by layer and file by file.
+#[test]
+fn the_server_crate_goes_one_way_without_circles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fastseq-serve/src");
+    let found = problems(&src, serve_layer);
+    assert!(found.is_empty(), "the layers of crates/fastseq-serve/src are broken:\n  {}", found.join("\n  "));
+}
+
 /// The Rust table of `docs/architecture.md` and its picture say what the crate is: a row
 /// per layer in [`ORDER`], each module of `src/` in its layer's row, the bindings' files in
 /// theirs; and the picture draws no arrow that [`layer`] forbids (merge -> storage, say).
@@ -290,7 +339,9 @@ fn the_bindings_name_each_other_without_circles() {
 fn the_architecture_page_draws_the_crate_as_it_is() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let page = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
-    let section = page.split("\n## Rust").nth(1).expect("a '## Rust' section").split("\n## ").next().unwrap();
+    let rust = page.split("\n## Rust").nth(1).expect("a '## Rust' section").split("\n## ").next().unwrap();
+    // The core's table comes first; the server crate's has a section of its own (below).
+    let section = rust.split("\n### ").next().unwrap();
     let rows: Vec<Vec<&str>> = section
         .lines()
         .filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| layer"))

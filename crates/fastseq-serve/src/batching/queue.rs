@@ -39,6 +39,9 @@ struct State {
     queue: VecDeque<Job>,
     rows: usize,
     closed: bool,
+    /// The worker waits on the condition variable: a submit wakes it (a futex call each),
+    /// and only then.
+    sleeping: bool,
 }
 
 struct Shared {
@@ -59,7 +62,7 @@ impl Batcher {
     /// Starts the worker of `spec`'s model over `engine`.
     pub fn start(spec: Arc<ModelSpec>, engine: Arc<dyn Engine>, metrics: Arc<ModelMetrics>) -> Batcher {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State { queue: VecDeque::new(), rows: 0, closed: false }),
+            state: Mutex::new(State { queue: VecDeque::new(), rows: 0, closed: false, sleeping: false }),
             wake: Condvar::new(),
             spec,
             engine,
@@ -95,8 +98,11 @@ impl Batcher {
         }
         state.rows += job.rows;
         state.queue.push_back(job);
+        let sleeping = state.sleeping;
         drop(state);
-        self.shared.wake.notify_one();
+        if sleeping {
+            self.shared.wake.notify_one();
+        }
         Ok(answer)
     }
 
@@ -122,12 +128,26 @@ impl Drop for Batcher {
     }
 }
 
+/// Asks the kernel not to let this thread preempt the one that woke it (Linux's SCHED_BATCH):
+/// a request's arrival wakes the worker, and on a core the transport shares, a worker that
+/// runs at once takes that one request alone while the others the transport has read wait
+/// behind it; disfavoured, it runs once the transport has queued what it read, as a batch.
+fn disfavoured() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a plain system call on this thread (0), with a valid parameter.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn work(&self) {
+        disfavoured();
         while let Some(batch) = self.next() {
             self.run(batch);
         }
@@ -145,11 +165,15 @@ impl Shared {
                 if delay.is_zero() || state.closed || state.rows >= max_rows || now >= until {
                     return Some(self.take(&mut state, max_rows));
                 }
+                state.sleeping = true;
                 state = self.wake.wait_timeout(state, until - now).unwrap_or_else(|e| e.into_inner()).0;
+                state.sleeping = false;
             } else if state.closed {
                 return None;
             } else {
+                state.sleeping = true;
                 state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+                state.sleeping = false;
             }
         }
     }

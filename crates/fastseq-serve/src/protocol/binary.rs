@@ -7,8 +7,7 @@ use bytes::Bytes;
 use crate::error::RequestError;
 use crate::tensor::Datatype;
 
-use super::shape::list;
-use super::values_word;
+use crate::protocol::{list, values_word};
 
 /// Input `name`'s binary data (`raw`) as `count` values of `datatype` of `shape`: the same
 /// bytes (no copy) once they are known to hold exactly those values.

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use crate::error::{RequestError, Status};
 use crate::tensor::{ModelSpec, Tensor};
 
-use super::values::{write_json, Unwritable};
-use super::{chosen, Encoded};
+use crate::protocol::values::{write_json, Unwritable};
+use crate::protocol::{chosen, Encoded};
 
 /// The answer to a request of `model` (its `id`): the outputs `asked` (each output's index in
 /// the model and whether it goes back binary) out of `outputs`, every output of the model in

@@ -1,10 +1,9 @@
 //! An HTTP infer request decoded: its JSON (the whole body, or the header that Triton's
 //! binary extension puts first, `Inference-Header-Content-Length` long) read into borrowed
 //! fields, each input's `data` read from its text straight into its bytes
-//! ([`super::values::from_json`]), each binary input a slice of the body
-//! ([`super::binary::checked`]); everything checked as Python's protocol did, in its order,
-//! with its words; then the tensors against the model ([`super::shape::against_model`]).
-use std::collections::HashMap;
+//! ([`crate::protocol::values::from_json`]), each binary input a slice of the body
+//! ([`crate::protocol::binary::checked`]); everything checked as Python's protocol did, in its order,
+//! with its words; then the tensors against the model ([`crate::protocol::shape::against_model`]).
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
@@ -12,10 +11,10 @@ use serde_json::value::RawValue;
 use crate::error::{client_text, did_you_mean, RequestError};
 use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
 
-use super::params::{self, kind, not_json, shown, Param};
-use super::reader::{capped_list, too_deep, Document, Fields, Inputs, Shaped, MAX_MEMBERS};
-use super::shape::{self, Dim};
-use super::{binary, values, Checks, MAX_DEPTH, MAX_RANK};
+use crate::protocol::params::{self, kind, not_json, shown, Param};
+use crate::protocol::reader::{capped_list, too_deep, Document, Fields, Inputs, Shaped, MAX_MEMBERS};
+use crate::protocol::shape::{self, Dim};
+use crate::protocol::{binary, values, Checks, MAX_DEPTH, MAX_RANK};
 
 /// The request's parameters that the decode reads.
 const REQUEST_PARAMETERS: [&str; 5] =
@@ -24,7 +23,7 @@ const REQUEST_PARAMETERS: [&str; 5] =
 /// A member that must be an object (or absent): its fields.
 fn object<'a>(raw: Option<&'a RawValue>, what: &str, known: &[&str]) -> Result<Fields<'a>, RequestError> {
     match raw {
-        None => Ok(Fields(HashMap::new())),
+        None => Ok(Fields::default()),
         Some(v) if v.get().starts_with('{') => Fields::parse(v)?.known(known),
         Some(v) => Err(RequestError::bad(format!("{what} must be a JSON object, got {}", kind(v)))),
     }
@@ -147,7 +146,7 @@ pub fn decode_http_indexed(
                 binary::checked(name, raw, datatype, &shape, count)?
             }
             // null is data too (one value, of no datatype's kind), as Python read it
-            None => match fields.0.remove("data") {
+            None => match fields.remove("data") {
                 Some(v) => values::from_json(name, v.get(), datatype, &shape, count)?.into(),
                 None => {
                     return Err(RequestError::bad(format!(
@@ -166,7 +165,7 @@ pub fn decode_http_indexed(
             size - offset
         )));
     }
-    let binary_output = match parameters.0.get("binary_data_output").map(|v| (v.get(), *v)) {
+    let binary_output = match parameters.get("binary_data_output").map(|v| (v.get(), v)) {
         None => false,
         Some(("true", _)) => true,
         Some(("false", _)) => false,
@@ -178,8 +177,8 @@ pub fn decode_http_indexed(
         }
     };
     let timeout = {
-        let p = &parameters.0;
-        let got = |key: &str| p.get(key).map(|v| params::from_raw(v));
+        let p = &parameters;
+        let got = |key: &str| p.get(key).map(params::from_raw);
         for key in ["timeout", "sequence_id", "sequence_start", "sequence_end"] {
             if let Some(Err(e)) = got(key) {
                 return Err(e);
@@ -338,7 +337,7 @@ fn requested(model: &ModelSpec, raw: &RawValue, binary_output: bool) -> Result<V
         if params.has("shared_memory_region") {
             return Err(RequestError::bad(format!("output '{name}': shared memory is not supported by fastseq serve")));
         }
-        let binary = match params.0.remove("binary_data").map(|v| (params::from_raw(v), v)) {
+        let binary = match params.remove("binary_data").map(|v| (params::from_raw(v), v)) {
             None => binary_output,
             Some((Ok(Param::Bool(b)), _)) => b,
             Some((_, v)) => {
@@ -372,5 +371,4 @@ pub(crate) fn output_index(model: &ModelSpec, asked: &[(usize, bool)], name: &st
 }
 
 #[cfg(test)]
-#[path = "json_tests.rs"]
 mod tests;

@@ -92,6 +92,12 @@ impl Encoded {
     }
 }
 
+/// `[a, b, c]` as Python lists print.
+pub(crate) fn list<T: std::fmt::Display>(items: &[T]) -> String {
+    let parts: Vec<String> = items.iter().map(T::to_string).collect();
+    format!("[{}]", parts.join(", "))
+}
+
 /// `N value(s)`.
 pub(crate) fn values_word(count: u64) -> String {
     format!("{count} value{}", if count == 1 { "" } else { "s" })

@@ -1,8 +1,8 @@
 //! An HTTP request's JSON read in one pass, as far as the decode needs it: the top-level
 //! object's members, its `inputs` list's objects' members, every value unread (a borrowed
 //! slice of the text, which serde_json has checked). A tensor's `data` is read once more,
-//! by [`super::values::from_json`], and nothing else is; a tree of values is never built.
-use std::collections::HashMap;
+//! by [`crate::protocol::values::from_json`], and nothing else is; a tree of values is never built.
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -10,8 +10,8 @@ use serde_json::value::RawValue;
 
 use crate::error::RequestError;
 
-use super::params::not_json;
-use super::MAX_DEPTH;
+use crate::protocol::params::not_json;
+use crate::protocol::MAX_DEPTH;
 
 /// The most members of one object, or items of one list, that the decode keeps (each costs
 /// more than its text: without a bound, a body of `{"a":0,"b":0,...}` would take ten times
@@ -23,8 +23,12 @@ fn too_many<E: de::Error>() -> E {
 }
 
 /// A JSON object's members, their values unread (the last of a name wins, as Python's json
-/// reads).
-pub struct Fields<'a>(pub HashMap<String, &'a RawValue>);
+/// reads), in the order given. A list, not a map: objects of the protocol have a handful of
+/// members, and a map cost a hash (and a String) per member of every request; the few lookups
+/// a decode makes each scan it once, so a hostile object of [`MAX_MEMBERS`] members costs
+/// a few scans of it, not a quadratic.
+#[derive(Default)]
+pub struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
 impl<'a> Fields<'a> {
     /// The members of `raw`, an object.
@@ -36,15 +40,38 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// The member `key` (its last value), null included.
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+
+    /// The member `key` (its last value), taken out with every value of that name, null
+    /// included.
+    pub fn remove(&mut self, key: &str) -> Option<&'a RawValue> {
+        let found = self.get(key);
+        if found.is_some() {
+            self.0.retain(|(k, _)| k != key);
+        }
+        found
+    }
+
     /// The member `key`, taken out (null counts as absent, as Python's `dict.get` reads it
     /// where it matters: `"id": null`, `"parameters": null`, `"binary_data_size": null`).
     pub fn take(&mut self, key: &str) -> Option<&'a RawValue> {
-        self.0.remove(key).filter(|v| v.get() != "null")
+        self.remove(key).filter(|v| v.get() != "null")
     }
 
     /// Whether the member `key` is there at all (null included).
     pub fn has(&self, key: &str) -> bool {
-        self.0.contains_key(key)
+        self.0.iter().any(|(k, _)| k == key)
+    }
+
+    fn push<E: de::Error>(&mut self, key: Cow<'a, str>, value: &'a RawValue) -> Result<(), E> {
+        self.0.push((key, value));
+        if self.0.len() > MAX_MEMBERS {
+            return Err(too_many());
+        }
+        Ok(())
     }
 
     /// The members that are none of `known` (which the decode reads, each by its kind):
@@ -52,7 +79,7 @@ impl<'a> Fields<'a> {
     /// other error, as a JSON parser would find them).
     pub fn known(self, known: &[&str]) -> Result<Self, RequestError> {
         for (k, v) in &self.0 {
-            if !known.contains(&k.as_str()) && too_deep(v.get()) {
+            if !known.contains(&k.as_ref()) && too_deep(v.get()) {
                 return Err(RequestError::bad(format!(
                     "the request is not valid JSON: nested deeper than {MAX_DEPTH}"
                 )));
@@ -114,6 +141,36 @@ impl<'a> Document<'a> {
     }
 }
 
+/// A member's name: borrowed from the text where it has no escapes (the common case), else
+/// unescaped into a string of its own.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a member's name")
+            }
+
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v.to_string())))
+            }
+
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
 /// The name of what a visitor met instead of the shape it wanted.
 macro_rules! not_the_shape {
     ($($method:ident($($t:ty)?) => $kind:expr;)*) => {
@@ -131,14 +188,11 @@ impl<'de> Visitor<'de> for ObjectVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = HashMap::new();
-        while let Some(key) = map.next_key::<String>()? {
-            fields.insert(key, map.next_value::<&RawValue>()?);
-            if fields.len() > MAX_MEMBERS {
-                return Err(too_many());
-            }
+        let mut fields = Fields::default();
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            fields.push(key, map.next_value::<&RawValue>()?)?;
         }
-        Ok(Shaped::Is(Fields(fields)))
+        Ok(Shaped::Is(fields))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
@@ -260,19 +314,16 @@ impl<'de> Visitor<'de> for DocumentVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = HashMap::new();
+        let mut fields = Fields::default();
         let mut inputs = Shaped::Null;
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
             if key == "inputs" {
                 inputs = map.next_value()?;
             } else {
-                fields.insert(key, map.next_value::<&RawValue>()?);
-                if fields.len() > MAX_MEMBERS {
-                    return Err(too_many());
-                }
+                fields.push(key, map.next_value::<&RawValue>()?)?;
             }
         }
-        Ok(Document { fields: Fields(fields), inputs })
+        Ok(Document { fields, inputs })
     }
 }
 
@@ -293,11 +344,11 @@ mod tests {
                 .unwrap();
         let Shaped::Is(items) = doc.inputs else { panic!("inputs") };
         let Shaped::Is(first) = &items[0] else { panic!("first") };
-        assert_eq!(first.0["data"].get(), "[1, [2]]");
+        assert_eq!(first.get("data").unwrap().get(), "[1, [2]]");
         assert!(matches!(items[1], Shaped::Not("a number")));
         assert!(matches!(items[2], Shaped::Not("a list")));
         assert!(matches!(items[3], Shaped::Null));
-        assert_eq!(doc.fields.0["id"].get(), "\"a\"");
+        assert_eq!(doc.fields.get("id").unwrap().get(), "\"a\"");
         for (text, kind) in [(r#"{"inputs": {"a": [1]}}"#, "an object"), (r#"{"inputs": "x"}"#, "a string")] {
             assert!(matches!(Document::read(text).unwrap().inputs, Shaped::Not(k) if k == kind));
         }

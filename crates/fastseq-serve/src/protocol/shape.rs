@@ -6,7 +6,7 @@
 use crate::error::{log_line, RequestError};
 use crate::tensor::{Datatype, ModelSpec, Tensor};
 
-use super::{values, Checks, MAX_DIM, MAX_RANK, MAX_SPAN};
+use crate::protocol::{list, values, Checks, MAX_DIM, MAX_RANK, MAX_SPAN};
 
 /// One axis as a request declared it: an integer in range, or not (shown as given).
 pub enum Dim<'a> {
@@ -72,11 +72,6 @@ fn shown(dims: &[Dim<'_>]) -> String {
     out
 }
 
-/// `[a, b, c]` as Python lists print.
-pub(crate) fn list<T: std::fmt::Display>(items: &[T]) -> String {
-    let parts: Vec<String> = items.iter().map(T::to_string).collect();
-    format!("[{}]", parts.join(", "))
-}
 
 /// The tensors a request gave (`given`, one slot per input of the model, in the request's
 /// order `order`) checked against the model: the inputs in the model's order.

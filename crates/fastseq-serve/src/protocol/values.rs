@@ -9,8 +9,7 @@ use serde_json::ser::{CompactFormatter, Formatter};
 use crate::error::RequestError;
 use crate::tensor::Datatype;
 
-use super::shape::list;
-use super::{values_word, MAX_DEPTH};
+use crate::protocol::{list, values_word, MAX_DEPTH};
 
 /// One value of a JSON `data` list, as its text.
 #[derive(Clone, Copy)]

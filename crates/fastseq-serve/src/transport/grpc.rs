@@ -24,11 +24,15 @@ use crate::batching::Held;
 use crate::error::{client_text, RequestError, Status};
 use crate::protocol::grpc as messages;
 use crate::service::Service;
-use crate::transport::body::Answer;
+use crate::transport::body::{Answer, Unread};
+use crate::transport::http::UPLOAD_GRACE;
 use crate::transport::socket::Socket;
-use crate::transport::{http2, until_stopped};
+use crate::transport::{http2, unread_answer, until_stopped};
 
 const PREFIX: &str = "/inference.GRPCInferenceService/";
+
+/// Streams a connection may open beyond `max_queue` and `max_uploads` (see [`serve`]).
+pub const STREAMS_BESIDE: usize = 32;
 
 /// Serves one gRPC connection.
 pub async fn serve(stream: TcpStream, service: Arc<Service>, mut stopped: watch::Receiver<bool>) {
@@ -37,28 +41,41 @@ pub async fn serve(stream: TcpStream, service: Arc<Service>, mut stopped: watch:
     let socket = Socket::new(stream, service.options.body_timeout);
     let o = &service.options;
     let mut builder = http2();
+    // Streams beyond the queue's and the uploads' places: calls that take none (health,
+    // metadata, config, statistics) open even while infer calls fill both.
+    let streams = o.max_queue.saturating_add(o.max_uploads).saturating_add(STREAMS_BESIDE);
     builder
         .max_header_list_size(o.max_header_bytes as u32)
-        .max_concurrent_streams(o.max_queue.saturating_add(o.max_uploads).min(u32::MAX as usize) as u32)
+        .max_concurrent_streams(streams.min(u32::MAX as usize) as u32)
         .max_send_buf_size(1 << 20)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
+    let unread = Arc::new(Unread::default());
     let handler = {
         let service = service.clone();
-        service_fn(move |request| call(service.clone(), request))
+        let unread = unread.clone();
+        service_fn(move |request| call(service.clone(), unread.clone(), request))
     };
     let connection = builder.serve_connection(TokioIo::new(socket), handler);
     tokio::pin!(connection);
+    // An answer its client does not read (its flow-control window kept shut) is never tried
+    // on the socket, so the socket's write timeout cannot see it: the connection ends once one
+    // has waited for the body timeout, and its answers' bytes go back to the budget.
+    let write_timeout = service.options.body_timeout;
     tokio::select! {
         _ = connection.as_mut() => {}
+        _ = unread.stalled(write_timeout) => unread_answer(&service),
         _ = until_stopped(&mut stopped) => {
             connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = unread.stalled(write_timeout) => unread_answer(&service),
+            }
         }
     }
 }
 
-async fn call(service: Arc<Service>, request: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
+async fn call(service: Arc<Service>, unread: Arc<Unread>, request: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
     let began = Instant::now();
     let path = request.uri().path().to_string();
     let Some(method) = path.strip_prefix(PREFIX) else {
@@ -75,7 +92,7 @@ async fn call(service: Arc<Service>, request: Request<Incoming>) -> Result<Respo
     }
     let deadline = grpc_deadline(request.headers()).map(|d| began + d);
     let answer = match method.as_str() {
-        "ModelInfer" => infer(&service, request, began, deadline, &what).await,
+        "ModelInfer" => infer(&service, &unread, request, began, deadline, &what).await,
         _ => other(&service, &method, request).await,
     };
     Ok(match answer {
@@ -94,6 +111,9 @@ async fn other(service: &Service, method: &str, request: Request<Incoming>) -> R
     const SMALL: usize = 64 << 10;
     let until = Instant::now() + service.options.body_timeout;
     let body = read(request.into_body(), SMALL, until, None, Instant::now()).await?;
+    if body.len() > SMALL {
+        return Err(RequestError::new(Status::PayloadTooLarge, format!("{} takes a message of {SMALL} bytes at most", client_text(method))));
+    }
     let name_of = |name: &str| -> Result<(), RequestError> {
         if name.is_empty() {
             return Err(RequestError::bad("the request needs a model's name"));
@@ -143,42 +163,40 @@ async fn other(service: &Service, method: &str, request: Request<Incoming>) -> R
 
 async fn infer(
     service: &Service,
+    unread: &Arc<Unread>,
     request: Request<Incoming>,
     began: Instant,
     deadline: Option<Instant>,
     what: &str,
 ) -> Result<Response<Answer>, RequestError> {
+    let fail = |e: RequestError| {
+        service.failed(None, &e, began, what);
+        e
+    };
     let mut held = service.budget.empty();
     // The model is named inside the message: it is read first, bounded and counted.
     let limit = service.options.max_request_bytes;
     let until = (began + service.options.body_timeout).min(deadline.unwrap_or(began + service.options.body_timeout));
-    let body =
-        match read(request.into_body(), limit, until, Some((&mut held, service.deadline(began, None))), began).await {
-            Ok(b) => b,
-            Err(e) => {
-                service.failed(None, &e, began, what);
-                return Err(e);
-            }
-        };
-    let message = match decode::<messages::ModelInferRequest>(&body) {
-        Ok(m) => m,
-        Err(e) => {
-            service.failed(None, &e, began, what);
-            return Err(e);
-        }
-    };
-    drop(body);
+    let counted = Counting { held: &mut held, deadline: service.deadline(began, None), service };
+    let body = read(request.into_body(), limit, until, Some(counted), began).await.map_err(fail)?;
+    // What prost will allocate is taken before it does (an empty input is 2 bytes on the
+    // wire and a few hundred decoded).
+    let cost = messages::cost::decoded_cost(&body);
+    held.grow(cost, service.deadline(began, None), "a gRPC request, decoded,").await.map_err(fail)?;
+    let message = decode::<messages::ModelInferRequest>(&body).map_err(fail)?;
     let version = (!message.model_version.is_empty()).then(|| message.model_version.clone());
-    let model = match service.model(&message.model_name, version.as_deref()) {
-        Ok(m) => m,
-        Err(e) => {
-            service.failed(None, &e, began, what);
-            return Err(e);
-        }
-    };
+    let model = service.model(&message.model_name, version.as_deref()).map_err(fail)?;
     let result = async {
         let _queued = service.admit(model)?;
         let mut decoded = messages::decode_infer(&model.spec, message)?;
+        // The message is gone: the request holds its tensors (slices of the body, or buffers
+        // of their own from typed contents), and takes its run's cost.
+        let (fresh, sliced) = crate::service::fresh_bytes(&body, &decoded);
+        held.resize(fresh + if sliced { body.len() as u64 } else { 0 });
+        drop(body);
+        let run = service.run_bytes(model, &decoded, held.bytes());
+        held.grow(run, service.deadline(began, Some(&decoded)), &format!("a request of model '{}'", model.spec.name)).await?;
+        held.arrived();
         if let Some(d) = deadline {
             let left = d.saturating_duration_since(began);
             decoded.timeout = Some(decoded.timeout.map_or(left, |t| t.min(left)));
@@ -194,10 +212,10 @@ async fn infer(
     match result {
         Ok(response) => {
             let framed = frame(&response);
-            held.shrink(0);
-            held.force(framed.len() as u64);
+            drop(response);
+            held.resize(framed.len() as u64);
             model.metrics.done(began.elapsed());
-            Ok(ok(Answer::counted(vec![framed], held)))
+            Ok(ok(Answer::counted(vec![framed], held, Some(unread))))
         }
         Err(e) => {
             service.failed(Some(model), &e, began, what);
@@ -206,18 +224,38 @@ async fn infer(
     }
 }
 
+/// Where a request's bytes are counted as they arrive: its account, its deadline, and the
+/// service whose upload places a body still arriving takes.
+struct Counting<'a> {
+    held: &'a mut Held,
+    deadline: Instant,
+    service: &'a Service,
+}
+
 /// A request's message bytes (the frame's payload): at most `limit` bytes, within `until`,
-/// counted in `budget` as they arrive where given.
+/// counted as they arrive where `counting` is given (taking an upload place once the body
+/// stops arriving for [`UPLOAD_GRACE`]: a 503 past `max_uploads`).
 async fn read(
     mut body: Incoming,
     limit: usize,
     until: Instant,
-    mut budget: Option<(&mut Held, Instant)>,
+    mut counting: Option<Counting<'_>>,
     began: Instant,
 ) -> Result<Bytes, RequestError> {
     let mut data = BytesMut::new();
+    let mut uploading = None;
     loop {
-        let frame = match tokio::time::timeout_at(until.into(), body.frame()).await {
+        let frame = match (uploading.is_some(), counting.as_ref()) {
+            (false, Some(c)) => match tokio::time::timeout_at(until.min(Instant::now() + UPLOAD_GRACE).into(), body.frame()).await {
+                Ok(frame) => Ok(frame),
+                Err(_) => {
+                    uploading = Some(c.service.upload_place()?);
+                    tokio::time::timeout_at(until.into(), body.frame()).await
+                }
+            },
+            _ => tokio::time::timeout_at(until.into(), body.frame()).await,
+        };
+        let frame = match frame {
             Err(_) => {
                 return Err(RequestError::new(
                     Status::RequestTimeout,
@@ -235,11 +273,12 @@ async fn read(
                 format!("the request is over the limit of {limit} bytes (max_request_bytes)"),
             ));
         }
-        if let Some((held, deadline)) = budget.as_mut() {
-            held.grow(chunk.len() as u64, *deadline, "a gRPC request").await?;
+        if let Some(c) = counting.as_mut() {
+            c.held.grow_body(chunk.len() as u64, c.deadline, "a gRPC request").await?;
         }
         data.extend_from_slice(&chunk);
     }
+    drop(uploading);
     if data.len() < 5 {
         return Err(RequestError::bad("a gRPC request needs its 5-byte frame header and a message"));
     }
@@ -260,8 +299,7 @@ async fn read(
 }
 
 fn decode<M: Message + Default>(body: &Bytes) -> Result<M, RequestError> {
-    M::decode(body.clone())
-        .map_err(|e| RequestError::bad(format!("the request is not a valid message: {}", client_text(&e.to_string()))))
+    M::decode(body.clone()).map_err(|e| RequestError::bad(format!("the request is not a valid message: {}", client_text(&e.to_string()))))
 }
 
 /// A message framed for gRPC: the flag byte (not compressed), its length, its bytes.
@@ -281,10 +319,7 @@ fn reply<M: Message>(message: &M) -> Response<Answer> {
 fn ok(body: Answer) -> Response<Answer> {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    Response::builder()
-        .header(CONTENT_TYPE, "application/grpc")
-        .body(body.with_trailers(trailers))
-        .expect("a valid response")
+    Response::builder().header(CONTENT_TYPE, "application/grpc").body(body.with_trailers(trailers)).expect("a valid response")
 }
 
 /// A failure as gRPC answers it: headers only, its status and message in them.
@@ -325,3 +360,4 @@ fn grpc_deadline(headers: &HeaderMap) -> Option<Duration> {
         _ => return None,
     })
 }
+

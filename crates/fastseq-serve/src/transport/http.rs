@@ -32,29 +32,31 @@ use hyper::body::Incoming;
 use crate::error::{client_bytes, client_text, RequestError, Status};
 use crate::protocol;
 use crate::service::{Model, Service};
-use crate::transport::body::Answer;
+use crate::transport::body::{Answer, Unread};
 
 const JSON: &str = "application/json";
 const HEADER_LENGTH: &str = "inference-header-content-length";
 
-/// Answers one request.
-pub async fn handle(service: Arc<Service>, request: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
+/// Answers one request of a connection (`unread`: its answers not yet written).
+pub async fn handle(service: Arc<Service>, unread: Arc<Unread>, request: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
     let began = Instant::now();
     let method = request.method().clone();
     let path = decoded(request.uri().path());
-    let what = format!("{method} {}", client_text(&path));
+    // How a log line names the request: made only for one.
+    let what = || format!("{method} {}", client_text(&path));
     if request.headers().contains_key(UPGRADE) {
         service.metrics.upgrades.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let error = RequestError::bad("upgrading the connection (WebSocket, HTTP/2 over HTTP/1.1) is not supported: send KServe v2 requests over HTTP/1.1, or gRPC to the gRPC port");
-        service.failed(None, &error, began, &what);
+        service.failed(None, &error, began, &what());
+        unread.linger.store(true, std::sync::atomic::Ordering::Relaxed);
         return Ok(error_response(&service, &error, true));
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let answer = route(&service, request, &method, &path, &parts, began, &what).await;
+    let answer = route(&service, &unread, request, &method, &path, &parts, began, &what).await;
     Ok(match answer {
         Ok(response) => response,
         Err((error, close)) => {
-            service.failed(None, &error, began, &what);
+            service.failed(None, &error, began, &what());
             error_response(&service, &error, close)
         }
     })
@@ -62,24 +64,18 @@ pub async fn handle(service: Arc<Service>, request: Request<Incoming>) -> Result
 
 type Routed = Result<Response<Answer>, (RequestError, bool)>;
 
+#[allow(clippy::too_many_arguments)]
 async fn route(
     service: &Arc<Service>,
+    unread: &Arc<Unread>,
     request: Request<Incoming>,
     method: &Method,
     path: &str,
     parts: &[&str],
     began: Instant,
-    what: &str,
+    what: &(dyn Fn() -> String + Sync),
 ) -> Routed {
-    let no_route = || {
-        (
-            RequestError::new(
-                Status::NotFound,
-                format!("no route {}: the KServe v2 routes are under /v2", client_text(path)),
-            ),
-            false,
-        )
-    };
+    let no_route = || (RequestError::new(Status::NotFound, format!("no route {}: the KServe v2 routes are under /v2", client_text(path))), false);
     match parts {
         ["v2"] => {
             get(method, path)?;
@@ -134,7 +130,7 @@ async fn route(
                     if method != Method::POST {
                         return Err((method_error(path, "POST", method), false));
                     }
-                    Ok(infer(service, model, request, began, what).await)
+                    Ok(infer(service, unread, model, request, began, what).await)
                 }
                 _ => Err(no_route()),
             }
@@ -146,12 +142,13 @@ async fn route(
 /// An infer request: its body read within its limits, decoded, run, encoded.
 async fn infer(
     service: &Service,
+    unread: &Arc<Unread>,
     model: &Model,
     request: Request<Incoming>,
     began: Instant,
-    what: &str,
+    what: &(dyn Fn() -> String + Sync),
 ) -> Response<Answer> {
-    match run(service, model, request, began).await {
+    match run(service, unread, model, request, began).await {
         Ok(response) => {
             model.metrics.done(began.elapsed());
             service.metrics.response(200);
@@ -162,7 +159,10 @@ async fn infer(
             error_response(service, &RequestError::new(Status::BadRequest, "the client left"), true)
         }
         Err(Failure::Error(error, close)) => {
-            service.failed(Some(model), &error, began, what);
+            service.failed(Some(model), &error, began, &what());
+            if close {
+                unread.linger.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             error_response(service, &error, close)
         }
     }
@@ -181,12 +181,7 @@ impl From<RequestError> for Failure {
     }
 }
 
-async fn run(
-    service: &Service,
-    model: &Model,
-    request: Request<Incoming>,
-    began: Instant,
-) -> Result<Response<Answer>, Failure> {
+async fn run(service: &Service, unread: &Arc<Unread>, model: &Model, request: Request<Incoming>, began: Instant) -> Result<Response<Answer>, Failure> {
     let closing = |e: RequestError| Failure::Error(e, true);
     let (head, body) = request.into_parts();
     let headers = &head.headers;
@@ -195,10 +190,7 @@ async fn run(
         if !e.is_empty() && !e.eq_ignore_ascii_case(b"identity") {
             return Err(closing(RequestError::new(
                 Status::UnsupportedMediaType,
-                format!(
-                    "Content-Encoding {} is not supported: send the request uncompressed",
-                    client_bytes(e).trim_matches('\'')
-                ),
+                format!("Content-Encoding {} is not supported: send the request uncompressed", client_bytes(e).trim_matches('\'')),
             )));
         }
     }
@@ -213,37 +205,41 @@ async fn run(
             )));
         }
     }
-    let uploading = service.upload(model).map_err(closing)?;
+    service.accepting(model).map_err(closing)?;
     let deadline = service.deadline(began, None);
     let mut held = service.budget.empty();
     let whose = format!("a request of model '{}'", model.spec.name);
     if let Some(n) = declared {
-        held.grow(n as u64, deadline, &whose).await.map_err(closing)?;
+        held.grow_body(n as u64, deadline, &whose).await.map_err(closing)?;
     }
     let body = read_body(service, body, declared, &mut held, began, deadline, &whose).await?;
-    drop(uploading);
     let _queued = service.admit(model)?;
-    let decoded = protocol::decode_http(&model.spec, &body, header_length)?;
-    let is_json = header_length.is_none();
-    if is_json {
-        // The decoded tensors are new buffers; the body goes once decoded.
-        held.grow(decoded.bytes() as u64, deadline, &whose).await?;
-        drop(body);
-        held.shrink(decoded.bytes() as u64);
+    let mut decoded = protocol::decode_http(&model.spec, &body, header_length)?;
+    // What the request holds from here on is taken at once: the tensors decoded into buffers
+    // of their own (JSON values) and the run's cost. Where it does not fit now, the decoded
+    // tensors are let go while it waits, and decoded again once there is room. Its body stays
+    // counted as a body arriving until then (bodies hold half the budget at most).
+    let (fresh, sliced) = crate::service::fresh_bytes(&body, &decoded);
+    let need = fresh + service.run_bytes(model, &decoded, held.bytes() + fresh);
+    if !held.try_grow(need) {
+        drop(decoded);
+        held.grow(need, deadline, &whose).await?;
+        decoded = protocol::decode_http(&model.spec, &body, header_length)?;
     }
+    held.arrived();
+    if !sliced {
+        // Nothing refers to the body any more: it goes now.
+        held.shrink(held.bytes().saturating_sub(body.len() as u64));
+    }
+    drop(body);
     let id = decoded.id.clone();
     let asked = decoded.outputs.clone();
     let outputs = service.infer(model, decoded, began, &mut held).await?;
     let encoded = protocol::encode_http(&model.spec, id.as_deref(), &asked, &outputs)?;
-    let kept: u64 = outputs.iter().map(|t| t.data.len() as u64).sum();
-    if encoded.header_length.is_none() {
-        // JSON holds the values as text: the outputs go, the text is counted.
-        drop(outputs);
-        held.shrink(0);
-        held.force(encoded.len() as u64);
-    } else {
-        held.force((encoded.len() as u64).saturating_sub(kept));
-    }
+    // The answer holds the binary outputs it sends (not copies) and the JSON it wrote; the
+    // outputs not asked for go.
+    drop(outputs);
+    held.resize(encoded.len() as u64);
     let mut response = Response::builder()
         .header(CONTENT_TYPE, if encoded.header_length.is_some() { "application/octet-stream" } else { JSON })
         .header(CONTENT_LENGTH, encoded.len());
@@ -251,12 +247,19 @@ async fn run(
         response = response.header(HEADER_LENGTH, n);
     }
     // The queue place is free once the answer exists (`_queued` ends here): a client slow to
-    // read it holds its connection and its bytes in the budget, not a place.
-    Ok(response.body(Answer::counted(encoded.parts, held)).expect("a valid response"))
+    // read it holds its connection and its bytes in the budget, not a place, and for the
+    // write timeout at most.
+    Ok(response.body(Answer::counted(encoded.parts, held, Some(unread))).expect("a valid response"))
 }
 
+/// How long a body may pause before it counts as an upload in progress.
+pub const UPLOAD_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The body, at most `max_request_bytes` (413), within `body_timeout` (408), each chunk of
-/// a body without a declared length taken from the budget as it arrives.
+/// a body without a declared length taken from the budget as it arrives. A body that stops
+/// arriving for [`UPLOAD_GRACE`] takes an upload place until it has all come (503 past
+/// `max_uploads`); one that comes whole with its headers, or flowing, takes none: uploads
+/// left pending never turn away complete requests.
 async fn read_body(
     service: &Service,
     mut body: Incoming,
@@ -269,19 +272,26 @@ async fn read_body(
     let limit = service.options.max_request_bytes;
     let timeout = service.options.body_timeout;
     let until = began + timeout;
-    let mut data = BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut data = BytesMut::new(); // filled only where the body comes in several chunks
     let mut first: Option<Bytes> = None;
+    let mut uploading = None;
     loop {
-        let frame = match tokio::time::timeout_at(until.into(), body.frame()).await {
+        let frame = match uploading {
+            Some(_) => tokio::time::timeout_at(until.into(), body.frame()).await,
+            None => match tokio::time::timeout_at(until.min(Instant::now() + UPLOAD_GRACE).into(), body.frame()).await {
+                Ok(frame) => Ok(frame),
+                Err(_) => {
+                    uploading = Some(service.upload_place().map_err(|e| Failure::Error(e, true))?);
+                    tokio::time::timeout_at(until.into(), body.frame()).await
+                }
+            },
+        };
+        let frame = match frame {
             Err(_) => {
                 return Err(Failure::Error(
                     RequestError::new(
                         Status::RequestTimeout,
-                        format!(
-                            "the body did not arrive within {} s ({} bytes came)",
-                            crate::error::seconds(timeout),
-                            data.len()
-                        ),
+                        format!("the body did not arrive within {} s ({} bytes came)", crate::error::seconds(timeout), data.len()),
                     ),
                     true,
                 ))
@@ -294,20 +304,18 @@ async fn read_body(
         let size = data.len() + first.as_ref().map_or(0, Bytes::len) + chunk.len();
         if size > limit {
             return Err(Failure::Error(
-                RequestError::new(
-                    Status::PayloadTooLarge,
-                    format!("the body is over the limit of {limit} bytes (max_request_bytes)"),
-                ),
+                RequestError::new(Status::PayloadTooLarge, format!("the body is over the limit of {limit} bytes (max_request_bytes)")),
                 true,
             ));
         }
         if declared.is_none() {
-            held.grow(chunk.len() as u64, deadline, whose).await.map_err(|e| Failure::Error(e, true))?;
+            held.grow_body(chunk.len() as u64, deadline, whose).await.map_err(|e| Failure::Error(e, true))?;
         }
         // One chunk (the common case) is kept as it came: no copy.
         match first.take() {
             None if data.is_empty() => first = Some(chunk),
             Some(f) => {
+                data.reserve(declared.unwrap_or(0).max(f.len() + chunk.len()));
                 data.extend_from_slice(&f);
                 data.extend_from_slice(&chunk);
             }
@@ -338,7 +346,10 @@ fn get(method: &Method, path: &str) -> Result<(), (RequestError, bool)> {
 }
 
 fn method_error(path: &str, allowed: &str, method: &Method) -> RequestError {
-    RequestError::new(Status::MethodNotAllowed, format!("{} takes {allowed}, not {method}", client_text(path)))
+    RequestError::new(
+        Status::MethodNotAllowed,
+        format!("{} takes {allowed}, not {method}", client_text(path)),
+    )
 }
 
 fn json(service: &Service, status: StatusCode, body: Bytes) -> Response<Answer> {

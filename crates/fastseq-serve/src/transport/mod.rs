@@ -38,8 +38,12 @@ fn http1(service: &Service) -> hyper::server::conn::http1::Builder {
         .max_headers(o.max_headers)
         .max_header_size(o.max_header_bytes)
         .max_buf_size(o.max_header_bytes.max(8192) * 2)
-        .keep_alive(true)
-        .pipeline_flush(true);
+        .keep_alive(true);
+    // Not `pipeline_flush`: it makes hyper copy each answer whole into its own write buffer
+    // (its "flatten" strategy, and every body polled at once whatever the buffer holds), where
+    // the memory budget no longer sees it: an unread 8 MB answer was 8 MB uncounted. Without
+    // it hyper queues the answer's slices (body::CHUNK) as they are and asks for more only as
+    // it writes.
     b
 }
 
@@ -156,20 +160,39 @@ async fn accept(
 async fn serve_http(stream: TcpStream, service: Arc<Service>, mut stopped: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let stream = Arc::new(stream);
-    let socket = Socket::new(stream.clone(), service.options.body_timeout);
+    let refusals = Arc::new(socket::Refusals::new(service.options.max_header_bytes, service.options.max_headers));
+    let socket = Socket::http1(stream.clone(), service.options.body_timeout, refusals.clone());
+    let unread = Arc::new(body::Unread::default());
     let handler = {
         let service = service.clone();
-        service_fn(move |request| http::handle(service.clone(), request))
+        let unread = unread.clone();
+        service_fn(move |request| http::handle(service.clone(), unread.clone(), request))
     };
     let connection = http1(&service).serve_connection(TokioIo::new(socket), handler);
     tokio::pin!(connection);
+    let write_timeout = service.options.body_timeout;
     let result = tokio::select! {
         r = connection.as_mut() => r,
+        _ = unread.stalled(write_timeout) => return unread_answer(&service),
         _ = until_stopped(&mut stopped) => {
             connection.as_mut().graceful_shutdown();
-            connection.await
+            tokio::select! {
+                r = connection.as_mut() => r,
+                _ = unread.stalled(write_timeout) => return unread_answer(&service),
+            }
         }
     };
+    let said = refusals.said.load(Ordering::Relaxed);
+    if said > 0 {
+        // hyper's answer to a request it could not parse, said as ours: counted and logged
+        service.metrics.response(said);
+        service.say(false, &format!("a request hyper could not read as HTTP/1.1 (its headers over their limits, or not HTTP/1.1): {said}"));
+    }
+    if said > 0 || unread.linger.load(Ordering::Relaxed) {
+        // hyper closes after its refusal with the client's bytes unread: without reading them
+        // first the close is a reset, and the client may never see the answer.
+        linger(&stream, service.options.max_request_bytes).await;
+    }
     if let Err(e) = result {
         if e.is_timeout() {
             // hyper closes a connection whose headers did not arrive in time; say why first.
@@ -186,6 +209,43 @@ async fn serve_http(stream: TcpStream, service: Arc<Service>, mut stopped: watch
             service.say(false, "a connection's request headers did not arrive in time: 408");
         }
     }
+}
+
+/// How long a connection that refused a body before reading it goes on reading (and
+/// dropping) what the client still sends, before it closes.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+/// Reads and drops what the client still sends, up to `most` bytes, for [`LINGER`] at most or
+/// until it closes: closing a socket with bytes unread resets the connection, and the client,
+/// still sending its body, would see the reset rather than its answer.
+async fn linger(stream: &TcpStream, most: usize) {
+    let until = tokio::time::Instant::now() + LINGER;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut read = 0;
+    while read <= most {
+        match tokio::time::timeout_at(until, stream.readable()).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        match stream.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => read += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// A connection ended because an answer of it went unread for the write timeout (its bytes
+/// go back to the memory budget as it closes).
+pub(crate) fn unread_answer(service: &Service) {
+    service.say(
+        false,
+        &format!(
+            "a connection's answer was not read within {} s (body_timeout): the connection is closed",
+            crate::error::seconds(service.options.body_timeout)
+        ),
+    );
 }
 
 /// Serves `service` on gRPC connections with hyper's HTTP/2 (used by [`grpc`]).

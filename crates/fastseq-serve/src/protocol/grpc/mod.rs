@@ -10,13 +10,14 @@ use crate::error::{client_bytes, RequestError};
 use crate::metrics::Statistics;
 use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
 
-use super::documents::{dims_of, shape_of, BACKEND, EXTENSIONS, PLATFORM};
-use super::json::{datatype_named, input_index, output_index};
-use super::params::{request_timeout, Param};
-use super::shape::{self, list, Dim};
-use super::values::int_range;
-use super::{binary, chosen, values_word, Checks};
+use crate::protocol::documents::{dims_of, shape_of, BACKEND, EXTENSIONS, PLATFORM};
+use crate::protocol::json::{datatype_named, input_index, output_index};
+use crate::protocol::params::{request_timeout, Param};
+use crate::protocol::shape::{self, Dim};
+use crate::protocol::values::int_range;
+use crate::protocol::{list, binary, chosen, values_word, Checks};
 
+pub mod cost;
 pub mod messages;
 pub use messages::*;
 
@@ -320,7 +321,7 @@ pub fn model_config(model: &ModelSpec) -> ModelConfigResponse {
     }
 }
 
-/// Triton's statistics extension as its message (see [`super::documents::model_statistics`]).
+/// Triton's statistics extension as its message (see [`crate::protocol::documents::model_statistics`]).
 pub fn model_statistics(stats: &[Statistics]) -> ModelStatisticsResponse {
     let d = |(count, ns): (u64, u64)| Some(StatisticDuration { count, ns });
     ModelStatisticsResponse {
