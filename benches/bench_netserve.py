@@ -39,10 +39,9 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
 import netserve_clients as nc
 import netserve_servers as ns
+import numpy as np
 from netserve_servers import Server
 
 HERE = Path(__file__).parent
@@ -89,7 +88,9 @@ def cnn_model(path: Path) -> None:
         helper.make_node("Gemm", ["features", "w3", "b3"], ["logits"], transB=1, name="fc"),
     ]
     graph = helper.make_graph(
-        nodes, "cnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 20, 20])],
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 20, 20])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
         [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 16, 3, 3), w("b2", 16), w("w3", 10, 16), w("b3", 10)],
     )
@@ -104,8 +105,12 @@ def cases() -> dict[str, tuple[str, list[str], str, list[int]]]:
         cnn_model(cnn)
     return {
         "cnn": ("small CNN: 3x20x20 -> two 3x3 convs -> 10", [str(cnn)], "image", [1, 3, 20, 20]),
-        "tabular": ("tabular: skl2onnx scaler + MLP 64-256-10",
-                    [str(FIXTURES / "digits_scaler.onnx"), str(FIXTURES / "digits_mlp.onnx")], "X", [1, 64]),
+        "tabular": (
+            "tabular: skl2onnx scaler + MLP 64-256-10",
+            [str(FIXTURES / "digits_scaler.onnx"), str(FIXTURES / "digits_mlp.onnx")],
+            "X",
+            [1, 64],
+        ),
     }
 
 
@@ -134,12 +139,23 @@ def prepare(name: str, sources: list[str], input_name: str, shape: list[int]) ->
     (d / "body.bin").write_bytes(binary)
     (d / "body.json").write_bytes(nc.json_body(input_name, row))
     (d / "body.grpc").write_bytes(nc.grpc_frame(message))
-    headers = {"wrk-bin": {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header)},
-               "wrk-json": {"Content-Type": "application/json"}}
+    headers = {
+        "wrk-bin": {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(header)},
+        "wrk-json": {"Content-Type": "application/json"},
+    }
     for client, h in headers.items():
         nc.wrk_script(d / f"{client}.lua", (d / f"body.{client[4:]}").resolve(), h)
-    return {"name": name, "dir": d, "sources": sources, "joined": joined, "expected": expected, "headers": headers,
-            "message": message, "input": input_name, "shape": shape}
+    return {
+        "name": name,
+        "dir": d,
+        "sources": sources,
+        "joined": joined,
+        "expected": expected,
+        "headers": headers,
+        "message": message,
+        "input": input_name,
+        "shape": shape,
+    }
 
 
 # --- the clients ----------------------------------------------------------------------------------
@@ -165,12 +181,19 @@ def drive(server: Server, client: str, case: dict, seconds: float) -> dict:
     if client.startswith("wrk"):
         return nc.run_wrk(url, d / f"{client}.lua", seconds, CONNECTIONS)
     if client == "h2load":
-        return nc.run_h2load(f"http://127.0.0.1:{server.grpc}{nc.GRPC_INFER}", d / "body.grpc", seconds, CONNECTIONS,
-                             WORK / "h2load.log", case["answer_bytes"])
+        return nc.run_h2load(
+            f"http://127.0.0.1:{server.grpc}{nc.GRPC_INFER}",
+            d / "body.grpc",
+            seconds,
+            CONNECTIONS,
+            WORK / "h2load.log",
+            case["answer_bytes"],
+        )
     exe, env = nc.perf_analyzer(ns.VENVS / "perf")
     port, protocol = (server.http, "http") if client == "pa-http" else (server.grpc, "grpc")
-    return nc.run_perf_analyzer(exe, env, f"127.0.0.1:{port}", protocol, "m", seconds, CONNECTIONS,
-                                WORK / "perf_analyzer.csv")
+    return nc.run_perf_analyzer(
+        exe, env, f"127.0.0.1:{port}", protocol, "m", seconds, CONNECTIONS, WORK / "perf_analyzer.csv"
+    )
 
 
 def measure_mode(server: Server, mode: str, case: dict, seconds: float, warm: float) -> dict:
@@ -184,12 +207,16 @@ def measure_mode(server: Server, mode: str, case: dict, seconds: float, warm: fl
     delta = {k: m1[k] - m0.get(k, 0.0) for k in m1}
     served = delta.get("nv_inference_request_success") or r["requests"]
     r["server_us"] = (c1 - c0) / max(1, served) * 1e6
-    r["mean_batch"] = (delta["nv_inference_count"] / delta["nv_inference_exec_count"]
-                       if delta.get("nv_inference_exec_count") else 1.0 if server.kind in ("serve-b1", "kserve") else None)
+    r["mean_batch"] = (
+        delta["nv_inference_count"] / delta["nv_inference_exec_count"]
+        if delta.get("nv_inference_exec_count")
+        else 1.0
+        if server.kind in ("serve-b1", "kserve")
+        else None
+    )
     r["errors"] += int(delta.get("nv_inference_request_failure", 0))
     if r["errors"]:  # a rate of errors measures nothing
-        raise RuntimeError(f"{mode}: {r['errors']} requests failed ({r['non200']} answers not 200); "
-                           f"see {server.log}")
+        raise RuntimeError(f"{mode}: {r['errors']} requests failed ({r['non200']} answers not 200); see {server.log}")
     return r
 
 
@@ -216,8 +243,10 @@ def in_process(sources: list[str], joined: str, shape: list[int], seconds: float
     row = np.random.default_rng(0).random(shape, dtype=np.float32)
     done: list[tuple[float, float]] = []
     with pipe.batcher(max_batch_size=32) as batcher:
-        wrong = nc.compare(dict(zip([o.name for o in pipe.outputs], batcher(row))),
-                           dict(zip([o.name for o in pipe.outputs], pipe(row))))
+        wrong = nc.compare(
+            dict(zip([o.name for o in pipe.outputs], batcher(row))),
+            dict(zip([o.name for o in pipe.outputs], pipe(row))),
+        )
         stop_at, barrier = [0.0], threading.Barrier(CONNECTIONS + 1)
 
         def caller() -> None:
@@ -241,8 +270,16 @@ def in_process(sources: list[str], joined: str, shape: list[int], seconds: float
         cpu = time.process_time() - c0
     window = sorted(e - b for b, e in done if start + WARM_S <= b)
     pct = lambda q: window[min(len(window) - 1, int(len(window) * q))] * 1e3  # noqa: E731
-    return {"rows_s": len(window) / seconds, "p50_ms": pct(0.5), "p99_ms": pct(0.99), "requests": len(window),
-            "server_us": cpu / max(1, len(window)) * 1e6, "mean_batch": None, "compute_us": compute, "wrong": wrong}
+    return {
+        "rows_s": len(window) / seconds,
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+        "requests": len(window),
+        "server_us": cpu / max(1, len(window)) * 1e6,
+        "mean_batch": None,
+        "compute_us": compute,
+        "wrong": wrong,
+    }
 
 
 def compute_at(compute: dict, batch: float | None) -> float | None:
@@ -266,9 +303,17 @@ def measure(args: argparse.Namespace) -> dict:
     for mode, why in skipped.items():
         print(f"skipped {mode}: {why}", file=sys.stderr)
     load = os.getloadavg()[0]
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d %H:%M"),
-              "connections": CONNECTIONS, "measure_s": seconds, "repeats": repeats, "load_at_start": load,
-              "fastseq": args.fastseq, "skipped": skipped, "pipelines": {}}
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "connections": CONNECTIONS,
+        "measure_s": seconds,
+        "repeats": repeats,
+        "load_at_start": load,
+        "fastseq": args.fastseq,
+        "skipped": skipped,
+        "pipelines": {},
+    }
     kinds = list(dict.fromkeys(MODES[m][0] for m in modes))
     for name, (description, sources, input_name, shape) in cases().items():
         if args.pipelines and name not in args.pipelines.split(","):
@@ -277,14 +322,30 @@ def measure(args: argparse.Namespace) -> dict:
         rounds: dict[str, list[dict]] = {m: [] for m in modes}
         failed: dict[str, str] = {}
         for k in range(repeats):
-            for kind in kinds[k % len(kinds):] + kinds[:k % len(kinds)]:  # in turns, a different start each round
+            for kind in kinds[k % len(kinds) :] + kinds[: k % len(kinds)]:  # in turns, a different start each round
                 mine = [m for m in modes if MODES[m][0] == kind and m not in failed]
-                print(f"{name}: round {k + 1} of {repeats}: {kind} ({', '.join(mine)}) ...", file=sys.stderr, flush=True)
+                print(
+                    f"{name}: round {k + 1} of {repeats}: {kind} ({', '.join(mine)}) ...", file=sys.stderr, flush=True
+                )
                 if kind == "in-process":
-                    r = json.loads(subprocess.run(
-                        nc.pinned(nc.SERVER_CORE, [sys.executable, __file__, "--in-process", json.dumps(
-                            [sources, str(case["joined"]), shape, seconds, args.quick])]),
-                        capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+                    r = json.loads(
+                        subprocess.run(
+                            nc.pinned(
+                                nc.SERVER_CORE,
+                                [
+                                    sys.executable,
+                                    __file__,
+                                    "--in-process",
+                                    json.dumps([sources, str(case["joined"]), shape, seconds, args.quick]),
+                                ],
+                            ),
+                            capture_output=True,
+                            text=True,
+                            check=True,
+                        )
+                        .stdout.strip()
+                        .splitlines()[-1]
+                    )
                     if r.pop("wrong"):
                         raise RuntimeError(f"in-process: a wrong answer: {r}")
                     rounds["in-process"].append(r)
@@ -310,8 +371,14 @@ def measure(args: argparse.Namespace) -> dict:
                             print(f"  {mode}: {e}", file=sys.stderr)
                 finally:
                     server.stop()
-        compute = {int(b): statistics.median(r["compute_us"][b] for r in rounds["in-process"])
-                   for b in rounds["in-process"][0]["compute_us"]} if rounds.get("in-process") else {}
+        compute = (
+            {
+                int(b): statistics.median(r["compute_us"][b] for r in rounds["in-process"])
+                for b in rounds["in-process"][0]["compute_us"]
+            }
+            if rounds.get("in-process")
+            else {}
+        )
         medians = {}
         for mode, rs in rounds.items():
             if not rs:
@@ -322,8 +389,12 @@ def measure(args: argparse.Namespace) -> dict:
             c = compute_at(compute, med["mean_batch"])
             med["beyond_us"] = med["server_us"] - c if c is not None and mode != "in-process" else None
             medians[mode] = med | {"runs": [round(r["rows_s"]) for r in rs]}
-        report["pipelines"][name] = {"description": description, "modes": medians, "failed": failed,
-                                     "compute_us": compute}
+        report["pipelines"][name] = {
+            "description": description,
+            "modes": medians,
+            "failed": failed,
+            "compute_us": compute,
+        }
     return report
 
 
@@ -345,30 +416,43 @@ def long_run(args: argparse.Namespace) -> dict:
         after = nc.footprint(server.proc.pid)
     finally:
         server.stop()
-    return {"requests": total, "seconds": time.perf_counter() - t0, "before": before, "after": after,
-            "date": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "requests": total,
+        "seconds": time.perf_counter() - t0,
+        "before": before,
+        "after": after,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 # --- the report -----------------------------------------------------------------------------------
 def table(report: dict) -> str:
-    lines = [f"{report['connections']} connections, one row a request, server on core 0 and client on core 1 "
-             f"({report['machine']}), {report['date']}; medians of {report['repeats']} rounds of "
-             f"{report['measure_s']:g} s; load average at start {report['load_at_start']:.1f}", "",
-             "| pipeline | server, client | rows/s | p50 ms | p99 ms | server CPU µs/request | beyond compute µs | "
-             "mean batch | rounds (rows/s) |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"{report['connections']} connections, one row a request, server on core 0 and client on core 1 "
+        f"({report['machine']}), {report['date']}; medians of {report['repeats']} rounds of "
+        f"{report['measure_s']:g} s; load average at start {report['load_at_start']:.1f}",
+        "",
+        "| pipeline | server, client | rows/s | p50 ms | p99 ms | server CPU µs/request | beyond compute µs | "
+        "mean batch | rounds (rows/s) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     f = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
     for name, p in report["pipelines"].items():
         for mode, m in p["modes"].items():
-            lines.append(f"| {name} | {MODES[mode][2]} | {m['rows_s']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
-                         f"{m['server_us']:.0f} | {f(m['beyond_us'], '.0f')} | {f(m['mean_batch'], '.1f')} | "
-                         f"{', '.join(f'{r:,}' for r in m['runs'])} |")
+            lines.append(
+                f"| {name} | {MODES[mode][2]} | {m['rows_s']:,.0f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} | "
+                f"{m['server_us']:.0f} | {f(m['beyond_us'], '.0f')} | {f(m['mean_batch'], '.1f')} | "
+                f"{', '.join(f'{r:,}' for r in m['runs'])} |"
+            )
         for mode, why in p["failed"].items():
             lines.append(f"| {name} | {MODES[mode][2]} | failed: {why[:160]} | | | | | | |")
     lines.append("")
     for name, p in report["pipelines"].items():
         if p["compute_us"]:
-            lines.append(f"- {name}: ONNX Runtime alone on core 0, CPU µs a row by batch size: " + ", ".join(
-                f"{b}: {us:.1f}" for b, us in sorted(p["compute_us"].items())))
+            lines.append(
+                f"- {name}: ONNX Runtime alone on core 0, CPU µs a row by batch size: "
+                + ", ".join(f"{b}: {us:.1f}" for b, us in sorted(p["compute_us"].items()))
+            )
     for mode, why in report.get("skipped", {}).items():
         lines.append(f"- {MODES[mode][2]}: skipped, {why}")
     lines += ["", "| target | " + " | ".join(report["pipelines"]) + " |", "|---|" + "---|" * len(report["pipelines"])]
@@ -385,24 +469,41 @@ def table(report: dict) -> str:
 
     rate = lambda m, k: m[k]["rows_s"]  # noqa: E731
     for mode, what in (("serve-bin", "HTTP binary"), ("serve-json", "HTTP JSON"), ("serve-grpc", "gRPC")):
-        row(f"fastseq serve ≥ 50% of the in-process batcher's rows/s (goal 70%), {what}",
+        row(
+            f"fastseq serve ≥ 50% of the in-process batcher's rows/s (goal 70%), {what}",
             lambda m, mode=mode: f"{rate(m, mode) / rate(m, 'in-process'):.0%}",
-            lambda m, mode=mode: rate(m, mode) >= 0.5 * rate(m, "in-process"))
-    row("batching on ≥ 2x off (HTTP binary)", lambda m: f"{rate(m, 'serve-bin') / rate(m, 'b1-bin'):.2f}x",
-        lambda m: rate(m, "serve-bin") >= 2 * rate(m, "b1-bin"))
-    for mine, peer, what in (("serve-bin", "kserve-bin", "KServe, HTTP binary"), ("serve-grpc", "kserve-grpc",
-                             "KServe, gRPC"), ("serve-json", "mlserver-json", "MLServer, JSON")):
-        row(f"≥ 10x {what}", lambda m, a=mine, b=peer: f"{rate(m, a) / rate(m, b):.1f}x",
-            lambda m, a=mine, b=peer: rate(m, a) >= 10 * rate(m, b))
+            lambda m, mode=mode: rate(m, mode) >= 0.5 * rate(m, "in-process"),
+        )
+    row(
+        "batching on ≥ 2x off (HTTP binary)",
+        lambda m: f"{rate(m, 'serve-bin') / rate(m, 'b1-bin'):.2f}x",
+        lambda m: rate(m, "serve-bin") >= 2 * rate(m, "b1-bin"),
+    )
+    for mine, peer, what in (
+        ("serve-bin", "kserve-bin", "KServe, HTTP binary"),
+        ("serve-grpc", "kserve-grpc", "KServe, gRPC"),
+        ("serve-json", "mlserver-json", "MLServer, JSON"),
+    ):
+        row(
+            f"≥ 10x {what}",
+            lambda m, a=mine, b=peer: f"{rate(m, a) / rate(m, b):.1f}x",
+            lambda m, a=mine, b=peer: rate(m, a) >= 10 * rate(m, b),
+        )
     for mode, what in (("serve-bin", "HTTP binary"), ("serve-json", "HTTP JSON"), ("serve-grpc", "gRPC")):
-        row(f"server CPU ≤ 25 µs a request beyond compute, {what}", lambda m, k=mode: f"{m[k]['beyond_us']:.0f} µs",
-            lambda m, k=mode: m[k]["beyond_us"] <= 25)
+        row(
+            f"server CPU ≤ 25 µs a request beyond compute, {what}",
+            lambda m, k=mode: f"{m[k]['beyond_us']:.0f} µs",
+            lambda m, k=mode: m[k]["beyond_us"] <= 25,
+        )
     if "long" in report:
         r = report["long"]
         b, a = r["before"], r["after"]
-        lines += ["", f"- RSS and open files over {r['requests']:,} requests to fastseq serve (CNN, HTTP binary, wrk; "
-                      f"{r['seconds']:.0f} s, {r['date']}): RSS {b['rss_mb']:.1f} -> {a['rss_mb']:.1f} MB, open files "
-                      f"{b['open_files']} -> {a['open_files']}, threads {b['threads']} -> {a['threads']}"]
+        lines += [
+            "",
+            f"- RSS and open files over {r['requests']:,} requests to fastseq serve (CNN, HTTP binary, wrk; "
+            f"{r['seconds']:.0f} s, {r['date']}): RSS {b['rss_mb']:.1f} -> {a['rss_mb']:.1f} MB, open files "
+            f"{b['open_files']} -> {a['open_files']}, threads {b['threads']} -> {a['threads']}",
+        ]
     return "\n".join(lines)
 
 
@@ -412,10 +513,18 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one round of 1 s a mode, no warm-up (a smoke run)")
     p.add_argument("--long", action="store_true", help=f"only the {LONG_REQUESTS:,}-request run (RSS, open files)")
     p.add_argument("--readme", action="store_true", help="write the table into docs/benchmarks.md")
-    p.add_argument("--fastseq", default=f"{shlex.quote(sys.executable)} -m fastseq",
-                   help="the command that runs fastseq's CLI (default: this Python's fastseq)")
-    p.add_argument("--wait-idle", type=float, default=0, metavar="S",
-                   help="wait up to S seconds for the load average to fall under 0.5 before measuring")
+    p.add_argument(
+        "--fastseq",
+        default=f"{shlex.quote(sys.executable)} -m fastseq",
+        help="the command that runs fastseq's CLI (default: this Python's fastseq)",
+    )
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0,
+        metavar="S",
+        help="wait up to S seconds for the load average to fall under 0.5 before measuring",
+    )
     p.add_argument("--pipelines", help="e.g. cnn (default: cnn,tabular)")
     p.add_argument("--modes", help="a comma-separated subset of: " + ", ".join(MODES))
     p.add_argument("--in-process", help=argparse.SUPPRESS)
@@ -434,14 +543,22 @@ def main() -> None:
     while os.getloadavg()[0] > 0.5 and time.monotonic() < deadline:
         time.sleep(5)
     if os.getloadavg()[0] > 0.5:
-        print(f"warning: load average {os.getloadavg()[0]:.1f}: something else runs here, numbers will be noisy",
-              file=sys.stderr)
+        print(
+            f"warning: load average {os.getloadavg()[0]:.1f}: something else runs here, numbers will be noisy",
+            file=sys.stderr,
+        )
     WORK.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if args.long:  # added to the last table's report
-        report = earlier or {"connections": CONNECTIONS, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-                             "date": "", "repeats": 0, "measure_s": 0, "load_at_start": os.getloadavg()[0],
-                             "pipelines": {}}
+        report = earlier or {
+            "connections": CONNECTIONS,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "date": "",
+            "repeats": 0,
+            "measure_s": 0,
+            "load_at_start": os.getloadavg()[0],
+            "pipelines": {},
+        }
         report["long"] = long_run(args)
     else:
         report = measure(args)

@@ -19,8 +19,16 @@ from pathlib import Path
 import numpy as np
 
 CLIENT_CORE, SERVER_CORE = "1", "0"
-DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32, "UINT8": np.uint8,
-          "INT8": np.int8, "BOOL": np.bool_, "FP16": np.float16}
+DTYPES = {
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "INT64": np.int64,
+    "INT32": np.int32,
+    "UINT8": np.uint8,
+    "INT8": np.int8,
+    "BOOL": np.bool_,
+    "FP16": np.float16,
+}
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 APT = {"wrk": "wrk", "h2load": "nghttp2-client"}  # tool -> Debian package
 
@@ -29,16 +37,28 @@ APT = {"wrk": "wrk", "h2load": "nghttp2-client"}  # tool -> Debian package
 def binary_body(input_name: str, row: np.ndarray, outputs: list[str]) -> tuple[bytes, int]:
     """Triton's binary tensor extension: the JSON header, then the raw row; outputs asked in binary."""
     raw = row.tobytes()
-    header = json.dumps({"inputs": [{"name": input_name, "shape": list(row.shape), "datatype": "FP32",
-                                     "parameters": {"binary_data_size": len(raw)}}],
-                         "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs]},
-                        separators=(",", ":")).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": input_name,
+                    "shape": list(row.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs],
+        },
+        separators=(",", ":"),
+    ).encode()
     return header + raw, len(header)
 
 
 def json_body(input_name: str, row: np.ndarray) -> bytes:
-    return json.dumps({"inputs": [{"name": input_name, "shape": list(row.shape), "datatype": "FP32",
-                                   "data": row.ravel().tolist()}]}, separators=(",", ":")).encode()
+    return json.dumps(
+        {"inputs": [{"name": input_name, "shape": list(row.shape), "datatype": "FP32", "data": row.ravel().tolist()}]},
+        separators=(",", ":"),
+    ).encode()
 
 
 def grpc_message(model: str, input_name: str, row: np.ndarray, outputs: list[str]) -> bytes:
@@ -116,15 +136,23 @@ def pinned(core: str, cmd: list[str]) -> list[str]:
 
 def run_wrk(url: str, script: Path, seconds: float, connections: int, timeout_s: float = 600) -> dict:
     """wrk on the client core, one thread; what its done() wrote."""
-    cmd = pinned(CLIENT_CORE, ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
-                               "-s", str(script), url])
+    cmd = pinned(
+        CLIENT_CORE,
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(script), url],
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("WRK ")), None)
     if out.returncode != 0 or line is None:
         raise RuntimeError(f"wrk failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
     r = json.loads(line[4:])
-    return {"requests": r["requests"], "rows_s": r["requests"] / (r["duration_us"] / 1e6), "p50_ms": r["p50_us"] / 1e3,
-            "p99_ms": r["p99_us"] / 1e3, "errors": r["non200"] + r["socket_errors"], "non200": r["non200"]}
+    return {
+        "requests": r["requests"],
+        "rows_s": r["requests"] / (r["duration_us"] / 1e6),
+        "p50_ms": r["p50_us"] / 1e3,
+        "p99_ms": r["p99_us"] / 1e3,
+        "errors": r["non200"] + r["socket_errors"],
+        "non200": r["non200"],
+    }
 
 
 def run_h2load(url: str, body: Path, seconds: float, connections: int, log: Path, answer_bytes: int) -> dict:
@@ -132,13 +160,31 @@ def run_h2load(url: str, body: Path, seconds: float, connections: int, log: Path
     ``body`` for ``seconds``; latency percentiles from its per-request log. h2load cannot read
     grpc-status (a trailer), but an error carries no message: any of the answers short of
     ``answer_bytes`` of DATA each (the checked answer's framed size) counts as an error."""
-    cmd = pinned(CLIENT_CORE, ["h2load", "-t1", f"-c{connections}", "-m1", f"-D{max(1, round(seconds))}",
-                               "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
-                               f"--log-file={log}", url])
+    cmd = pinned(
+        CLIENT_CORE,
+        [
+            "h2load",
+            "-t1",
+            f"-c{connections}",
+            "-m1",
+            f"-D{max(1, round(seconds))}",
+            "-d",
+            str(body),
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            f"--log-file={log}",
+            url,
+        ],
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
     text = out.stdout
-    done = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
-                     r"(\d+) errored, (\d+) timeout", text)
+    done = re.search(
+        r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, "
+        r"(\d+) errored, (\d+) timeout",
+        text,
+    )
     took = re.search(r"finished in ([\d.]+)(m?s)", text)
     status = re.search(r"status codes: (\d+) 2xx", text)
     data = re.search(r"\((\d+)\) data", text)
@@ -150,19 +196,47 @@ def run_h2load(url: str, body: Path, seconds: float, connections: int, log: Path
     pct = (lambda q: times[min(len(times) - 1, int(len(times) * q))] / 1e3) if times else (lambda q: float("nan"))
     non2xx = n_done - int(status.group(1)) if status else 0
     short = max(0, n_done * answer_bytes - int(data.group(1))) if data else 0
-    return {"requests": ok, "rows_s": ok / secs, "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-            "errors": failed + errored + timeouts + non2xx + -(-short // answer_bytes), "non200": non2xx}
+    return {
+        "requests": ok,
+        "rows_s": ok / secs,
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+        "errors": failed + errored + timeouts + non2xx + -(-short // answer_bytes),
+        "non200": non2xx,
+    }
 
 
-def run_perf_analyzer(exe: str, env: dict, url: str, protocol: str, model: str, seconds: float,
-                      connections: int, csv_path: Path) -> dict:
+def run_perf_analyzer(
+    exe: str, env: dict, url: str, protocol: str, model: str, seconds: float, connections: int, csv_path: Path
+) -> dict:
     """perf_analyzer on the client core at concurrency ``connections``, one row a request: three
     windows of ``seconds`` / 3 (stable or not: ``-s 1000``, a busy machine never settles); its
     CSV read back (rows/s, p50, p99)."""
     window_ms = max(1000, int(seconds * 1000 / 3))
-    cmd = pinned(CLIENT_CORE, [exe, "-m", model, "-u", url, "-i", protocol, "-b", "1",
-                               "--concurrency-range", f"{connections}:{connections}", "-p", str(window_ms),
-                               "--max-trials", "10", "-s", "1000", "-f", str(csv_path)])
+    cmd = pinned(
+        CLIENT_CORE,
+        [
+            exe,
+            "-m",
+            model,
+            "-u",
+            url,
+            "-i",
+            protocol,
+            "-b",
+            "1",
+            "--concurrency-range",
+            f"{connections}:{connections}",
+            "-p",
+            str(window_ms),
+            "--max-trials",
+            "10",
+            "-s",
+            "1000",
+            "-f",
+            str(csv_path),
+        ],
+    )
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds * 5 + 120)
     if out.returncode != 0 or not csv_path.exists():
         lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
@@ -170,9 +244,14 @@ def run_perf_analyzer(exe: str, env: dict, url: str, protocol: str, model: str, 
     with open(csv_path) as f:
         row = next(csv.DictReader(f))
     count = re.search(r"Request count: (\d+)", out.stdout)
-    return {"requests": int(count.group(1)) if count else 0, "rows_s": float(row["Inferences/Second"]),
-            "p50_ms": float(row["p50 latency"]) / 1e3, "p99_ms": float(row["p99 latency"]) / 1e3,
-            "errors": 0, "non200": 0}
+    return {
+        "requests": int(count.group(1)) if count else 0,
+        "rows_s": float(row["Inferences/Second"]),
+        "p50_ms": float(row["p50 latency"]) / 1e3,
+        "p99_ms": float(row["p99 latency"]) / 1e3,
+        "errors": 0,
+        "non200": 0,
+    }
 
 
 # --- the answers -----------------------------------------------------------------------------------
@@ -194,7 +273,7 @@ def http_outputs(headers: dict, body: bytes) -> dict[str, np.ndarray]:
         dtype = DTYPES[o["datatype"]]
         size = (o.get("parameters") or {}).get("binary_data_size")
         if size is not None:
-            found[o["name"]] = np.frombuffer(body[offset:offset + size], dtype).reshape(o["shape"])
+            found[o["name"]] = np.frombuffer(body[offset : offset + size], dtype).reshape(o["shape"])
             offset += size
         else:
             found[o["name"]] = np.asarray(o["data"], dtype).reshape(o["shape"])

@@ -36,21 +36,47 @@ class Server:
         self.kind, self.http, self.grpc = kind, free_port(), free_port()
         cwd = None
         if kind.startswith("serve"):
-            cmd = [*fastseq, "serve", *case["sources"], "--name", "m", "--port", str(self.http),
-                   "--max-batch-size", "1" if kind == "serve-b1" else "32"]
+            cmd = [
+                *fastseq,
+                "serve",
+                *case["sources"],
+                "--name",
+                "m",
+                "--port",
+                str(self.http),
+                "--max-batch-size",
+                "1" if kind == "serve-b1" else "32",
+            ]
             cmd += ["--grpc-port", str(self.grpc)] if kind == "serve" else []
         elif kind == "kserve":
-            cmd = [str(VENVS / "kserve/bin/python"), str(HERE / "netserve_peers/kserve_server.py"), str(case["joined"]),
-                   "--http_port", str(self.http), "--grpc_port", str(self.grpc)]
+            cmd = [
+                str(VENVS / "kserve/bin/python"),
+                str(HERE / "netserve_peers/kserve_server.py"),
+                str(case["joined"]),
+                "--http_port",
+                str(self.http),
+                "--grpc_port",
+                str(self.grpc),
+            ]
         else:  # mlserver: a folder with its settings and the runtime
             cwd = case["dir"] / "mlserver"
             cwd.mkdir(exist_ok=True)
             shutil.copy(HERE / "netserve_peers/mlserver_runtime.py", cwd)
-            (cwd / "settings.json").write_text(json.dumps({"http_port": self.http, "grpc_port": self.grpc,
-                                                           "metrics_port": free_port(), "debug": False}))
-            (cwd / "model-settings.json").write_text(json.dumps({
-                "name": "m", "implementation": "mlserver_runtime.OnnxModel", **MLSERVER_BATCH,
-                "parameters": {"uri": str(case["joined"].resolve())}}))
+            (cwd / "settings.json").write_text(
+                json.dumps(
+                    {"http_port": self.http, "grpc_port": self.grpc, "metrics_port": free_port(), "debug": False}
+                )
+            )
+            (cwd / "model-settings.json").write_text(
+                json.dumps(
+                    {
+                        "name": "m",
+                        "implementation": "mlserver_runtime.OnnxModel",
+                        **MLSERVER_BATCH,
+                        "parameters": {"uri": str(case["joined"].resolve())},
+                    }
+                )
+            )
             cmd = [str(VENVS / "mlserver/bin/mlserver"), "start", "."]
         self.log = WORK / f"{kind}.log"
         with open(self.log, "w") as log:
@@ -82,8 +108,12 @@ class Server:
         found: dict[str, float] = {}
         for line in text.splitlines():
             key = line.split("{")[0].split(" ")[0]
-            if key in ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
-                       "nv_inference_exec_count"):
+            if key in (
+                "nv_inference_request_success",
+                "nv_inference_request_failure",
+                "nv_inference_count",
+                "nv_inference_exec_count",
+            ):
                 found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         return found
 
@@ -117,8 +147,12 @@ def available(modes: dict[str, tuple]) -> tuple[list[str], dict[str, str]]:
             skipped[mode] = f"no venv at {VENVS / kind} (run --setup)"
         elif client and client.startswith("pa") and nc.perf_analyzer(VENVS / "perf")[0] is None:
             skipped[mode] = f"no perf_analyzer in {VENVS / 'perf'} (run --setup)"
-        elif client and client.startswith("pa") and shutil.which("ldconfig") and b"libb64.so.0d" not in (
-                subprocess.run(["ldconfig", "-p"], capture_output=True).stdout):
+        elif (
+            client
+            and client.startswith("pa")
+            and shutil.which("ldconfig")
+            and b"libb64.so.0d" not in (subprocess.run(["ldconfig", "-p"], capture_output=True).stdout)
+        ):
             skipped[mode] = "perf_analyzer needs libb64.so.0d (apt-get install -y libb64-0d)"
     return [m for m in modes if m not in skipped], skipped
 

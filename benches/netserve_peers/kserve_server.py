@@ -42,8 +42,13 @@ class OnnxModel(Model):
             out = InferOutput(name=name, shape=list(array.shape), datatype=from_np_dtype(array.dtype))
             out.set_data_from_numpy(np.ascontiguousarray(array), binary_data=True)
             outputs.append(out)
-        return InferResponse(response_id=payload.id or generate_uuid(), model_name=self.name, infer_outputs=outputs,
-                             use_binary_outputs=payload.use_binary_outputs, requested_outputs=payload.request_outputs)
+        return InferResponse(
+            response_id=payload.id or generate_uuid(),
+            model_name=self.name,
+            infer_outputs=outputs,
+            use_binary_outputs=payload.use_binary_outputs,
+            requested_outputs=payload.request_outputs,
+        )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,7 @@ class OnnxModel(MLModel):
         options = ort.SessionOptions()  # fastseq serve's session options: the difference is the serving
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(self.settings.parameters.uri, options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(self.settings.parameters.uri, options, providers=["CPUExecutionProvider"])
         self.input = self.session.get_inputs()[0].name
         self.names = [o.name for o in self.session.get_outputs()]
         return True
@@ -25,5 +24,8 @@ class OnnxModel(MLModel):
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         x = NumpyCodec.decode_input(payload.inputs[0])
         outputs = self.session.run(None, {self.input: x})
-        return InferenceResponse(model_name=self.name, id=payload.id,
-                                 outputs=[NumpyCodec.encode_output(n, a) for n, a in zip(self.names, outputs)])
+        return InferenceResponse(
+            model_name=self.name,
+            id=payload.id,
+            outputs=[NumpyCodec.encode_output(n, a) for n, a in zip(self.names, outputs)],
+        )

@@ -45,7 +45,7 @@ class Answer:
         """The answer's message (the frame's header taken off)."""
         assert self.data[:1] == b"\0", self.data[:16]
         (n,) = struct.unpack(">I", self.data[1:5])
-        return self.data[5:5 + n]
+        return self.data[5 : 5 + n]
 
 
 class Connection:
@@ -53,8 +53,15 @@ class Connection:
     acknowledged, so the server's flow-control windows close after the first 64 KB (its
     answers then stay on its side, as they do for a client that stopped reading)."""
 
-    def __init__(self, port: int, *, read: bool = True, window: int | None = None, timeout: float = 30.0,
-                 rcvbuf: int | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        *,
+        read: bool = True,
+        window: int | None = None,
+        timeout: float = 30.0,
+        rcvbuf: int | None = None,
+    ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -73,15 +80,32 @@ class Connection:
         if data:
             self.sock.sendall(data)
 
-    def start(self, method: str, message: bytes = b"", *, headers: list[tuple[str, str]] | None = None,
-              end: bool = True, raw_path: str | None = None, frame: bool = True) -> int:
+    def start(
+        self,
+        method: str,
+        message: bytes = b"",
+        *,
+        headers: list[tuple[str, str]] | None = None,
+        end: bool = True,
+        raw_path: str | None = None,
+        frame: bool = True,
+    ) -> int:
         """Opens a call of ``method`` and sends ``message`` (framed, unless ``frame`` is false);
         ``end=False`` leaves the request open (more may be sent with :meth:`send`)."""
         sid = self.conn.get_next_available_stream_id()
         path = raw_path if raw_path is not None else SERVICE + method
-        self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
-                                     (":authority", "127.0.0.1"), ("content-type", "application/grpc"),
-                                     ("te", "trailers"), *(headers or [])])
+        self.conn.send_headers(
+            sid,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", "127.0.0.1"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                *(headers or []),
+            ],
+        )
         self.answers[sid] = Answer()
         self.send(sid, framed(message) if frame else message, end=end)
         return sid
@@ -113,7 +137,7 @@ class Connection:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(1 << 16)
-        except (socket.timeout, BlockingIOError):
+        except (TimeoutError, BlockingIOError):
             return True
         except OSError:
             return False

@@ -25,10 +25,17 @@ from serving.h2wire import Connection  # noqa: E402
 def divide():
     """x [N, 3] -> y = x / 0 (inf, -inf, NaN) and z = x (finite)."""
     zero = numpy_helper.from_array(np.zeros(1, np.float32), "zero")
-    return pipe(_model([helper.make_node("Div", ["x", "zero"], ["y"]), helper.make_node("Identity", ["x"], ["z"])],
-                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
-                        helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3])], [zero]))
+    return pipe(
+        _model(
+            [helper.make_node("Div", ["x", "zero"], ["y"]), helper.make_node("Identity", ["x"], ["z"])],
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+            [
+                helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
+                helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3]),
+            ],
+            [zero],
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +46,10 @@ def server():
 
 def strict(body: bytes):
     """JSON as a strict parser reads it: NaN, Infinity and -Infinity are not JSON."""
+
     def refuse(token: str):
         raise ValueError(f"{token} is not JSON")
+
     return json.loads(body, parse_constant=refuse)
 
 
@@ -73,16 +82,23 @@ def test_zero_row_answers_in_binary_json_and_grpc(server):
             out = h.infer("cnn", [i], outputs=[th.InferRequestedOutput("logits", binary_data=binary_out)])
             assert out.as_numpy("logits").shape == (0, 10), (binary_in, binary_out)
     # the binary answer by hand: a size of 0, nothing after the header
-    head = json.dumps({"inputs": [{"name": "image", "shape": [0, 3, 20, 20], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": 0}}],
-                       "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
-    status, headers, body = raw(server.port, post("/v2/models/cnn/infer", head,
-                                                  {"Inference-Header-Content-Length": str(len(head))}))
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "image", "shape": [0, 3, 20, 20], "datatype": "FP32", "parameters": {"binary_data_size": 0}}
+            ],
+            "outputs": [{"name": "logits", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    status, headers, body = raw(
+        server.port, post("/v2/models/cnn/infer", head, {"Inference-Header-Content-Length": str(len(head))})
+    )
     assert status == 200
     n = int(headers["inference-header-content-length"])
     assert len(body) == n
-    assert strict(body)["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [0, 10],
-                                        "parameters": {"binary_data_size": 0}}]
+    assert strict(body)["outputs"] == [
+        {"name": "logits", "datatype": "FP32", "shape": [0, 10], "parameters": {"binary_data_size": 0}}
+    ]
     g = tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     i = tg.InferInput("image", [0, 3, 20, 20], "FP32")
     i.set_data_from_numpy(x)
@@ -111,14 +127,17 @@ def test_non_finite_outputs_never_make_invalid_json(server):
     status, _, answer = raw(server.port, post("/v2/models/divide/infer", json.dumps(doc).encode()))
     assert status == 200 and strict(answer)["outputs"][0]["data"] == x.ravel().tolist()
     # as binary data: exactly, NaN and the infinities included (the header still strict JSON)
-    out = h.infer("divide", [i], outputs=[th.InferRequestedOutput("y", binary_data=True),
-                                          th.InferRequestedOutput("z", binary_data=False)])
+    out = h.infer(
+        "divide",
+        [i],
+        outputs=[th.InferRequestedOutput("y", binary_data=True), th.InferRequestedOutput("z", binary_data=False)],
+    )
     np.testing.assert_array_equal(out.as_numpy("y"), expected)
     np.testing.assert_array_equal(out.as_numpy("z"), x)
     doc["outputs"] = [{"name": "y", "parameters": {"binary_data": True}}]
     status, headers, answer = raw(server.port, post("/v2/models/divide/infer", json.dumps(doc).encode()))
     assert status == 200
-    strict(answer[:int(headers["inference-header-content-length"])])
+    strict(answer[: int(headers["inference-header-content-length"])])
     # and over gRPC, raw, as they are
     g = tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
     gi = tg.InferInput("x", [2, 3], "FP32")
@@ -126,14 +145,18 @@ def test_non_finite_outputs_never_make_invalid_json(server):
     np.testing.assert_array_equal(g.infer("divide", [gi]).as_numpy("y"), expected)
 
 
-@pytest.mark.parametrize("request_head", [
-    b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-    b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
-    b"GET /v2 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
-    b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
-    b"POST /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-    b"Content-Length: 2\r\n\r\n{}",
-], ids=["websocket", "h2c", "websocket-post"])
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        b"GET /v2 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+        b"POST /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
+    ],
+    ids=["websocket", "h2c", "websocket-post"],
+)
 def test_upgrades_are_refused_logged_and_counted(server, caplog, request_head):
     caplog.set_level(logging.WARNING, logger="fastseq.serve")
     before = metrics(server.url).get("fastseq_upgrades_refused", 0)
@@ -156,5 +179,8 @@ def test_http2_spoken_to_the_http_port_is_refused_not_a_500(server):
     assert status == 0 or (status == 400 and "gRPC port" in strict(body)["error"]), (status, body)
     # a request hyper cannot parse at all: closed, or a 400 with the protocol's error, never a 5xx
     status, _, body = raw(server.port, b"GET /v2 HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
-    assert status == 0 or (status == 400 and strict(body)["error"] == "the request is not valid HTTP/1.1"), (status, body)
+    assert status == 0 or (status == 400 and strict(body)["error"] == "the request is not valid HTTP/1.1"), (
+        status,
+        body,
+    )
     assert raw(server.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200

@@ -29,31 +29,41 @@ HELD = "fastseq_memory_held_bytes"
 def wide(n: int) -> onnx.ModelProto:
     """x [N, 1] -> y [N, n], x tiled: a few bytes in, 4n bytes out a row."""
     reps = numpy_helper.from_array(np.array([1, n], np.int64), "reps")
-    return _model([helper.make_node("Tile", ["x", "reps"], ["y"])],
-                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", n])], [reps])
+    return _model(
+        [helper.make_node("Tile", ["x", "reps"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", n])],
+        [reps],
+    )
 
 
 def echo(n: int) -> onnx.ModelProto:
     """x [N, n] -> y = -x [N, n]: as many bytes out as in."""
-    return _model([helper.make_node("Neg", ["x"], ["y"])],
-                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", n])])
+    return _model(
+        [helper.make_node("Neg", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", n])],
+    )
 
 
 def total() -> onnx.ModelProto:
     """x FP64 [N, K] -> its sum per row [N, 1]: large in, small out."""
     axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
-    return _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
-                  [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", "K"])],
-                  [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 1])], [axes])
+    return _model(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", "K"])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 1])],
+        [axes],
+    )
 
 
 def strings() -> onnx.ModelProto:
     """s BYTES [N, K] -> t = s [N, K]."""
-    return _model([helper.make_node("Identity", ["s"], ["t"])],
-                  [helper.make_tensor_value_info("s", TensorProto.STRING, ["N", "K"])],
-                  [helper.make_tensor_value_info("t", TensorProto.STRING, ["N", "K"])])
+    return _model(
+        [helper.make_node("Identity", ["s"], ["t"])],
+        [helper.make_tensor_value_info("s", TensorProto.STRING, ["N", "K"])],
+        [helper.make_tensor_value_info("t", TensorProto.STRING, ["N", "K"])],
+    )
 
 
 def serve(tmp_path: Path, model: onnx.ModelProto, name: str, *args: str) -> Process:
@@ -114,10 +124,14 @@ def settle(p: Process, until_s: float = 30.0) -> float:
     return now
 
 
-def binary_request(path: str, name: str, x: np.ndarray, outputs: list[str] | None = None,
-                   datatype: str = "FP32") -> bytes:
-    head = {"inputs": [{"name": name, "shape": list(x.shape), "datatype": datatype,
-                        "parameters": {"binary_data_size": x.nbytes}}]}
+def binary_request(
+    path: str, name: str, x: np.ndarray, outputs: list[str] | None = None, datatype: str = "FP32"
+) -> bytes:
+    head = {
+        "inputs": [
+            {"name": name, "shape": list(x.shape), "datatype": datatype, "parameters": {"binary_data_size": x.nbytes}}
+        ]
+    }
     if outputs:
         head["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
     h = json.dumps(head).encode()
@@ -157,8 +171,7 @@ def test_answers_nobody_reads_over_http_hold_at_most_the_budget_and_are_given_ba
     """30 connections each ask for an 8 MB answer and read nothing: the answers held stay
     within the 64 MB budget (later requests wait, then 503), RSS stays within reach of it,
     and the bytes come back when the write timeout ends those connections."""
-    p = serve(tmp_path, wide(2_000_000), "wide", "--memory-budget", "64M", "--timeout-s", "2",
-              "--body-timeout-s", "3")
+    p = serve(tmp_path, wide(2_000_000), "wide", "--memory-budget", "64M", "--timeout-s", "2", "--body-timeout-s", "3")
     request = binary_request("/v2/models/wide/infer", "x", np.ones((1, 1), np.float32), ["y"])
     try:
         status, _, body = raw(p.port, request)  # one read in full: the path is warm
@@ -194,8 +207,19 @@ def test_answers_nobody_reads_over_grpc_hold_at_most_the_budget_and_are_given_ba
     service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
     from serving.h2wire import Connection
 
-    p = serve(tmp_path, wide(2_000_000), "wide", "--memory-budget", "64M", "--timeout-s", "2",
-              "--body-timeout-s", "3", "--grpc-port", "0")
+    p = serve(
+        tmp_path,
+        wide(2_000_000),
+        "wide",
+        "--memory-budget",
+        "64M",
+        "--timeout-s",
+        "2",
+        "--body-timeout-s",
+        "3",
+        "--grpc-port",
+        "0",
+    )
     message = service_pb2.ModelInferRequest(model_name="wide")
     t = message.inputs.add(name="x", datatype="FP32", shape=[1, 1])
     message.raw_input_contents.append(np.ones((1, 1), np.float32).tobytes())
@@ -212,7 +236,13 @@ def test_answers_nobody_reads_over_grpc_hold_at_most_the_budget_and_are_given_ba
                 c.start("ModelInfer", body)
             c.pump(0.1)
         time.sleep(1.0)
-        late = [Connection(p.grpc_port).call("ModelInfer", body, ) for _ in range(2)]
+        late = [
+            Connection(p.grpc_port).call(
+                "ModelInfer",
+                body,
+            )
+            for _ in range(2)
+        ]
         w = watch.stop()
         assert w.held <= 64 * MB, f"held {w.held / MB:.0f} MB with a 64 MB budget"
         assert w.rss - base <= 128 * MB, f"RSS grew {(w.rss - base) / MB:.0f} MB with a 64 MB budget"
@@ -237,9 +267,14 @@ def strings_body(count: int, seed: int) -> bytes:
     """A binary request of ``count`` one-character BYTES elements, [1, count]."""
     chars = np.random.default_rng(seed).integers(97, 123, count).astype(np.uint8)
     data = b"".join(struct.pack("<I", 1) + bytes([c]) for c in chars.tolist())
-    head = json.dumps({"inputs": [{"name": "s", "shape": [1, count], "datatype": "BYTES",
-                                   "parameters": {"binary_data_size": len(data)}}],
-                       "outputs": [{"name": "t", "parameters": {"binary_data": True}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "s", "shape": [1, count], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
+            ],
+            "outputs": [{"name": "t", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     return post("/v2/models/strings/infer", head + data, {"Inference-Header-Content-Length": str(len(head))})
 
 
@@ -273,8 +308,11 @@ def test_json_bodies_count_their_decoded_tensors(tmp_path):
     never holding more than the budget; RSS stays within its reach."""
     p = serve(tmp_path, total(), "total", "--memory-budget", "64M", "--timeout-s", "5")
     count = 3 * MB
-    body = ('{"inputs":[{"name":"x","shape":[1,%d],"datatype":"FP64","data":[' % count).encode() \
-        + b"0," * (count - 1) + b"0]}]}"
+    body = (
+        f'{{"inputs":[{{"name":"x","shape":[1,{count}],"datatype":"FP64","data":['.encode()
+        + b"0," * (count - 1)
+        + b"0]}]}"
+    )
     request = post("/v2/models/total/infer", body)
     try:
         status, _, answer = raw(p.port, request)

@@ -16,13 +16,12 @@ import struct
 import time
 import urllib.parse
 
-import numpy as np
 import pytest
 
 from netserving import cnn, every_type, metrics, pipe, post, raw, read_answer, running, several
 
 pytest.importorskip("tritonclient.grpc")
-from serving.h2wire import Connection  # noqa: E402
+from serving.h2wire import Connection
 
 INFER = "/v2/models/cnn/infer"
 GRPC_FAILURES = {2: "UNKNOWN", 13: "INTERNAL", 15: "DATA_LOSS"}
@@ -30,8 +29,7 @@ GRPC_FAILURES = {2: "UNKNOWN", 13: "INTERNAL", 15: "DATA_LOSS"}
 
 @pytest.fixture(scope="module")
 def server():
-    with running({"cnn": pipe(cnn()), "types": pipe(every_type()), "several": pipe(several())},
-                 grpc_port=0) as s:
+    with running({"cnn": pipe(cnn()), "types": pipe(every_type()), "several": pipe(several())}, grpc_port=0) as s:
         yield s
 
 
@@ -65,8 +63,16 @@ def parameter(key: bytes, choice: tuple[int, object]) -> bytes:
     return field(1, key) + field(2, field(tag, v if not isinstance(v, str) else v.encode()))
 
 
-def grpc_infer(name: bytes = b"cnn", *, inputs: list[bytes] | None = None, raw: list[bytes] | None = None,
-               outputs: list[bytes] = (), parameters: list[bytes] = (), id: bytes = b"", version: bytes = b"") -> bytes:
+def grpc_infer(
+    name: bytes = b"cnn",
+    *,
+    inputs: list[bytes] | None = None,
+    raw: list[bytes] | None = None,
+    outputs: list[bytes] = (),
+    parameters: list[bytes] = (),
+    id: bytes = b"",
+    version: bytes = b"",
+) -> bytes:
     if inputs is None:
         inputs = [field(1, b"image") + field(2, b"FP32") + field(3, b"".join(varint(d) for d in (1, 3, 20, 20)))]
         raw = [bytes(4800)] if raw is None else raw
@@ -88,8 +94,12 @@ def test_a_24_mb_datatype_is_a_short_error_at_once(server):
     # the same over gRPC
     c = Connection(server.grpc_port)
     began = time.monotonic()
-    got = c.call("ModelInfer", grpc_infer(inputs=[field(1, b"image") + field(2, huge.encode())
-                                                  + field(3, b"\x01\x03\x14\x14")], raw=[bytes(4800)]))
+    got = c.call(
+        "ModelInfer",
+        grpc_infer(
+            inputs=[field(1, b"image") + field(2, huge.encode()) + field(3, b"\x01\x03\x14\x14")], raw=[bytes(4800)]
+        ),
+    )
     assert got.status == 3 and len(got.headers["grpc-message"]) < 300, got.headers.get("grpc-message", "")[:300]
     assert time.monotonic() - began < 10
     c.close()
@@ -151,9 +161,13 @@ def test_log_lines_are_one_line_whatever_the_client_sent(server, caplog):
 def test_a_model_name_that_is_not_utf8_is_a_4xx(server):
     c = Connection(server.grpc_port)
     for name in (b"\xff\xfe", b"cnn\x80", b"\xed\xa0\x80"):  # the last: a surrogate, as UTF-8 would spell it
-        for method, message in [("ModelInfer", grpc_infer(name)), ("ModelMetadata", field(1, name)),
-                                ("ModelReady", field(1, name)), ("ModelConfig", field(1, name)),
-                                ("ModelStatistics", field(1, name))]:
+        for method, message in [
+            ("ModelInfer", grpc_infer(name)),
+            ("ModelMetadata", field(1, name)),
+            ("ModelReady", field(1, name)),
+            ("ModelConfig", field(1, name)),
+            ("ModelStatistics", field(1, name)),
+        ]:
             got = c.call(method, message)
             assert got.status in (3, 5), (method, name, got.headers)
     c.close()
@@ -178,7 +192,9 @@ class Hostile:
         if kind == 2:
             return r.choice(["\ud800", "a\udfffb", "\udbff\udc00", "\x00", "\n", "\u2028", "\ufeff", "%0A"])
         if kind == 3:
-            return r.choice(["image", "logits", "FP32", "BYTES", "cnn", "x", "k", "total"]) + r.choice(["", " ", "\n", "\x00", "é"])
+            return r.choice(["image", "logits", "FP32", "BYTES", "cnn", "x", "k", "total"]) + r.choice(
+                ["", " ", "\n", "\x00", "é"]
+            )
         if kind == 4:
             return "é" * r.randrange(1, 5000)
         if kind == 5:
@@ -189,10 +205,41 @@ class Hostile:
 
     def number(self) -> str:
         """A JSON number's text, or a token some parsers take for one."""
-        return self.r.choice(["0", "-0", "1", "-1", "1e400", "-1e400", "1e-400", "10" + "0" * 400, "NaN", "Infinity",
-                              "-Infinity", "2e308", "9223372036854775808", "18446744073709551616", "-9223372036854775809",
-                              "3.4e38", "3.5e38", "1.5", "0.1e1", "00", "1e", "--1", "0x10", "1_000", "65535", "65536",
-                              "4294967296", "255", "256", "-129", str(self.r.randrange(-10**6, 10**6))])
+        return self.r.choice(
+            [
+                "0",
+                "-0",
+                "1",
+                "-1",
+                "1e400",
+                "-1e400",
+                "1e-400",
+                "10" + "0" * 400,
+                "NaN",
+                "Infinity",
+                "-Infinity",
+                "2e308",
+                "9223372036854775808",
+                "18446744073709551616",
+                "-9223372036854775809",
+                "3.4e38",
+                "3.5e38",
+                "1.5",
+                "0.1e1",
+                "00",
+                "1e",
+                "--1",
+                "0x10",
+                "1_000",
+                "65535",
+                "65536",
+                "4294967296",
+                "255",
+                "256",
+                "-129",
+                str(self.r.randrange(-(10**6), 10**6)),
+            ]
+        )
 
     def json_value(self, depth: int = 0) -> str:
         r = self.r
@@ -208,8 +255,11 @@ class Hostile:
         if kind == 4:
             return "[" + ",".join(self.json_value(depth + 1) for _ in range(r.randrange(0, 5))) + "]"
         if kind == 5:
-            return "{" + ",".join(f"{json.dumps(self.text())}:{self.json_value(depth + 1)}"
-                                  for _ in range(r.randrange(0, 3))) + "}"
+            return (
+                "{"
+                + ",".join(f"{json.dumps(self.text())}:{self.json_value(depth + 1)}" for _ in range(r.randrange(0, 3)))
+                + "}"
+            )
         return "[" * r.randrange(1, 300)
 
     def raw_bytes(self) -> bytes:
@@ -220,23 +270,37 @@ def http_case(h: Hostile) -> bytes:
     """A request whose fields are each left as a good request has them or replaced."""
     r = h.r
     model = "cnn"
-    item = {"name": '"image"', "shape": "[1,3,20,20]", "datatype": '"FP32"', "data": "[" + ",".join(["0.5"] * 1200) + "]"}
+    item = {
+        "name": '"image"',
+        "shape": "[1,3,20,20]",
+        "datatype": '"FP32"',
+        "data": "[" + ",".join(["0.5"] * 1200) + "]",
+    }
     doc = {"inputs": None}
     for key in list(item):
         if r.random() < 0.3:
             item[key] = h.json_value()
     if r.random() < 0.2:
-        item["parameters"] = "{" + ",".join(f'{json.dumps(r.choice(["binary_data_size", "shared_memory_region", h.text()]))}:'
-                                            f"{h.json_value()}" for _ in range(r.randrange(1, 3))) + "}"
+        item["parameters"] = (
+            "{"
+            + ",".join(
+                f"{json.dumps(r.choice(['binary_data_size', 'shared_memory_region', h.text()]))}:{h.json_value()}"
+                for _ in range(r.randrange(1, 3))
+            )
+            + "}"
+        )
     if r.random() < 0.3:
         doc["id"] = h.json_value()
     if r.random() < 0.3:
         keys = ["timeout", "binary_data_output", "sequence_id", "priority", h.text()]
-        doc["parameters"] = "{" + ",".join(f"{json.dumps(r.choice(keys))}:{h.json_value()}"
-                                           for _ in range(r.randrange(1, 3))) + "}"
+        doc["parameters"] = (
+            "{" + ",".join(f"{json.dumps(r.choice(keys))}:{h.json_value()}" for _ in range(r.randrange(1, 3))) + "}"
+        )
     if r.random() < 0.3:
         name = r.choice(['"logits"', h.json_value()])
-        params = r.choice(["", ',"parameters":' + h.json_value(), ',"parameters":{"binary_data":' + h.json_value() + "}"])
+        params = r.choice(
+            ["", ',"parameters":' + h.json_value(), ',"parameters":{"binary_data":' + h.json_value() + "}"]
+        )
         doc["outputs"] = f'[{{"name":{name}{params}}}]' if r.random() < 0.8 else h.json_value()
     items = "{" + ",".join(f'"{k}":{v}' for k, v in item.items()) + "}"
     doc["inputs"] = f"[{items}]" if r.random() < 0.9 else h.json_value()
@@ -246,17 +310,27 @@ def http_case(h: Hostile) -> bytes:
         body = body[:at] + h.raw_bytes() + body[at:]
     headers = {}
     if r.random() < 0.15:
-        headers["Inference-Header-Content-Length"] = r.choice([str(len(body)), str(len(body) + 1), "0", "-1",
-                                                               "1e3", "99999999999999999999", h.text().encode(
-                                                                   "utf-8", "replace").decode("latin-1")[:40]])
+        headers["Inference-Header-Content-Length"] = r.choice(
+            [
+                str(len(body)),
+                str(len(body) + 1),
+                "0",
+                "-1",
+                "1e3",
+                "99999999999999999999",
+                h.text().encode("utf-8", "replace").decode("latin-1")[:40],
+            ]
+        )
     if r.random() < 0.1:
         headers["Content-Type"] = h.text().encode("utf-8", "replace").decode("latin-1")[:60]
     if r.random() < 0.15:  # the model's name in the path, percent-encoded
-        model = urllib.parse.quote(h.text().encode("utf-8", "surrogatepass") if r.random() < 0.5 else h.raw_bytes(),
-                                   safe="")
+        model = urllib.parse.quote(
+            h.text().encode("utf-8", "surrogatepass") if r.random() < 0.5 else h.raw_bytes(), safe=""
+        )
     path = f"/v2/models/{model}/infer"
     if r.random() < 0.1:
-        path = f"/v2/models/{model}/versions/{urllib.parse.quote(h.text().encode('utf-8', 'surrogatepass'), safe='')}/infer"
+        version = urllib.parse.quote(h.text().encode("utf-8", "surrogatepass"), safe="")
+        path = f"/v2/models/{model}/versions/{version}/infer"
     clean = {k: v.replace("\r", " ").replace("\n", " ") for k, v in headers.items()}
     return post(path, body, clean)
 
@@ -268,17 +342,30 @@ def grpc_case(h: Hostile) -> tuple[str, bytes]:
         t = h.text()
         return h.raw_bytes() if r.random() < 0.25 else t.encode("utf-8", "surrogatepass")
 
-    method = r.choices(["ModelInfer", "ModelMetadata", "ModelReady", "ModelConfig", "ModelStatistics"], [6, 1, 1, 1, 1])[0]
+    method = r.choices(
+        ["ModelInfer", "ModelMetadata", "ModelReady", "ModelConfig", "ModelStatistics"], [6, 1, 1, 1, 1]
+    )[0]
     if method != "ModelInfer":
         return method, field(1, b() if r.random() < 0.7 else b"cnn") + (field(2, b()) if r.random() < 0.3 else b"")
 
     def param() -> bytes:
-        choice = r.choice([(1, r.randrange(2)), (2, r.randrange(-2**63, 2**63)), (3, h.text()), (4, r.choice(
-            [float("nan"), float("inf"), -float("inf"), 1e308, -0.0, 1.5, 1e-300])), (5, r.randrange(2**64))])
+        choice = r.choice(
+            [
+                (1, r.randrange(2)),
+                (2, r.randrange(-(2**63), 2**63)),
+                (3, h.text()),
+                (4, r.choice([float("nan"), float("inf"), -float("inf"), 1e308, -0.0, 1.5, 1e-300])),
+                (5, r.randrange(2**64)),
+            ]
+        )
         if choice[0] == 3:
             choice = (3, b())
-        return parameter(r.choice([b"timeout", b"binary_data_output", b"sequence_id", b"shared_memory_region",
-                                   b"classification", b()]), choice)
+        return parameter(
+            r.choice(
+                [b"timeout", b"binary_data_output", b"sequence_id", b"shared_memory_region", b"classification", b()]
+            ),
+            choice,
+        )
 
     name, datatype = b"image", b"FP32"
     shape = [1, 3, 20, 20]
@@ -287,17 +374,21 @@ def grpc_case(h: Hostile) -> tuple[str, bytes]:
     if r.random() < 0.3:
         datatype = r.choice([b(), b"FP64", b"BYTES", b"INT8", b"FP16"])
     if r.random() < 0.3:
-        shape = [r.choice([0, 1, 3, 20, -1, -2**63, 2**63 - 1, 2**40]) for _ in range(r.randrange(0, 6))]
+        shape = [r.choice([0, 1, 3, 20, -1, -(2**63), 2**63 - 1, 2**40]) for _ in range(r.randrange(0, 6))]
     tensor = field(1, name) + field(2, datatype) + field(3, b"".join(varint(d) for d in shape))
     if r.random() < 0.2:
         tensor += field(4, param())
     raw_contents = [bytes(4800)]
     if r.random() < 0.3:
-        contents = r.choice([field(6, struct.pack("<1200f", *([0.5] * 1200))),
-                             field(7, struct.pack("<2d", float("nan"), 1e308)),
-                             field(8, b()) + field(8, b""),
-                             field(3, b"".join(varint(v) for v in (0, 2**63, 1))),
-                             field(1, b"\x01\x00\x02")])
+        contents = r.choice(
+            [
+                field(6, struct.pack("<1200f", *([0.5] * 1200))),
+                field(7, struct.pack("<2d", float("nan"), 1e308)),
+                field(8, b()) + field(8, b""),
+                field(3, b"".join(varint(v) for v in (0, 2**63, 1))),
+                field(1, b"\x01\x00\x02"),
+            ]
+        )
         tensor += field(5, contents)
         if r.random() < 0.6:
             raw_contents = []
@@ -307,11 +398,17 @@ def grpc_case(h: Hostile) -> tuple[str, bytes]:
     if r.random() < 0.3:
         outputs = [field(1, r.choice([b"logits", b()])) + (field(2, param()) if r.random() < 0.3 else b"")]
     parameters = [param() for _ in range(r.randrange(0, 3))] if r.random() < 0.3 else []
-    message = grpc_infer(b() if r.random() < 0.15 else b"cnn", inputs=[tensor], raw=raw_contents, outputs=outputs,
-                         parameters=parameters, id=b() if r.random() < 0.3 else b"",
-                         version=b() if r.random() < 0.1 else b"")
+    message = grpc_infer(
+        b() if r.random() < 0.15 else b"cnn",
+        inputs=[tensor],
+        raw=raw_contents,
+        outputs=outputs,
+        parameters=parameters,
+        id=b() if r.random() < 0.3 else b"",
+        version=b() if r.random() < 0.1 else b"",
+    )
     if r.random() < 0.05:  # a message cut short
-        message = message[:r.randrange(len(message))]
+        message = message[: r.randrange(len(message))]
     return method, message
 
 
@@ -339,8 +436,9 @@ def test_fuzzed_http_requests_are_4xx_with_the_protocols_error(server, seed):
                 try:
                     error = json.loads(body)["error"]
                 except ValueError:
-                    raise AssertionError(("not the protocol's error body", k, status, headers, body[:300],
-                                          request[:600])) from None
+                    raise AssertionError(
+                        ("not the protocol's error body", k, status, headers, body[:300], request[:600])
+                    ) from None
                 assert isinstance(error, str) and len(body) < 2000, (k, body[:600])
     after = metrics(server.url)
     backend = 'nv_inference_request_failure{model="cnn",version="1",reason="BACKEND"}'
@@ -356,11 +454,14 @@ def test_fuzzed_grpc_calls_are_client_errors_never_unknown_or_internal(server, s
     try:
         for k in range(200):
             method, message = grpc_case(h)
-            timeout = [("grpc-timeout", h.r.choice(["1S", "0n", "99999999H", "1x", "-1S", "", "1", "é"]))] \
-                if h.r.random() < 0.1 else []
+            timeout = (
+                [("grpc-timeout", h.r.choice(["1S", "0n", "99999999H", "1x", "-1S", "", "1", "é"]))]
+                if h.r.random() < 0.1
+                else []
+            )
             try:
                 got = c.call(method, message, headers=timeout)
-            except Exception:  # the connection went: a new one, and the call once more
+            except Exception:  # noqa: BLE001 - the connection went: a new one, and the call once more
                 c.close()
                 c = Connection(server.grpc_port)
                 got = c.call(method, message)

@@ -26,14 +26,25 @@ LABEL = '{model="cnn",version="1"}'
 
 @pytest.fixture(scope="module")
 def server():
-    with running({"cnn": pipe(cnn()), "several": pipe(several(), )}, grpc_port=0, max_batch_size=16,
-                 max_delay_ms=2) as s:
+    with running(
+        {
+            "cnn": pipe(cnn()),
+            "several": pipe(
+                several(),
+            ),
+        },
+        grpc_port=0,
+        max_batch_size=16,
+        max_delay_ms=2,
+    ) as s:
         yield s
 
 
 def clients(server):
-    return (th.InferenceServerClient(f"127.0.0.1:{server.port}"),
-            tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}"))
+    return (
+        th.InferenceServerClient(f"127.0.0.1:{server.port}"),
+        tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}"),
+    )
 
 
 def test_model_config_over_both_transports(server):
@@ -43,16 +54,20 @@ def test_model_config_over_both_transports(server):
     assert http_config["name"] == grpc_config["name"] == "cnn"
     assert http_config["max_batch_size"] == int(grpc_config["max_batch_size"]) == 16
     assert http_config["input"] == [{"name": "image", "data_type": "TYPE_FP32", "dims": [3, 20, 20]}]
-    assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in grpc_config["input"]] == \
-        [("image", "TYPE_FP32", [3, 20, 20])]
+    assert [(t["name"], t["data_type"], [int(d) for d in t["dims"]]) for t in grpc_config["input"]] == [
+        ("image", "TYPE_FP32", [3, 20, 20])
+    ]
     assert http_config["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}]
     assert http_config["dynamic_batching"] == {"max_queue_delay_microseconds": 2000}
     assert int(grpc_config["dynamic_batching"]["max_queue_delay_microseconds"]) == 2000
     several = g.get_model_config("several").config
     assert [(t.name, t.data_type) for t in several.input] == [("x", 11), ("k", 9)]  # TYPE_FP32, TYPE_INT64
     # a model that is not there, and a version that is not
-    for call in (lambda: h.get_model_config("cnm"), lambda: g.get_model_config("cnm"),
-                 lambda: g.get_model_config("cnn", "7")):
+    for call in (
+        lambda: h.get_model_config("cnm"),
+        lambda: g.get_model_config("cnm"),
+        lambda: g.get_model_config("cnn", "7"),
+    ):
         with pytest.raises(Exception, match="no model 'cnm'|has no version '7'"):
             call()
 
@@ -134,17 +149,25 @@ def test_ready_means_every_transport_takes_connections_as_a_process(tmp_path):
 def perf_analyzer() -> tuple[str | None, dict, str]:
     """perf_analyzer from the tritonclient==2.40.0 wheel (benches/bench_netserve.py --setup puts
     it in a venv of its own), the environment it needs, or why it is not here."""
-    roots = [os.environ.get("FASTSEQ_PERF_VENV", ""),
-             str(Path(__file__).resolve().parents[2] / "benches" / "out" / "venvs" / "perf"),
-             "/work/wt-bench/benches/out/venvs/perf"]
+    roots = [
+        os.environ.get("FASTSEQ_PERF_VENV", ""),
+        str(Path(__file__).resolve().parents[2] / "benches" / "out" / "venvs" / "perf"),
+        "/work/wt-bench/benches/out/venvs/perf",
+    ]
     for root in filter(None, roots):
         exe = Path(root) / "bin" / "perf_analyzer"
         libs = sorted(Path(root).glob("lib/python3*/site-packages/nvidia/cuda_runtime/lib"))
         if exe.exists() and libs:
             env = dict(os.environ, LD_LIBRARY_PATH=":".join([str(libs[0]), os.environ.get("LD_LIBRARY_PATH", "")]))
             return str(exe), env, ""
-    return None, {}, ("perf_analyzer not found (run `python benches/bench_netserve.py --setup`, or set "
-                      "FASTSEQ_PERF_VENV to a venv with tritonclient==2.40.0 and nvidia-cuda-runtime-cu12)")
+    return (
+        None,
+        {},
+        (
+            "perf_analyzer not found (run `python benches/bench_netserve.py --setup`, or set "
+            "FASTSEQ_PERF_VENV to a venv with tritonclient==2.40.0 and nvidia-cuda-runtime-cu12)"
+        ),
+    )
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -154,8 +177,27 @@ def test_perf_analyzer_drives_the_server(server, protocol, tmp_path):
         pytest.skip(why)
     port = server.port if protocol == "http" else server.grpc_port
     csv = tmp_path / "pa.csv"
-    cmd = [exe, "-m", "cnn", "-u", f"127.0.0.1:{port}", "-i", protocol, "-b", "1", "--concurrency-range", "4:4",
-           "-p", "1500", "--max-trials", "4", "-s", "1000", "-f", str(csv)]
+    cmd = [
+        exe,
+        "-m",
+        "cnn",
+        "-u",
+        f"127.0.0.1:{port}",
+        "-i",
+        protocol,
+        "-b",
+        "1",
+        "--concurrency-range",
+        "4:4",
+        "-p",
+        "1500",
+        "--max-trials",
+        "4",
+        "-s",
+        "1000",
+        "-f",
+        str(csv),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     text = out.stdout + out.stderr
     if "error while loading shared libraries" in text:
@@ -164,5 +206,11 @@ def test_perf_analyzer_drives_the_server(server, protocol, tmp_path):
     assert csv.exists(), text[-2000:]
     throughput = re.search(r"Throughput: ([\d.]+) infer/sec", text)
     assert throughput and float(throughput.group(1)) > 0, text[-2000:]
-    print(f"perf_analyzer over {protocol}: " + " / ".join(
-        line.strip() for line in text.splitlines() if "Throughput" in line or "p99 latency" in line or "Avg latency" in line))
+    print(
+        f"perf_analyzer over {protocol}: "
+        + " / ".join(
+            line.strip()
+            for line in text.splitlines()
+            if "Throughput" in line or "p99 latency" in line or "Avg latency" in line
+        )
+    )

@@ -21,8 +21,18 @@ INFER = "/v2/models/cnn/infer"
 
 def cnn_request() -> bytes:
     x = np.ones((1, 3, 20, 20), np.float32)
-    head = json.dumps({"inputs": [{"name": "image", "shape": [1, 3, 20, 20], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": [1, 3, 20, 20],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ]
+        }
+    ).encode()
     return post(INFER, head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))})
 
 
@@ -39,15 +49,19 @@ def server():
 
 def test_headers_too_large_or_too_many_are_a_431(server):
     big = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (20 << 10) + b"\r\n\r\n"
-    many = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + b"".join(
-        b"X-H%d: v\r\n" % k for k in range(100)) + b"\r\n"
+    many = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % k for k in range(100)) + b"\r\n"
     for request in (big, many):
         status, headers, body = raw(server.port, request)
         assert status == 431 and headers["content-type"] == "application/json", (status, headers, body)
         assert json.loads(body) == {"error": "the request's headers are over the limit of 16384 bytes or 64 headers"}
     # and just under both limits, answered
-    fine = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n" + b"".join(
-        b"X-H%d: v\r\n" % k for k in range(50)) + b"X-Big: " + b"a" * (8 << 10) + b"\r\n\r\n"
+    fine = (
+        b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-H%d: v\r\n" % k for k in range(50))
+        + b"X-Big: "
+        + b"a" * (8 << 10)
+        + b"\r\n\r\n"
+    )
     assert raw(server.port, fine)[0] == 200
 
 
@@ -137,8 +151,11 @@ def test_pending_uploads_take_no_queue_place_and_are_bounded_apart():
                 assert status == 503 and "max_uploads" in json.loads(body)["error"], body
             for _ in range(2):
                 statuses: list[int] = []
-                threads = [threading.Thread(target=lambda: statuses.append(raw(server.port, cnn_request())[0]))
-                           for _ in range(8)]
+
+                def call(into: list[int] = statuses) -> None:
+                    into.append(raw(server.port, cnn_request())[0])
+
+                threads = [threading.Thread(target=call) for _ in range(8)]
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -163,8 +180,14 @@ def test_health_metadata_config_and_stats_are_answered_however_full_the_server()
 
     from serving.h2wire import Connection
 
-    with running({"slow": pipe(busy(80)), "cnn": pipe(cnn())}, grpc_port=0, max_queue=2, max_uploads=4,
-                 max_batch_size=1, body_timeout_s=20) as server:
+    with running(
+        {"slow": pipe(busy(80)), "cnn": pipe(cnn())},
+        grpc_port=0,
+        max_queue=2,
+        max_uploads=4,
+        max_batch_size=1,
+        body_timeout_s=20,
+    ) as server:
         held = Connection(server.grpc_port)
         pending_http = []
         try:
@@ -190,18 +213,29 @@ def test_health_metadata_config_and_stats_are_answered_however_full_the_server()
             assert status == 503 and b"max_queue" in body, body
             other = tg.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
             # ...but everything else is answered, on the busy connection and on another
-            for method, message in [("ServerLive", b""), ("ServerReady", b""),
-                                    ("ModelMetadata", service_pb2.ModelMetadataRequest(name="slow").SerializeToString()),
-                                    ("ModelConfig", service_pb2.ModelConfigRequest(name="slow").SerializeToString()),
-                                    ("ModelStatistics", service_pb2.ModelStatisticsRequest(name="slow").SerializeToString())]:
+            for method, message in [
+                ("ServerLive", b""),
+                ("ServerReady", b""),
+                ("ModelMetadata", service_pb2.ModelMetadataRequest(name="slow").SerializeToString()),
+                ("ModelConfig", service_pb2.ModelConfigRequest(name="slow").SerializeToString()),
+                ("ModelStatistics", service_pb2.ModelStatisticsRequest(name="slow").SerializeToString()),
+            ]:
                 answer = held.call(method, message)
                 assert answer.status == 0, (method, answer.headers)
             assert other.is_server_live() and other.is_server_ready()
             assert other.get_model_metadata("slow").name == "slow"
             assert other.get_model_config("slow").config.name == "slow"
             assert other.get_inference_statistics("slow").model_stats[0].name == "slow"
-            for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/slow", "/v2/models/slow/config",
-                         "/v2/models/slow/stats", "/v2/models/stats", "/v2", "/metrics"):
+            for path in (
+                "/v2/health/live",
+                "/v2/health/ready",
+                "/v2/models/slow",
+                "/v2/models/slow/config",
+                "/v2/models/slow/stats",
+                "/v2/models/stats",
+                "/v2",
+                "/metrics",
+            ):
                 began = time.monotonic()
                 assert get(server.url + path)[0] == 200, path
                 assert time.monotonic() - began < 5

@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 use std::os::fd::FromRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +28,11 @@ pub struct TensorData(Bytes);
 
 #[pymethods]
 impl TensorData {
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: std::os::raw::c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
         let data = &slf.get().0;
         // CPython's own filling of a one-dimensional read-only byte buffer (what `bytes` hands
         // out): it refuses a writable request, and the view holds a reference to the object,
@@ -89,7 +93,8 @@ fn read_outputs(outputs: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     for item in outputs.try_iter()? {
         let item = item?;
         let (datatype, shape, data): (String, Vec<usize>, Bound<'_, PyAny>) = item.extract()?;
-        let datatype = Datatype::parse(&datatype).ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
+        let datatype =
+            Datatype::parse(&datatype).ok_or_else(|| PyValueError::new_err(format!("datatype {datatype}")))?;
         let buffer = pyo3::buffer::PyBuffer::<u8>::get(&data)?;
         // One copy a batch, made holding the GIL, so that nothing Python's outlives the call.
         let bytes = Bytes::from(buffer.to_vec(item.py())?);
@@ -105,7 +110,8 @@ fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
         let key: String = key.extract()?;
         let seconds = |v: &Bound<'_, PyAny>| -> PyResult<Duration> {
             let s: f64 = v.extract()?;
-            Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{key}: {s} is not a number of seconds")))
+            Duration::try_from_secs_f64(s)
+                .map_err(|_| PyValueError::new_err(format!("{key}: {s} is not a number of seconds")))
         };
         match key.as_str() {
             "max_queue" => o.max_queue = value.extract()?,
@@ -127,7 +133,7 @@ fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
 
 /// Log lines to Python's logging, from a thread of their own.
 fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
-    let (send, receive): (SyncSender<(bool, String)>, Receiver<(bool, String)>) = sync_channel(4096);
+    let (send, receive) = sync_channel::<(bool, String)>(4096);
     let dropped = Arc::new(AtomicU64::new(0));
     let lost = dropped.clone();
     std::thread::Builder::new()
@@ -139,7 +145,8 @@ fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
                 Python::attach(|py| {
                     let n = lost.swap(0, Ordering::Relaxed);
                     if n > 0 {
-                        let _ = sink.call1(py, (true, format!("{n} log lines were dropped: more came than could be written")));
+                        let _ = sink
+                            .call1(py, (true, format!("{n} log lines were dropped: more came than could be written")));
                     }
                     for (error, line) in lines {
                         let _ = sink.call1(py, (error, line));
@@ -228,4 +235,3 @@ pub(crate) fn start_server(
     .map(|inner| Server { inner })
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server: {e}")))
 }
-

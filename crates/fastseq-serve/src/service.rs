@@ -103,7 +103,8 @@ impl Model {
             return;
         }
         let seen = outputs.iter().map(|t| t.data.len() as u64).sum::<u64>().div_ceil(rows);
-        let _ = self.seen_per_row.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(seen.max(old - old / 8)));
+        let _ =
+            self.seen_per_row.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(seen.max(old - old / 8)));
     }
 
     /// What running `request` adds to what its tensors hold already, as (bytes it will hold
@@ -130,11 +131,9 @@ fn declared_row_bytes(spec: &ModelSpec) -> u64 {
     spec.outputs
         .iter()
         .map(|t| match (t.datatype.size(), &t.shape) {
-            (Some(size), Some(dims)) if dims.iter().skip(skip).all(|&d| d >= 0) => dims
-                .iter()
-                .skip(skip)
-                .try_fold(size as u64, |n, &d| n.checked_mul(d as u64))
-                .unwrap_or(u64::MAX),
+            (Some(size), Some(dims)) if dims.iter().skip(skip).all(|&d| d >= 0) => {
+                dims.iter().skip(skip).try_fold(size as u64, |n, &d| n.checked_mul(d as u64)).unwrap_or(u64::MAX)
+            }
             _ => 0,
         })
         .fold(0, u64::saturating_add)
@@ -188,10 +187,7 @@ impl Drop for Slot<'_> {
 
 impl Service {
     pub fn new(models: Vec<(ModelSpec, Arc<dyn Engine>)>, options: Options, log: Log) -> Arc<Service> {
-        let models: Vec<Model> = models
-            .into_iter()
-            .map(|(spec, engine)| Model::new(spec, engine))
-            .collect();
+        let models: Vec<Model> = models.into_iter().map(|(spec, engine)| Model::new(spec, engine)).collect();
         let metrics = Metrics::new(models.iter().map(|m| m.metrics.clone()).collect());
         Arc::new(Service {
             budget: Budget::new(options.memory_budget),
@@ -274,7 +270,12 @@ impl Service {
             let names: Vec<&str> = self.models.iter().map(|m| m.spec.name.as_str()).collect();
             return Err(RequestError::new(
                 Status::NotFound,
-                format!("no model {}{}; models: {}", client_text(name), did_you_mean(name, names.iter().copied()), names.join(", ")),
+                format!(
+                    "no model {}{}; models: {}",
+                    client_text(name),
+                    did_you_mean(name, names.iter().copied()),
+                    names.join(", ")
+                ),
             ));
         };
         if let Some(v) = version {
@@ -300,7 +301,10 @@ impl Service {
                     format!("model '{}' is not ready: its warm-up run failed: {why}", model.spec.name),
                 ));
             }
-            return Err(RequestError::new(Status::Unavailable, format!("model '{}' is not ready yet", model.spec.name)));
+            return Err(RequestError::new(
+                Status::Unavailable,
+                format!("model '{}' is not ready yet", model.spec.name),
+            ));
         }
         Ok(())
     }
@@ -361,7 +365,13 @@ impl Service {
     /// its own rows. `held` is the request's account, holding its tensors and the run's cost
     /// ([`Service::run_bytes`], taken by the caller); it holds exactly the outputs once they
     /// exist (the caller lets go of its tensors: the run took them).
-    pub async fn infer(&self, model: &Model, request: InferRequest, began: Instant, held: &mut Held) -> Result<Vec<Tensor>, RequestError> {
+    pub async fn infer(
+        &self,
+        model: &Model,
+        request: InferRequest,
+        began: Instant,
+        held: &mut Held,
+    ) -> Result<Vec<Tensor>, RequestError> {
         let deadline = self.deadline(began, Some(&request));
         let name = &model.spec.name;
         let rows = model.rows(&request);

@@ -139,7 +139,9 @@ class App:
             raise RequestError(f"no route /{'/'.join(parts)}", 404)
         return self.service.model(parts[2])
 
-    async def _send(self, send: Any, status: int, body: bytes, headers: list | None = None) -> None:
+    async def _send(
+        self, send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         self.service.metrics.response(status)
         await send(
             {

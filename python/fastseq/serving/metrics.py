@@ -186,7 +186,7 @@ class Metrics:
             self._process = CollectorRegistry(auto_describe=False)
             ProcessCollector(registry=self._process)
 
-        lines = []
+        lines: list[str] = []
         for name, doc, kind, samples in self.families():
             lines += (f"# HELP {name} {doc}", f"# TYPE {name} {kind}")
             for sample, labels, value in samples:

@@ -70,13 +70,7 @@ class ServedModel:
         self._batcher: Any = None
         # declared by the caller (--row-independent) or by the pipeline's description (its file's row_independent)
         row_independent = row_independent or getattr(pipe, "row_independent", False) is True
-        self._batching = dict(
-            max_batch_size=max_batch_size,
-            max_delay_ms=max_delay_ms,
-            row_independent=row_independent,
-            spinning=False,
-            on_batch=on_batch,
-        )
+        self._row_independent, self._on_batch = row_independent, on_batch
         self.batched = False
         if run_with is None and max_batch_size > 1:
             try:
@@ -107,7 +101,14 @@ class ServedModel:
         """The pipeline's batcher, made when first asked for (the ASGI app's path; the server
         in the core batches by itself); None where the model is not batched."""
         if self.batched and self._batcher is None:
-            self._batcher = Batcher(self.engine, **self._batching)
+            self._batcher = Batcher(
+                self.engine,
+                self.max_batch_size,
+                self.max_delay_ms,
+                row_independent=self._row_independent,
+                spinning=False,
+                on_batch=self._on_batch,
+            )
         return self._batcher
 
     def batch_run(self) -> Any:

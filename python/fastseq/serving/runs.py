@@ -56,7 +56,7 @@ class BatchRun:
 def _raw(datatype: str, array: np.ndarray) -> Any:
     """An output's bytes as the protocol carries them (BYTES: each a 4-byte length and its UTF-8)."""
     if datatype == "BYTES":
-        parts = []
+        parts: list[bytes] = []
         for v in array.reshape(-1).tolist():
             b = v.encode() if type(v) is str else bytes(v)
             parts += (struct.pack("<I", len(b)), b)

@@ -111,12 +111,12 @@ class Server:
             else:
                 core.mark_ready()
             if code == 0 and not self._stop.is_set():
-                models = "; ".join(
+                ready = "; ".join(
                     f"{name} at {self.url}/v2/models/{name}"
                     + (f" (batched, up to {m.max_batch_size} rows)" if m.batched else " (not batched)")
                     for name, m in service.models.items()
                 )
-                self._say(f"ready: {models}")
+                self._say(f"ready: {ready}")
                 while not self._stop.wait(0.5):
                     pass
             core.shutdown(service.body_timeout_s + service.timeout_s + GRACE_S)

@@ -40,12 +40,12 @@ class Service:
         warm_up: bool = True,
         core_options: dict[str, Any] | None = None,
     ) -> None:
-        for name, value in (("max_queue", max_queue), ("max_request_bytes", max_request_bytes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"{name} must be an int >= 1, got {value!r}")
-        for name, value in (("timeout_s", timeout_s), ("body_timeout_s", body_timeout_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
-                raise InputError(f"{name} must be a number of seconds > 0, got {value!r}")
+        for name, count in (("max_queue", max_queue), ("max_request_bytes", max_request_bytes)):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise InputError(f"{name} must be an int >= 1, got {count!r}")
+        for name, seconds in (("timeout_s", timeout_s), ("body_timeout_s", body_timeout_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 1e9:
+                raise InputError(f"{name} must be a number of seconds > 0, got {seconds!r}")
         self.models = models
         self.max_queue, self.max_request_bytes = max_queue, max_request_bytes
         self.core_options = dict(core_options or {})  # the limits only the core's server keeps
@@ -59,7 +59,7 @@ class Service:
         if not warm_up:  # ready now: the sessions exist (a request right away must not find it "not ready")
             for model in models.values():
                 model.ready = True
-        self._started: asyncio.Task | None = None
+        self._started: asyncio.Task[None] | None = None
         self.failed: BaseException | None = None  # a warm-up's failure
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -67,7 +67,7 @@ class Service:
     def ready(self) -> bool:
         return not self.draining and all(m.ready for m in self.models.values())
 
-    def start(self) -> asyncio.Task:
+    def start(self) -> asyncio.Task[None]:
         """Starts the warm-ups on the running loop (once): each model runs a row of zeros
         through its own path. The task is done once every model is ready; a failure is kept
         (:attr:`failed`) and said to every request after it."""
@@ -76,7 +76,7 @@ class Service:
             self._started.add_done_callback(self._warmed)
         return self._started
 
-    def _warmed(self, task: asyncio.Task) -> None:
+    def _warmed(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.failed = task.exception()
 

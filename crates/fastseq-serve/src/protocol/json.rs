@@ -184,10 +184,7 @@ pub fn decode_http_indexed(
                 return Err(e);
             }
         }
-        params::request_timeout(
-            |key| got(key).and_then(Result::ok),
-            |key| p.get(key).map_or(String::new(), |v| shown(v)),
-        )?
+        params::request_timeout(|key| got(key).and_then(Result::ok), |key| p.get(key).map_or(String::new(), shown))?
     };
     let outputs = match doc.take("outputs") {
         None => Vec::new(),

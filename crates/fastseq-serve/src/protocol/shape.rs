@@ -72,7 +72,6 @@ fn shown(dims: &[Dim<'_>]) -> String {
     out
 }
 
-
 /// The tensors a request gave (`given`, one slot per input of the model, in the request's
 /// order `order`) checked against the model: the inputs in the model's order.
 pub fn against_model(

@@ -162,7 +162,8 @@ mod tests {
         let mut held = budget.empty();
         held.force(300_000);
         let unread = Arc::new(Unread::default());
-        let mut answer = Answer::counted(vec![Bytes::from_static(b"{}"), Bytes::from(vec![7u8; 300_000])], held, Some(&unread));
+        let mut answer =
+            Answer::counted(vec![Bytes::from_static(b"{}"), Bytes::from(vec![7u8; 300_000])], held, Some(&unread));
         assert!(unread.oldest().is_some());
         let mut sizes = Vec::new();
         let mut last = None;

@@ -75,7 +75,11 @@ pub async fn serve(stream: TcpStream, service: Arc<Service>, mut stopped: watch:
     }
 }
 
-async fn call(service: Arc<Service>, unread: Arc<Unread>, request: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
+async fn call(
+    service: Arc<Service>,
+    unread: Arc<Unread>,
+    request: Request<Incoming>,
+) -> Result<Response<Answer>, Infallible> {
     let began = Instant::now();
     let path = request.uri().path().to_string();
     let Some(method) = path.strip_prefix(PREFIX) else {
@@ -112,7 +116,10 @@ async fn other(service: &Service, method: &str, request: Request<Incoming>) -> R
     let until = Instant::now() + service.options.body_timeout;
     let body = read(request.into_body(), SMALL, until, None, Instant::now()).await?;
     if body.len() > SMALL {
-        return Err(RequestError::new(Status::PayloadTooLarge, format!("{} takes a message of {SMALL} bytes at most", client_text(method))));
+        return Err(RequestError::new(
+            Status::PayloadTooLarge,
+            format!("{} takes a message of {SMALL} bytes at most", client_text(method)),
+        ));
     }
     let name_of = |name: &str| -> Result<(), RequestError> {
         if name.is_empty() {
@@ -195,7 +202,8 @@ async fn infer(
         held.resize(fresh + if sliced { body.len() as u64 } else { 0 });
         drop(body);
         let run = service.run_bytes(model, &decoded, held.bytes());
-        held.grow(run, service.deadline(began, Some(&decoded)), &format!("a request of model '{}'", model.spec.name)).await?;
+        held.grow(run, service.deadline(began, Some(&decoded)), &format!("a request of model '{}'", model.spec.name))
+            .await?;
         held.arrived();
         if let Some(d) = deadline {
             let left = d.saturating_duration_since(began);
@@ -246,13 +254,15 @@ async fn read(
     let mut uploading = None;
     loop {
         let frame = match (uploading.is_some(), counting.as_ref()) {
-            (false, Some(c)) => match tokio::time::timeout_at(until.min(Instant::now() + UPLOAD_GRACE).into(), body.frame()).await {
-                Ok(frame) => Ok(frame),
-                Err(_) => {
-                    uploading = Some(c.service.upload_place()?);
-                    tokio::time::timeout_at(until.into(), body.frame()).await
+            (false, Some(c)) => {
+                match tokio::time::timeout_at(until.min(Instant::now() + UPLOAD_GRACE).into(), body.frame()).await {
+                    Ok(frame) => Ok(frame),
+                    Err(_) => {
+                        uploading = Some(c.service.upload_place()?);
+                        tokio::time::timeout_at(until.into(), body.frame()).await
+                    }
                 }
-            },
+            }
             _ => tokio::time::timeout_at(until.into(), body.frame()).await,
         };
         let frame = match frame {
@@ -299,7 +309,8 @@ async fn read(
 }
 
 fn decode<M: Message + Default>(body: &Bytes) -> Result<M, RequestError> {
-    M::decode(body.clone()).map_err(|e| RequestError::bad(format!("the request is not a valid message: {}", client_text(&e.to_string()))))
+    M::decode(body.clone())
+        .map_err(|e| RequestError::bad(format!("the request is not a valid message: {}", client_text(&e.to_string()))))
 }
 
 /// A message framed for gRPC: the flag byte (not compressed), its length, its bytes.
@@ -319,7 +330,10 @@ fn reply<M: Message>(message: &M) -> Response<Answer> {
 fn ok(body: Answer) -> Response<Answer> {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    Response::builder().header(CONTENT_TYPE, "application/grpc").body(body.with_trailers(trailers)).expect("a valid response")
+    Response::builder()
+        .header(CONTENT_TYPE, "application/grpc")
+        .body(body.with_trailers(trailers))
+        .expect("a valid response")
 }
 
 /// A failure as gRPC answers it: headers only, its status and message in them.
@@ -360,4 +374,3 @@ fn grpc_deadline(headers: &HeaderMap) -> Option<Duration> {
         _ => return None,
     })
 }
-

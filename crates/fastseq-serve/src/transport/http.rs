@@ -38,7 +38,11 @@ const JSON: &str = "application/json";
 const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// Answers one request of a connection (`unread`: its answers not yet written).
-pub async fn handle(service: Arc<Service>, unread: Arc<Unread>, request: Request<Incoming>) -> Result<Response<Answer>, Infallible> {
+pub async fn handle(
+    service: Arc<Service>,
+    unread: Arc<Unread>,
+    request: Request<Incoming>,
+) -> Result<Response<Answer>, Infallible> {
     let began = Instant::now();
     let method = request.method().clone();
     let path = decoded(request.uri().path());
@@ -75,7 +79,15 @@ async fn route(
     began: Instant,
     what: &(dyn Fn() -> String + Sync),
 ) -> Routed {
-    let no_route = || (RequestError::new(Status::NotFound, format!("no route {}: the KServe v2 routes are under /v2", client_text(path))), false);
+    let no_route = || {
+        (
+            RequestError::new(
+                Status::NotFound,
+                format!("no route {}: the KServe v2 routes are under /v2", client_text(path)),
+            ),
+            false,
+        )
+    };
     match parts {
         ["v2"] => {
             get(method, path)?;
@@ -181,7 +193,13 @@ impl From<RequestError> for Failure {
     }
 }
 
-async fn run(service: &Service, unread: &Arc<Unread>, model: &Model, request: Request<Incoming>, began: Instant) -> Result<Response<Answer>, Failure> {
+async fn run(
+    service: &Service,
+    unread: &Arc<Unread>,
+    model: &Model,
+    request: Request<Incoming>,
+    began: Instant,
+) -> Result<Response<Answer>, Failure> {
     let closing = |e: RequestError| Failure::Error(e, true);
     let (head, body) = request.into_parts();
     let headers = &head.headers;
@@ -190,7 +208,10 @@ async fn run(service: &Service, unread: &Arc<Unread>, model: &Model, request: Re
         if !e.is_empty() && !e.eq_ignore_ascii_case(b"identity") {
             return Err(closing(RequestError::new(
                 Status::UnsupportedMediaType,
-                format!("Content-Encoding {} is not supported: send the request uncompressed", client_bytes(e).trim_matches('\'')),
+                format!(
+                    "Content-Encoding {} is not supported: send the request uncompressed",
+                    client_bytes(e).trim_matches('\'')
+                ),
             )));
         }
     }
@@ -278,20 +299,26 @@ async fn read_body(
     loop {
         let frame = match uploading {
             Some(_) => tokio::time::timeout_at(until.into(), body.frame()).await,
-            None => match tokio::time::timeout_at(until.min(Instant::now() + UPLOAD_GRACE).into(), body.frame()).await {
-                Ok(frame) => Ok(frame),
-                Err(_) => {
-                    uploading = Some(service.upload_place().map_err(|e| Failure::Error(e, true))?);
-                    tokio::time::timeout_at(until.into(), body.frame()).await
+            None => {
+                match tokio::time::timeout_at(until.min(Instant::now() + UPLOAD_GRACE).into(), body.frame()).await {
+                    Ok(frame) => Ok(frame),
+                    Err(_) => {
+                        uploading = Some(service.upload_place().map_err(|e| Failure::Error(e, true))?);
+                        tokio::time::timeout_at(until.into(), body.frame()).await
+                    }
                 }
-            },
+            }
         };
         let frame = match frame {
             Err(_) => {
                 return Err(Failure::Error(
                     RequestError::new(
                         Status::RequestTimeout,
-                        format!("the body did not arrive within {} s ({} bytes came)", crate::error::seconds(timeout), data.len()),
+                        format!(
+                            "the body did not arrive within {} s ({} bytes came)",
+                            crate::error::seconds(timeout),
+                            data.len()
+                        ),
                     ),
                     true,
                 ))
@@ -304,7 +331,10 @@ async fn read_body(
         let size = data.len() + first.as_ref().map_or(0, Bytes::len) + chunk.len();
         if size > limit {
             return Err(Failure::Error(
-                RequestError::new(Status::PayloadTooLarge, format!("the body is over the limit of {limit} bytes (max_request_bytes)")),
+                RequestError::new(
+                    Status::PayloadTooLarge,
+                    format!("the body is over the limit of {limit} bytes (max_request_bytes)"),
+                ),
                 true,
             ));
         }
@@ -346,10 +376,7 @@ fn get(method: &Method, path: &str) -> Result<(), (RequestError, bool)> {
 }
 
 fn method_error(path: &str, allowed: &str, method: &Method) -> RequestError {
-    RequestError::new(
-        Status::MethodNotAllowed,
-        format!("{} takes {allowed}, not {method}", client_text(path)),
-    )
+    RequestError::new(Status::MethodNotAllowed, format!("{} takes {allowed}, not {method}", client_text(path)))
 }
 
 fn json(service: &Service, status: StatusCode, body: Bytes) -> Response<Answer> {

@@ -186,7 +186,12 @@ async fn serve_http(stream: TcpStream, service: Arc<Service>, mut stopped: watch
     if said > 0 {
         // hyper's answer to a request it could not parse, said as ours: counted and logged
         service.metrics.response(said);
-        service.say(false, &format!("a request hyper could not read as HTTP/1.1 (its headers over their limits, or not HTTP/1.1): {said}"));
+        service.say(
+            false,
+            &format!(
+                "a request hyper could not read as HTTP/1.1 (its headers over their limits, or not HTTP/1.1): {said}"
+            ),
+        );
     }
     if said > 0 || unread.linger.load(Ordering::Relaxed) {
         // hyper closes after its refusal with the client's bytes unread: without reading them

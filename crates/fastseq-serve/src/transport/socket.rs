@@ -52,7 +52,9 @@ impl Refusals {
         let (status, reason, message) = match &data[9..12] {
             b"431" => (431, "Request Header Fields Too Large", self.headers_too_large.as_str()),
             b"414" => (414, "URI Too Long", "the request's path is over the limit of the request's headers"),
-            b"505" => (400, "Bad Request", "this port speaks HTTP/1.1: KServe v2 over HTTP/2 is gRPC, on the gRPC port"),
+            b"505" => {
+                (400, "Bad Request", "this port speaks HTTP/1.1: KServe v2 over HTTP/2 is gRPC, on the gRPC port")
+            }
             b"400" => (400, "Bad Request", "the request is not valid HTTP/1.1"),
             _ => return None,
         };
@@ -203,7 +205,12 @@ mod tests {
         let r = Refusals::new(16384, 64);
         let hyper = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
         let ours = String::from_utf8(r.answer(hyper).unwrap()).unwrap();
-        assert!(ours.starts_with("HTTP/1.1 431 ") && ours.ends_with("{\"error\":\"the request's headers are over the limit of 16384 bytes or 64 headers\"}"), "{ours}");
+        assert!(
+            ours.starts_with("HTTP/1.1 431 ")
+                && ours
+                    .ends_with("{\"error\":\"the request's headers are over the limit of 16384 bytes or 64 headers\"}"),
+            "{ours}"
+        );
         assert_eq!(r.said.load(std::sync::atomic::Ordering::Relaxed), 431);
         let h2 = b"HTTP/1.1 505 HTTP Version Not Supported\r\ncontent-length: 0\r\n\r\n";
         assert!(String::from_utf8(r.answer(h2).unwrap()).unwrap().starts_with("HTTP/1.1 400 "));

@@ -173,7 +173,8 @@ mod tests {
     use prost::Message;
 
     fn request(inputs: Vec<InferInputTensor>, raw: Vec<Bytes>) -> Vec<u8> {
-        ModelInferRequest { model_name: "m".into(), inputs, raw_input_contents: raw, ..Default::default() }.encode_to_vec()
+        ModelInferRequest { model_name: "m".into(), inputs, raw_input_contents: raw, ..Default::default() }
+            .encode_to_vec()
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::protocol::json::{datatype_named, input_index, output_index};
 use crate::protocol::params::{request_timeout, Param};
 use crate::protocol::shape::{self, Dim};
 use crate::protocol::values::int_range;
-use crate::protocol::{list, binary, chosen, values_word, Checks};
+use crate::protocol::{binary, chosen, list, values_word, Checks};
 
 pub mod cost;
 pub mod messages;
