@@ -119,8 +119,12 @@ def test_the_commands_own_errors(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        r = serve(str(tmp_path / "cnn.onnx"), "--port", str(taken.getsockname()[1]))
-    assert r.returncode == 1 and "cannot listen on 127.0.0.1" in r.stderr
+        used = taken.getsockname()[1]
+        r = serve(str(tmp_path / "cnn.onnx"), "--port", str(used))
+        assert r.returncode == 1 and f"cannot listen: HTTP on 127.0.0.1:{used}:" in r.stderr, r.stderr
+        r = serve(str(tmp_path / "cnn.onnx"), "--port", "0", "--grpc-port", str(used))
+        assert r.returncode == 1 and f"cannot listen: gRPC on 127.0.0.1:{used}:" in r.stderr, r.stderr
+        assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr  # one line, fastseq's
     r = serve(str(tmp_path / "cnn.onnx"), "--name", "a/b", "--port", "0")
     assert r.returncode == 1 and "letters, digits" in r.stderr
 

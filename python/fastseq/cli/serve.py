@@ -190,7 +190,7 @@ def cmd_serve(args: argparse.Namespace, quiet: Quiet) -> int:
     try:
         server = Server(served, args.host, args.port, grpc_port=args.grpc_port, announce=say, verbose=quiet.verbose)
     except OSError as e:
-        raise fail(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+        raise fail(f"cannot listen: {e.strerror or e}") from None  # strerror names the port (HTTP or gRPC)
     return server.run()  # 1 where a model's warm-up failed (its line says which)
 
 

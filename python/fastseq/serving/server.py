@@ -33,6 +33,15 @@ def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=backlog)
 
 
+def _listening(host: str, port: int, what: str) -> socket.socket:
+    """``bind`` whose refusal says which of the server's ports it was (an OSError whose
+    strerror reads "HTTP on 127.0.0.1:8000: Address already in use")."""
+    try:
+        return bind(host, port)
+    except OSError as e:
+        raise OSError(e.errno, f"{what} on {host}:{port}: {e.strerror or e}") from None
+
+
 def _log_line(error: bool, line: str) -> None:
     (log.error if error else log.warning)("%s", line)
 
@@ -56,12 +65,12 @@ class Server:
         # what fastseq.serving.served made, or the ASGI application over it
         self.service = served.service if isinstance(served, App) else served
         self.host = host
-        self._sockets = [bind(host, port)]
+        self._sockets = [_listening(host, port, "HTTP")]
         self.port = self._sockets[0].getsockname()[1]
         self.grpc_port = None
         if grpc_port is not None:
             try:
-                self._sockets.append(bind(host, grpc_port))
+                self._sockets.append(_listening(host, grpc_port, "gRPC"))
             except OSError:
                 self._sockets[0].close()
                 raise
