@@ -56,8 +56,18 @@ def light_heavy(**kwargs) -> fastseq.Pipeline:
     )
 
 
+# Rows that keep slow_model busy for seconds: 128 rows took 0.08 s on one core here, too close
+# to the 0.05 s at which the tests stop a run, and a faster machine's CI let one finish.
+SLOW_ROWS = 4096
+
+
+def slow_input() -> np.ndarray:
+    return np.ones((SLOW_ROWS, 128), np.float32)
+
+
 def slow_model(intra_op_threads: int) -> fastseq.ONNXSequential:
-    """3,000 MatMuls of 128x128: seconds of work; ONNX Runtime checks terminate between nodes."""
+    """3,000 MatMuls by the 128x128 identity (y == x): with slow_input(), seconds of work;
+    ONNX Runtime checks terminate between nodes."""
     w = numpy_helper.from_array(np.eye(128, dtype=np.float32), "w")
     nodes, prev = [], "x"
     for k in range(3000):

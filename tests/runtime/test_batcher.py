@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from runtime.models import light_heavy, matmuls, rows, same, slow_model
+from runtime.models import light_heavy, matmuls, rows, same, slow_input, slow_model
 
 N = 64  # concurrent callers
 
@@ -532,7 +532,7 @@ def test_many_threads_calling_one_pipeline_get_what_one_thread_gets():
 
 def test_a_binding_used_by_two_threads_at_once_refuses_instead_of_mixing_them():
     pipe = slow_model(1)
-    binding = pipe.bind(np.ones((128, 128), np.float32), run_options=ort.RunOptions())
+    binding = pipe.bind(slow_input(), run_options=ort.RunOptions())
     stopped = []
 
     def run():
@@ -549,7 +549,7 @@ def test_a_binding_used_by_two_threads_at_once_refuses_instead_of_mixing_them():
     with pytest.raises(fastseq.RunError, match="one binding per thread"):
         binding()
     with pytest.raises(fastseq.RunError, match="one binding per thread"):
-        binding.bind(np.ones((128, 128), np.float32))
+        binding.bind(slow_input())
     binding._run_options.terminate = True
     worker.join(timeout=60)
     assert stopped

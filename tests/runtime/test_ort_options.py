@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
 from fastseq.graph.session_settings import _CONFIG_KEYS, session_options_dict
+from runtime.models import slow_input, slow_model
 
 OPSET = [helper.make_opsetid("", 17)]
 EXTERNAL_KEY = "session.optimized_model_external_initializers_file_name"
@@ -32,24 +33,6 @@ def matmul_model(k: int = 0, dim: int = 64) -> onnx.ModelProto:
         f"mm{k}",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
-        [w],
-    )
-    return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
-
-
-def slow_model() -> onnx.ModelProto:
-    """3,000 MatMuls of 128x128 by the identity: seconds of work, y == x."""
-    w = numpy_helper.from_array(np.eye(128, dtype=np.float32), "w")
-    nodes, prev = [], "x"
-    for k in range(3000):
-        nodes.append(helper.make_node("MatMul", [prev, "w"], [f"h{k}"]))
-        prev = f"h{k}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    graph = helper.make_graph(
-        nodes,
-        "slow",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 128])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])],
         [w],
     )
     return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
@@ -148,21 +131,19 @@ def test_an_optimised_export_leaves_the_callers_options(tmp_path):
 def test_run_settings_go_on_a_copy_and_the_callers_terminate_still_stops_the_call():
     """timeout, log_level and tag were set on the caller's RunOptions (and terminate reset
     after a timeout); now on a copy, which watches the caller's terminate flag."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    pipe = fastseq.ONNXSequential(slow_model(), session_options=options)
+    pipe = slow_model(intra_op_threads=1)
     x = np.ones((1, 128), np.float32)
     mine = ort.RunOptions()
     mine.logid, mine.log_severity_level = "mine", 2
     np.testing.assert_array_equal(pipe.run({"x": x}, run_options=mine, log_level=3, tag="t", timeout=600)[0], x)
     assert (mine.logid, mine.log_severity_level, mine.terminate) == ("mine", 2, False)
     with pytest.raises(fastseq.RunTimeoutError):
-        pipe.run({"x": np.ones((128, 128), np.float32)}, run_options=mine, timeout=0.05)
+        pipe.run({"x": slow_input()}, run_options=mine, timeout=0.05)
     assert not mine.terminate
     # The caller stops a call that runs on a copy (it has a timeout) through their own flag.
     threading.Timer(0.05, lambda: setattr(mine, "terminate", True)).start()
     with pytest.raises(fastseq.RunTimeoutError, match="stopped"):
-        pipe.run({"x": np.ones((128, 128), np.float32)}, run_options=mine, timeout=600)
+        pipe.run({"x": slow_input()}, run_options=mine, timeout=600)
 
 
 def test_a_copy_carries_every_config_key_onnxruntime_reads():

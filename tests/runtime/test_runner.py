@@ -16,7 +16,7 @@ import pytest
 import fastseq
 from conftest import scale_model, session
 from fastseq.runtime.runner import Runner, compiled_binding_run, compiled_calls
-from runtime.models import light_heavy, rows, same, slow_model
+from runtime.models import light_heavy, rows, same, slow_input, slow_model
 
 X = np.array([[1, -2, 3, -4], [0.5, 1, -1, 2]], np.float32)
 
@@ -150,7 +150,7 @@ def test_run_async_timeout_and_cancellation_stop_the_run(threads, monkeypatch):
     real = runner.run_copy
     monkeypatch.setattr(runner, "run_copy", lambda given: copies.append(real(given)) or copies[-1])
     pipe = slow_model(threads)
-    x = np.ones((128, 128), np.float32)
+    x = slow_input()
 
     async def main():
         with pytest.raises(fastseq.RunTimeoutError, match="timeout of 0.05 s"):
@@ -175,7 +175,7 @@ def test_two_run_async_calls_sharing_run_options_do_not_cancel_each_other(thread
     """Issue 26 (12): cancelling one of two calls that share one RunOptions stopped both. Now
     the other finishes with its result, and the caller's terminate still stops a call."""
     pipe = slow_model(threads)
-    x = np.ones((128, 128), np.float32)
+    x = slow_input()
     shared = ort.RunOptions()
 
     async def main():
