@@ -21,7 +21,7 @@ use crate::codec::stream::write_streaming;
 use crate::codec::tensor::{for_each_tensor, is_external};
 use crate::error::{Error, Result};
 use crate::storage::export_lock::ExportLock;
-use crate::storage::ownership::{is_ours, mark};
+use crate::storage::ownership::{found, is_ours, mark, Found};
 use crate::storage::temp::{remove_stale, Staging, Temp};
 use crate::storage::token::{token_named, token_stem};
 
@@ -113,8 +113,9 @@ impl Target {
             Err(_) => {}
         }
         if let Some(owner) = &self.owner {
-            let theirs = !is_ours(&self.folder, &self.name, &beside_mark(owner));
-            if fs::symlink_metadata(&self.path).is_ok() && theirs {
+            // One look at what is there: other writers rename their files over it at any
+            // moment (see `found`), and this check also runs outside the export lock.
+            if found(&self.folder, &self.name, &beside_mark(owner)) == Found::Theirs {
                 return Err(self.err(format!(
                     "a file that fastseq did not write for {owner} is there; move it away or write {owner} elsewhere"
                 )));

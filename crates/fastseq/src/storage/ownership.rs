@@ -9,9 +9,8 @@
 //! size, modification time). A file is the writer's only while all of these hold: a copy, a
 //! file the user renamed, rewrote or replaced, or one on a file system without extended
 //! attributes (where the writer keeps to token names) is not.
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::fs::{self, File};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -37,26 +36,69 @@ pub(crate) fn mark(file: &File, model: &str, names: &[&str]) -> bool {
     done == 0
 }
 
+/// What is at a location: nothing, a file the writer made for a model, or anything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    Nothing,
+    Ours,
+    Theirs,
+}
+
 /// Whether `location` (relative to `folder`) is a data file that the writer made for the
 /// model named `model` and that nobody changed, renamed or replaced since. Links are not
 /// followed: a link is never ours.
 pub(crate) fn is_ours(folder: &Path, location: &str, model: &str) -> bool {
+    found(folder, location, model) == Found::Ours
+}
+
+/// What is at `location` (relative to `folder`) for the model named `model` (see
+/// [`is_ours`]), as it was at one instant. Other writers rename whole, marked files over the
+/// name at any moment, outside any lock a reader holds: the answer comes from one open file,
+/// whose identity and mark are read through its descriptor, never from two lookups of the
+/// name that may each find another file (a file's identity beside the next one's mark, or
+/// nothing there, then a file).
+pub(crate) fn found(folder: &Path, location: &str, model: &str) -> Found {
+    use std::os::unix::fs::OpenOptionsExt;
     let path = folder.join(location);
-    let Ok(meta) = fs::symlink_metadata(&path) else { return false };
-    if !meta.is_file() {
-        return false;
+    match fs::symlink_metadata(&path) {
+        Ok(meta) if !meta.is_file() => return Found::Theirs, // a link, a folder, a pipe: not opened
+        Ok(_) => {}
+        Err(e) if gone(&e) => return Found::Nothing,
+        Err(_) => return Found::Theirs,
     }
-    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return false };
+    // Non-blocking, not following a link: whatever was renamed over the name since it was
+    // looked at opens without waiting, and is judged on its descriptor below.
+    let mut open = fs::OpenOptions::new();
+    open.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY);
+    let file = match open.open(&path) {
+        Ok(f) => f,
+        Err(e) if gone(&e) => return Found::Nothing, // removed since: nothing there now
+        Err(_) => return Found::Theirs,              // a link put there since, or unreadable
+    };
+    match file.metadata() {
+        Ok(meta) if meta.is_file() && marked_for(&file, &meta, location, model) => Found::Ours,
+        _ => Found::Theirs,
+    }
+}
+
+fn gone(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+/// Whether the open `file` (`meta`: its metadata) carries the mark of a data file of `model`
+/// named `location`, made for this very file.
+fn marked_for(file: &File, meta: &fs::Metadata, location: &str, model: &str) -> bool {
+    use std::os::fd::AsRawFd;
     let mut buf = vec![0u8; 4096];
-    // SAFETY: lgetxattr(2) with NUL-terminated strings and a buffer of the length given,
-    // which it fills with at most that many bytes.
-    let n = unsafe { libc::lgetxattr(c.as_ptr(), KEY.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: fgetxattr(2) on a descriptor `file` owns, with a NUL-terminated name and a
+    // buffer of the length given, which it fills with at most that many bytes.
+    let n = unsafe { libc::fgetxattr(file.as_raw_fd(), KEY.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     let Ok(n) = usize::try_from(n) else { return false };
     let Ok(value) = std::str::from_utf8(&buf[..n]) else { return false };
     let mut parts = value.split('\0');
     parts.next() == Some(VERSION)
         && parts.next() == Some(model)
-        && parts.next() == Some(identity(&meta).as_str())
+        && parts.next() == Some(identity(meta).as_str())
         && parts.any(|name| name == location)
 }
 

@@ -349,6 +349,46 @@ mod tests {
     }
 
     #[test]
+    fn writers_racing_on_a_file_beside_an_owner_all_succeed_and_leave_it_whole() {
+        // The checks outside the export lock see a file that another writer may put in
+        // place at any moment: absent, then there; one marked file, then another.
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join("p.a.onnx");
+        commit_bytes(b"probe", &ours, Some("p.toml")).unwrap();
+        if check(&ours, Some("p.toml")).is_err() {
+            return; // no extended attributes here: nothing beside an owner is ever ours
+        }
+        for round in 0..20 {
+            fs::remove_file(&ours).unwrap(); // each round starts with nothing there
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let (ours, stop) = (&ours, &stop);
+            std::thread::scope(|s| {
+                let checker = s.spawn(move || {
+                    let mut refused = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        refused.extend(check(ours, Some("p.toml")).err().map(|e| e.message));
+                    }
+                    refused
+                });
+                let writers: Vec<_> = (0..4u8)
+                    .map(|i| {
+                        s.spawn(move || (0..10).map(|_| commit_bytes(&[round, i], ours, Some("p.toml"))).collect())
+                    })
+                    .collect();
+                let results: Vec<Vec<Result<Saved>>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                let refused = checker.join().unwrap();
+                assert!(refused.is_empty(), "round {round}: the check refused our own file: {refused:?}");
+                for r in results.into_iter().flatten() {
+                    r.unwrap();
+                }
+            });
+            assert_eq!(fs::read(ours).unwrap()[0], round);
+            assert_eq!(listing(dir.path()), ["p.a.onnx"], "round {round}: nothing left over");
+        }
+    }
+
+    #[test]
     fn a_staged_model_is_committed_with_its_data_under_the_names_it_had() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("m.onnx");
