@@ -39,6 +39,7 @@ TORCH = [
     "lraspp_segmenter",
     "vit_tiny",
     "bert_tiny",
+    "bert_dynamic_seq",
     "distilbert_tiny",
     "hf_vit_tiny",
     "class_token_encoder",
@@ -48,6 +49,8 @@ TORCH = [
     "centred (mixes)",
     "batch_attention (mixes)",
 ]
+#: exported with a dynamic sequence axis too (axis 1 of every input and output)
+DYNAMIC_SEQUENCE = {"bert_dynamic_seq"}
 LIGHT = [
     "bvlc_alexnet",
     "densenet121",
@@ -97,7 +100,13 @@ def tokens(length: int, vocab: int, mask: bool) -> Callable[[int, int], list[np.
 
 # --- torch -------------------------------------------------------------------------------------------
 def _export(
-    module: Any, args: tuple[Any, ...], path: Path, names: list[str], outs: list[str], dynamo: bool = False
+    module: Any,
+    args: tuple[Any, ...],
+    path: Path,
+    names: list[str],
+    outs: list[str],
+    dynamo: bool = False,
+    sequence: bool = False,
 ) -> None:
     import torch
 
@@ -120,7 +129,7 @@ def _export(
                 external_data=False,
             )
         else:
-            axes = {n: {0: "batch"} for n in [*names, *outs]}
+            axes = {n: {0: "batch", 1: "sequence"} if sequence else {0: "batch"} for n in [*names, *outs]}
             torch.onnx.export(
                 module,
                 args,
@@ -268,6 +277,12 @@ def _torch_models() -> dict[
             False,
         ),
         "bert_tiny": ("transformers BertModel, torch.onnx (TorchScript)", hf("bert"), tokens(12, 100, True), False),
+        "bert_dynamic_seq": (
+            "transformers BertModel, torch.onnx (TorchScript), dynamic sequence axis",
+            hf("bert"),
+            tokens(12, 100, True),
+            False,
+        ),
         "distilbert_tiny": (
             "transformers DistilBertModel, torch.onnx (TorchScript)",
             hf("distilbert"),
@@ -388,7 +403,7 @@ def build(folder: Path, only: list[str] | None = None, skipped: dict[str, str] |
         if not path.exists():
             try:
                 module, args, ins, outs = make()
-                _export(module, args, path, ins, outs, dynamo)
+                _export(module, args, path, ins, outs, dynamo, sequence=name in DYNAMIC_SEQUENCE)
             except Exception as e:  # noqa: BLE001 - one exporter failing leaves the others
                 skipped[name] = f"export failed: {type(e).__name__}: {str(e)[:200]}"
                 continue

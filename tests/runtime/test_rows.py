@@ -520,6 +520,77 @@ def test_torchs_attention_is_followed_through_the_heads_merged_with_the_rows():
     same_as_alone(pipe, [rows((12, 16), k) for k in range(4)])
 
 
+def padding_mask_model(stride=None):
+    """transformers' BERT padding mask, as torch exports it at a fixed sequence length of 6:
+    y = x * mask[b, k] read as ``flat[b * 6 + k]`` (b = Range over the batch size) from
+    ``Flatten(mask, axis=2)``. ``stride``: another stride, which reads a neighbour's row."""
+    shape = [node("Shape", ["x"], ["s"]), node("Gather", ["s", "zero"], ["n"], axis=0)]
+    length = [node("Shape", ["m"], ["ms"], "mshape"), node("Gather", ["ms", "one"], ["len"], "len", axis=0)]
+    places = [
+        node("Range", ["zero", "n", "one"], ["b"], "places"),
+        node("Unsqueeze", ["b", "axis1"], ["b1"], "b1"),
+        node("Mul", ["b1", "stride" if stride else "len"], ["bs"], "bs"),
+        node("Range", ["zero", "len", "one"], ["k"], "offsets"),
+        node("Unsqueeze", ["k", "axis0"], ["k1"], "k1"),
+        node("Add", ["bs", "k1"], ["idx"], "idx"),
+    ]
+    picked = [
+        node("Flatten", ["m"], ["flat"], axis=2),
+        node("Gather", ["flat", "idx"], ["g"], "pick", axis=0),
+        node("Squeeze", ["g", "axis2"], ["keep"], "keep"),
+        node("Cast", ["keep"], ["kf"], "kf", to=F),
+        node("Mul", ["x", "kf"], ["y"], "y"),
+    ]
+    inits = {"zero": np.int64(0), "one": np.int64(1), "axis0": [0], "axis1": [1], "axis2": [2]}
+    if stride:
+        inits["stride"] = np.int64(stride)
+    return model(
+        [node("Cast", ["mask"], ["m"], "m", to=TensorProto.BOOL), *shape, *length, *places, *picked],
+        [("x", F, ["N", 6]), ("mask", I64, ["N", 6])],
+        [("y", F, ["N", 6])],
+        inits,
+    )
+
+
+def test_a_padding_mask_read_by_each_rows_place_is_batched_and_each_row_reads_its_own():
+    """Issue 41: BERT and DistilBERT (transformers 5) index a flattened mask by each row's
+    place in the batch; each row reads only its own entries, so the rows stay apart. The
+    analysis follows exactly that pattern (a known sequence length); every caller gets the
+    mask of its own rows, padded differently row by row."""
+    pipe = fastseq.ONNXSequential(padding_mask_model())
+    pipe.check_rows()
+    rng = np.random.default_rng(7)
+    inputs = []
+    for k in range(6):
+        n = 1 + k % 3
+        mask = np.ones((n, 6), np.int64)
+        for r in range(n):
+            mask[r, 6 - int(rng.integers(0, 5)) :] = 0
+        inputs.append((rng.random((n, 6)).astype(np.float32), mask))
+    rows = sum(len(x) for x, _ in inputs)
+    got: list = [None] * len(inputs)
+    with pipe.batcher(max_batch_size=rows, max_delay_ms=10_000) as b:
+        threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, b(*inputs[k]))) for k in range(len(inputs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for (x, mask), answer in zip(inputs, got):
+        np.testing.assert_array_equal(answer[0], x * mask)
+
+
+def test_a_mask_read_at_another_stride_is_refused_and_would_mix_the_rows():
+    """The same pattern at a stride of 5 over rows of 6 reads the next row's entries: refused,
+    with its node named; run together, the rows do differ from alone."""
+    pipe = fastseq.ONNXSequential(padding_mask_model(stride=5))
+    assert "node 'idx' (Add)" in refusal(pipe)
+    x = np.ones((2, 6), np.float32)
+    mask = np.array([[1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0]], np.int64)
+    together = pipe(x, mask)[0]
+    alone = np.concatenate([pipe(x[k : k + 1], mask[k : k + 1])[0] for k in range(2)])
+    assert not np.array_equal(together, alone)
+
+
 @pytest.mark.parametrize(
     "name",
     [

@@ -32,6 +32,7 @@ mod index;
 mod linalg;
 mod ml;
 mod ops;
+mod place;
 mod reduce;
 mod shape;
 pub mod value;
@@ -105,6 +106,11 @@ pub fn row_findings(model: &ModelProto) -> Vec<Finding> {
         let at = producer.get(&name).copied();
         let finding = match scope.get(&name) {
             Some(Val::Mixed(why)) => Some(describe(Some(why.node), why.inner.clone(), why.reason.clone())),
+            Some(Val::T(t)) if t.place.is_some() => Some(describe(
+                at,
+                None,
+                format!("output '{name}' holds each row's place in the batch, not the row's own values"),
+            )),
             Some(Val::T(t)) => match t.batch() {
                 Some(0) if t.merged.is_some() => Some(describe(
                     at,
@@ -253,6 +259,23 @@ impl Cx<'_> {
         if site.depth > MAX_DEPTH {
             return Err(Fault::Here(format!("{op} is nested too deep to follow")));
         }
+        // A row's place in the batch goes only where it indexes the row's own entries; this
+        // comes before every other rule, so that none of them reads it as row-wise data.
+        if ins.iter().flatten().any(|t| t.place.is_some()) {
+            let outs = place::step(&Args { node, ins: &ins, opset: site.opset }, normalize_domain(domain).is_empty())
+                .map_err(Fault::Here)?;
+            return Ok((0..node.output.len())
+                .map(|k| match outs.get(k) {
+                    Some(Ok(t)) => Val::T(t.clone()),
+                    Some(Err(reason)) => Val::Mixed(Why { node: usize::MAX, inner: None, reason: reason.clone() }),
+                    None => Val::Mixed(Why {
+                        node: usize::MAX,
+                        inner: None,
+                        reason: format!("{op}'s output {k} is not followed"),
+                    }),
+                })
+                .collect());
+        }
         if ins.iter().flatten().any(|t| t.loose) && !ops::follows_loose(op, domain, &ins) {
             return Err(Fault::Here(format!(
                 "{op} reads an input declared without a shape: where its batch axis is cannot be told"
@@ -354,7 +377,9 @@ impl Cx<'_> {
             .zip(other)
             .map(|pair| match pair {
                 (Val::Mixed(w), _) | (_, Val::Mixed(w)) => Val::Mixed(w.clone()),
-                (Val::T(a), Val::T(b)) if a.batch() == b.batch() && a.rank() == b.rank() && a.merged == b.merged => {
+                (Val::T(a), Val::T(b))
+                    if a.batch() == b.batch() && a.rank() == b.rank() && a.merged == b.merged && a.place == b.place =>
+                {
                     Val::T(join(a, b))
                 }
                 _ => Val::Mixed(Why {
@@ -445,6 +470,8 @@ fn join(a: &T, b: &T) -> T {
         on_n: a.on_n || b.on_n,
         loose: a.loose || b.loose,
         merged: a.merged,
+        place: a.place, // the same in both (checked by the caller)
+        below: a.below.zip(b.below).map(|(x, y)| x.max(y)),
     }
 }
 

@@ -9,7 +9,7 @@ use crate::merge::opsets::normalize_domain;
 use crate::merge::rows::args::{each, one, unknown, Args, Outs, R};
 use crate::merge::rows::elementwise::{broadcast, ints_of, BROADCAST, UNARY};
 use crate::merge::rows::value::T;
-use crate::merge::rows::{index, linalg, ml, reduce, shape};
+use crate::merge::rows::{index, linalg, ml, place, reduce, shape};
 
 /// Whether `op` follows rows of unknown rank (see `T::loose`): element-wise operators do,
 /// when their other inputs are scalars that do not depend on the batch.
@@ -65,7 +65,9 @@ fn default_domain(args: &Args, op: &str) -> R<Outs> {
             each(args, T { dims: x.dims.clone(), on_n: x.on_n, ..T::default() })
         }
         "Shape" | "Size" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Transpose" | "Concat" | "Split"
-        | "Slice" | "Expand" | "Tile" | "ConstantOfShape" | "Range" | "Pad" => shape::step(args, op),
+        | "Slice" | "Expand" | "Tile" | "ConstantOfShape" | "Pad" => shape::step(args, op),
+        // Each row's place (a Range over the batch size) first: followed apart, as an index.
+        "Range" => place::range(args).map_or_else(|| shape::step(args, op), one),
         "Gather" | "GatherElements" | "GatherND" | "ScatterElements" | "OneHot" | "Compress" | "Resize"
         | "Upsample" | "DepthToSpace" | "SpaceToDepth" | "Trilu" | "CumSum" | "EyeLike" => index::step(args, op),
         "ReduceSum"

@@ -334,7 +334,7 @@ fn unsqueeze(args: &Args) -> R<Outs> {
     let x = args.need(0)?;
     let Some(list) = list(args, "axes", 1)? else { return Err("Unsqueeze has no axes".into()) };
     if x.scalar() && x.ints.is_some() && (list == [0] || list == [-1]) {
-        return one(T::ints(false, x.ints.clone().expect("checked")));
+        return one(T { below: x.below, ..T::ints(false, x.ints.clone().expect("checked")) });
     }
     let Some(dims) = dims_of(args, x)? else { return one(T::opaque(x.on_n)) };
     let rank = dims.len() + list.len();
@@ -343,7 +343,8 @@ fn unsqueeze(args: &Args) -> R<Outs> {
     let mut rest = dims.iter();
     let out =
         (0..rank).map(|k| if new.contains(&k) { Dim::Fixed(1) } else { *rest.next().unwrap_or(&Dim::Free) }).collect();
-    one(T { on_n: x.on_n, ..T::shaped(out) })
+    // Unsqueeze moves no value: bounds stay.
+    one(T { on_n: x.on_n, below: x.below, ..T::shaped(out) })
 }
 
 fn transpose(args: &Args) -> R<Outs> {
@@ -609,18 +610,21 @@ fn fill(args: &Args) -> Option<i64> {
 
 fn range(args: &Args) -> R<Outs> {
     if !args.all_fixed() {
-        return Err(
-            "Range counts up to a number computed from the batch (its values depend on each row's place)".into()
-        );
+        return Err(format!(
+            "Range counts up to a number computed from the batch ({})",
+            crate::merge::rows::value::BY_PLACE
+        ));
     }
     let v: Option<Vec<i64>> = (0..3).map(|k| args.get(k).and_then(T::known_one)).collect();
     if let Some([start, limit, delta]) = v.as_deref() {
         if *delta != 0 {
             let n = ((limit - start) as f64 / *delta as f64).ceil().max(0.0) as i64;
+            // Counting up from 0 or more: every value lies below the limit.
+            let below = (*start >= 0 && *delta > 0 && n > 0).then_some(*limit);
             if n <= 4096 {
-                return one(T::ints(false, (0..n).map(|i| Elem::Known(start + i * delta)).collect()));
+                return one(T { below, ..T::ints(false, (0..n).map(|i| Elem::Known(start + i * delta)).collect()) });
             }
-            return one(T::shaped(vec![Dim::Fixed(n)]));
+            return one(T { below, ..T::shaped(vec![Dim::Fixed(n)]) });
         }
     }
     one(T::shaped(vec![Dim::Free]))

@@ -73,6 +73,22 @@ pub struct T {
     /// of `[.., outer, N, inner, ..]` lays them out. None: one entry per row. Values whose
     /// batch axes are merged differently are never combined.
     pub merged: Option<(i64, i64)>,
+    /// Each row's place in the batch, used as an index (the `place` rules).
+    pub place: Option<Place>,
+    /// Every value of this integer tensor lies in `[0, below)` (a Range's, through Unsqueeze).
+    pub below: Option<i64>,
+}
+
+/// Why a value holding the rows' places is refused wherever it is not an index into the
+/// row's own entries.
+pub const BY_PLACE: &str = "its values depend on each row's place";
+
+/// The values of a tensor with a batch axis that index a batch laid out one row after the
+/// other: row `b`'s values are `b * stride + k`, `0 <= k < within`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub stride: i64,
+    pub within: i64,
 }
 
 impl T {
@@ -85,7 +101,7 @@ impl T {
     pub fn ints(scalar: bool, elems: Vec<Elem>) -> T {
         let dims = if scalar { vec![] } else { vec![Dim::Fixed(elems.len() as i64)] };
         let on_n = elems.iter().any(|e| e.on_n());
-        T { dims: Some(dims), ints: Some(elems), floats: None, on_n, loose: false, merged: None }
+        T { dims: Some(dims), ints: Some(elems), on_n, ..T::default() }
     }
 
     /// A value whose shape is not known: the same whatever the batch, unless `on_n`.
