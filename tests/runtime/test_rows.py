@@ -298,8 +298,8 @@ MIXING = {
             node("Add", ["x", "r1"], ["y"]),
             inits={"zero": np.array(0), "one": np.array(1), "ax": np.array([1])},
         ),
-        "positions",
-        "Range",
+        "cast",  # the places are followed up to where they become data
+        "Cast",
         "each row's place",
     ),
     "an LSTM running along the batch axis": (
