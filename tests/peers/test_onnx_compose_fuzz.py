@@ -313,6 +313,55 @@ def test_a_checker_value_error_on_a_source_is_not_raised_when_the_result_passes(
     assert type(ref) is type(info.value) and str(ref) == str(info.value)
 
 
+def _graph_model(nodes, inputs, outputs, name):
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3])  # noqa: E731
+    graph = helper.make_graph(nodes, name, [vi(i) for i in inputs], [vi(o) for o in outputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=8)
+
+
+@pytest.mark.parametrize("reader", ["m2", "m1", "body"])
+def test_a_name_a_model_reads_and_never_defines_binds_to_the_other_models_as_in_onnx_compose(reader):
+    """onnx's harness, seed 36015: the second model reads 'cond' (its input of that name
+    mutated away), which the first has as an input nothing there reads. onnx.compose
+    concatenates the graphs, so the read binds to that input, and its result passes the full
+    check; fastseq renamed the read as a clash ('m1/cond', defined nowhere) and refused its
+    own result. Now it is onnx's model byte for byte, whichever model reads the name, a body
+    reading it included; with prefixes both refuse the result alike."""
+    unread = _graph_model([], ["b", "cond"], ["b"], "g")
+    if reader == "body":
+        body = helper.make_graph(
+            [helper.make_node("Neg", ["cond"], ["o"])],
+            "body",
+            [],
+            [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2, 3])],
+        )
+        branch = helper.make_node("If", ["flag"], ["z"], then_branch=body, else_branch=body)
+        reads = _graph_model([branch], ["flag"], ["z"], "h")
+        reads.graph.input[0].type.tensor_type.elem_type = TensorProto.BOOL
+        del reads.graph.input[0].type.tensor_type.shape.dim[:]  # a scalar condition
+    else:
+        reads = _graph_model([helper.make_node("Neg", ["cond"], ["z"])], ["t"], ["z"], "h")
+    m1, m2 = (reads, unread) if reader == "m1" else (unread, reads)
+    ref, ours = _both(m1, m2, io_map=[])
+    assert isinstance(ref, onnx.ModelProto), ref
+    assert ours.SerializeToString() == ref.SerializeToString()
+    ref, ours = _both(m1, m2, io_map=[], prefix1="p/", prefix2="q/")
+    assert isinstance(ref, onnx.checker.ValidationError) and isinstance(ours, onnx.checker.ValidationError)
+
+
+def test_a_name_read_and_never_defined_binds_to_the_value_the_other_models_node_writes():
+    """Where the first model's node writes the name the second reads without defining it,
+    onnx.compose refuses the overlap (a ValueError); fastseq binds the read as onnx's merge
+    binds it to an unread input, and the result passes the full check (renaming a read of
+    nothing could only leave it reading nothing)."""
+    writes = _graph_model([helper.make_node("Relu", ["b"], ["cond"])], ["b"], ["cond"], "g")
+    reads = _graph_model([helper.make_node("Neg", ["cond"], ["z"])], ["t"], ["z"], "h")
+    ref, ours = _both(writes, reads, io_map=[])
+    assert isinstance(ref, ValueError) and "overlapping names" in str(ref)
+    onnx.checker.check_model(ours, full_check=True)
+    assert [(n.op_type, list(n.input)) for n in ours.graph.node] == [("Relu", ["b"]), ("Neg", ["cond"])]
+
+
 @pytest.mark.parametrize(
     "seed",
     [
@@ -330,9 +379,10 @@ def test_a_checker_value_error_on_a_source_is_not_raised_when_the_result_passes(
         72785,  # the checker's plain ValueError on a source
         9096,
         25169,
-        92263,
+        92263,  # an io_map of names protobuf hands back as bytes
+        36015,  # a name read and never defined, which the other model has as an unread input
     ],
-)  # an io_map of names protobuf hands back as bytes
+)
 def test_what_onnx_harness_found_is_onnx_result_byte_for_byte(seed):
     """The harness's inputs where onnx.compose returned a valid model and fastseq raised: each
     now gives onnx's model, byte for byte."""

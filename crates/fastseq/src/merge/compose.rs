@@ -20,7 +20,7 @@ use crate::merge::final_names::{
     unnamed_nodes, Renamed, ValueNames,
 };
 use crate::merge::metadata::with_metadata;
-use crate::merge::onnx_rules::Frame;
+use crate::merge::onnx_rules::{free_names, Frame};
 use crate::merge::opsets::{merge_opsets, merged_ir_version};
 use crate::merge::options::{Edge, Options, Rules};
 use crate::merge::plan::build::build_plan;
@@ -266,10 +266,16 @@ fn run_steps(mut models: Vec<ModelProto>, labels: &[String], opts: &Options) -> 
     let (mut name_arenas, mut value_arenas, mut node_arenas) = (arenas(), arenas(), arenas());
     let names: Vec<NameSet> =
         models.par_iter_mut().zip(&mut name_arenas).map(|(m, arena)| NameSet::of(m, arena)).collect();
+    // onnx.compose concatenates the graphs: a name a model reads without defining it binds
+    // to the other model's value of that name, and is no clash to rename.
+    let free: Vec<FxHashSet<String>> = match opts.rules {
+        Rules::OnnxCompose => models.par_iter().map(free_names).collect(),
+        Rules::Fastseq => Vec::new(),
+    };
     // Values and node names are separate namespaces: assigned side by side.
     let mut extra = Bump::new();
     let (values, nodes) = rayon::join(
-        || assign_value_names(&models, &names, &plan, value_arenas.iter_mut().collect(), &mut extra),
+        || assign_value_names(&models, &names, &free, &plan, value_arenas.iter_mut().collect(), &mut extra),
         || assign_node_names(&names, node_arenas.iter_mut().collect()),
     );
     let view = PlanView::of(&models, labels, &given, &plan, graph_form, &values.maps).with_declared(declared);

@@ -79,10 +79,14 @@ pub struct ValueNames<'a> {
 /// the user's names); other models get a fresh `m<i>/` name for it. Names that only
 /// subgraphs have are nobody's: models keep them unless one has the name at its top level.
 /// An input fed by an edge
-/// (or a weight stored once) takes the final name of the value feeding it.
+/// (or a weight stored once) takes the final name of the value feeding it. `free`, per model
+/// (empty under fastseq's rules): names it reads without defining them, which onnx.compose's
+/// merge binds to the other model's value of that name (see
+/// [`crate::merge::onnx_rules::free_names`]): they claim nothing and are never renamed.
 pub fn assign_value_names<'a>(
     models: &[ModelProto],
     names: &[NameSet<'a>],
+    free: &[FxHashSet<String>],
     plan: &'a Plan,
     arenas: Vec<&'a mut Bump>,
     extra: &'a mut Bump,
@@ -91,6 +95,7 @@ pub fn assign_value_names<'a>(
     let n = models.len();
     let total: usize = names.iter().map(|s| s.values.len()).sum();
     let mut owner: FxHashMap<&str, usize> = FxHashMap::with_capacity_and_hasher(total, Default::default());
+    let is_free = |k: usize, name: &str| free.get(k).is_some_and(|f| f.contains(name));
     for pinned in &plan.pinned {
         for fin in pinned.values() {
             owner.entry(fin.as_str()).or_insert(EXPOSED);
@@ -102,15 +107,20 @@ pub fn assign_value_names<'a>(
     }
     for go in plan.outputs.iter().filter(|go| go.name.is_none()) {
         let name = vi_name(&graph(&models[go.stage]).output[go.index]);
-        if !plan.alias[go.stage].contains_key(name) {
+        if !plan.alias[go.stage].contains_key(name) && !is_free(go.stage, name) {
             owner.entry(name).or_insert(go.stage);
         }
     }
-    let own = |k: usize, name: &str| !plan.alias[k].contains_key(name) && !plan.pinned[k].contains_key(name);
+    let own = |k: usize, name: &str| {
+        !plan.alias[k].contains_key(name) && !plan.pinned[k].contains_key(name) && !is_free(k, name)
+    };
     for (k, set) in names.iter().enumerate() {
         for &name in &set.values {
             if own(k, name) {
                 claim(&mut owner, name, k, nested_only(&set.nested_values, name));
+            } else if is_free(k, name) {
+                // Taken (no fresh name may be it), not owned: it binds to whoever defines it.
+                owner.entry(name).or_insert(NESTED);
             }
         }
     }
@@ -400,6 +410,23 @@ mod tests {
         assert_eq!(c.report.pruned.nodes, 1);
         let g = c.model.graph.as_ref().unwrap();
         assert_eq!(node_names(g), ["m0.onnx/Mul_0", "m0.onnx/Relu_1", "m1.onnx/Mul_1", "m1.onnx/Relu_2"]);
+    }
+
+    #[test]
+    fn under_onnx_rules_a_name_a_model_reads_and_never_defines_binds_to_the_others() {
+        // onnx's harness, seed 36015: stage 0 has an input 'cond' it never reads; stage 1
+        // reads 'cond' and defines it nowhere. onnx.compose's merge binds the read to the
+        // input; renaming it as a clash ('m1/cond') left it reading nothing.
+        let mut first = scale(1);
+        first.graph.as_mut().unwrap().input.push(vi("cond", 1, &[2, 4]));
+        let mut second = join("Neg", &["cond"]);
+        second.graph.as_mut().unwrap().input = vec![vi("k", 1, &[2, 4])];
+        let opts = Options { rules: crate::merge::options::Rules::OnnxCompose, ..Default::default() };
+        let c = compose(vec![first, second], &labels(2), &opts).unwrap();
+        let g = c.model.graph.as_ref().unwrap();
+        let neg = (0..g.node.len()).map(|k| node_at(g, k)).find(|n| n.op_type.as_deref() == Some("Neg")).unwrap();
+        assert_eq!(neg.input, ["cond"]);
+        assert!(names(&g.input).contains(&"cond"), "{:?}", names(&g.input));
     }
 
     #[test]

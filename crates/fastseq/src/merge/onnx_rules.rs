@@ -11,7 +11,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::codec::graph::{graph, vi_name};
 use crate::codec::node;
-use crate::codec::proto::{GraphProto, ModelProto, OperatorSetIdProto, StringStringEntryProto, ValueInfoProto};
+use crate::codec::proto::{
+    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, ValueInfoProto,
+};
 use crate::error::{Error, Result};
 use crate::merge::options::Options;
 use crate::merge::rename::{function_key, walk_model, NameSet, Renamer};
@@ -173,6 +175,83 @@ pub fn overlapping_names(
     found.into_iter().filter(|(_, names)| !names.is_empty()).collect()
 }
 
+/// The names a model reads without defining them: read by its top-level nodes, read by
+/// its subgraphs from outside themselves, or listed among its graph outputs, but neither a
+/// graph input, an initializer (sparse included) nor a node output of its top-level graph.
+/// Such a model is invalid on its own; `merge_models` concatenates the two graphs and leaves
+/// these names as they are, so that they bind to the value the other model defines under the
+/// name (a graph input or a weight nothing there reads, which `check_overlapping_names` does
+/// not count). Under onnx.compose's rules they are no clash to rename: see
+/// `final_names::assign_value_names`. Names are read as
+/// [`crate::merge::rename::walk_graph`] reads them (a name that is not UTF-8 escaped).
+pub fn free_names(model: &ModelProto) -> FxHashSet<String> {
+    let mut free = FxHashSet::default();
+    if let Some(g) = model.graph.as_ref() {
+        undefined_reads(g, &mut |name| {
+            if !free.contains(name) {
+                free.insert(name.to_string());
+            }
+        });
+    }
+    free
+}
+
+/// Calls `found` on each name `g` reads (its outputs, its nodes' inputs, what its subgraphs
+/// read from outside themselves) that it does not define, once or more.
+fn undefined_reads(g: &GraphProto, found: &mut dyn FnMut(&str)) {
+    // As the rename walk reads them: a plain node on its bytes, any other decoded.
+    let decoded: Vec<Option<NodeProto>> = g
+        .node
+        .iter()
+        .map(|raw| {
+            let plain = node::is_plain(raw)
+                && node::fields(raw)
+                    .flatten()
+                    .all(|f| !(f.tag == node::INPUT || f.tag == node::OUTPUT) || f.text().is_some());
+            if plain {
+                None
+            } else {
+                node::decode(raw).ok()
+            }
+        })
+        .collect();
+    let mut local: FxHashSet<&str> = g.input.iter().map(vi_name).collect();
+    local.extend(g.initializer.iter().filter_map(|t| t.name.as_deref()));
+    for s in &g.sparse_initializer {
+        local.extend(s.values.iter().chain(&s.indices).filter_map(|t| t.name.as_deref()));
+    }
+    local.insert("");
+    for (raw, n) in g.node.iter().zip(&decoded) {
+        each_io(raw, n.as_ref(), node::OUTPUT, &mut |name| {
+            local.insert(name);
+        });
+    }
+    let mut outside = |name: &str| {
+        if !local.contains(name) {
+            found(name)
+        }
+    };
+    g.output.iter().map(vi_name).for_each(&mut outside);
+    for (raw, n) in g.node.iter().zip(&decoded) {
+        each_io(raw, n.as_ref(), node::INPUT, &mut outside);
+        for sub in n.iter().flat_map(node::subgraphs) {
+            undefined_reads(sub, &mut outside);
+        }
+    }
+}
+
+/// Calls `found` on a node's inputs (`tag` [`node::INPUT`]) or outputs ([`node::OUTPUT`]):
+/// from `decoded` where the node was decoded, else from its bytes.
+fn each_io<'a>(raw: &'a [u8], decoded: Option<&'a NodeProto>, tag: u32, found: &mut dyn FnMut(&'a str)) {
+    match decoded {
+        Some(n) => {
+            let names = if tag == node::INPUT { &n.input } else { &n.output };
+            names.iter().for_each(|s| found(s));
+        }
+        None => node::fields(raw).flatten().filter(|f| f.tag == tag).filter_map(|f| f.text()).for_each(found),
+    }
+}
+
 /// Which names `onnx.compose.add_prefix` prefixes (its `rename_*` arguments).
 #[derive(Debug, Clone, Copy)]
 pub struct Prefixed {
@@ -325,6 +404,31 @@ mod tests {
         assert_eq!(found[0], ("edge", vec!["c".to_string(), "t".to_string(), "y".to_string()]));
         assert_eq!(found[1], ("initializer", vec!["c".to_string()]));
         assert_eq!(found.len(), 2);
+    }
+
+    #[test]
+    fn free_names_are_what_a_model_reads_and_defines_nowhere_bodies_included() {
+        use crate::codec::proto::AttributeProto;
+        let mut m = scale(1);
+        // 'outer' read by a body (whose own 'inner' is no free name), 't' read by it from the
+        // graph; 'flag' read at the top; 'gone' an output nothing writes.
+        let body = GraphProto {
+            node: vec![node("Neg", &["outer"], &["inner"]), node("Add", &["inner", "t"], &["o"])],
+            output: vec![vi("o", 1, &[2, 4])],
+            ..Default::default()
+        };
+        let branch = AttributeProto { name: Some("then_branch".into()), g: Some(body), ..Default::default() };
+        let call = NodeProto { attribute: vec![branch], ..node_proto("If", &["flag"], &["z"]) };
+        // A name that is not UTF-8, read and defined: read as the rename walk reads it.
+        let odd = crate::codec::fidelity::text_of(b"c\x99nd".to_vec());
+        let g = m.graph.as_mut().unwrap();
+        g.node.push(crate::codec::node::encode(&call));
+        g.node.push(node("Abs", &[odd.as_str()], &["w"]));
+        g.input.push(vi(&odd, 1, &[2, 4]));
+        g.output.push(vi("gone", 1, &[2, 4]));
+        let mut free: Vec<String> = free_names(&m).into_iter().collect();
+        free.sort();
+        assert_eq!(free, ["flag", "gone", "outer"]);
     }
 
     #[test]
