@@ -520,10 +520,11 @@ def test_torchs_attention_is_followed_through_the_heads_merged_with_the_rows():
     same_as_alone(pipe, [rows((12, 16), k) for k in range(4)])
 
 
-def padding_mask_model(stride=None):
-    """transformers' BERT padding mask, as torch exports it at a fixed sequence length of 6:
-    y = x * mask[b, k] read as ``flat[b * 6 + k]`` (b = Range over the batch size) from
-    ``Flatten(mask, axis=2)``. ``stride``: another stride, which reads a neighbour's row."""
+def padding_mask_model(stride=None, seq=6):
+    """transformers' BERT padding mask, as torch exports it (``seq``: a sequence length fixed
+    at 6, or "L", dynamic): y = x * mask[b, k] read as ``flat[b * L + k]`` (b = Range over the
+    batch size, L read with Shape) from ``Flatten(mask, axis=2)``. ``stride``: another stride,
+    which reads a neighbour's row."""
     shape = [node("Shape", ["x"], ["s"]), node("Gather", ["s", "zero"], ["n"], axis=0)]
     length = [node("Shape", ["m"], ["ms"], "mshape"), node("Gather", ["ms", "one"], ["len"], "len", axis=0)]
     places = [
@@ -546,30 +547,32 @@ def padding_mask_model(stride=None):
         inits["stride"] = np.int64(stride)
     return model(
         [node("Cast", ["mask"], ["m"], "m", to=TensorProto.BOOL), *shape, *length, *places, *picked],
-        [("x", F, ["N", 6]), ("mask", I64, ["N", 6])],
-        [("y", F, ["N", 6])],
+        [("x", F, ["N", seq]), ("mask", I64, ["N", seq])],
+        [("y", F, ["N", seq])],
         inits,
     )
 
 
-def test_a_padding_mask_read_by_each_rows_place_is_batched_and_each_row_reads_its_own():
+@pytest.mark.parametrize("seq", [6, "L"], ids=["fixed-length", "dynamic-length"])
+def test_a_padding_mask_read_by_each_rows_place_is_batched_and_each_row_reads_its_own(seq):
     """Issue 41: BERT and DistilBERT (transformers 5) index a flattened mask by each row's
     place in the batch; each row reads only its own entries, so the rows stay apart. The
-    analysis follows exactly that pattern (a known sequence length); every caller gets the
-    mask of its own rows, padded differently row by row."""
-    pipe = fastseq.ONNXSequential(padding_mask_model())
+    analysis follows exactly that pattern, the sequence length fixed or an input's own size;
+    every caller gets the mask of its own rows, padded differently row by row (and, dynamic,
+    requests of two lengths through one batcher)."""
+    pipe = fastseq.ONNXSequential(padding_mask_model(seq=seq))
     pipe.check_rows()
     rng = np.random.default_rng(7)
     inputs = []
-    for k in range(6):
-        n = 1 + k % 3
-        mask = np.ones((n, 6), np.int64)
+    for k in range(8):
+        n, length = 1 + k % 3, 6 if seq == 6 or k % 2 else 4
+        mask = np.ones((n, length), np.int64)
         for r in range(n):
-            mask[r, 6 - int(rng.integers(0, 5)) :] = 0
-        inputs.append((rng.random((n, 6)).astype(np.float32), mask))
+            mask[r, length - int(rng.integers(0, length - 1)) :] = 0
+        inputs.append((rng.random((n, length)).astype(np.float32), mask))
     rows = sum(len(x) for x, _ in inputs)
     got: list = [None] * len(inputs)
-    with pipe.batcher(max_batch_size=rows, max_delay_ms=10_000) as b:
+    with pipe.batcher(max_batch_size=rows, max_delay_ms=200) as b:
         threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, b(*inputs[k]))) for k in range(len(inputs))]
         for t in threads:
             t.start()

@@ -22,10 +22,6 @@ pytestmark = pytest.mark.models
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-#: models the analysis cannot prove, though their rows are independent: refused (unsure
-#: means refused), with the node named; docs/real-models.md says why
-UNPROVED = {"bert_dynamic_seq"}
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, corpus.Entry]:
@@ -53,8 +49,6 @@ def test_each_models_verdict_agrees_with_its_rows_alone_and_together(models, nam
         batched, reason = False, str(error)
     if mixes:
         assert not batched, f"{name} mixes its rows but was batched"
-    elif name in UNPROVED:
-        assert not batched and "node '" in reason, reason
     else:
         assert batched, f"{name} keeps its rows apart but was refused: {reason}"
     if e.batch_one:  # the adapted model computes what the export computed, row by row
@@ -65,7 +59,17 @@ def test_each_models_verdict_agrees_with_its_rows_alone_and_together(models, nam
 
 
 @pytest.mark.parametrize(
-    "name", ["resnet18", "vit_tiny", "hf_vit_tiny", "bert_tiny", "distilbert_tiny", "ppocr_v4_rec", "light_resnet50"]
+    "name",
+    [
+        "resnet18",
+        "vit_tiny",
+        "hf_vit_tiny",
+        "bert_tiny",
+        "bert_dynamic_seq",
+        "distilbert_tiny",
+        "ppocr_v4_rec",
+        "light_resnet50",
+    ],
 )
 def test_batched_models_serve_concurrent_requests_each_as_alone(models, name):
     from fastseq.serving.model import ServedModel
@@ -89,3 +93,29 @@ def test_batched_models_serve_concurrent_requests_each_as_alone(models, name):
     for xs, got in zip(requests, answers):
         for g, w in zip(got, pipe(*xs)):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_bert_with_a_dynamic_sequence_axis_answers_each_length_as_alone(models):
+    """Requests of different sequence lengths (each padded differently row by row) served
+    concurrently: a batch joins only requests of one length, and each answer is the request
+    run alone."""
+    from fastseq.serving.model import ServedModel
+
+    if "bert_dynamic_seq" not in models:
+        pytest.skip("bert_dynamic_seq could not be made here")
+    pipe = _pipe(models["bert_dynamic_seq"])
+    served = ServedModel("bert", pipe, max_batch_size=8)
+    assert served.batcher is not None
+    requests = [corpus.tokens(length, 100, True)(1 + k % 3, k) for k, length in enumerate([8, 12, 5, 12, 8, 16] * 2)]
+
+    async def main():
+        return await asyncio.gather(
+            *(served.infer({"input_ids": ids, "attention_mask": mask}) for ids, mask in requests)
+        )
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        served.close()
+    for (ids, mask), got in zip(requests, answers):
+        np.testing.assert_allclose(got[0], pipe(ids, mask)[0], rtol=1e-4, atol=1e-4)

@@ -122,8 +122,9 @@ pub fn broadcast(op: &str, ins: &[&T]) -> R<T> {
                 (Dim::Fixed(1), x) | (x, Dim::Fixed(1)) => x,
                 (Dim::Fixed(a), Dim::Fixed(b)) if a == b => Dim::Fixed(a),
                 (Dim::Fixed(a), Dim::Fixed(_)) => Dim::Fixed(a), // ONNX Runtime refuses it at run time
-                (Dim::Fixed(a), Dim::Free) | (Dim::Free, Dim::Fixed(a)) => Dim::Fixed(a),
-                (Dim::Free, Dim::Free) => Dim::Free,
+                (Dim::Fixed(a), Dim::Free(_)) | (Dim::Free(_), Dim::Fixed(a)) => Dim::Fixed(a),
+                // One size where both are known to be the same axis' size.
+                (Dim::Free(a), Dim::Free(b)) => Dim::Free(a.filter(|_| a == b)),
             };
         }
     }
@@ -148,7 +149,7 @@ pub fn show(d: Dim) -> String {
     match d {
         Dim::Fixed(v) => v.to_string(),
         Dim::Batch => "N".into(),
-        Dim::Free => "unknown".into(),
+        Dim::Free(_) => "unknown".into(),
     }
 }
 
@@ -196,11 +197,11 @@ pub fn ints_of(op: &str, ins: &[&T]) -> Option<(bool, Vec<Elem>)> {
                 }
             }
             ("Where", [c, a, b]) if a == b && !c.on_n() => *a,
-            ("Where", [c, a, b]) if !c.on_n() && !a.on_n() && !b.on_n() => Elem::Free,
+            ("Where", [c, a, b]) if !c.on_n() && !a.on_n() && !b.on_n() => Elem::Free(None),
             ("Add" | "Sub", [x, Elem::Known(0)]) | ("Add", [Elem::Known(0), x]) => *x,
             ("Mul" | "Div", [x, Elem::Known(1)]) | ("Mul", [Elem::Known(1), x]) => *x,
             (_, e) if e.iter().any(|x| x.on_n()) => Elem::OnN,
-            _ => Elem::Free,
+            _ => Elem::Free(None),
         });
     }
     Some((scalar, out))
@@ -231,7 +232,7 @@ mod tests {
         let x = rows(&[Dim::Batch, Dim::Fixed(4)]);
         let table = rows(&[Dim::Fixed(8), Dim::Fixed(4)]);
         assert!(broadcast("Add", &[&x, &table]).unwrap_err().contains("size 8 against the batch axis"));
-        let unknown = rows(&[Dim::Free, Dim::Fixed(4)]);
+        let unknown = rows(&[Dim::Free(None), Dim::Fixed(4)]);
         assert!(broadcast("Add", &[&x, &unknown]).is_err());
         let column = rows(&[Dim::Batch, Dim::Fixed(1)]);
         let line = rows(&[Dim::Fixed(1), Dim::Fixed(1), Dim::Batch]);
@@ -251,20 +252,20 @@ mod tests {
         assert_eq!(ints_of("Div", &[&eight, &four]), Some((true, vec![Elem::Rows(2)])));
         assert_eq!(ints_of("Add", &[&eight, &four]), Some((true, vec![Elem::OnN])));
         assert_eq!(ints_of("Add", &[&four, &one]), Some((true, vec![Elem::Known(5)])));
-        let v = T::ints(false, vec![Elem::Known(2), Elem::Free]);
-        assert_eq!(ints_of("Div", &[&v, &four]), Some((false, vec![Elem::Known(0), Elem::Free])));
+        let v = T::ints(false, vec![Elem::Known(2), Elem::Free(None)]);
+        assert_eq!(ints_of("Div", &[&v, &four]), Some((false, vec![Elem::Known(0), Elem::Free(None)])));
     }
 
     #[test]
     fn torchs_expand_shape_keeps_the_batch_size() {
         // Where(Equal(s, -1), ones, s) for s = [N, L]: N is never -1, L is unknown.
-        let s = T::ints(false, vec![Elem::Batch, Elem::Free]);
+        let s = T::ints(false, vec![Elem::Batch, Elem::Free(None)]);
         let minus = T::ints(false, vec![Elem::Known(-1), Elem::Known(-1)]);
         let ones = T::ints(false, vec![Elem::Known(1), Elem::Known(1)]);
         let (_, eq) = ints_of("Equal", &[&s, &minus]).unwrap();
-        assert_eq!(eq, vec![Elem::Known(0), Elem::Free]);
+        assert_eq!(eq, vec![Elem::Known(0), Elem::Free(None)]);
         let cond = T::ints(false, eq);
-        assert_eq!(ints_of("Where", &[&cond, &ones, &s]), Some((false, vec![Elem::Batch, Elem::Free])));
+        assert_eq!(ints_of("Where", &[&cond, &ones, &s]), Some((false, vec![Elem::Batch, Elem::Free(None)])));
         // A condition computed from the batch size does not choose a batch-free value.
         let on_n = T::ints(false, vec![Elem::OnN, Elem::OnN]);
         assert_eq!(ints_of("Where", &[&on_n, &ones, &s]).unwrap().1, vec![Elem::OnN, Elem::OnN]);

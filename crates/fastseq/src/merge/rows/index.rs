@@ -51,7 +51,7 @@ pub fn step(args: &Args, op: &str) -> R<Outs> {
 
 /// The batch axis first, the other axes of unknown size.
 fn keep_first(x: &T, rank: usize) -> T {
-    let mut d = vec![Dim::Free; rank];
+    let mut d = vec![Dim::Free(None); rank];
     if x.batch() == Some(0) {
         d[0] = Dim::Batch;
     }
@@ -171,7 +171,7 @@ fn one_hot(args: &Args) -> R<Outs> {
     args.setting(2, "values")?;
     let Some(dims) = dims_of(args, idx)? else { return one(T::opaque(idx.on_n)) };
     let k = axis(int_attr(args.node, "axis").unwrap_or(-1), dims.len() + 1)?;
-    let depth = args.get(1).and_then(T::known_one).map_or(Dim::Free, Dim::Fixed);
+    let depth = args.get(1).and_then(T::known_one).map_or(Dim::Free(None), Dim::Fixed);
     let mut out = dims.to_vec();
     out.insert(k, depth);
     one(T { on_n: idx.on_n, ..T::shaped(out) })
@@ -184,7 +184,7 @@ fn compress(args: &Args) -> R<Outs> {
         if x.batch().is_some() {
             return Err("Compress without an axis flattens the batch with the other axes".into());
         }
-        return one(T { on_n: x.on_n, ..T::shaped(vec![Dim::Free]) });
+        return one(T { on_n: x.on_n, ..T::shaped(vec![Dim::Free(None)]) });
     };
     let Some(dims) = dims_of(args, x)? else { return one(T::opaque(x.on_n)) };
     let k = axis(a, dims.len())?;
@@ -192,7 +192,7 @@ fn compress(args: &Args) -> R<Outs> {
         return Err("Compress drops entries of the batch axis".into());
     }
     let mut out = dims.to_vec();
-    out[k] = Dim::Free;
+    out[k] = Dim::Free(None);
     one(T { on_n: x.on_n, ..T::shaped(out) })
 }
 
@@ -221,7 +221,7 @@ fn resize(args: &Args) -> R<Outs> {
         Some(t) => t.ints.clone().filter(|e| !e.is_empty()),
         None => None,
     };
-    let mut out = vec![Dim::Free; rank];
+    let mut out = vec![Dim::Free(None); rank];
     let b = x.batch();
     if let Some(b) = b {
         out[b] = Dim::Batch;

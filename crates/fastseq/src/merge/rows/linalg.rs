@@ -82,7 +82,7 @@ fn gemm(args: &Args) -> R<Outs> {
     if args.rows() && args.ins.iter().flatten().any(|t| t.on_n) {
         return Err("Gemm multiplies the rows with a value computed from the number of rows".into());
     }
-    let pick = |t: &T, k: usize| t.dims().and_then(|d| d.get(k).copied()).unwrap_or(Dim::Free);
+    let pick = |t: &T, k: usize| t.dims().and_then(|d| d.get(k).copied()).unwrap_or(Dim::Free(None));
     let (m, ka) = if ta { (pick(a, 1), pick(a, 0)) } else { (pick(a, 0), pick(a, 1)) };
     let (kb, n) = if tb { (pick(b, 1), pick(b, 0)) } else { (pick(b, 0), pick(b, 1)) };
     if ka == Dim::Batch || kb == Dim::Batch {
@@ -189,7 +189,7 @@ fn einsum(args: &Args) -> R<Outs> {
         if Some(c) == batch {
             return Dim::Batch;
         }
-        let mut found = Dim::Free;
+        let mut found = Dim::Free(None);
         for (t, l) in ins.iter().zip(&labelled) {
             for (k, x) in l.iter().enumerate() {
                 if *x == c {
@@ -227,15 +227,15 @@ fn conv(args: &Args, op: &str, ix: usize, iw: usize, extra: &[usize]) -> R<Outs>
     let group = int_attr(args.node, "group").unwrap_or(1);
     let channels = match (op, w.first(), w.get(1)) {
         ("ConvTranspose", _, Some(Dim::Fixed(c))) => Dim::Fixed(c * group),
-        ("ConvTranspose", _, _) => Dim::Free,
+        ("ConvTranspose", _, _) => Dim::Free(None),
         (_, Some(d), _) => *d,
-        _ => Dim::Free,
+        _ => Dim::Free(None),
     };
     let kernel: Vec<Dim> = match ints_attr(args.node, "kernel_shape") {
         Some(k) => k.into_iter().map(Dim::Fixed).collect(),
         None => w.iter().skip(2).copied().collect(),
     };
-    let mut out = vec![dims.first().copied().unwrap_or(Dim::Free), channels];
+    let mut out = vec![dims.first().copied().unwrap_or(Dim::Free(None)), channels];
     out.extend(spatial(args, &dims[2.min(dims.len())..], &kernel, op == "ConvTranspose"));
     one(T { on_n: x.on_n, ..T::shaped(out) })
 }
@@ -255,10 +255,10 @@ fn spatial(args: &Args, dims: &[Dim], kernel: &[Dim], transposed: bool) -> Vec<D
             let (Dim::Fixed(d), Some(Dim::Fixed(k)), Some(&s), Some(&dl)) =
                 (dims[i], kernel.get(i), strides.get(i), dil.get(i))
             else {
-                return Dim::Free;
+                return Dim::Free(None);
             };
             if transposed || s <= 0 || pads.len() != 2 * n {
-                return Dim::Free;
+                return Dim::Free(None);
             }
             let span = (k - 1) * dl + 1;
             match auto.as_str() {
@@ -270,7 +270,7 @@ fn spatial(args: &Args, dims: &[Dim], kernel: &[Dim], transposed: bool) -> Vec<D
                         if ceil { crate::merge::rows::shape::ceil_div(total, s) } else { total.div_euclid(s) } + 1,
                     )
                 }
-                _ => Dim::Free,
+                _ => Dim::Free(None),
             }
         })
         .collect()
@@ -325,11 +325,11 @@ fn recurrent(args: &Args, op: &str) -> R<Outs> {
     } else if !args.all_fixed() {
         return Err(format!("{op} is given values computed from the number of rows"));
     }
-    let hidden = int_attr(args.node, "hidden_size").map_or(Dim::Free, Dim::Fixed);
+    let hidden = int_attr(args.node, "hidden_size").map_or(Dim::Free(None), Dim::Fixed);
     let dirs = Dim::Fixed(if str_attr(args.node, "direction").as_deref() == Some("bidirectional") { 2 } else { 1 });
     let (seq, batch) = match x.dims() {
         Some(d) if d.len() == 3 => (d[1 - xb], d[xb]),
-        _ => (Dim::Free, Dim::Free),
+        _ => (Dim::Free(None), Dim::Free(None)),
     };
     let y = if layout == 0 { vec![seq, dirs, batch, hidden] } else { vec![batch, seq, dirs, hidden] };
     let state = if layout == 0 { vec![dirs, batch, hidden] } else { vec![batch, dirs, hidden] };

@@ -58,18 +58,18 @@ pub fn step(args: &Args, op: &str) -> R<Outs> {
                 .map(|a| a.ints.len())
                 .filter(|n| *n > 0)
                 .or_else(|| attr(args.node, "cats_strings").map(|a| a.strings.len()));
-            let depth = cats.map_or(Dim::Free, |n| Dim::Fixed(n as i64));
+            let depth = cats.map_or(Dim::Free(None), |n| Dim::Fixed(n as i64));
             one(T::shaped(vec![Dim::Batch, features, depth]))
         }
         "ZipMap" => one(T::shaped(vec![Dim::Batch])),
         "LinearClassifier" | "SVMClassifier" | "TreeEnsembleClassifier" => {
             let mut outs = vec![Ok(T::shaped(vec![Dim::Batch]))];
             for _ in 1..args.outputs() {
-                outs.push(Ok(T::shaped(vec![Dim::Batch, Dim::Free])));
+                outs.push(Ok(T::shaped(vec![Dim::Batch, Dim::Free(None)])));
             }
             Ok(outs)
         }
-        _ => each(args, T::shaped(vec![Dim::Batch, Dim::Free])),
+        _ => each(args, T::shaped(vec![Dim::Batch, Dim::Free(None)])),
     }
 }
 
@@ -89,7 +89,7 @@ fn array_feature_extractor(args: &Args) -> R<Outs> {
     let lead: Vec<Dim> = if dx.len() <= 1 { vec![Dim::Fixed(1)] } else { dx[..dx.len() - 1].to_vec() };
     match (x.batch(), idx.batch()) {
         (Some(b), None) if b + 1 < dx.len() => {
-            let picked = idx.numel().map_or(Dim::Free, Dim::Fixed);
+            let picked = idx.numel().map_or(Dim::Free(None), Dim::Fixed);
             one(T::shaped(lead.into_iter().chain([picked]).collect()))
         }
         (None, Some(c)) if di.iter().enumerate().all(|(k, d)| k == c || *d == Dim::Fixed(1)) => {

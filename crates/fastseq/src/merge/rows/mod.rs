@@ -23,7 +23,7 @@ use crate::codec::proto::type_proto::Value as TypeValue;
 use crate::codec::proto::{AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, ValueInfoProto};
 use crate::merge::opsets::normalize_domain;
 use crate::merge::rows::args::Args;
-use crate::merge::rows::value::{attr, from_tensor, Dim, Val, Why, T};
+use crate::merge::rows::value::{attr, from_tensor, Dim, Sym, Val, Why, T};
 
 mod args;
 mod batch_one;
@@ -75,10 +75,10 @@ pub fn row_findings(model: &ModelProto) -> Vec<Finding> {
             scope.set(name, Val::T(T::shaped(s.dims.iter().map(|&d| Dim::Fixed(d)).collect())));
         }
     }
-    for vi in &g.input {
+    for (j, vi) in g.input.iter().enumerate() {
         let name = vi.name.clone().unwrap_or_default();
         if !scope.vars.contains_key(&name) {
-            scope.set(name, input(vi));
+            scope.set(name, input(vi, j));
         }
     }
     let mut top: Vec<(String, String)> = Vec::with_capacity(g.node.len());
@@ -110,6 +110,11 @@ pub fn row_findings(model: &ModelProto) -> Vec<Finding> {
                 at,
                 None,
                 format!("output '{name}' holds each row's place in the batch, not the row's own values"),
+            )),
+            Some(Val::T(t)) if t.flat.is_some() => Some(describe(
+                at,
+                None,
+                format!("output '{name}' holds several entries per row on its batch axis (merged with other axes)"),
             )),
             Some(Val::T(t)) => match t.batch() {
                 Some(0) if t.merged.is_some() => Some(describe(
@@ -144,8 +149,9 @@ pub fn row_findings(model: &ModelProto) -> Vec<Finding> {
     findings
 }
 
-/// A graph input: its axis 0 is the batch axis (every request's rows).
-fn input(vi: &ValueInfoProto) -> Val {
+/// A graph input (number `j`): its axis 0 is the batch axis (every request's rows); a size
+/// its other axes do not fix is known by which input and axis it is.
+fn input(vi: &ValueInfoProto, j: usize) -> Val {
     let name = vi.name.as_deref().unwrap_or("");
     let why = |reason: String| Val::Mixed(Why { node: usize::MAX, inner: None, reason });
     let Some(TypeValue::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
@@ -168,7 +174,7 @@ fn input(vi: &ValueInfoProto) -> Val {
             Some(DimValue::DimParam(p)) if Some(p.as_str()) == batch_name => {
                 return why(format!("input '{name}' has the batch size '{p}' on axis {k} too"));
             }
-            _ => Dim::Free,
+            _ => Dim::Free(u32::try_from(j).ok().zip(u32::try_from(k).ok()).map(|(input, axis)| Sym { input, axis })),
         });
     }
     Val::T(T::shaped(dims))
@@ -261,7 +267,7 @@ impl Cx<'_> {
         }
         // A row's place in the batch goes only where it indexes the row's own entries; this
         // comes before every other rule, so that none of them reads it as row-wise data.
-        if ins.iter().flatten().any(|t| t.place.is_some()) {
+        if ins.iter().flatten().any(|t| t.place.is_some() || t.flat.is_some()) {
             let outs = place::step(&Args { node, ins: &ins, opset: site.opset }, normalize_domain(domain).is_empty())
                 .map_err(Fault::Here)?;
             return Ok((0..node.output.len())
@@ -378,7 +384,11 @@ impl Cx<'_> {
             .map(|pair| match pair {
                 (Val::Mixed(w), _) | (_, Val::Mixed(w)) => Val::Mixed(w.clone()),
                 (Val::T(a), Val::T(b))
-                    if a.batch() == b.batch() && a.rank() == b.rank() && a.merged == b.merged && a.place == b.place =>
+                    if a.batch() == b.batch()
+                        && a.rank() == b.rank()
+                        && a.merged == b.merged
+                        && a.place == b.place
+                        && a.flat == b.flat =>
                 {
                     Val::T(join(a, b))
                 }
@@ -460,7 +470,7 @@ enum Fault {
 /// Two branches' values for one output: what both have in common.
 fn join(a: &T, b: &T) -> T {
     let dims = match (a.dims(), b.dims()) {
-        (Some(x), Some(y)) => Some(x.iter().zip(y).map(|(p, q)| if p == q { *p } else { Dim::Free }).collect()),
+        (Some(x), Some(y)) => Some(x.iter().zip(y).map(|(p, q)| if p == q { *p } else { Dim::Free(None) }).collect()),
         _ => None,
     };
     T {
@@ -471,7 +481,8 @@ fn join(a: &T, b: &T) -> T {
         loose: a.loose || b.loose,
         merged: a.merged,
         place: a.place, // the same in both (checked by the caller)
-        below: a.below.zip(b.below).map(|(x, y)| x.max(y)),
+        flat: a.flat,
+        below: if a.below == b.below { a.below } else { None },
     }
 }
 

@@ -64,8 +64,10 @@ fn default_domain(args: &Args, op: &str) -> R<Outs> {
             let x = args.need(0)?;
             each(args, T { dims: x.dims.clone(), on_n: x.on_n, ..T::default() })
         }
-        "Shape" | "Size" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Transpose" | "Concat" | "Split"
-        | "Slice" | "Expand" | "Tile" | "ConstantOfShape" | "Pad" => shape::step(args, op),
+        // A batch axis merged with one input axis of unknown size (BERT's flattened mask).
+        "Reshape" | "Flatten" => place::flattened(args).map_or_else(|| shape::step(args, op), one),
+        "Shape" | "Size" | "Squeeze" | "Unsqueeze" | "Transpose" | "Concat" | "Split" | "Slice" | "Expand" | "Tile"
+        | "ConstantOfShape" | "Pad" => shape::step(args, op),
         // Each row's place (a Range over the batch size) first: followed apart, as an index.
         "Range" => place::range(args).map_or_else(|| shape::step(args, op), one),
         "Gather" | "GatherElements" | "GatherND" | "ScatterElements" | "OneHot" | "Compress" | "Resize"

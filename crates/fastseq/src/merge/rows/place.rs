@@ -12,7 +12,7 @@
 //! the reason Range always had.
 use crate::merge::rows::args::{one, Args, Outs, R};
 use crate::merge::rows::elementwise::broadcast;
-use crate::merge::rows::value::{int_attr, Dim, Elem, Place, BY_PLACE, T};
+use crate::merge::rows::value::{int_attr, Dim, Elem, Place, Sym, BY_PLACE, T};
 
 /// `Range(start, limit, delta)` over the number of rows: each row's place, from 0 by 1 up to
 /// the batch size exactly. None where it is not that.
@@ -20,31 +20,80 @@ pub fn range(args: &Args) -> Option<T> {
     let known = |k: usize| args.get(k).and_then(T::known_one);
     let limit = args.get(1)?;
     let batch = limit.batch().is_none() && matches!(limit.ints.as_deref(), Some([Elem::Batch]));
+    let one_by_one = Place { stride: Elem::Known(1), within: Elem::Known(1) };
     (batch && known(0) == Some(0) && known(2) == Some(1))
-        .then(|| T { place: Some(Place { stride: 1, within: 1 }), ..T::shaped(vec![Dim::Batch]) })
+        .then(|| T { place: Some(one_by_one), ..T::shaped(vec![Dim::Batch]) })
 }
 
-/// An operator reading a value that holds the rows' places (`ins` has one, at least).
+/// `Flatten` or `Reshape(x, [-1])` of rows `x` (`[N, ...]`, one entry per row) whose other
+/// axes hold exactly one input axis of unknown size and otherwise 1s: the batch axis merged
+/// with that axis, each row's entries after the other's. None where it is not that (the
+/// shape rules say what it is).
+pub fn flattened(args: &Args) -> Option<T> {
+    let x = args.get(0)?;
+    let dims = x.dims()?;
+    if x.batch() != Some(0) || x.layout() != (1, 1) || x.on_n || x.place.is_some() || x.flat.is_some() {
+        return None;
+    }
+    let (merged, rest): (&[Dim], Vec<Dim>) = match args.op() {
+        "Flatten" => {
+            let a = usize::try_from(int_attr(args.node, "axis").unwrap_or(1)).ok().filter(|&a| a <= dims.len())?;
+            let after = dims[a..]
+                .iter()
+                .try_fold(1i64, |acc, d| if let Dim::Fixed(v) = d { acc.checked_mul(*v) } else { None });
+            (dims.get(1..a)?, vec![after.map_or(Dim::Free(None), Dim::Fixed)])
+        }
+        "Reshape" if args.get(1).and_then(T::known).as_deref() == Some(&[-1]) => (&dims[1..], vec![]),
+        _ => return None,
+    };
+    let s = one_size(merged)?;
+    Some(T { flat: Some(s), ..T::shaped([vec![Dim::Batch], rest].concat()) })
+}
+
+/// The one input axis of unknown size among `dims`, the others all 1.
+fn one_size(dims: &[Dim]) -> Option<Sym> {
+    let mut found = None;
+    for d in dims {
+        match d {
+            Dim::Fixed(1) => {}
+            Dim::Free(Some(s)) if found.is_none() => found = Some(*s),
+            _ => return None,
+        }
+    }
+    found
+}
+
+/// An operator reading a value that holds the rows' places or rows merged with an axis of
+/// unknown size (`ins` has one, at least).
 pub fn step(args: &Args, default_domain: bool) -> R<Outs> {
     let op = args.op();
-    let refused = || Err(format!("{op} reads each row's place in the batch ({BY_PLACE})"));
-    if !default_domain {
+    let refused = || {
+        if args.ins.iter().flatten().any(|t| t.place.is_some()) {
+            Err(format!("{op} reads each row's place in the batch ({BY_PLACE})"))
+        } else {
+            Err(format!("{op} reads a batch axis merged with an axis of a size that cannot be told"))
+        }
+    };
+    if !default_domain || args.ins.iter().flatten().any(|t| t.flat.is_some() && t.place.is_some()) {
         return refused();
     }
+    let flat = args.get(0).and_then(|t| t.flat);
+    let has_flat = args.ins.iter().flatten().any(|t| t.flat.is_some());
     // Shape rules read no values: they run on the same inputs, their places forgotten.
     let plain: Vec<Option<T>> = args.ins.iter().map(|t| t.clone().map(|t| T { place: None, ..t })).collect();
     let plain = Args { node: args.node, ins: &plain, opset: args.opset };
     match op {
-        "Unsqueeze" if args.get(1).is_none_or(|a| a.place.is_none()) => {
+        "Unsqueeze" if !has_flat && args.get(1).is_none_or(|a| a.place.is_none()) => {
             let place = args.need(0)?.place;
             let outs = crate::merge::rows::shape::step(&plain, op)?;
             Ok(outs.into_iter().map(|o| o.map(|t| T { place, ..t })).collect())
         }
         // Only the shape is read: the same as that of any value with a batch axis.
-        "Shape" | "Size" => crate::merge::rows::shape::step(&plain, op),
-        "Mul" => scaled(args).map_or_else(refused, one),
-        "Add" => offset(args).map_or_else(refused, one),
+        "Shape" | "Size" if !has_flat => crate::merge::rows::shape::step(&plain, op),
+        "Mul" if !has_flat => scaled(args).map_or_else(refused, one),
+        "Add" if !has_flat => offset(args).map_or_else(refused, one),
         "Gather" => gathered(args).map_or_else(refused, one),
+        "Reshape" if flat.is_some() => unflattened(args).map_or_else(refused, one),
         _ => refused(),
     }
 }
@@ -62,27 +111,40 @@ fn pair<'a>(args: &Args<'a>) -> Option<(&'a T, Place, &'a T)> {
     }
 }
 
-/// `places * c`, c a known positive integer the same for every row: the stride of the rows.
+/// `places * c`, c a known positive integer or an input's size, the same for every row: the
+/// stride of the rows.
 fn scaled(args: &Args) -> Option<T> {
     let (x, p, c) = pair(args)?;
-    let factor = c.known_one().filter(|&v| v > 0 && c.fixed())?;
-    if p.within != 1 {
+    if !c.fixed() || p.within != Elem::Known(1) {
         return None; // an offset scaled too: no longer inside a row's block
     }
-    let stride = p.stride.checked_mul(factor)?;
+    let stride = match (p.stride, c.ints.as_deref()?) {
+        (Elem::Known(a), [Elem::Known(b)]) if *b > 0 => Elem::Known(a.checked_mul(*b)?),
+        (Elem::Known(1), [size @ Elem::Free(Some(_))]) => *size,
+        _ => return None,
+    };
     let t = broadcast("Mul", &[x, c]).ok()?;
-    Some(T { place: Some(Place { stride, within: 1 }), ..T::shaped(t.dims?) })
+    Some(T { place: Some(Place { stride, within: Elem::Known(1) }), ..T::shaped(t.dims?) })
 }
 
 /// `places + k`, every k in `[0, stride)`: an entry inside the row's own block.
 fn offset(args: &Args) -> Option<T> {
     let (x, p, k) = pair(args)?;
-    let bound = k.below.filter(|&b| k.fixed() && b <= p.stride)?;
-    if p.within != 1 {
+    let bound = k.below.filter(|&b| k.fixed() && at_most(b, p.stride))?;
+    if p.within != Elem::Known(1) {
         return None;
     }
     let t = broadcast("Add", &[x, k]).ok()?;
     Some(T { place: Some(Place { stride: p.stride, within: bound }), ..T::shaped(t.dims?) })
+}
+
+/// Whether `a <= b` for certain: two known numbers, or one input's size twice.
+fn at_most(a: Elem, b: Elem) -> bool {
+    match (a, b) {
+        (Elem::Known(x), Elem::Known(y)) => x <= y,
+        (Elem::Free(Some(s)), Elem::Free(Some(t))) => s == t,
+        _ => false,
+    }
 }
 
 /// `Gather(data, places, axis=0)`, the data's batch axis holding `stride` entries per row in
@@ -93,12 +155,52 @@ fn gathered(args: &Args) -> Option<T> {
     let p = idx.place?;
     let a = int_attr(args.node, "axis").unwrap_or(0);
     let dd = data.dims()?;
-    let own_block = data.batch() == Some(0) && data.layout() == (1, p.stride) && (a == 0 || a == -(dd.len() as i64));
-    if data.place.is_some() || data.on_n || idx.on_n || !own_block || p.within > p.stride {
+    let per_row = match (data.flat, data.layout()) {
+        (Some(s), (1, 1)) => Elem::Free(Some(s)),
+        (None, (1, inner)) => Elem::Known(inner),
+        _ => return None,
+    };
+    let axis0 = a == 0 || a == -(dd.len() as i64);
+    if data.batch() != Some(0) || !axis0 || data.place.is_some() || data.on_n || idx.on_n || idx.flat.is_some() {
+        return None;
+    }
+    if p.stride != per_row || !at_most(p.within, p.stride) {
         return None;
     }
     let dims: Vec<Dim> = idx.dims()?.iter().chain(&dd[1..]).copied().collect();
     Some(T::shaped(dims))
+}
+
+/// `Reshape` of rows merged with an input axis of unknown size back to `[N, ...]`, the axes
+/// after the batch holding exactly that size (1s, and that size or one -1).
+fn unflattened(args: &Args) -> Option<T> {
+    let (x, target) = (args.get(0)?, args.get(1)?);
+    let s = x.flat?;
+    let xdims = x.dims()?;
+    if xdims.first() != Some(&Dim::Batch) || xdims[1..].iter().any(|d| *d != Dim::Fixed(1)) {
+        return None;
+    }
+    if target.batch().is_some() || target.on_n && target.ints.is_none() || target.place.is_some() {
+        return None;
+    }
+    let elems = target.ints.as_deref()?;
+    let (first, rest) = elems.split_first()?;
+    if *first != Elem::Batch || int_attr(args.node, "allowzero").unwrap_or(0) == 1 {
+        return None;
+    }
+    let mut dims = vec![Dim::Batch];
+    let mut seen = false;
+    for e in rest {
+        dims.push(match e {
+            Elem::Known(1) => Dim::Fixed(1),
+            Elem::Known(-1) | Elem::Free(Some(_)) if !seen && (*e == Elem::Known(-1) || *e == Elem::Free(Some(s))) => {
+                seen = true;
+                Dim::Free(Some(s))
+            }
+            _ => return None,
+        });
+    }
+    seen.then(|| T::shaped(dims))
 }
 
 #[cfg(test)]
@@ -131,9 +233,11 @@ mod tests {
     }
 
     /// transformers' padding mask, `flat[b * L + k]` over `x` of `[N, seq]`, row by row equal
-    /// to `x`; `change` rewrites one node (by its output) to make a variant.
-    fn mask(seq: &str, change: impl Fn(&mut NodeProto)) -> Vec<String> {
+    /// to `x`; `change` edits the nodes to make a variant.
+    fn mask(seq: &str, change: impl Fn(&mut Vec<NodeProto>)) -> Vec<String> {
         let mut nodes = vec![
+            n("Shape", &["w"], "ws", None),
+            n("Gather", &["ws", "one"], "wlen", Some(0)),
             n("Shape", &["x"], "s", None),
             n("Gather", &["s", "zero"], "rows", Some(0)),
             n("Gather", &["s", "one"], "len", Some(0)),
@@ -147,13 +251,13 @@ mod tests {
             n("Gather", &["flat", "idx"], "g", Some(0)),
             n("Squeeze", &["g", "axis2"], "y", None),
         ];
-        nodes.iter_mut().for_each(&change);
+        change(&mut nodes);
         let m = ModelProto {
             ir_version: Some(8),
             opset_import: crate::codec::testing::opset17(),
             graph: Some(GraphProto {
                 node: nodes.iter().map(crate::codec::node::encode).collect(),
-                input: vec![vi("x", &["N", seq])],
+                input: vec![vi("x", &["N", seq]), vi("w", &["N", seq])],
                 output: vec![vi("y", &["N", seq])],
                 initializer: vec![
                     ints("zero", &[0], true),
@@ -163,6 +267,7 @@ mod tests {
                     ints("axis0", &[0], false),
                     ints("axis1", &[1], false),
                     ints("axis2", &[2], false),
+                    ints("minus1", &[-1], false),
                     ints("table", &[0; 64], false),
                 ],
                 ..Default::default()
@@ -172,65 +277,72 @@ mod tests {
         row_findings(&m).into_iter().map(|f| format!("{}: {}", f.op_type, f.reason)).collect()
     }
 
-    fn set(out: &'static str, ins: &'static [&'static str]) -> impl Fn(&mut NodeProto) {
-        move |node| {
-            if node.output[0] == out {
+    /// Sets the inputs of the node writing `out`.
+    fn set(out: &'static str, ins: &'static [&'static str]) -> impl Fn(&mut Vec<NodeProto>) {
+        move |nodes| {
+            for node in nodes.iter_mut().filter(|node| node.output[0] == out) {
                 node.input = ins.iter().map(|s| s.to_string()).collect();
             }
         }
     }
 
+    /// Replaces the last node (writing `y`) with `last`.
+    fn ending(last: NodeProto) -> impl Fn(&mut Vec<NodeProto>) {
+        move |nodes| *nodes.last_mut().expect("nodes") = last.clone()
+    }
+
     #[test]
     fn each_row_indexing_its_own_entries_by_its_place_keeps_the_rows_apart() {
         assert_eq!(mask("12", |_| ()), Vec::<String>::new());
+        // An input's size, read with Shape, is one size wherever it is read.
+        assert_eq!(mask("L", |_| ()), Vec::<String>::new());
+        // Through Reshape(g, [-1]) and back to the indices' shape, as transformers does.
+        let back = |nodes: &mut Vec<NodeProto>| {
+            nodes.pop();
+            nodes.push(n("Reshape", &["g", "minus1"], "g1", None));
+            nodes.push(n("Shape", &["idx"], "ishape", None));
+            nodes.push(n("Reshape", &["g1", "ishape"], "y", None));
+        };
+        assert_eq!(mask("L", back), Vec::<String>::new());
+        assert_eq!(mask("12", back), Vec::<String>::new());
     }
 
     #[test]
     fn a_place_used_any_other_way_is_refused() {
         let refused = |found: Vec<String>, at: &str| {
-            assert!(
-                found.len() == 1 && found[0].starts_with(at) && found[0].contains(crate::merge::rows::value::BY_PLACE),
-                "{found:?}"
-            );
+            assert!(found.len() == 1 && found[0].starts_with(at), "{found:?}");
         };
-        // A sequence length the graph does not fix: the stride cannot be shown to be the
-        // flattened rows' size (the first refusal reached is the Flatten's).
-        let found = mask("L", |_| ());
-        assert!(found.len() == 1 && found[0].starts_with("Flatten"), "{found:?}");
+        let by_place = |found: Vec<String>, at: &str| {
+            assert!(found.len() == 1 && found[0].contains(crate::merge::rows::value::BY_PLACE), "{found:?}");
+            refused(found, at);
+        };
+        // Another input's size, however named: not known to be the same size.
+        by_place(mask("L", set("k", &["zero", "wlen", "one"])), "Add");
+        let other = |nodes: &mut Vec<NodeProto>| {
+            set("bs", &["b1", "wlen"])(nodes);
+            set("k", &["zero", "wlen", "one"])(nodes);
+        };
+        by_place(mask("L", other), "Gather");
         // A stride other than the entries per row, or offsets past it, read the next row.
-        refused(mask("12", set("bs", &["b1", "eleven"])), "Add");
-        let eleven = |node: &mut NodeProto| {
-            set("bs", &["b1", "eleven"])(node);
-            set("k", &["zero", "eleven", "one"])(node);
+        by_place(mask("12", set("bs", &["b1", "eleven"])), "Add");
+        let eleven = |nodes: &mut Vec<NodeProto>| {
+            set("bs", &["b1", "eleven"])(nodes);
+            set("k", &["zero", "eleven", "one"])(nodes);
         };
-        refused(mask("12", eleven), "Gather");
-        refused(mask("12", set("k", &["zero", "thirteen", "one"])), "Add");
+        by_place(mask("12", eleven), "Gather");
+        by_place(mask("12", set("k", &["zero", "thirteen", "one"])), "Add");
         // Places counted from 1, or offsets scaled with them.
-        refused(mask("12", set("b", &["one", "rows", "one"])), "Range");
-        refused(
-            mask("12", |node| {
-                if node.output[0] == "y" {
-                    *node = n("Mul", &["idx", "len"], "y", None)
-                }
-            }),
-            "Mul",
-        );
+        by_place(mask("12", set("b", &["one", "rows", "one"])), "Range");
+        by_place(mask("12", ending(n("Mul", &["idx", "len"], "y", None))), "Mul");
         // Places as data, or looking up a table that is the same for every row.
-        refused(mask("12", set("g", &["table", "idx"])), "Gather");
-        refused(
-            mask("12", |node| {
-                if node.output[0] == "y" {
-                    *node = n("Cast", &["idx"], "y", None)
-                }
-            }),
-            "Cast",
-        );
+        by_place(mask("12", set("g", &["table", "idx"])), "Gather");
+        by_place(mask("12", ending(n("Cast", &["idx"], "y", None))), "Cast");
+        // Rows merged with an unknown size, read as anything but an index's source or
+        // Reshaped back to other than that size.
+        refused(mask("L", ending(n("Reshape", &["flat", "minus1"], "y", None))), "Reshape");
+        refused(mask("L", ending(n("Neg", &["flat"], "y", None))), "Neg");
         // Places kept as an output.
-        let found = mask("12", |node| {
-            if node.output[0] == "y" {
-                *node = n("Identity", &["idx"], "y", None)
-            }
-        });
+        let found = mask("12", ending(n("Identity", &["idx"], "y", None)));
         assert!(found.iter().any(|f| f.contains("place")), "{found:?}");
     }
 }

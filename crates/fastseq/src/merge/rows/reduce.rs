@@ -197,7 +197,7 @@ fn topk(args: &Args) -> R<Outs> {
     }
     let kk = int_attr(args.node, "k").or_else(|| args.get(1).and_then(T::known_one));
     let mut out = dims.to_vec();
-    out[k] = kk.map_or(Dim::Free, Dim::Fixed);
+    out[k] = kk.map_or(Dim::Free(None), Dim::Fixed);
     each(args, T { on_n: x.on_n, ..T::shaped(out) })
 }
 

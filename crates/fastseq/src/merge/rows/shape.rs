@@ -57,7 +57,7 @@ fn elems(args: &Args, k: usize, what: &str) -> R<Vec<Elem>> {
 fn dim_of(e: Elem) -> R<Dim> {
     match e {
         Elem::Known(v) => Ok(Dim::Fixed(v)),
-        Elem::Free => Ok(Dim::Free),
+        Elem::Free(s) => Ok(Dim::Free(s)),
         Elem::Batch => Ok(Dim::Batch),
         Elem::Rows(_) | Elem::OnN => Err("computed from the number of rows".into()),
     }
@@ -68,12 +68,12 @@ fn product(dims: &[Dim]) -> Option<i64> {
 }
 
 fn product_dim(dims: &[Dim]) -> Dim {
-    product(dims).map_or(Dim::Free, Dim::Fixed)
+    product(dims).map_or(Dim::Free(None), Dim::Fixed)
 }
 
 fn shape(args: &Args) -> R<Outs> {
     let x = args.need(0)?;
-    let Some(dims) = x.dims() else { return one(T::shaped(vec![Dim::Free])) };
+    let Some(dims) = x.dims() else { return one(T::shaped(vec![Dim::Free(None)])) };
     let r = dims.len() as i64;
     let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
     let start = clamp(int_attr(args.node, "start").unwrap_or(0));
@@ -84,7 +84,7 @@ fn shape(args: &Args) -> R<Outs> {
         .map(|d| match d {
             Dim::Fixed(v) => Elem::Known(*v),
             Dim::Batch => outer.checked_mul(inner).map_or(Elem::OnN, Elem::rows),
-            Dim::Free => Elem::Free,
+            Dim::Free(s) => Elem::Free(*s),
         })
         .collect();
     one(T::ints(false, elems))
@@ -92,7 +92,7 @@ fn shape(args: &Args) -> R<Outs> {
 
 fn size(args: &Args) -> R<Outs> {
     let x = args.need(0)?;
-    let e = if x.batch().is_some() { Elem::OnN } else { x.numel().map_or(Elem::Free, Elem::Known) };
+    let e = if x.batch().is_some() { Elem::OnN } else { x.numel().map_or(Elem::Free(None), Elem::Known) };
     one(T::ints(true, vec![e]))
 }
 
@@ -106,7 +106,7 @@ fn reshape(args: &Args) -> R<Outs> {
                 let rank = args.get(1).and_then(T::numel);
                 return one(T {
                     on_n: x.on_n,
-                    ..rank.map_or_else(|| T::opaque(false), |n| T::shaped(vec![Dim::Free; n as usize]))
+                    ..rank.map_or_else(|| T::opaque(false), |n| T::shaped(vec![Dim::Free(None); n as usize]))
                 });
             }
             _ => {
@@ -203,7 +203,7 @@ fn reshape(args: &Args) -> R<Outs> {
         .iter()
         .map(|w| match w {
             Some(Want::Size(d)) => *d,
-            _ => Dim::Free,
+            _ => Dim::Free(None),
         })
         .collect();
     dims[at] = Dim::Batch;
@@ -236,7 +236,7 @@ fn reshape_fixed(x: &T, xdims: Option<&[Dim]>, target: &[Elem], allowzero: bool)
     let mut want: Vec<Option<Dim>> = Vec::with_capacity(target.len());
     for (k, e) in target.iter().enumerate() {
         want.push(match e {
-            Elem::Known(0) if !allowzero => Some(xdims.and_then(|d| d.get(k)).copied().unwrap_or(Dim::Free)),
+            Elem::Known(0) if !allowzero => Some(xdims.and_then(|d| d.get(k)).copied().unwrap_or(Dim::Free(None))),
             Elem::Known(-1) => None,
             Elem::Batch | Elem::Rows(_) => {
                 return Err("Reshape spreads a value without a batch axis over the batch axis".into())
@@ -244,7 +244,7 @@ fn reshape_fixed(x: &T, xdims: Option<&[Dim]>, target: &[Elem], allowzero: bool)
             e => Some(dim_of(*e).map_err(|_| "Reshape gives a value a shape computed from the number of rows")?),
         });
     }
-    let mut t = T::shaped(want.iter().map(|d| d.unwrap_or(Dim::Free)).collect());
+    let mut t = T::shaped(want.iter().map(|d| d.unwrap_or(Dim::Free(None))).collect());
     if let (Some(d), Some(n)) = (want.iter().position(Option::is_none), x.numel()) {
         let rest: Vec<Dim> = want.iter().flatten().copied().collect();
         if let Some(p) = product(&rest).filter(|p| *p > 0) {
@@ -267,7 +267,7 @@ fn show_target(target: &[Elem]) -> String {
         .iter()
         .map(|e| match e {
             Elem::Known(v) => v.to_string(),
-            Elem::Free => "?".into(),
+            Elem::Free(_) => "?".into(),
             Elem::Batch => "N".into(),
             Elem::Rows(c) => format!("N*{c}"),
             Elem::OnN => "f(N)".into(),
@@ -278,7 +278,7 @@ fn show_target(target: &[Elem]) -> String {
 
 fn flatten(args: &Args) -> R<Outs> {
     let x = args.need(0)?;
-    let Some(dims) = dims_of(args, x)? else { return one(T { on_n: x.on_n, ..T::shaped(vec![Dim::Free; 2]) }) };
+    let Some(dims) = dims_of(args, x)? else { return one(T { on_n: x.on_n, ..T::shaped(vec![Dim::Free(None); 2]) }) };
     let r = dims.len() as i64;
     let a = int_attr(args.node, "axis").unwrap_or(1);
     let a = if a < 0 { a + r } else { a };
@@ -317,7 +317,7 @@ fn squeeze(args: &Args) -> R<Outs> {
             if x.batch().is_some() {
                 return Err("Squeeze without axes removes the batch axis of a batch of one row".into());
             }
-            if dims.contains(&Dim::Free) {
+            if dims.iter().any(|d| matches!(d, Dim::Free(_))) {
                 return one(T::opaque(x.on_n));
             }
             (0..dims.len()).filter(|&k| dims[k] == Dim::Fixed(1)).collect()
@@ -341,8 +341,9 @@ fn unsqueeze(args: &Args) -> R<Outs> {
     let mut new = axes(&list, rank)?;
     new.sort_unstable();
     let mut rest = dims.iter();
-    let out =
-        (0..rank).map(|k| if new.contains(&k) { Dim::Fixed(1) } else { *rest.next().unwrap_or(&Dim::Free) }).collect();
+    let out = (0..rank)
+        .map(|k| if new.contains(&k) { Dim::Fixed(1) } else { *rest.next().unwrap_or(&Dim::Free(None)) })
+        .collect();
     // Unsqueeze moves no value: bounds stay.
     one(T { on_n: x.on_n, below: x.below, ..T::shaped(out) })
 }
@@ -372,7 +373,7 @@ fn concat(args: &Args) -> R<Outs> {
                 .iter()
                 .map(|t| match (&t.ints, t.numel()) {
                     (Some(e), _) if t.rank() == Some(1) => Some(e.clone()),
-                    (None, Some(n)) if t.rank() == Some(1) && !t.on_n => Some(vec![Elem::Free; n as usize]),
+                    (None, Some(n)) if t.rank() == Some(1) && !t.on_n => Some(vec![Elem::Free(None); n as usize]),
                     _ => None,
                 })
                 .collect();
@@ -384,7 +385,7 @@ fn concat(args: &Args) -> R<Outs> {
         let k = axis(a, first.len())?;
         let mut out = first.to_vec();
         let along: Vec<Dim> =
-            ins.iter().map(|t| t.dims().and_then(|d| d.get(k).copied()).unwrap_or(Dim::Free)).collect();
+            ins.iter().map(|t| t.dims().and_then(|d| d.get(k).copied()).unwrap_or(Dim::Free(None))).collect();
         out[k] = product_sum(&along);
         return one(T { on_n, ..T::shaped(out) });
     }
@@ -409,7 +410,7 @@ fn concat(args: &Args) -> R<Outs> {
 fn product_sum(dims: &[Dim]) -> Dim {
     dims.iter()
         .try_fold(0i64, |acc, d| if let Dim::Fixed(v) = d { acc.checked_add(*v) } else { None })
-        .map_or(Dim::Free, Dim::Fixed)
+        .map_or(Dim::Free(None), Dim::Fixed)
 }
 
 fn split(args: &Args) -> R<Outs> {
@@ -424,7 +425,7 @@ fn split(args: &Args) -> R<Outs> {
     let mut outs = Vec::new();
     for o in 0..args.outputs() {
         let mut d = dims.to_vec();
-        d[k] = sizes.as_ref().and_then(|s| s.get(o)).map_or(Dim::Free, |&v| Dim::Fixed(v));
+        d[k] = sizes.as_ref().and_then(|s| s.get(o)).map_or(Dim::Free(None), |&v| Dim::Fixed(v));
         outs.push(Ok(T { on_n: x.on_n, ..T::shaped(d) }));
     }
     if sizes.is_none() {
@@ -454,7 +455,7 @@ fn slice(args: &Args) -> R<Outs> {
         if x.batch().is_none() {
             return one(T {
                 on_n: x.on_n || !args.all_fixed(),
-                ..x.rank().map_or_else(|| T::opaque(false), |r| T::shaped(vec![Dim::Free; r]))
+                ..x.rank().map_or_else(|| T::opaque(false), |r| T::shaped(vec![Dim::Free(None); r]))
             });
         }
         return Err("Slice takes bounds that cannot be told".into());
@@ -487,7 +488,7 @@ fn slice(args: &Args) -> R<Outs> {
         }
         out[k] = match (dims[k], s, e) {
             (Dim::Fixed(n), Elem::Known(s), Elem::Known(e)) => Dim::Fixed(slice_len(n, s, e, step)),
-            _ => Dim::Free,
+            _ => Dim::Free(None),
         };
         if let (Some(list), Elem::Known(s), Elem::Known(e)) = (ints.as_mut(), s, e) {
             if rank == 1 && step > 0 {
@@ -573,7 +574,7 @@ fn tile(args: &Args) -> R<Outs> {
                 return Err("Tile repeats a value a number of times computed from the number of rows".into())
             }
             (Dim::Fixed(n), Elem::Known(k)) => Dim::Fixed(n * k),
-            _ => Dim::Free,
+            _ => Dim::Free(None),
         });
     }
     if out.iter().filter(|d| **d == Dim::Batch).count() > 1 {
@@ -596,7 +597,7 @@ fn constant_of_shape(args: &Args) -> R<Outs> {
             one(t)
         }
         None if input.fixed() => {
-            one(input.numel().map_or_else(|| T::opaque(false), |n| T::shaped(vec![Dim::Free; n as usize])))
+            one(input.numel().map_or_else(|| T::opaque(false), |n| T::shaped(vec![Dim::Free(None); n as usize])))
         }
         None => Err("ConstantOfShape makes a value whose shape is computed from the batch".into()),
     }
@@ -620,14 +621,21 @@ fn range(args: &Args) -> R<Outs> {
         if *delta != 0 {
             let n = ((limit - start) as f64 / *delta as f64).ceil().max(0.0) as i64;
             // Counting up from 0 or more: every value lies below the limit.
-            let below = (*start >= 0 && *delta > 0 && n > 0).then_some(*limit);
+            let below = (*start >= 0 && *delta > 0 && n > 0).then_some(Elem::Known(*limit));
             if n <= 4096 {
                 return one(T { below, ..T::ints(false, (0..n).map(|i| Elem::Known(start + i * delta)).collect()) });
             }
             return one(T { below, ..T::shaped(vec![Dim::Fixed(n)]) });
         }
     }
-    one(T::shaped(vec![Dim::Free]))
+    // 0, 1, ... up to an input's size: as many values as that size, each below it.
+    let known = |k: usize| args.get(k).and_then(T::known_one);
+    if let (Some(0), Some(1), Some([Elem::Free(Some(s))])) =
+        (known(0), known(2), args.get(1).and_then(|t| t.ints.as_deref()))
+    {
+        return one(T { below: Some(Elem::Free(Some(*s))), ..T::shaped(vec![Dim::Free(Some(*s))]) });
+    }
+    one(T::shaped(vec![Dim::Free(None)]))
 }
 
 fn pad(args: &Args) -> R<Outs> {
@@ -650,7 +658,7 @@ fn pad(args: &Args) -> R<Outs> {
         if x.batch().is_some() {
             return Err("Pad takes pads that cannot be told".into());
         }
-        return one(T { on_n: x.on_n, ..T::shaped(vec![Dim::Free; dims.len()]) });
+        return one(T { on_n: x.on_n, ..T::shaped(vec![Dim::Free(None); dims.len()]) });
     };
     let mut out = dims.to_vec();
     for (i, &k) in which.iter().enumerate() {
@@ -666,7 +674,7 @@ fn pad(args: &Args) -> R<Outs> {
         }
         out[k] = match (dims[k], b, e) {
             (Dim::Fixed(n), Elem::Known(b), Elem::Known(e)) => Dim::Fixed(n + b + e),
-            _ => Dim::Free,
+            _ => Dim::Free(None),
         };
     }
     one(T { on_n: x.on_n, ..T::shaped(out) })

@@ -11,16 +11,26 @@ pub enum Dim {
     /// The batch axis: one entry per row of the batch, each computed from that row alone.
     Batch,
     /// A size the graph does not tell, but the same whatever the batch (it follows the
-    /// inputs' other axes, which every request of one batch shares).
-    Free,
+    /// inputs' other axes, which every request of one batch shares); `Some`: known to be the
+    /// size of that axis of a graph input, so that two of them with one [`Sym`] are one size.
+    Free(Option<Sym>),
+}
+
+/// Which size an unknown size is: axis `axis` of graph input number `input` (one request's,
+/// the same for every request of a batch, which the batcher joins only when their other axes
+/// agree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sym {
+    pub input: u32,
+    pub axis: u32,
 }
 
 /// One element of a small integer tensor: what shape arithmetic computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Elem {
     Known(i64),
-    /// Not known, but the same whatever the batch.
-    Free,
+    /// Not known, but the same whatever the batch; `Some`: the size of that input axis.
+    Free(Option<Sym>),
     /// Exactly the number of rows.
     Batch,
     /// The number of rows times this (> 1): the size of a batch axis merged with other
@@ -75,8 +85,12 @@ pub struct T {
     pub merged: Option<(i64, i64)>,
     /// Each row's place in the batch, used as an index (the `place` rules).
     pub place: Option<Place>,
-    /// Every value of this integer tensor lies in `[0, below)` (a Range's, through Unsqueeze).
-    pub below: Option<i64>,
+    /// Every value of this integer tensor lies in `[0, below)`, `below` a known number or
+    /// an input's size (a Range's, through Unsqueeze).
+    pub below: Option<Elem>,
+    /// A batch axis merged with an axis of unknown size: each row's entries, as many as that
+    /// size, one row after the other (`Flatten` of `[N, L]`); read by the `place` rules only.
+    pub flat: Option<Sym>,
 }
 
 /// Why a value holding the rows' places is refused wherever it is not an index into the
@@ -84,11 +98,12 @@ pub struct T {
 pub const BY_PLACE: &str = "its values depend on each row's place";
 
 /// The values of a tensor with a batch axis that index a batch laid out one row after the
-/// other: row `b`'s values are `b * stride + k`, `0 <= k < within`.
+/// other: row `b`'s values are `b * stride + k`, `0 <= k < within`; each a known number or an
+/// input's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Place {
-    pub stride: i64,
-    pub within: i64,
+    pub stride: Elem,
+    pub within: Elem,
 }
 
 impl T {
