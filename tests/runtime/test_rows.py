@@ -363,7 +363,7 @@ MIXING = {
         ),
         "loop",
         "Loop",
-        "runs a subgraph over values of the batch",
+        "leaves the batch axis of output 'y' on axis 1",  # each step's rows stacked before them
     ),
     "an If on the number of rows": (
         x_to_y(
@@ -553,6 +553,90 @@ def padding_mask_model(stride=None, seq=6):
     )
 
 
+def _body(nodes, inputs, outputs):
+    return helper.make_graph(
+        nodes,
+        "body",
+        # A Loop's iteration and condition are scalars (ONNX Runtime wants their shapes).
+        [helper.make_tensor_value_info(n, t, [] if t != F else None) for n, t in inputs],
+        [helper.make_tensor_value_info(n, t, None) for n, t in outputs],
+    )
+
+
+def test_loops_and_scans_whose_steps_keep_the_rows_apart_are_batched():
+    """Issue 41: a Loop of a fixed number of steps carrying rows (h = tanh(h @ w) three times,
+    each step's h stacked too) and a Scan along the time axis of [N, T, 4] (a running sum per
+    row): followed step by step and batched, each caller's answer its rows alone."""
+    w = np.random.default_rng(1).random((4, 4)).astype(np.float32)
+    step = _body(
+        [
+            node("MatMul", ["h", "w"], ["m"], "m"),
+            node("Tanh", ["m"], ["h2"], "t"),
+            node("Identity", ["c"], ["c2"], "c"),
+        ],
+        [("i", I64), ("c", TensorProto.BOOL), ("h", F)],
+        [("c2", TensorProto.BOOL), ("h2", F), ("h2", F)],
+    )
+    looped = model(
+        [node("Loop", ["three", "", "x"], ["y", "steps"], "loop", body=step)],
+        [("x", F, ["N", 4])],
+        [("y", F, ["N", 4])],
+        {"three": np.int64(3), "w": w},
+    )
+    pipe = fastseq.ONNXSequential(looped)
+    pipe.check_rows()
+    same_as_alone(pipe, [rows((4,), k) for k in range(6)])
+    running = _body(
+        [node("Add", ["s", "xt"], ["s2"], "add"), node("Identity", ["s2"], ["each"], "each")],
+        [("s", F), ("xt", F)],
+        [("s2", F), ("each", F)],
+    )
+    scanned = model(
+        [
+            node("ReduceSum", ["x", "ax"], ["zero"], "zero", keepdims=0),
+            node("Mul", ["zero", "nought"], ["s0"], "s0"),
+            node("Scan", ["s0", "x"], ["y", "all"], "scan", body=running, num_scan_inputs=1, scan_input_axes=[1]),
+        ],
+        [("x", F, ["N", "T", 4])],
+        [("y", F, ["N", 4])],
+        {"ax": np.array([1]), "nought": np.float32(0)},
+    )
+    pipe = fastseq.ONNXSequential(scanned)
+    pipe.check_rows()
+    inputs = [rows((5, 4), k) for k in range(6)]
+    same_as_alone(pipe, inputs)
+    np.testing.assert_allclose(pipe(inputs[1])[0], inputs[1].sum(axis=1), rtol=1e-5)
+
+
+def test_a_loop_stopped_by_its_rows_or_a_scan_along_the_batch_is_refused():
+    """A Loop whose body's condition is read from the rows stops for all rows at one row's
+    say; a Scan along the batch axis carries each row into the next: refused, named."""
+    step = _body(
+        [
+            node("Add", ["h", "one"], ["h2"], "inc"),
+            node("ReduceSum", ["h2", "ax"], ["total"], "total", keepdims=0),
+            node("Less", ["total", "ten"], ["c2"], "while_small"),
+        ],
+        [("i", I64), ("c", TensorProto.BOOL), ("h", F)],
+        [("c2", TensorProto.BOOL), ("h2", F)],
+    )
+    looped = model(
+        [node("Loop", ["", "yes", "x"], ["y"], "loop", body=step)],
+        [("x", F, ["N", 4])],
+        [("y", F, ["N", 4])],
+        {"yes": np.array(True), "one": np.float32(1), "ten": np.float32(10), "ax": np.array([0, 1])},
+    )
+    assert "node 'loop' (Loop)" in refusal(fastseq.ONNXSequential(looped))
+    running = _body([node("Add", ["s", "xt"], ["s2"], "add")], [("s", F), ("xt", F)], [("s2", F)])
+    scanned = model(
+        [node("Scan", ["s0", "x"], ["y"], "scan", body=running, num_scan_inputs=1)],
+        [("x", F, ["N", 4])],
+        [("y", F, [4])],
+        {"s0": np.zeros(4, np.float32)},
+    )
+    assert "Scan steps along the batch axis" in refusal(fastseq.ONNXSequential(scanned))
+
+
 @pytest.mark.parametrize("seq", [6, "L"], ids=["fixed-length", "dynamic-length"])
 def test_a_padding_mask_read_by_each_rows_place_is_batched_and_each_row_reads_its_own(seq):
     """Issue 41: BERT and DistilBERT (transformers 5) index a flattened mask by each row's
@@ -698,14 +782,16 @@ def test_scikit_learn_models_are_batched(name, zipmap):
 
 
 def test_k_nearest_neighbours_scan_is_refused_conservatively():
-    """KNN's distances run in a Scan: subgraphs over values of the batch are not followed."""
+    """KNN's distances run in a Scan over the training rows, the queries carried unchanged:
+    followed; its ArrayFeatureExtractor, which picks labels by indices of several entries per
+    row, is not, so the classifier stays refused (unsure means refused)."""
     skl2onnx = pytest.importorskip("skl2onnx")
     from sklearn.datasets import load_iris
     from sklearn.neighbors import KNeighborsClassifier
 
     x, y = load_iris(return_X_y=True)
     onx = skl2onnx.to_onnx(KNeighborsClassifier(3).fit(x, y), x[:1].astype(np.float32), target_opset=17)
-    assert "(Scan): Scan runs a subgraph over values of the batch" in refusal(fastseq.ONNXSequential(onx))
+    assert "(ArrayFeatureExtractor): ArrayFeatureExtractor flattens indices" in refusal(fastseq.ONNXSequential(onx))
 
 
 def test_row_wise_operators_of_each_kind_are_followed():

@@ -10,7 +10,8 @@
 //! size as data, makes its outputs "mixed" ([`value::Val::Mixed`]), with the reason; so does
 //! any operator the table ([`ops`]) does not know, unless none of its inputs depends on the
 //! batch. Model-local functions are followed into; `If` branches are followed when the
-//! condition does not depend on the batch; `Loop` and `Scan` over batch values are refused.
+//! condition does not depend on the batch; `Loop` and `Scan` bodies step by step where the
+//! rows stay apart from one step to the next (`loops`).
 //! The graph's rows are independent when every output is row-wise with its batch axis at 0.
 //!
 //! Conservative by design: a false "independent" would silently compute wrong results, a
@@ -30,6 +31,7 @@ mod batch_one;
 mod elementwise;
 mod index;
 mod linalg;
+mod loops;
 mod ml;
 mod ops;
 mod place;
@@ -291,9 +293,15 @@ impl Cx<'_> {
         if op == "If" && normalize_domain(domain).is_empty() {
             return self.if_node(node, at, &ins, scope, site);
         }
+        if op == "Loop" && normalize_domain(domain).is_empty() {
+            return self.loop_node(node, at, &ins, scope, site);
+        }
+        if op == "Scan" && normalize_domain(domain).is_empty() {
+            return self.scan_node(node, at, &ins, scope, site);
+        }
         if !graphs.is_empty() {
-            // Loop, Scan and other holders of subgraphs: harmless only on values that do not
-            // depend on the batch, theirs and those their subgraphs read from outside.
+            // Other holders of subgraphs (other domains' ops): harmless only on values that do
+            // not depend on the batch, theirs and those their subgraphs read from outside.
             let mut free = Vec::new();
             for g in &graphs {
                 free_names(g, &mut free);
@@ -403,12 +411,21 @@ impl Cx<'_> {
 
     /// The nodes of a subgraph, read in `scope` (whose parent is the enclosing scope).
     fn graph(&self, g: &GraphProto, scope: &mut Scope, site: &Site) {
-        for t in &g.initializer {
-            scope.set(t.name.clone().unwrap_or_default(), Val::T(from_tensor(t)));
-        }
         for vi in &g.input {
-            // Subgraph inputs (Loop and Scan bodies) are not reached: If has none.
+            // If's branches have none; Loop and Scan bodies are given theirs (loops.rs).
             scope.set(vi.name.clone().unwrap_or_default(), Val::T(T::opaque(false)));
+        }
+        self.graph_nodes(g, scope, site);
+    }
+
+    /// A subgraph's weights and nodes, its inputs already in `scope` (an input overrides a
+    /// weight of its name, its default).
+    fn graph_nodes(&self, g: &GraphProto, scope: &mut Scope, site: &Site) {
+        for t in &g.initializer {
+            let name = t.name.clone().unwrap_or_default();
+            if !scope.vars.contains_key(&name) {
+                scope.set(name, Val::T(from_tensor(t)));
+            }
         }
         for (k, raw) in g.node.iter().enumerate() {
             // Checked when the model was decoded: a node that does not decode is not reached.
