@@ -678,6 +678,125 @@ def test_a_mask_read_at_another_stride_is_refused_and_would_mix_the_rows():
     assert not np.array_equal(together, alone)
 
 
+def _stride_model(stride_nodes, seq):
+    """y[b] = flat(x)[b * stride + k], k < the row's length: each row's own entries where the
+    stride is the row's length; ``stride_nodes`` compute ``stride`` from ``len`` (x's length)."""
+    nodes = [
+        node("Shape", ["x"], ["s"]),
+        node("Gather", ["s", "zero"], ["n"], axis=0),
+        node("Gather", ["s", "one"], ["len"], axis=0),
+        *stride_nodes,
+        node("Range", ["zero", "n", "one"], ["b"], "places"),
+        node("Unsqueeze", ["b", "axis1"], ["b1"]),
+        node("Mul", ["b1", "stride"], ["bs"], "bs"),
+        node("Range", ["zero", "len", "one"], ["k"], "offsets"),
+        node("Unsqueeze", ["k", "axis0"], ["k1"]),
+        node("Add", ["bs", "k1"], ["idx"], "idx"),
+        node("Reshape", ["x", "minus1"], ["flat"]),
+        node("Gather", ["flat", "idx"], ["y"], "pick", axis=0),
+    ]
+    for k, n in enumerate(nodes):
+        n.name = f"{n.name}_{k}"
+    return model(
+        nodes,
+        [("x", F, ["N", seq])],
+        [("y", F, ["N", seq])],
+        {"zero": np.int64(0), "one": np.int64(1), "axis0": [0], "axis1": [1], "minus1": [-1], "two": [2]},
+    )
+
+
+STRIDES = {
+    # A size cast to bool (1) or uint8 (wrapped) is no longer that size, though it is read
+    # from the same input axis.
+    "cast to bool and back": (
+        [node("Cast", ["len"], ["lb"], to=TensorProto.BOOL), node("Cast", ["lb"], ["stride"], to=I64)],
+        "L",
+    ),
+    # Every second entry of [2, L] is [2], not [2, L].
+    "a slice with a step of 2": (
+        [
+            node("Unsqueeze", ["len", "axis0"], ["lv"]),
+            node("Concat", ["two", "lv"], ["both"], axis=0),
+            node("Slice", ["both", "axis0", "two", "axis0", "two"], ["every2"]),
+            node("Gather", ["every2", "minus1"], ["stride"], axis=0),
+        ],
+        "L",
+    ),
+    # fmod=1 takes the dividend's sign: Mod(-1, 6) is -1, not 5 (the length): each row reads
+    # from the end of the batch.
+    "mod with fmod=1": (
+        [
+            node("Neg", ["one"], ["m1"]),
+            node("Add", ["len", "one"], ["len1"]),
+            node("Mod", ["m1", "len1"], ["stride"], fmod=1),
+        ],
+        5,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDES), ids=list(STRIDES))
+def test_a_stride_that_is_not_the_rows_length_however_computed_is_refused(case):
+    """Shape arithmetic read as other numbers than onnxruntime computes (a cast that changes
+    the value, a slice's step, Mod's fmod) made a stride look like the row's length: the rows'
+    places then read other rows' entries, and the analysis called it row-wise."""
+    stride_nodes, seq = STRIDES[case]
+    pipe = fastseq.ONNXSequential(_stride_model(stride_nodes, seq))
+    assert "place" in refusal(pipe)
+    x = np.arange(15, dtype=np.float32).reshape(3, 5)
+    together = pipe(x)[0]
+    alone = np.concatenate([pipe(x[k : k + 1])[0] for k in range(3)])
+    assert together.shape == alone.shape and not np.array_equal(together, alone)
+
+
+def test_each_rows_place_stacked_by_a_loop_or_a_scan_is_refused():
+    """A Loop's or Scan's body that outputs each row's place (Unsqueeze of the outer Range)
+    had it stacked as a plain value: squeezed back and added to the rows, each row got its
+    place in the batch (0 alone). Refused now, at the Loop or Scan."""
+    places = [node("Shape", ["x"], ["s"]), node("Gather", ["s", "zero"], ["n"], axis=0)]
+    places.append(node("Range", ["zero", "n", "one"], ["b"], "places"))
+    after = [
+        node("Squeeze", ["st", "axis0"], ["p"]),
+        node("Cast", ["p"], ["pf"], to=F),
+        node("Add", ["x", "pf"], ["y"]),
+    ]
+    inits = {"zero": np.int64(0), "one": np.int64(1), "axis0": [0], "axis1": [1]}
+    step = _body(
+        [node("Unsqueeze", ["b", "axis1"], ["u"], "u"), node("Identity", ["c"], ["c2"], "c")],
+        [("i", I64), ("c", TensorProto.BOOL)],
+        [("c2", TensorProto.BOOL), ("u", I64)],
+    )
+    looped = model(
+        [*places, node("Loop", ["one", ""], ["st"], "loop", body=step), *after],
+        [("x", F, ["N", 4])],
+        [("y", F, ["N", 4])],
+        inits,
+    )
+    each = helper.make_graph(
+        [node("Unsqueeze", ["b", "axis1"], ["u"], "u"), node("Identity", ["xt"], ["xo"], "xo")],
+        "each",
+        [helper.make_tensor_value_info("xt", F, None)],
+        [helper.make_tensor_value_info("u", I64, None), helper.make_tensor_value_info("xo", F, None)],
+    )
+    scanned = model(
+        [
+            *places,
+            node("Unsqueeze", ["x", "axis0"], ["x0"]),  # [1, N, 4]: one step, along axis 0
+            node("Scan", ["x0"], ["st", "xs"], "scan", body=each, num_scan_inputs=1),
+            *after,
+        ],
+        [("x", F, ["N", 4])],
+        [("y", F, ["N", 4])],
+        inits,
+    )
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for m, at in [(looped, "node 'loop' (Loop)"), (scanned, "node 'scan' (Scan)")]:
+        pipe = fastseq.ONNXSequential(m)
+        assert at in refusal(pipe) and "place" in refusal(pipe)
+        np.testing.assert_array_equal(pipe(x)[0], x + np.arange(3, dtype=np.float32)[:, None])
+        np.testing.assert_array_equal(np.concatenate([pipe(x[k : k + 1])[0] for k in range(3)]), x)
+
+
 @pytest.mark.parametrize(
     "name",
     [

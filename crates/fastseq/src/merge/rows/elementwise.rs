@@ -167,7 +167,8 @@ pub fn ints_of(op: &str, ins: &[&T]) -> Option<(bool, Vec<Elem>)> {
     for k in 0..len {
         let e: Vec<Elem> = lists.iter().map(|l| at(l, k)).collect();
         out.push(match (op, e.as_slice()) {
-            ("Identity" | "Cast" | "Floor" | "Ceil" | "Round", [a]) => *a,
+            // Cast is read by its type (ops::cast_ints); these keep an integer as it is.
+            ("Identity" | "Floor" | "Ceil" | "Round", [a]) => *a,
             ("Neg", [Elem::Known(a)]) => Elem::Known(a.checked_neg()?),
             ("Abs", [Elem::Known(a)]) => Elem::Known(a.checked_abs()?),
             ("Add", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(a.checked_add(*b)?),
@@ -182,7 +183,12 @@ pub fn ints_of(op: &str, ins: &[&T]) -> Option<(bool, Vec<Elem>)> {
             }
             ("Div", [Elem::Known(a), Elem::Known(b)]) if *b != 0 => Elem::Known(a.checked_div(*b)?),
             // Integer Mod (fmod=0) takes the divisor's sign, as Python's %.
-            ("Mod", [Elem::Known(a), Elem::Known(b)]) if *b != 0 => Elem::Known(((a % b) + b) % b),
+            ("Mod", [Elem::Known(a), Elem::Known(b)]) => {
+                let r = a.checked_rem(*b)?;
+                Elem::Known(if r != 0 && (r < 0) != (*b < 0) { r + b } else { r })
+            }
+            // Mod with fmod=1: the dividend's sign (Rust's %).
+            ("FMod", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(a.checked_rem(*b)?),
             ("Max", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(*a.max(b)),
             ("Min", [Elem::Known(a), Elem::Known(b)]) => Elem::Known(*a.min(b)),
             // torch's expand writes Where(Equal(shape, -1), ones, shape): a batch size is
@@ -254,6 +260,16 @@ mod tests {
         assert_eq!(ints_of("Add", &[&four, &one]), Some((true, vec![Elem::Known(5)])));
         let v = T::ints(false, vec![Elem::Known(2), Elem::Free(None)]);
         assert_eq!(ints_of("Div", &[&v, &four]), Some((false, vec![Elem::Known(0), Elem::Free(None)])));
+    }
+
+    #[test]
+    fn mod_takes_the_divisors_sign_or_with_fmod_the_dividends_and_never_overflows() {
+        let k = |v: i64| T::ints(true, vec![Elem::Known(v)]);
+        assert_eq!(ints_of("Mod", &[&k(-1), &k(6)]), Some((true, vec![Elem::Known(5)])));
+        assert_eq!(ints_of("Mod", &[&k(5), &k(-3)]), Some((true, vec![Elem::Known(-1)])));
+        assert_eq!(ints_of("FMod", &[&k(-1), &k(6)]), Some((true, vec![Elem::Known(-1)])));
+        assert_eq!(ints_of("Mod", &[&k(i64::MIN), &k(-1)]), None, "no panic: onnxruntime's own business");
+        assert_eq!(ints_of("Mod", &[&k(3), &k(0)]), None);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! is not the batch axis. The values carried from step to step are followed to a fixed point
 //! (their batch axis where it was), and each step's outputs stacked along a new axis.
 use crate::codec::proto::{GraphProto, NodeProto};
-use crate::merge::rows::value::{attr, int_attr, ints_attr, Dim, Elem, Val, T};
+use crate::merge::rows::value::{attr, int_attr, ints_attr, Dim, Elem, Val, BY_PLACE, T};
 use crate::merge::rows::{join, Cx, Fault, Scope, Site};
 
 /// Steps the analysis takes to reach the carried values' fixed point before refusing.
@@ -161,9 +161,24 @@ fn graph_attr<'n>(node: &'n NodeProto, name: &str, op: &str) -> Result<&'n Graph
     attr(node, name).and_then(|a| a.g.as_ref()).ok_or_else(|| here(format!("{op} has no {name}")))
 }
 
+/// Slices and stacks are built as plain values (their dims only), which would forget that a
+/// value holds each row's place in the batch or rows merged with an axis of unknown size: a
+/// body's scan output of `Unsqueeze(places)` stacked and squeezed back would be read as
+/// row-wise data (each row's place, which differs alone and in a batch). Refused instead.
+fn refuse_places(t: &T) -> Result<(), Fault> {
+    if t.place.is_some() {
+        return Err(here(format!("stacks each row's place in the batch as data ({BY_PLACE})")));
+    }
+    if t.flat.is_some() {
+        return Err(here("stacks a batch axis merged with an axis of a size that cannot be told".into()));
+    }
+    Ok(())
+}
+
 /// One step's slice of a scan input along axis `a`: refused along the batch axis (a state
 /// would carry one row into the next).
 fn slice(x: &T, a: i64) -> Result<T, Fault> {
+    refuse_places(x)?;
     let Some(dims) = x.dims() else {
         if x.batch().is_some() || x.loose {
             return Err(here("Scan steps along an axis of rows whose shape cannot be told".into()));
@@ -181,6 +196,7 @@ fn slice(x: &T, a: i64) -> Result<T, Fault> {
 
 /// Each step's `t` stacked along a new axis `a` (of the result's rank).
 fn stack(t: &T, a: i64) -> Result<T, Fault> {
+    refuse_places(t)?;
     let Some(dims) = t.dims() else {
         if t.batch().is_some() || t.loose {
             return Err(here("stacks steps of rows whose shape cannot be told".into()));
@@ -229,6 +245,10 @@ mod tests {
         AttributeProto { name: Some(name.into()), i: Some(i), r#type: Some(2), ..Default::default() }
     }
 
+    fn along(axis: i64) -> AttributeProto {
+        AttributeProto { name: Some("scan_input_axes".into()), ints: vec![axis], r#type: Some(7), ..Default::default() }
+    }
+
     fn body(nodes: Vec<NodeProto>, ins: &[&str], outs: &[&str]) -> AttributeProto {
         let g = GraphProto {
             node: nodes.iter().map(crate::codec::node::encode).collect(),
@@ -250,6 +270,7 @@ mod tests {
                 initializer: vec![
                     ints("three", &[3], true),
                     ints("zero", &[0], true),
+                    ints("one", &[1], true),
                     ints("ax1", &[1], false),
                     floats("w", 4),
                 ],
@@ -299,6 +320,33 @@ mod tests {
         one(looped("three", moved, same_cond()), "Loop", "laid out differently");
     }
 
+    #[test]
+    fn each_rows_place_stacked_by_a_loop_or_a_scan_is_refused() {
+        // The body's output: Unsqueeze of the rows' places (a Range over the batch size).
+        let mut nodes = vec![
+            n("Shape", &["x"], &["s"], vec![]),
+            n("Gather", &["s", "zero"], &["rows"], vec![int("axis", 0)]),
+            n("Range", &["zero", "rows", "one"], &["b"], vec![]),
+        ];
+        let b = body(
+            vec![n("Unsqueeze", &["b", "ax1"], &["u"], vec![]), n("Identity", &["c"], &["c_out"], vec![])],
+            &["i", "c"],
+            &["c_out", "u"],
+        );
+        nodes.push(n("Loop", &["three", ""], &["y"], vec![b]));
+        let found = findings(nodes.clone(), &["N", "4"]);
+        assert!(found.len() == 1 && found[0].starts_with("Loop") && found[0].contains("place"), "{found:?}");
+        let b = body(
+            vec![n("Unsqueeze", &["b", "ax1"], &["u"], vec![]), n("Identity", &["xt"], &["xo"], vec![])],
+            &["xt"],
+            &["u", "xo"],
+        );
+        nodes.pop();
+        nodes.push(n("Scan", &["x"], &["y", "xs"], vec![b, int("num_scan_inputs", 1), along(1)]));
+        let found = findings(nodes, &["N", "4"]);
+        assert!(found.len() == 1 && found[0].starts_with("Scan") && found[0].contains("place"), "{found:?}");
+    }
+
     /// A Scan over x [N, T, 4] along `axis`, a running sum per row as its state.
     fn scanned(axis: i64) -> Vec<String> {
         let b = body(
@@ -306,12 +354,7 @@ mod tests {
             &["s", "step"],
             &["s_out", "each"],
         );
-        let axes = AttributeProto {
-            name: Some("scan_input_axes".into()),
-            ints: vec![axis],
-            r#type: Some(7),
-            ..Default::default()
-        };
+        let axes = along(axis);
         findings(
             vec![
                 n("ReduceSum", &["x", "ax1"], &["s0"], vec![int("keepdims", 0)]),

@@ -8,7 +8,7 @@
 use crate::merge::opsets::normalize_domain;
 use crate::merge::rows::args::{each, one, unknown, Args, Outs, R};
 use crate::merge::rows::elementwise::{broadcast, ints_of, BROADCAST, UNARY};
-use crate::merge::rows::value::T;
+use crate::merge::rows::value::{int_attr, Elem, T};
 use crate::merge::rows::{index, linalg, ml, place, reduce, shape};
 
 /// Whether `op` follows rows of unknown rank (see `T::loose`): element-wise operators do,
@@ -39,10 +39,12 @@ fn default_domain(args: &Args, op: &str) -> R<Outs> {
     if UNARY.contains(&op) || op == "CastLike" {
         let x = args.need(0)?;
         let mut t = T { dims: x.dims.clone(), on_n: x.on_n, ..T::default() };
-        if let Some((scalar, elems)) = ints_of(if op == "CastLike" { "Cast" } else { op }, &[x]) {
-            t = T { ints: Some(elems), ..t };
-            let _ = scalar;
-        }
+        t.ints = match op {
+            "Cast" => x.ints.as_deref().and_then(|e| cast_ints(e, int_attr(args.node, "to"))),
+            // The type cast to is another value's, which the analysis does not know.
+            "CastLike" => None,
+            _ => ints_of(op, &[x]).map(|(_, elems)| elems),
+        };
         if matches!(op, "Identity" | "Cast" | "CastLike") {
             t.floats.clone_from(&x.floats);
         }
@@ -51,7 +53,9 @@ fn default_domain(args: &Args, op: &str) -> R<Outs> {
     if BROADCAST.contains(&op) || op == "Clip" {
         let ins: Vec<&T> = args.ins.iter().flatten().collect();
         let mut t = broadcast(op, &ins)?;
-        if let Some((_, elems)) = ints_of(op, &ins) {
+        // fmod=1: the remainder takes the dividend's sign (C's fmod), not the divisor's.
+        let ints_op = if op == "Mod" && int_attr(args.node, "fmod") == Some(1) { "FMod" } else { op };
+        if let Some((_, elems)) = ints_of(ints_op, &ins) {
             t.ints = Some(elems);
         }
         return one(t);
@@ -110,4 +114,40 @@ fn default_domain(args: &Args, op: &str) -> R<Outs> {
         }
         _ => unknown(args, op),
     }
+}
+
+/// The elements of an integer tensor cast to ONNX type `to`, where the cast keeps them
+/// integers: each element the same number where it is known to be representable, an unknown
+/// size where it may not be (a size cast to bool is 1, to uint8 wraps at 256: no longer that
+/// size). None for any other type: elements are followed as integer arithmetic only (a float's
+/// division is not an integer's, and Ceil of it is no longer the identity).
+fn cast_ints(elems: &[Elem], to: Option<i64>) -> Option<Vec<Elem>> {
+    // The range of each integer type; BOOL maps every non-zero value to 1.
+    let (lo, hi): (i64, i64) = match to? {
+        7 => (i64::MIN, i64::MAX), // INT64
+        13 => (0, i64::MAX),       // UINT64 (an i64 that is not negative)
+        6 => (i32::MIN.into(), i32::MAX.into()),
+        12 => (0, u32::MAX.into()),
+        5 => (i16::MIN.into(), i16::MAX.into()),
+        4 => (0, u16::MAX.into()),
+        3 => (i8::MIN.into(), i8::MAX.into()),
+        2 => (0, u8::MAX.into()),
+        9 => (0, 1), // BOOL
+        _ => return None,
+    };
+    // Sizes and row counts are never negative and below 2^63: only 64-bit types hold any.
+    let wide = hi == i64::MAX;
+    Some(
+        elems
+            .iter()
+            .map(|e| match *e {
+                Elem::Known(v) if (lo..=hi).contains(&v) => Elem::Known(v),
+                Elem::Known(v) if to == Some(9) => Elem::Known(i64::from(v != 0)),
+                Elem::Known(_) => Elem::Free(None),
+                e if wide => e,
+                e if e.on_n() => Elem::OnN,
+                _ => Elem::Free(None),
+            })
+            .collect(),
+    )
 }

@@ -307,6 +307,81 @@ mod tests {
         assert_eq!(mask("12", back), Vec::<String>::new());
     }
 
+    /// `n` with an integer attribute `name` (Cast's `to`, Mod's `fmod`).
+    fn with(mut node: NodeProto, name: &str, i: i64) -> NodeProto {
+        node.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            i: Some(i),
+            r#type: Some(2),
+            ..Default::default()
+        });
+        node
+    }
+
+    /// The mask with its stride computed by `nodes` (into `stride`) from the length `len`.
+    fn stride(nodes: Vec<NodeProto>) -> impl Fn(&mut Vec<NodeProto>) {
+        move |all| {
+            let at = all.iter().position(|node| node.output[0] == "bs").expect("bs");
+            all.splice(at..at, nodes.clone());
+            set("bs", &["b1", "stride"])(all);
+        }
+    }
+
+    #[test]
+    fn shape_arithmetic_is_read_as_onnxruntime_computes_it_before_a_stride_is_trusted() {
+        let refused = |found: Vec<String>| {
+            assert!(found.len() == 1 && found[0].contains(crate::merge::rows::value::BY_PLACE), "{found:?}");
+        };
+        // Computed as the length itself: followed.
+        let same = vec![with(n("Cast", &["len"], "l32", None), "to", 7), n("Identity", &["l32"], "stride", None)];
+        assert_eq!(mask("L", stride(same)), Vec::<String>::new());
+        // A size cast to bool is 1, to uint8 or float16 another number: no longer that size.
+        for to in [9, 2, 10] {
+            let cast = vec![
+                with(n("Cast", &["len"], "lb", None), "to", to),
+                with(n("Cast", &["lb"], "stride", None), "to", 7),
+            ];
+            refused(mask("L", stride(cast)));
+        }
+        // Every second element of [2, L] is [2].
+        let every2 = vec![
+            n("Unsqueeze", &["len", "axis0"], "lv", None),
+            n("Concat", &["axis2", "lv"], "both", Some(0)),
+            n("Slice", &["both", "axis0", "axis2", "axis0", "axis2"], "half", None),
+            n("Gather", &["half", "minus1"], "stride", Some(0)),
+        ];
+        refused(mask("L", stride(every2)));
+        // Mod(-1, 13) with fmod=1 is -1 (the dividend's sign), not 12.
+        let fmod = vec![
+            n("Neg", &["one"], "m1", None),
+            n("Add", &["len", "one"], "l1", None),
+            with(n("Mod", &["m1", "l1"], "stride", None), "fmod", 1),
+        ];
+        refused(mask("12", stride(fmod)));
+        // A float division is not an integer one: Ceil(25 / 2) is 13, not 12.
+        let ceil = vec![
+            n("Add", &["len", "thirteen"], "l25", None),
+            n("Add", &["one", "one"], "two", None),
+            with(n("Cast", &["l25"], "f25", None), "to", 1),
+            with(n("Cast", &["two"], "f2", None), "to", 1),
+            n("Div", &["f25", "f2"], "q", None),
+            n("Ceil", &["q"], "c", None),
+            with(n("Cast", &["c"], "stride", None), "to", 7),
+        ];
+        refused(mask("12", stride(ceil)));
+        // The row count cast to bool is 1: a Range up to it is not the rows' places.
+        let one_row = |nodes: &mut Vec<NodeProto>| {
+            let at = nodes.iter().position(|node| node.output[0] == "b").expect("b");
+            nodes.splice(
+                at..at,
+                [with(n("Cast", &["rows"], "rb", None), "to", 9), with(n("Cast", &["rb"], "r1", None), "to", 7)],
+            );
+            set("b", &["zero", "r1", "one"])(nodes);
+        };
+        let found = mask("12", one_row);
+        assert!(found.len() == 1 && found[0].starts_with("Range"), "{found:?}");
+    }
+
     #[test]
     fn a_place_used_any_other_way_is_refused() {
         let refused = |found: Vec<String>, at: &str| {

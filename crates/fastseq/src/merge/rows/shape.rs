@@ -494,7 +494,9 @@ fn slice(args: &Args) -> R<Outs> {
             if rank == 1 && step > 0 {
                 let n = list.len() as i64;
                 let (a, b) = (clamp(s, n), clamp(e, n));
-                *list = if a < b { list[a as usize..b as usize].to_vec() } else { vec![] };
+                // Every step-th element from a up to b (a step of 2 takes half of them).
+                let by = usize::try_from(step).unwrap_or(usize::MAX);
+                *list = if a < b { list[a as usize..b as usize].iter().step_by(by).copied().collect() } else { vec![] };
             } else {
                 ints = None;
             }
