@@ -463,6 +463,9 @@ def test_batcher_refuses_a_pipeline_without_a_shared_dynamic_batch_axis():
         two.batcher()
     with pytest.raises(ValueError, match="max_batch_size"):
         light_heavy().batcher(max_batch_size=0)
+    # Below 2**31: the batch analysis takes the number of rows cast to INT32 as that number.
+    with pytest.raises(fastseq.InputError, match="from 1 to 2147483647"):
+        light_heavy().batcher(max_batch_size=2**31)
 
 
 def test_an_output_that_does_not_keep_the_rows_is_an_error_not_a_wrong_split():

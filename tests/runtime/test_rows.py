@@ -563,6 +563,34 @@ def _body(nodes, inputs, outputs):
     )
 
 
+def test_the_number_of_rows_cast_to_int32_for_a_reshape_is_followed():
+    """paddle2onnx (PP-OCR's classifier) casts Shape(x)[0] to INT32 before its Reshapes: a
+    joined batch holds fewer than 2**31 rows, so the cast keeps the number. Cast to INT16 it
+    might not: refused."""
+
+    def flattened(to):
+        return x_to_y(
+            *_SHAPE_N,
+            node("Cast", ["n"], ["n32"], "n32", to=to),
+            node("Unsqueeze", ["n32", "ax"], ["n1"], "n1"),
+            node("Concat", ["n1", "minus1"], ["shape32"], "shape32", axis=0),
+            node("Cast", ["shape32"], ["shape"], "to_int64", to=I64),
+            node("Reshape", ["x", "shape"], ["y"], "flatten"),
+            dims=("N", 2, 2),
+            out=("N", 4),
+            inits={
+                "zero": np.array(0),
+                "ax": np.array([0]),
+                "minus1": np.array([-1], np.int32 if to == TensorProto.INT32 else np.int16),
+            },
+        )
+
+    pipe = fastseq.ONNXSequential(flattened(TensorProto.INT32))
+    pipe.check_rows()
+    same_as_alone(pipe, [rows((2, 2), k) for k in range(5)])
+    assert "node 'flatten' (Reshape)" in refusal(fastseq.ONNXSequential(flattened(TensorProto.INT16)))
+
+
 def test_loops_and_scans_whose_steps_keep_the_rows_apart_are_batched():
     """Issue 41: a Loop of a fixed number of steps carrying rows (h = tanh(h @ w) three times,
     each step's h stacked too) and a Scan along the time axis of [N, T, 4] (a running sum per

@@ -40,6 +40,10 @@ from fastseq.runtime.runner import Runner
 
 #: A worker that finds nothing to do for this long ends; the next request starts another.
 IDLE_S = 5.0
+#: The most rows one joined batch may hold: below 2**31, so the number of rows cast to a
+#: 32-bit integer in a model (paddle2onnx's shapes) is the number itself, as the core's batch
+#: analysis takes it (crates/fastseq/src/merge/rows/ops.rs, cast_ints).
+MAX_BATCH_SIZE = 2**31 - 1
 
 
 class Batcher:
@@ -375,8 +379,12 @@ except (AttributeError, RuntimeError):
 def _check_settings(max_batch_size: Any, max_delay_ms: Any) -> None:
     """The batcher's settings, each checked (an InputError naming it, as for a call's
     arguments): a NaN or infinite delay would never end a batch, or fail in a timer."""
-    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1:
-        raise InputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
+    if (
+        isinstance(max_batch_size, bool)
+        or not isinstance(max_batch_size, (int, np.integer))
+        or not 1 <= max_batch_size <= MAX_BATCH_SIZE
+    ):
+        raise InputError(f"max_batch_size must be an int from 1 to {MAX_BATCH_SIZE}, got {max_batch_size!r}")
     if (
         isinstance(max_delay_ms, bool)
         or not isinstance(max_delay_ms, (int, float, np.integer, np.floating))

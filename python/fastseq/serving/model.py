@@ -14,7 +14,7 @@ import numpy as np
 
 from fastseq import _core
 from fastseq.errors import CompositionError, InputError
-from fastseq.runtime.batcher import Batcher, batchable
+from fastseq.runtime.batcher import MAX_BATCH_SIZE, Batcher, batchable
 from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.serving.datatypes import DTYPES, datatype_of
 from fastseq.serving.protocol import Tensor, served_spec
@@ -56,8 +56,12 @@ class ServedModel:
         on_batch: Callable[[int, list[float], float], None] | None = None,
         run_with: Callable[[dict[str, np.ndarray]], Awaitable[list[np.ndarray]]] | None = None,
     ) -> None:
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise InputError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        if (
+            isinstance(max_batch_size, bool)
+            or not isinstance(max_batch_size, int)
+            or not 1 <= max_batch_size <= MAX_BATCH_SIZE
+        ):
+            raise InputError(f"max_batch_size must be an int from 1 to {MAX_BATCH_SIZE}, got {max_batch_size!r}")
         self.name, self.version, self.pipe = name, VERSION, pipe
         self.engine = engine = engine_of(pipe)
         runner = engine.runner

@@ -371,3 +371,78 @@ mod tests {
         assert!(found.iter().any(|f| f.starts_with("Scan") && f.contains("along the batch axis")), "{found:?}");
     }
 }
+
+#[cfg(test)]
+mod nesting {
+    use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
+    use crate::codec::testing::value_of as vi;
+    use crate::merge::rows::row_findings;
+
+    fn n(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+        NodeProto {
+            op_type: Some(op.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            attribute: attrs,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn loops_nested_deep_are_refused_without_following_every_step() {
+        // Each level carries a counter whose value the first round knows and the second does
+        // not: every level takes two rounds, so 24 levels would be 2^24 body runs.
+        let one =
+            TensorProto { name: Some("one".into()), data_type: Some(7), int64_data: vec![1], ..Default::default() };
+        let mut body: Option<GraphProto> = None;
+        for level in 0..24 {
+            let mut nodes = vec![n("Add", &["k", "one"], &["k2"], vec![]), n("Identity", &["c"], &["c2"], vec![])];
+            if let Some(inner) = body.take() {
+                let attr =
+                    AttributeProto { name: Some("body".into()), g: Some(inner), r#type: Some(5), ..Default::default() };
+                // Started afresh at each level: every time a level is followed, two rounds.
+                nodes.push(n("Loop", &["one", "", "zero"], &["unused"], vec![attr]));
+            }
+            body = Some(GraphProto {
+                name: Some(format!("level{level}")),
+                node: nodes.iter().map(crate::codec::node::encode).collect(),
+                input: vec![vi("i", &[]), vi("c", &[]), vi("k", &[])],
+                output: vec![vi("c2", &[]), vi("k2", &[])],
+                ..Default::default()
+            });
+        }
+        let attr = AttributeProto { name: Some("body".into()), g: body, r#type: Some(5), ..Default::default() };
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: crate::codec::testing::opset17(),
+            graph: Some(GraphProto {
+                node: [n("Loop", &["one", "", "zero"], &["count"], vec![attr]), n("Identity", &["x"], &["y"], vec![])]
+                    .iter()
+                    .map(crate::codec::node::encode)
+                    .collect(),
+                input: vec![vi("x", &["N", "4"])],
+                output: vec![vi("y", &["N", "4"]), vi("count", &[])],
+                initializer: vec![
+                    one,
+                    TensorProto {
+                        name: Some("zero".into()),
+                        data_type: Some(7),
+                        int64_data: vec![0],
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let started = std::time::Instant::now();
+        let found = row_findings(&m);
+        assert!(
+            found
+                .iter()
+                .any(|f| f.reason.contains("nodes the analysis follows") || f.reason.contains("nested too deep")),
+            "{found:?}"
+        );
+        assert!(started.elapsed().as_secs() < 60, "took {:?}", started.elapsed());
+    }
+}

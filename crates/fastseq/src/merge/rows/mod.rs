@@ -56,6 +56,11 @@ pub struct Finding {
 /// Functions and subgraphs nested deeper than this are not followed (refused).
 const MAX_DEPTH: usize = 32;
 
+/// Nodes followed in one analysis beyond the graph's own, counting each function call's
+/// body and each loop step's again: far above what real models expand to, far below what
+/// nesting can reach (calls of calls and loops in loops, followed each time, double a level).
+const MAX_EXTRA_VISITS: usize = 200_000;
+
 /// Why the rows of a batch run through `model` may depend on other rows: empty when every
 /// output keeps each row apart, with its batch axis first.
 pub fn row_findings(model: &ModelProto) -> Vec<Finding> {
@@ -67,6 +72,8 @@ pub fn row_findings(model: &ModelProto) -> Vec<Finding> {
             .map(|f| ((f.domain.clone().unwrap_or_default(), f.name.clone().unwrap_or_default()), f))
             .collect(),
         opset: opset_of(&model.opset_import),
+        visits: std::cell::Cell::new(0),
+        max_visits: g.node.len().saturating_add(MAX_EXTRA_VISITS),
     };
     let mut scope = Scope::new(None);
     for t in &g.initializer {
@@ -222,6 +229,10 @@ struct Site {
 struct Cx<'m> {
     functions: HashMap<(String, String), &'m FunctionProto>,
     opset: i64,
+    /// Nodes read so far, function bodies and loop steps each time they are followed.
+    visits: std::cell::Cell<usize>,
+    /// The most nodes followed before refusing the rest.
+    max_visits: usize,
 }
 
 impl Cx<'_> {
@@ -231,7 +242,18 @@ impl Cx<'_> {
         let at = site.top.unwrap_or(k);
         let inner = site.top.map(|_| format!("node '{}' ({op}){}", node.name.as_deref().unwrap_or(""), site.within));
         let why = |reason: String| Why { node: at, inner: inner.clone(), reason };
-        let outs = self.outputs(node, at, scope, site).unwrap_or_else(|e| match e {
+        // Functions calling functions and loops in loops are followed each time: nested
+        // deep, a small graph expands without end; past this many nodes it is refused.
+        self.visits.set(self.visits.get() + 1);
+        let outs = if self.visits.get() > self.max_visits {
+            Err(Fault::Here(format!(
+                "{op} is past the {} nodes the analysis follows (function calls and loop steps nested deep)",
+                self.max_visits
+            )))
+        } else {
+            self.outputs(node, at, scope, site)
+        };
+        let outs = outs.unwrap_or_else(|e| match e {
             Fault::Here(reason) => vec![Val::Mixed(why(reason)); node.output.len()],
             Fault::From(w) => vec![Val::Mixed(w); node.output.len()],
         });

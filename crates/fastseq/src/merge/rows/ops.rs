@@ -136,7 +136,12 @@ fn cast_ints(elems: &[Elem], to: Option<i64>) -> Option<Vec<Elem>> {
         _ => return None,
     };
     // Sizes and row counts are never negative and below 2^63: only 64-bit types hold any.
+    // The one exception: the number of rows itself in 32-bit types, since a batch of joined
+    // requests holds at most max_batch_size rows, which the batchers keep below 2^31
+    // (`runtime/batcher.py`, `serving/model.py`); a request run alone computes what it does
+    // alone whatever its size (paddle2onnx casts the batch size to INT32 for its Reshapes).
     let wide = hi == i64::MAX;
+    let rows_fit = hi >= i64::from(i32::MAX);
     Some(
         elems
             .iter()
@@ -145,6 +150,7 @@ fn cast_ints(elems: &[Elem], to: Option<i64>) -> Option<Vec<Elem>> {
                 Elem::Known(v) if to == Some(9) => Elem::Known(i64::from(v != 0)),
                 Elem::Known(_) => Elem::Free(None),
                 e if wide => e,
+                Elem::Batch if rows_fit => Elem::Batch,
                 e if e.on_n() => Elem::OnN,
                 _ => Elem::Free(None),
             })
