@@ -563,6 +563,20 @@ def _body(nodes, inputs, outputs):
     )
 
 
+def test_a_local_function_named_like_a_standard_operator_does_not_hide_it():
+    """A model-local function 'Softmax' in the default domain whose body is an Identity: ONNX
+    Runtime runs the standard Softmax (over axis 0 here, across the rows), so the analysis
+    takes the operator's rule, not the body's, and refuses."""
+    body = helper.make_function(
+        "", "Softmax", ["a"], ["b"], [node("Identity", ["a"], ["b"], "same")], [helper.make_opsetid("", 17)], ["axis"]
+    )
+    shadowed = x_to_y(node("Softmax", ["x"], ["y"], "over_rows", axis=0), functions=[body])
+    pipe = fastseq.ONNXSequential(shadowed)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert not np.allclose(pipe(x)[0], np.concatenate([pipe(x[:1])[0], pipe(x[1:])[0]]))  # it mixes
+    assert "node 'over_rows' (Softmax)" in refusal(pipe)
+
+
 def test_the_number_of_rows_cast_to_int32_for_a_reshape_is_followed():
     """paddle2onnx (PP-OCR's classifier) casts Shape(x)[0] to INT32 before its Reshapes: a
     joined batch holds fewer than 2**31 rows, so the cast keeps the number. Cast to INT16 it

@@ -341,8 +341,14 @@ impl Cx<'_> {
             }
             return Err(Fault::Here(format!("{op} runs a subgraph over values of the batch, which is not followed")));
         }
-        if let Some(f) = self.functions.get(&(domain.to_string(), op.to_string())) {
-            return Ok(self.call(f, node, at, &ins, site));
+        // A model-local function in the default domain does not replace a standard operator
+        // of its name: ONNX Runtime runs the operator (a local 'Softmax' whose body is an
+        // Identity still runs Softmax). Such calls take the operators' rules here, and one
+        // named like no operator the table knows is refused as unknown.
+        if !normalize_domain(domain).is_empty() {
+            if let Some(f) = self.functions.get(&(domain.to_string(), op.to_string())) {
+                return Ok(self.call(f, node, at, &ins, site));
+            }
         }
         let opset = if normalize_domain(domain).is_empty() { site.opset } else { 0 };
         // Rows merged with other axes (attention's heads) stay in their blocks only where
