@@ -176,23 +176,11 @@ mod tests {
     use crate::codec::testing::value as vi;
 
     fn n(op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
-        NodeProto {
-            op_type: Some(op.into()),
-            name: Some(format!("{}_{}", op.to_lowercase(), outs[0])),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        }
+        crate::merge::rows::testing::node(op, ins, outs, vec![])
     }
 
     fn ints(name: &str, v: &[i64]) -> TensorProto {
-        TensorProto {
-            name: Some(name.into()),
-            dims: vec![v.len() as i64],
-            data_type: Some(7),
-            int64_data: v.to_vec(),
-            ..Default::default()
-        }
+        crate::merge::rows::testing::ints(name, v, false)
     }
 
     fn model(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, out: &[i64]) -> ModelProto {

@@ -213,12 +213,7 @@ fn stack(t: &T, a: i64) -> Result<T, Fault> {
 mod tests {
     use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
     use crate::codec::testing::value_of as vi;
-    use crate::merge::rows::row_findings;
-
-    fn ints(name: &str, v: &[i64], scalar: bool) -> TensorProto {
-        let dims = if scalar { vec![] } else { vec![v.len() as i64] };
-        TensorProto { name: Some(name.into()), dims, data_type: Some(7), int64_data: v.to_vec(), ..Default::default() }
-    }
+    use crate::merge::rows::testing::{int, ints, node as n};
 
     fn floats(name: &str, n: usize) -> TensorProto {
         TensorProto {
@@ -228,21 +223,6 @@ mod tests {
             float_data: vec![0.5; n],
             ..Default::default()
         }
-    }
-
-    fn n(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
-        NodeProto {
-            op_type: Some(op.into()),
-            name: Some(outs[0].to_string()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            attribute: attrs,
-            ..Default::default()
-        }
-    }
-
-    fn int(name: &str, i: i64) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), i: Some(i), r#type: Some(2), ..Default::default() }
     }
 
     fn along(axis: i64) -> AttributeProto {
@@ -278,7 +258,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        row_findings(&m).into_iter().map(|f| format!("{}: {}", f.op_type, f.reason)).collect()
+        crate::merge::rows::testing::findings(&m)
     }
 
     /// y = x + 0.5, three times, by a Loop carrying x; `step` is the body's carried update.
@@ -374,19 +354,10 @@ mod tests {
 
 #[cfg(test)]
 mod nesting {
-    use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
+    use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, TensorProto};
     use crate::codec::testing::value_of as vi;
     use crate::merge::rows::row_findings;
-
-    fn n(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
-        NodeProto {
-            op_type: Some(op.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            attribute: attrs,
-            ..Default::default()
-        }
-    }
+    use crate::merge::rows::testing::node as n;
 
     #[test]
     fn loops_nested_deep_are_refused_without_following_every_step() {

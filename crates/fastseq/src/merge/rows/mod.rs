@@ -37,6 +37,8 @@ mod ops;
 mod place;
 mod reduce;
 mod shape;
+#[cfg(test)]
+mod testing;
 pub mod value;
 
 pub use batch_one::{dynamic_batch, BATCH};
@@ -294,17 +296,7 @@ impl Cx<'_> {
         if ins.iter().flatten().any(|t| t.place.is_some() || t.flat.is_some()) {
             let outs = place::step(&Args { node, ins: &ins, opset: site.opset }, normalize_domain(domain).is_empty())
                 .map_err(Fault::Here)?;
-            return Ok((0..node.output.len())
-                .map(|k| match outs.get(k) {
-                    Some(Ok(t)) => Val::T(t.clone()),
-                    Some(Err(reason)) => Val::Mixed(Why { node: usize::MAX, inner: None, reason: reason.clone() }),
-                    None => Val::Mixed(Why {
-                        node: usize::MAX,
-                        inner: None,
-                        reason: format!("{op}'s output {k} is not followed"),
-                    }),
-                })
-                .collect());
+            return Ok(vals(op, outs, node.output.len(), None));
         }
         if ins.iter().flatten().any(|t| t.loose) && !ops::follows_loose(op, domain, &ins) {
             return Err(Fault::Here(format!(
@@ -362,18 +354,7 @@ impl Cx<'_> {
         let relays = matches!(op, "Reshape" | "Flatten") && normalize_domain(domain).is_empty();
         let merged = layout.filter(|l| *l != (1, 1) && !relays);
         let outs = ops::step(&Args { node, ins: &ins, opset }).map_err(Fault::Here)?;
-        Ok((0..node.output.len())
-            .map(|k| match outs.get(k) {
-                Some(Ok(t)) if merged.is_some() && t.batch().is_some() => Val::T(T { merged, ..t.clone() }),
-                Some(Ok(t)) => Val::T(t.clone()),
-                Some(Err(reason)) => Val::Mixed(Why { node: usize::MAX, inner: None, reason: reason.clone() }),
-                None => Val::Mixed(Why {
-                    node: usize::MAX,
-                    inner: None,
-                    reason: format!("{op}'s output {k} is not followed"),
-                }),
-            })
-            .collect())
+        Ok(vals(op, outs, node.output.len(), merged))
     }
 
     /// An If: both branches followed, when the condition does not depend on the batch.
@@ -512,6 +493,22 @@ enum Fault {
     From(Why),
 }
 
+/// A rule's outputs as the node's `n` values: rows keep the layout `merged` of the rows
+/// the node read (None: the rule's own); a reason becomes a mixed value (its node set by
+/// `Cx::node`).
+fn vals(op: &str, outs: args::Outs, n: usize, merged: Option<(i64, i64)>) -> Vec<Val> {
+    let why = |reason: String| Val::Mixed(Why { node: usize::MAX, inner: None, reason });
+    let mut outs = outs.into_iter();
+    (0..n)
+        .map(|k| match outs.next() {
+            Some(Ok(t)) if merged.is_some() && t.batch().is_some() => Val::T(T { merged, ..t }),
+            Some(Ok(t)) => Val::T(t),
+            Some(Err(reason)) => why(reason),
+            None => why(format!("{op}'s output {k} is not followed")),
+        })
+        .collect()
+}
+
 /// Two branches' values for one output: what both have in common.
 fn join(a: &T, b: &T) -> T {
     let dims = match (a.dims(), b.dims()) {
@@ -557,31 +554,7 @@ mod tests {
     use super::*;
     use crate::codec::proto::{AttributeProto, TensorProto};
     use crate::codec::testing::value_of as vi;
-
-    fn ints(name: &str, v: &[i64], scalar: bool) -> TensorProto {
-        TensorProto {
-            name: Some(name.into()),
-            dims: if scalar { vec![] } else { vec![v.len() as i64] },
-            data_type: Some(7),
-            int64_data: v.to_vec(),
-            ..Default::default()
-        }
-    }
-
-    fn attr_i(name: &str, i: i64) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), i: Some(i), r#type: Some(2), ..Default::default() }
-    }
-
-    fn n(op: &str, ins: &[&str], outs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
-        NodeProto {
-            op_type: Some(op.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            name: Some(format!("{}_{}", op.to_lowercase(), outs[0])),
-            attribute: attrs,
-            ..Default::default()
-        }
-    }
+    use crate::merge::rows::testing::{int as attr_i, ints, node as n};
 
     fn model(nodes: Vec<NodeProto>, x: &[&str], y: &[&str], inits: Vec<TensorProto>) -> ModelProto {
         ModelProto {

@@ -205,31 +205,13 @@ fn unflattened(args: &Args) -> Option<T> {
 
 #[cfg(test)]
 mod tests {
-    use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
+    use crate::codec::proto::{AttributeProto, GraphProto, ModelProto, NodeProto};
     use crate::codec::testing::value_of as vi;
-    use crate::merge::rows::row_findings;
+    use crate::merge::rows::testing::{findings, int, ints, node};
 
-    fn ints(name: &str, v: &[i64], scalar: bool) -> TensorProto {
-        let dims = if scalar { vec![] } else { vec![v.len() as i64] };
-        TensorProto { name: Some(name.into()), dims, data_type: Some(7), int64_data: v.to_vec(), ..Default::default() }
-    }
-
+    /// A node writing `out`, with an `axis` where given.
     fn n(op: &str, ins: &[&str], out: &str, axis: Option<i64>) -> NodeProto {
-        NodeProto {
-            op_type: Some(op.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: vec![out.into()],
-            attribute: axis
-                .map(|i| AttributeProto {
-                    name: Some("axis".into()),
-                    i: Some(i),
-                    r#type: Some(2),
-                    ..Default::default()
-                })
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        }
+        node(op, ins, &[out], axis.map(|a| int("axis", a)).into_iter().collect())
     }
 
     /// transformers' padding mask, `flat[b * L + k]` over `x` of `[N, seq]`, row by row equal
@@ -274,7 +256,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        row_findings(&m).into_iter().map(|f| format!("{}: {}", f.op_type, f.reason)).collect()
+        findings(&m)
     }
 
     /// Sets the inputs of the node writing `out`.
