@@ -11,6 +11,7 @@ import typing
 
 MAX_IR_VERSION: int
 PROTOBUF_LIMIT: int
+MAX_BATCH_SIZE: int
 __version__: str
 __build__: str
 LAYOUT: Layout

@@ -25,7 +25,7 @@ use crate::files::{
 };
 use crate::layout::{merge_metadata, PyLayout};
 use crate::writer::{check_target, commit_bytes, stage, Saved, Staging};
-use fastseq::{tune_allocator, LAYOUT, MAX_IR_VERSION, PROTOBUF_LIMIT};
+use fastseq::{tune_allocator, LAYOUT, MAX_BATCH_ROWS, MAX_IR_VERSION, PROTOBUF_LIMIT};
 
 /// The hint ` (did you mean 'x'?)` for `name` among `candidates`, or an empty string.
 #[pyfunction]
@@ -62,6 +62,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ExportError", py.get_type::<ExportError>())?;
     m.add("MAX_IR_VERSION", MAX_IR_VERSION)?;
     m.add("PROTOBUF_LIMIT", PROTOBUF_LIMIT)?;
+    m.add("MAX_BATCH_SIZE", MAX_BATCH_ROWS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // What this extension was built for, for `fastseq --version` and bug reports: the
     // target's arch-os-env and the profile (a debug build is far slower; say so).

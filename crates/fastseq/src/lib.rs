@@ -44,6 +44,7 @@ pub use merge::onnx_rules::Prefixed;
 pub use merge::options::{Adapt, Edge, IoMap, Keep, Options, Rules};
 pub use merge::plan::view::PlanView;
 pub use merge::rows::Finding;
+pub use merge::rows::MAX_BATCH_ROWS;
 pub use near_miss::did_you_mean;
 pub use pipeline::composed::Composed;
 pub use pipeline::load::{compose, decode, load, load_all};

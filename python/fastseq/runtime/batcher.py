@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fastseq._core import MAX_BATCH_SIZE  # the core's analysis relies on it (merge/rows)
 from fastseq.errors import CompositionError, InputError, RunError
 from fastseq.runtime.batches import Request, deliver, joinable, run
 from fastseq.runtime.engine import Engine, Pipelined, engine_of
@@ -40,10 +41,6 @@ from fastseq.runtime.runner import Runner
 
 #: A worker that finds nothing to do for this long ends; the next request starts another.
 IDLE_S = 5.0
-#: The most rows one joined batch may hold: below 2**31, so the number of rows cast to a
-#: 32-bit integer in a model (paddle2onnx's shapes) is the number itself, as the core's batch
-#: analysis takes it (crates/fastseq/src/merge/rows/ops.rs, cast_ints).
-MAX_BATCH_SIZE = 2**31 - 1
 
 
 class Batcher:

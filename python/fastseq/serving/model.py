@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from fastseq import _core
+from fastseq._core import MAX_BATCH_SIZE
 from fastseq.errors import CompositionError, InputError
-from fastseq.runtime.batcher import MAX_BATCH_SIZE, Batcher, batchable
+from fastseq.runtime.batcher import Batcher, batchable
 from fastseq.runtime.engine import Engine, Pipelined, engine_of
 from fastseq.serving.datatypes import DTYPES, datatype_of
 from fastseq.serving.protocol import Tensor, served_spec

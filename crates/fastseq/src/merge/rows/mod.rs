@@ -55,6 +55,12 @@ pub struct Finding {
     pub reason: String,
 }
 
+/// The most rows a batcher may join into one batch (its `max_batch_size` at most): below
+/// 2^31, so that the number of rows cast to a 32-bit integer in a model is that number, as
+/// the analysis takes it (paddle2onnx casts it to INT32 for its Reshapes). The batchers ask
+/// for it (`_core.MAX_BATCH_SIZE`); a request run alone computes what it does whatever its size.
+pub const MAX_BATCH_ROWS: i64 = i32::MAX as i64;
+
 /// Functions and subgraphs nested deeper than this are not followed (refused).
 const MAX_DEPTH: usize = 32;
 

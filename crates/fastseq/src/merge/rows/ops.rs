@@ -136,12 +136,9 @@ fn cast_ints(elems: &[Elem], to: Option<i64>) -> Option<Vec<Elem>> {
         _ => return None,
     };
     // Sizes and row counts are never negative and below 2^63: only 64-bit types hold any.
-    // The one exception: the number of rows itself in 32-bit types, since a batch of joined
-    // requests holds at most max_batch_size rows, which the batchers keep below 2^31
-    // (`runtime/batcher.py`, `serving/model.py`); a request run alone computes what it does
-    // alone whatever its size (paddle2onnx casts the batch size to INT32 for its Reshapes).
+    // The one exception: the number of rows itself, in types that hold MAX_BATCH_ROWS.
     let wide = hi == i64::MAX;
-    let rows_fit = hi >= i64::from(i32::MAX);
+    let rows_fit = hi >= crate::merge::rows::MAX_BATCH_ROWS;
     Some(
         elems
             .iter()
