@@ -60,13 +60,7 @@ def add(sub: Any) -> None:
         help="where a pipeline spends its time, per stage (ONNX Runtime's profiler, "
         "mapped back to the stages' own node names)",
     )
-    pr.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
-    io_map_option(pr)
-    opset_option(pr)
-    dynamic_batch_option(pr)
-    input_option(pr)
-    cast_option(pr)
-    providers_option(pr, "the execution providers, in priority order")
+    _pipeline_options(pr, "the execution providers, in priority order")
     pr.add_argument("--runs", type=int, default=20, help="profiled runs (default 20)")
     pr.add_argument("--warmup", type=int, default=3, help="runs before the profiled ones (default 3)")
     verbose_option(pr)
@@ -77,17 +71,23 @@ def add(sub: Any) -> None:
         help="run the composed pipeline and its stages one by one as given (before "
         "conversion and optimisation) and compare each output",
     )
-    v.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
-    io_map_option(v)
-    opset_option(v)
-    dynamic_batch_option(v)
-    input_option(v)
-    cast_option(v)
-    providers_option(v, "the execution providers of the composed pipeline, in priority order")
+    _pipeline_options(v, "the execution providers of the composed pipeline, in priority order")
     v.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
     v.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     verbose_option(v)
     v.set_defaults(func=cmd_verify)
+
+
+def _pipeline_options(p: Any, providers_help: str) -> None:
+    """The pipeline and its inputs, as profile and verify take them (run's own say more:
+    sources, and --ray's input)."""
+    p.add_argument("models", nargs="+", help="a pipeline.toml, or models composed in order (as for run)")
+    io_map_option(p)
+    opset_option(p)
+    dynamic_batch_option(p)
+    input_option(p)
+    cast_option(p)
+    providers_option(p, providers_help)
 
 
 def npz_path(output: str) -> Path:
