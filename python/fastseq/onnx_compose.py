@@ -29,7 +29,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from fastseq import _core
-from fastseq.errors import CompositionError, FastseqError, human_size
+from fastseq.errors import CompositionError, FastseqError
 from fastseq.facades import compose as _compose
 from fastseq.graph.build import build
 from fastseq.graph.parts import Stage
@@ -232,15 +232,8 @@ def merge_models(
     data = [_decodable(m) for m in models]
     stages = [_held_model(d, m, k) for k, (d, m) in enumerate(zip(data, models))]
     spec = _compose.merge_spec(stages[0], stages[1], io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
-    given = {"producer_name": producer_name, "producer_version": producer_version, "domain": domain}
-    spec.metadata = {k: v for k, v in {**spec.metadata, **given}.items() if v is not None}
-    spec.model_version = model_version
-    composed = build(spec).composed
-    if composed.encoded_len() >= _core.PROTOBUF_LIMIT:
-        raise CompositionError(
-            f"the merged model is {human_size(composed.encoded_len())}, more than an onnx.ModelProto can "
-            "hold (2 GB): fastseq.compose_to_file writes it with its weights in a data file"
-        )
+    composed = _compose.merged(spec, producer_name, producer_version, domain, model_version)
+    _compose.check_fits_proto(composed)
     if unset:
         error = onnx.checker.ValidationError("The model does not have an ir_version set properly.")
         raise _refuse(error, "merge_models: the result fails onnx.checker")

@@ -142,21 +142,39 @@ def merge_models(
     import onnx
 
     spec = merge_spec(m1, m2, io_map, inputs, outputs, prefix1, prefix2, name, doc_string)
-    given = {"producer_name": producer_name, "producer_version": producer_version, "domain": domain}
-    spec.metadata = {k: v for k, v in {**spec.metadata, **given}.items() if v is not None}
-    spec.model_version = model_version
-    composed = build(spec).composed
+    composed = merged(spec, producer_name, producer_version, domain, model_version)
     # The core merges a joint whose sides disagree under onnx.compose's rules (onnx's
     # checker decides in fastseq.onnx_compose); this merge_models refuses it, naming both.
     mismatch = [u for u in composed.report()["unproven"] if "type mismatch" in u or "shape mismatch" in u]
     if mismatch:
         raise CompositionError(mismatch[0])
+    check_fits_proto(composed)
+    return onnx.ModelProto.FromString(composed.to_bytes())
+
+
+def merged(
+    spec: PipelineSpec,
+    producer_name: str | None,
+    producer_version: str | None,
+    domain: str | None,
+    model_version: int | None,
+) -> _core.Composed:
+    """The model of a :func:`merge_spec` with ``merge_models``' model fields: the producer
+    and domain given (None: the sources' own) and ``model_version``."""
+    given = {"producer_name": producer_name, "producer_version": producer_version, "domain": domain}
+    spec.metadata = {k: v for k, v in {**spec.metadata, **given}.items() if v is not None}
+    spec.model_version = model_version
+    return build(spec).composed
+
+
+def check_fits_proto(composed: _core.Composed) -> None:
+    """A :class:`~fastseq.CompositionError` where ``composed`` is too large for the
+    ``onnx.ModelProto`` that ``merge_models`` returns (2 GB)."""
     if composed.encoded_len() >= _core.PROTOBUF_LIMIT:
         raise CompositionError(
             f"the merged model is {human_size(composed.encoded_len())}, more than an onnx.ModelProto can "
             "hold (2 GB): fastseq.compose_to_file writes it with its weights in a data file"
         )
-    return onnx.ModelProto.FromString(composed.to_bytes())
 
 
 def _stage(model: ModelSource | Stage | _core.Composed, index: int) -> Stage:
