@@ -35,10 +35,8 @@ DTYPES: dict[str, np.dtype] = {
     )
 }
 
-#: KServe datatype -> Triton's model-configuration type (``/config``)
-CONFIG_TYPES = {datatype: "TYPE_" + ("STRING" if datatype == "BYTES" else datatype) for datatype in DTYPES}
-
-_BY_DTYPE = {dtype: datatype for datatype, dtype in DTYPES.items() if datatype != "BYTES"}
+#: numpy dtype -> the KServe datatype of an array of it (strings: see :func:`datatype_of`)
+BY_DTYPE = {dtype: datatype for datatype, dtype in DTYPES.items() if datatype != "BYTES"}
 
 
 def datatype_of(info: TensorInfo, ort_type: str, kind: str) -> str:
@@ -48,8 +46,8 @@ def datatype_of(info: TensorInfo, ort_type: str, kind: str) -> str:
     dtype = info.dtype
     if dtype is not None and dtype.kind == "U":  # ONNX strings
         return "BYTES"
-    if dtype is not None and dtype in _BY_DTYPE:
-        return _BY_DTYPE[dtype]
+    if dtype is not None and dtype in BY_DTYPE:
+        return BY_DTYPE[dtype]
     why = (
         "ONNX Runtime's Python API cannot return bfloat16 arrays; a Cast to float32 around the pipeline serves it"
         if ort_type == "tensor(bfloat16)"

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fastseq import _core
-from fastseq.serving.datatypes import DTYPES
+from fastseq.serving.datatypes import BY_DTYPE, DTYPES
 
 
 @dataclass(frozen=True)
@@ -143,17 +143,13 @@ def encode_infer(
         spec, index = served_spec(model, version, (), tuple(t for t, _, _ in outputs)), None
     items = []
     for k, (tensor, array, binary) in enumerate(outputs):
-        datatype = _DATATYPES.get(array.dtype, tensor.datatype)
+        datatype = BY_DTYPE.get(array.dtype, tensor.datatype)
         if datatype == "BYTES" or array.dtype == object:
             values: Any = array.reshape(-1).tolist()
         else:
             values = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         items.append((k if index is None else index[tensor.name], binary, datatype, array.shape, values))
     return _core.encode_http(spec, id, items)
-
-
-#: the KServe datatype of each numpy dtype an output array may have
-_DATATYPES = {dtype: datatype for datatype, dtype in DTYPES.items() if datatype != "BYTES"}
 
 
 def error_body(message: str) -> bytes:
