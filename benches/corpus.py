@@ -227,38 +227,27 @@ def _torch_models() -> dict[
         def forward(self, *args: Any) -> Any:
             return self.inner(*args)[0]
 
+    def vision(make: Callable[[], Any], size: int = 64, dynamo: bool = False) -> tuple:
+        """A torchvision classifier on [N, 3, size, size] images."""
+        exporter = "torchvision, torch.onnx (dynamo)" if dynamo else "torchvision, torch.onnx (TorchScript)"
+        return (exporter, tv(make, size), floats(3, size, size), dynamo)
+
+    def net(module: Callable[[], Any], *shape: int, out: str = "y", dynamo: bool = False) -> tuple:
+        """A small torch.nn module on x [N, *shape]."""
+        exporter = "torch.nn, torch.onnx (dynamo)" if dynamo else "torch.nn, torch.onnx (TorchScript)"
+        return (exporter, lambda: (module(), (torch.randn(2, *shape),), ["x"], [out]), floats(*shape), dynamo)
+
+    def hf_model(kind: str, cls: str, rows: Callable[[int, int], list[np.ndarray]]) -> tuple:
+        """A transformers ``cls`` (random weights) exported by TorchScript."""
+        return (f"transformers {cls}, torch.onnx (TorchScript)", hf(kind), rows, False)
+
     torch.manual_seed(0)
     return {
-        "resnet18": (
-            "torchvision, torch.onnx (TorchScript)",
-            tv(lambda: torchvision.models.resnet18()),
-            floats(3, 64, 64),
-            False,
-        ),
-        "resnet18_dynamo": (
-            "torchvision, torch.onnx (dynamo)",
-            tv(lambda: torchvision.models.resnet18()),
-            floats(3, 64, 64),
-            True,
-        ),
-        "mobilenet_v3_small": (
-            "torchvision, torch.onnx (TorchScript)",
-            tv(lambda: torchvision.models.mobilenet_v3_small()),
-            floats(3, 64, 64),
-            False,
-        ),
-        "squeezenet1_1": (
-            "torchvision, torch.onnx (TorchScript)",
-            tv(lambda: torchvision.models.squeezenet1_1()),
-            floats(3, 64, 64),
-            False,
-        ),
-        "efficientnet_b0": (
-            "torchvision, torch.onnx (TorchScript)",
-            tv(lambda: torchvision.models.efficientnet_b0()),
-            floats(3, 64, 64),
-            False,
-        ),
+        "resnet18": vision(torchvision.models.resnet18),
+        "resnet18_dynamo": vision(torchvision.models.resnet18, dynamo=True),
+        "mobilenet_v3_small": vision(torchvision.models.mobilenet_v3_small),
+        "squeezenet1_1": vision(torchvision.models.squeezenet1_1),
+        "efficientnet_b0": vision(torchvision.models.efficientnet_b0),
         "lraspp_segmenter": (
             "torchvision, torch.onnx (TorchScript)",
             lambda: (
@@ -270,62 +259,22 @@ def _torch_models() -> dict[
             floats(3, 64, 64),
             False,
         ),
-        "vit_tiny": (
-            "torchvision, torch.onnx (TorchScript)",
-            tv(lambda: torchvision.models.VisionTransformer(32, 8, 2, 2, 32, 64, num_classes=10), 32),
-            floats(3, 32, 32),
-            False,
-        ),
-        "bert_tiny": ("transformers BertModel, torch.onnx (TorchScript)", hf("bert"), tokens(12, 100, True), False),
+        "vit_tiny": vision(lambda: torchvision.models.VisionTransformer(32, 8, 2, 2, 32, 64, num_classes=10), 32),
+        "bert_tiny": hf_model("bert", "BertModel", tokens(12, 100, True)),
         "bert_dynamic_seq": (
             "transformers BertModel, torch.onnx (TorchScript), dynamic sequence axis",
             hf("bert"),
             tokens(12, 100, True),
             False,
         ),
-        "distilbert_tiny": (
-            "transformers DistilBertModel, torch.onnx (TorchScript)",
-            hf("distilbert"),
-            tokens(12, 100, True),
-            False,
-        ),
-        "hf_vit_tiny": ("transformers ViTModel, torch.onnx (TorchScript)", hf("vit"), floats(3, 32, 32), False),
-        "class_token_encoder": (
-            "torch.nn, torch.onnx (TorchScript)",
-            lambda: (Classifier(), (torch.randn(2, 6, 16),), ["x"], ["logits"]),
-            floats(6, 16),
-            False,
-        ),
-        "lstm": (
-            "torch.nn, torch.onnx (TorchScript)",
-            lambda: (Lstm(), (torch.randn(2, 10, 8),), ["x"], ["y"]),
-            floats(10, 8),
-            False,
-        ),
-        "mlp": (
-            "torch.nn, torch.onnx (TorchScript)",
-            lambda: (Mlp(), (torch.randn(2, 16),), ["x"], ["y"]),
-            floats(16),
-            False,
-        ),
-        "mlp_dynamo": (
-            "torch.nn, torch.onnx (dynamo)",
-            lambda: (Mlp(), (torch.randn(2, 16),), ["x"], ["y"]),
-            floats(16),
-            True,
-        ),
-        "centred (mixes)": (
-            "torch.nn, torch.onnx (TorchScript)",
-            lambda: (Centred(), (torch.randn(2, 16),), ["x"], ["y"]),
-            floats(16),
-            False,
-        ),
-        "batch_attention (mixes)": (
-            "torch.nn, torch.onnx (TorchScript)",
-            lambda: (BatchAttention(), (torch.randn(2, 16),), ["x"], ["y"]),
-            floats(16),
-            False,
-        ),
+        "distilbert_tiny": hf_model("distilbert", "DistilBertModel", tokens(12, 100, True)),
+        "hf_vit_tiny": hf_model("vit", "ViTModel", floats(3, 32, 32)),
+        "class_token_encoder": net(Classifier, 6, 16, out="logits"),
+        "lstm": net(Lstm, 10, 8),
+        "mlp": net(Mlp, 16),
+        "mlp_dynamo": net(Mlp, 16, dynamo=True),
+        "centred (mixes)": net(Centred, 16),
+        "batch_attention (mixes)": net(BatchAttention, 16),
     }
 
 
