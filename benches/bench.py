@@ -55,8 +55,24 @@ def _save(model, path: Path, external: bool = False) -> None:
         onnx.save(model, str(path))
 
 
+def xy_model(nodes, name: str, inits, shape: list):
+    """A model of ``nodes`` from one float input ``x`` to one float output ``y``, both of
+    ``shape`` (a name for a dynamic axis), at opset 17 and IR version 8: every case here,
+    and device_check.py's model."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        inits,
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def _matmul_model(weights, dim: int, name: str):
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     nodes, inits, prev = [], [], "x"
     for k, w in enumerate(weights):
@@ -64,20 +80,13 @@ def _matmul_model(weights, dim: int, name: str):
         out = "y" if k == len(weights) - 1 else f"h{k}"
         nodes.append(helper.make_node("MatMul", [prev, f"w{k}"], [out], name=f"matmul{k}"))
         prev = out
-    g = helper.make_graph(
-        nodes,
-        name,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, dim])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dim])],
-        inits,
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return xy_model(nodes, name, inits, [1, dim])
 
 
 def gen_node_heavy(folder: Path, models: int = 50, nodes: int = 600, batch: int | str = 1) -> None:
     """50 models x 600 nodes, small weights, identical internal names (all clash); inputs and
     outputs [batch, 64] (``batch`` a name for a dynamic batch axis)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     np = _np()
     for i in range(models):
@@ -91,16 +100,7 @@ def gen_node_heavy(folder: Path, models: int = 50, nodes: int = 600, batch: int 
                 else helper.make_node("Relu", [prev], [out], name=f"relu{k}")
             )
             prev = out
-        g = helper.make_graph(
-            ns,
-            f"block{i}",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 64])],
-            [c],
-        )
-        _save(
-            helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx"
-        )
+        _save(xy_model(ns, f"block{i}", [c], [batch, 64]), folder / f"m{i:02d}.onnx")
 
 
 def _weight_chain(folder: Path, models: int, per_model: int, mats: int, external: bool) -> None:
@@ -161,25 +161,18 @@ def gen_subgraphs(folder: Path, models: int = 20) -> None:
                 helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 64]),
             ],
         )
-        g = helper.make_graph(
-            [
-                helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
-                helper.make_node("Greater", ["s", "zero"], ["cond"]),
-                helper.make_node("If", ["cond"], ["t"], then_branch=then_g, else_branch=else_g),
-                helper.make_node("Loop", ["n", "", "t"], ["y"], body=body),
-            ],
-            f"sub{i}",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
-            [
-                c,
-                numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
-                numpy_helper.from_array(np.array(2, np.int64), "n"),
-            ],
-        )
-        _save(
-            helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / f"m{i:02d}.onnx"
-        )
+        nodes = [
+            helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            helper.make_node("Greater", ["s", "zero"], ["cond"]),
+            helper.make_node("If", ["cond"], ["t"], then_branch=then_g, else_branch=else_g),
+            helper.make_node("Loop", ["n", "", "t"], ["y"], body=body),
+        ]
+        inits = [
+            c,
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            numpy_helper.from_array(np.array(2, np.int64), "n"),
+        ]
+        _save(xy_model(nodes, f"sub{i}", inits, [1, 64]), folder / f"m{i:02d}.onnx")
 
 
 def gen_dag(folder: Path, stages: int = 20, nodes: int = 1500) -> None:

@@ -122,7 +122,7 @@ def gen_folded(folder: Path, blocks: int = 100, dim: int = 384) -> None:
     (100 MatMul + Add + Relu on 384 x 384 initializers, 59 MB), which constant folding
     evaluates when the session is made; the optimised model holds the one result."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
 
@@ -141,14 +141,7 @@ def gen_folded(folder: Path, blocks: int = 100, dim: int = 384) -> None:
         ]
         t = f"t{k}"
     nodes.append(helper.make_node("MatMul", ["x", t], ["y"]))
-    g = helper.make_graph(
-        nodes,
-        "folded",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
-        inits,
-    )
-    bench._save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), folder / "m00.onnx")
+    bench._save(bench.xy_model(nodes, "folded", inits, ["N", dim]), folder / "m00.onnx")
 
 
 CASES = {

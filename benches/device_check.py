@@ -17,11 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+import bench  # xy_model, the model helper the benchmarks share
+
 
 def model(dim: int = 1024, layers: int = 8):
     """An MLP of ``layers`` MatMul+Relu on [N, dim]: big enough for the GPU to matter."""
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
     nodes, inits, prev = [], [], "x"
@@ -31,14 +34,7 @@ def model(dim: int = 1024, layers: int = 8):
         out = "y" if k == layers - 1 else f"h{k}"
         nodes.append(helper.make_node("Relu", [f"m{k}"], [out]))
         prev = out
-    g = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
-        inits,
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return bench.xy_model(nodes, "mlp", inits, ["N", dim])
 
 
 def timed(fn, n: int = 200) -> float:
