@@ -11,6 +11,9 @@ in-process batcher on the same core (issue 43's benchmark).
     python benches/bench_netserve.py --fastseq "/path/venv/bin/fastseq"   # another build's CLI
     python benches/bench_netserve.py --quick --pipelines cnn --modes serve-bin,in-process  # a subset
 
+A smoke run or a subset writes benches/out/netserve_partial.json; only a whole run replaces
+benches/out/netserve.json, the table that --readme and --long build on.
+
 Every server runs pinned to core 0 (``taskset -c 0``), every client to core 1, 32 connections,
 one row a request: wrk (HTTP/1.1, a Lua script posting one fixed body, counting answers that
 are not 200), h2load (gRPC: HTTP/2 POSTs of one framed ``ModelInferRequest``) and Triton's
@@ -49,6 +52,7 @@ FIXTURES = HERE.parent / "tests" / "fixtures"
 OUT = HERE / "out"
 WORK = OUT / "netserve"
 RESULTS = OUT / "netserve.json"
+PARTIAL = OUT / "netserve_partial.json"  # --quick, --pipelines or --modes
 CONNECTIONS = 32
 WARM_S, MEASURE_S, REPEATS = 1, 5, 3
 LONG_REQUESTS = 1_000_000
@@ -536,6 +540,9 @@ def main() -> None:
     if args.setup:
         ns.setup()
         return
+    partial = bool(args.quick or args.pipelines or args.modes)
+    if args.readme and partial and not args.long:
+        sys.exit("--readme writes the whole table: run it without --quick, --pipelines or --modes")
     if nc.missing_tools():
         sys.exit("missing: " + "; ".join(nc.missing_tools()) + " (or run with --setup)")
     args.fastseq = shlex.split(args.fastseq)
@@ -549,6 +556,9 @@ def main() -> None:
         )
     WORK.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    # a smoke run or a subset goes to its own file: the whole table's numbers (what --readme
+    # and --long build on) stay
+    results = RESULTS if args.long or not partial else PARTIAL
     if args.long:  # added to the last table's report
         report = earlier or {
             "connections": CONNECTIONS,
@@ -564,7 +574,7 @@ def main() -> None:
         report = measure(args)
         if "long" in earlier:  # the last long run stays in the table, with its date
             report["long"] = earlier["long"]
-    RESULTS.write_text(json.dumps(report, indent=2))
+    results.write_text(json.dumps(report, indent=2))
     text = table(report)
     print(text)
     if args.readme:
