@@ -455,7 +455,7 @@ def table(report: dict) -> str:
         if p["compute_us"]:
             lines.append(
                 f"- {name}: ONNX Runtime alone on core 0, CPU µs a row by batch size: "
-                + ", ".join(f"{b}: {us:.1f}" for b, us in sorted(p["compute_us"].items()))
+                + ", ".join(f"{b}: {us:.1f}" for b, us in sorted(p["compute_us"].items(), key=lambda kv: int(kv[0])))
             )
     for mode, why in report.get("skipped", {}).items():
         lines.append(f"- {MODES[mode][2]}: skipped, {why}")
