@@ -512,7 +512,7 @@ def table(report: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setup", action="store_true", help="install wrk, h2load, libb64 and build the peers' venvs")
     p.add_argument("--quick", action="store_true", help="one round of 1 s a mode, no warm-up (a smoke run)")
     p.add_argument("--long", action="store_true", help=f"only the {LONG_REQUESTS:,}-request run (RSS, open files)")
