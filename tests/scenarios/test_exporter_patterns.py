@@ -18,10 +18,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
 from conftest import FIXTURES, ONNX_DATA, scale_model, session
-from runtime.test_rows import refusal, rows, same_as_alone
+from runtime.test_rows import node, refusal, rows, same_as_alone, x_to_y
 
 F = TensorProto.FLOAT
 LIGHT = ONNX_DATA / "light"
+
+
+def over_rows() -> onnx.ModelProto:
+    """x [N, 4] -> Softmax over the batch axis (node 'over_rows'): rows that mix."""
+    return x_to_y(node("Softmax", ["x"], ["y"], "over_rows", axis=0))
 
 
 def test_torchs_attention_after_a_class_token_is_batched():
@@ -111,16 +116,7 @@ def test_what_the_adapter_cannot_prove_is_refused_naming_the_node():
 
 
 def test_a_pipeline_file_declares_row_independence_and_a_dynamic_batch(tmp_path):
-    mixing = helper.make_model(
-        helper.make_graph(
-            [helper.make_node("Softmax", ["x"], ["y"], "over_rows", axis=0)],
-            "g",
-            [helper.make_tensor_value_info("x", F, ["N", 4])],
-            [helper.make_tensor_value_info("y", F, ["N", 4])],
-        ),
-        opset_imports=[helper.make_opsetid("", 17)],
-        ir_version=8,
-    )
+    mixing = over_rows()
     onnx.save(mixing, tmp_path / "m.onnx")
     (tmp_path / "p.toml").write_text('chain = ["m"]\nrow_independent = true\n[stages]\nm = "m.onnx"\n')
     pipe = fastseq.Pipeline.from_file(tmp_path / "p.toml")
@@ -139,16 +135,7 @@ def test_a_pipeline_file_declares_row_independence_and_a_dynamic_batch(tmp_path)
 def test_the_served_request_by_request_line_gives_the_whole_reason_and_the_flag(caplog):
     from fastseq.serving.model import ServedModel
 
-    mixing = helper.make_model(
-        helper.make_graph(
-            [helper.make_node("Softmax", ["x"], ["y"], "over_rows", axis=0)],
-            "g",
-            [helper.make_tensor_value_info("x", F, ["N", 4])],
-            [helper.make_tensor_value_info("y", F, ["N", 4])],
-        ),
-        opset_imports=[helper.make_opsetid("", 17)],
-        ir_version=8,
-    )
+    mixing = over_rows()
     with caplog.at_level(logging.WARNING, logger="fastseq.serve"):
         served = ServedModel("mix", fastseq.ONNXSequential(mixing))
     assert served.batcher is None
