@@ -1,5 +1,5 @@
 """What the network-serving tests share: models made here (a small CNN, one of every KServe
-datatype, several inputs and outputs, a busy one, one whose rows mix), a server of
+datatype, several inputs and outputs, a busy one, one whose warm-up fails, one whose rows mix), a server of
 ``fastseq.serving`` running in a thread on 127.0.0.1 (port 0), ``fastseq serve`` in a
 process of its own, and small raw-HTTP helpers for what no client library would send."""
 
@@ -138,6 +138,17 @@ def lookup() -> onnx.ModelProto:
         [helper.make_tensor_value_info("idx", TensorProto.INT64, ["N", 1])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
         [table],
+    )
+
+
+def pairs() -> onnx.ModelProto:
+    """x [N, W] -> y [N, W / 2, 2], a Reshape to pairs: a row of one value (the warm-up's
+    dynamic axes are 1) cannot be split, so the warm-up run fails."""
+    return _model(
+        [helper.make_node("Reshape", ["x", "pairs"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
+        [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")],
     )
 
 

@@ -26,6 +26,7 @@ from netserving import (  # noqa: E402
     lookup,
     metrics,
     mixing,
+    pairs,
     pipe,
     running,
     several,
@@ -332,31 +333,20 @@ def test_a_request_whose_run_fails_in_a_joined_batch_gets_its_own_error_and_the_
 
 def test_a_failed_warm_up_is_said_to_every_request_and_no_warm_up_serves_anyway():
     import onnx as _onnx
-    from onnx import TensorProto, helper, numpy_helper
 
-    pairs = helper.make_model(
-        helper.make_graph(
-            [helper.make_node("Reshape", ["x", "pairs"], ["y"])],
-            "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
-            [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")],
-        ),
-        opset_imports=[helper.make_opsetid("", 17)],
-        ir_version=8,
-    )
-    _onnx.checker.check_model(pairs)
+    model = pairs()
+    _onnx.checker.check_model(model)
     from fastseq import serving
     from fastseq.serving.server import Server
 
-    app = serving.app({"pairs": pipe(pairs)}, row_independent=True)
+    app = serving.app({"pairs": pipe(model)}, row_independent=True)
     server = Server(app, "127.0.0.1", 0)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     thread.join(60)
     assert server.exit_code == 1 and isinstance(app.service.failed, fastseq.FastseqError)
     # Without the warm-up run it serves what the model takes.
-    with running({"pairs": pipe(pairs)}, row_independent=True, warm_up=False) as s:
+    with running({"pairs": pipe(model)}, row_independent=True, warm_up=False) as s:
         got = client(s).infer("pairs", [tensor("x", np.arange(8, dtype=np.float32).reshape(2, 4))]).as_numpy("y")
         assert got.shape == (2, 2, 2)
 

@@ -19,9 +19,7 @@ import pytest
 pytest.importorskip("uvicorn")
 http = pytest.importorskip("tritonclient.http")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-
-from netserving import Process, busy, cnn, get, metrics, post, raw, read_answer, wait_ready  # noqa: E402
+from netserving import Process, busy, cnn, get, metrics, pairs, post, raw, read_answer, wait_ready  # noqa: E402
 
 
 def request_body(rows: int = 1) -> bytes:
@@ -82,18 +80,7 @@ def test_sigterm_drains_and_exits_0(tmp_path):
 
 def test_a_warm_up_that_fails_exits_1(tmp_path):
     # Reshape to pairs: a row of one value (the warm-up's dynamic axes are 1) cannot be split.
-    model = helper.make_model(
-        helper.make_graph(
-            [helper.make_node("Reshape", ["x", "pairs"], ["y"])],
-            "g",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "W"])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, 2])],
-            [numpy_helper.from_array(np.array([0, -1, 2], np.int64), "pairs")],
-        ),
-        opset_imports=[helper.make_opsetid("", 17)],
-        ir_version=8,
-    )
-    onnx.save(model, tmp_path / "pairs.onnx")
+    onnx.save(pairs(), tmp_path / "pairs.onnx")
     server = Process(str(tmp_path / "pairs.onnx"))
     code = server.proc.wait(60)
     assert code == 1
