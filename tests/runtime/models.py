@@ -1,8 +1,12 @@
 """Models and inputs that the runtime's tests share: a two-stage chain of scale models,
-MatMul chains whose stages' node names clash, a slow model, rows and their comparison."""
+MatMul chains whose stages' node names clash, a slow model, rows and their comparison, and
+fresh processes that run a small pipeline and exit."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +51,19 @@ def matmuls(n: int, dim: int = 128, seed: int = 0, batch: str | int | None = "N"
         [w],
     )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def pipe_processes(folder: Path, body: str, times: int) -> Iterator[subprocess.CompletedProcess[str]]:
+    """``times`` fresh Python processes, one after the other, each running ``body`` after
+    ``import numpy as np, fastseq``, with ``pipe``, two 8-wide MatMuls (``matmuls(2, dim=8)``,
+    saved in ``folder``), and ``x``, ones of shape (2, 8): how each exited."""
+    path = folder / "m.onnx"
+    onnx.save(matmuls(2, dim=8), path)
+    script = (
+        f"import numpy as np, fastseq\npipe = fastseq.ONNXSequential({str(path)!r})\nx = np.ones((2, 8), np.float32)\n"
+    )
+    for _ in range(times):
+        yield subprocess.run([sys.executable, "-c", script + body], capture_output=True, text=True, timeout=120)
 
 
 def light_heavy(**kwargs) -> fastseq.Pipeline:

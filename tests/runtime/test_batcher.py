@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
-from runtime.models import light_heavy, matmuls, rows, same, slow_input, slow_model
+from runtime.models import light_heavy, matmuls, pipe_processes, rows, same, slow_input, slow_model
 
 N = 64  # concurrent callers
 
@@ -562,17 +560,13 @@ def test_a_process_that_ends_right_after_run_async_exits_cleanly(tmp_path):
     """ONNX Runtime's callback thread wakes the loop and still has Python to run; a process
     whose main thread then finished used to finalize under it and abort ("FATAL: exception
     not rethrown", 5 of 12 runs of this script). Shutdown now waits for the callbacks."""
-    onnx.save(matmuls(2, dim=8), tmp_path / "m.onnx")
     script = (
-        "import asyncio, numpy as np, fastseq\n"
-        f"pipe = fastseq.ONNXSequential({str(tmp_path / 'm.onnx')!r})\n"
-        "x = np.ones((2, 8), np.float32)\n"
+        "import asyncio\n"
         "async def main():\n"
         "    y, = await pipe.run_async(x)\n"
         "    with pipe.batcher(max_batch_size=32, max_delay_ms=2) as b:\n"
         "        y, = await b.run_async(x)\n"
         "asyncio.run(main())\n"
     )
-    for _ in range(8):
-        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    for r in pipe_processes(tmp_path, script, 8):
         assert r.returncode == 0, r.stderr

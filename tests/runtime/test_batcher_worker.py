@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,7 +18,7 @@ import pytest
 import fastseq
 from fastseq.runtime import batcher as batcher_module
 from fastseq.runtime import batches
-from runtime.models import light_heavy, matmuls, rows, same, slow_model
+from runtime.models import light_heavy, pipe_processes, rows, same, slow_model
 
 
 def test_threads_and_coroutines_of_two_loops_share_one_batcher_and_get_their_own_rows():
@@ -352,20 +350,14 @@ def test_a_process_that_never_closes_its_batcher_exits_cleanly(tmp_path):
     """The worker is a thread the interpreter waits for; an exit hook closes every batcher
     first (as concurrent.futures does for its workers): the queued request runs, the worker
     ends, and the process exits without an error (several times: no race at exit)."""
-    import onnx
-
-    onnx.save(matmuls(2, dim=8), tmp_path / "m.onnx")
     script = (
-        "import threading, numpy as np, fastseq\n"
-        f"pipe = fastseq.ONNXSequential({str(tmp_path / 'm.onnx')!r})\n"
+        "import threading\n"
         "b = pipe.batcher(max_delay_ms=1_000)\n"
-        "x = np.ones((2, 8), np.float32)\n"
         "print(b(x)[0].shape)\n"
         "t = threading.Thread(target=lambda: print('late', b(x)[0].shape), daemon=True)\n"
         "t.start()\n"
     )
-    for _ in range(4):
-        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    for r in pipe_processes(tmp_path, script, 4):
         assert r.returncode == 0 and not r.stderr, r.stderr
         assert "(2, 8)" in r.stdout
 
