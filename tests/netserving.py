@@ -302,6 +302,24 @@ def post(path: str, body: bytes, headers: dict[str, str] | None = None, length: 
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+def cnn_request() -> bytes:
+    """A POST of one image (ones) to cnn(), served as ``cnn``, its tensor as binary data."""
+    x = np.ones((1, 3, 20, 20), np.float32)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": [1, 3, 20, 20],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ]
+        }
+    ).encode()
+    return post("/v2/models/cnn/infer", head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))})
+
+
 def get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=10) as r:

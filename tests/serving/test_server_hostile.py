@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("uvicorn")
 http = pytest.importorskip("tritonclient.http")
 
-from netserving import busy, cnn, get, metrics, pipe, post, raw, read_answer, running  # noqa: E402
+from netserving import busy, cnn, cnn_request, get, metrics, pipe, post, raw, read_answer, running  # noqa: E402
 
 INFER = "/v2/models/cnn/infer"
 
@@ -208,20 +208,7 @@ def test_a_full_queue_answers_503_and_recovers():
 def test_a_thousand_concurrent_connections(server):
     """1,000 connections at once, each with a request: every one is answered (200, or 503
     when the queue is full), and the server answers afterwards."""
-    x = np.ones((1, 3, 20, 20), np.float32)
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "image",
-                    "shape": [1, 3, 20, 20],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ]
-        }
-    ).encode()
-    request = post(INFER, head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))})
+    request = cnn_request()
     sockets = []
     try:
         for _ in range(1000):

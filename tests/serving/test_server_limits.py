@@ -14,26 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from netserving import Process, busy, cnn, get, metrics, pipe, post, raw, read_answer, running, wait_ready
+from netserving import Process, busy, cnn, cnn_request, get, metrics, pipe, post, raw, read_answer, running, wait_ready
 
 INFER = "/v2/models/cnn/infer"
-
-
-def cnn_request() -> bytes:
-    x = np.ones((1, 3, 20, 20), np.float32)
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "image",
-                    "shape": [1, 3, 20, 20],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ]
-        }
-    ).encode()
-    return post(INFER, head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head))})
 
 
 def slow_request() -> bytes:
