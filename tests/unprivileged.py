@@ -30,6 +30,20 @@ def shared_folder() -> Path:
     return folder
 
 
+def writable_folder(path: Path) -> Path:
+    """``path`` made a folder that an ordinary user may write in (mode 0777)."""
+    path.mkdir()
+    path.chmod(0o777)
+    return path
+
+
+def printing_export_error(statement: str) -> str:
+    """Code that runs ``statement`` (one line or several) and prints the ExportError it
+    raises, or ``written`` if it raises none."""
+    body = "".join(f"    {line}\n" for line in statement.splitlines())
+    return f"try:\n{body}except fastseq.ExportError as e:\n    print(e)\nelse:\n    print('written')\n"
+
+
 def run(code: str, warm: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Runs ``warm`` (imports, a first call that loads every module ``code`` needs) with the
     test's rights, then ``code`` as ``nobody``."""

@@ -306,9 +306,7 @@ def test_a_read_only_output_is_refused_for_an_ordinary_user(work):
         locked = shared / "locked"
         locked.mkdir()
         locked.chmod(0o555)
-        scratch = shared / "scratch"
-        scratch.mkdir()
-        scratch.chmod(0o777)
+        scratch = unprivileged.writable_folder(shared / "scratch")
         warm = (
             "from fastseq.cli import main\n"
             f"main(['run', {str(work / 'a.onnx')!r}, '--input', {str(work / 'x.npy')!r}, '-o', "

@@ -234,8 +234,7 @@ def test_a_read_only_target_is_an_export_error_for_an_ordinary_user_on_the_plain
     try:
         src, out = shared / "src", shared / "out"
         for folder in (src, out):
-            folder.mkdir()
-            folder.chmod(0o777)
+            unprivileged.writable_folder(folder)
         onnx.save(matmul_model(2.0), src / "s2.onnx")
         onnx.save(matmul_model(2.0), src / "e2.onnx", save_as_external_data=True, location="e2.bin", size_threshold=0)
         for p in src.iterdir():
@@ -248,11 +247,8 @@ def test_a_read_only_target_is_an_export_error_for_an_ordinary_user_on_the_plain
             f"import fastseq\nfrom pathlib import Path\nsrc, target = Path({str(src)!r}), "
             f"Path({str(shared / 'warm' / 'm.onnx')!r})\n{PLAIN[kind]}\n"
         )  # loads every module as root
-        code = (
-            f"src, target = Path({str(src)!r}), Path({str(target)!r})\ntry:\n"
-            + "".join(f"    {line}\n" for line in PLAIN[kind].splitlines())
-            + "except fastseq.ExportError as e:\n    print(e)\nelse:\n    print('written')\n"
-        )
+        paths = f"src, target = Path({str(src)!r}), Path({str(target)!r})\n"
+        code = paths + unprivileged.printing_export_error(PLAIN[kind])
         r = unprivileged.run(code, warm)
         assert r.returncode == 0, r.stderr
         assert f"cannot write {target}: it is read-only" in r.stdout or kind == "merge", r.stdout + r.stderr
