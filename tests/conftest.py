@@ -186,6 +186,18 @@ def set_external_location(path, location: str) -> None:
     onnx.save(model, str(path))
 
 
+def all_at_once(commands: list[list[str]], timeout: float, cwd: Path | None = None) -> None:
+    """Starts every command at once and waits for them all: each must exit 0 (its stderr
+    says why where one does not)."""
+    procs = [
+        subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for command in commands
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err
+
+
 @pytest.fixture
 def x24() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)

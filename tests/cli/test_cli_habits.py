@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import unprivileged
-from conftest import scale_model, tmpfs
+from conftest import all_at_once, scale_model, tmpfs
 
 #: fastseq's own progress summary ("running: done in 0.01s"): the one line besides its
 #: errors and warnings that it writes to a stderr that is not a terminal.
@@ -330,19 +330,11 @@ def test_a_read_only_output_is_refused_for_an_ordinary_user(work):
 def test_processes_writing_one_output_leave_one_whole_archive(work):
     for k in range(4):
         np.save(work / f"x{k}.npy", np.full((2, 4), k, np.float32))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "fastseq", "run", "a.onnx", "--input", f"x{k}.npy", "-o", "out.npz"],
-            cwd=work,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in range(4)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err
+    all_at_once(
+        [[sys.executable, "-m", "fastseq", "run", "a.onnx", "--input", f"x{k}.npy", "-o", "out.npz"] for k in range(4)],
+        timeout=240,
+        cwd=work,
+    )
     y = np.load(work / "out.npz")["y"]
     assert any(np.array_equal(y, np.full((2, 4), 2.0 * k, np.float32)) for k in range(4))
     assert not [p.name for p in work.iterdir() if p.name.startswith(".out.npz")]

@@ -17,6 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import fastseq
+from conftest import all_at_once
 from fastseq import ops
 from fastseq.runtime.cache import SessionCache
 
@@ -241,18 +242,8 @@ def test_two_processes_converting_at_once_keep_one_entry_per_stage(tmp_path):
     the pipeline's result, each converted stage is kept once, and a third start is a hit
     that converts nothing."""
     model, cache = conv_model(tmp_path / "conv.onnx"), tmp_path / "cache"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", START, str(model), str(cache), str(tmp_path / f"{k}.npy")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in range(2)
-    ]
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
+    starts = [[sys.executable, "-c", START, str(model), str(cache), str(tmp_path / f"{k}.npy")] for k in range(2)]
+    all_at_once(starts, timeout=300)
     want = expected(model)
     for k in range(2):
         np.testing.assert_allclose(np.load(tmp_path / f"{k}.npy"), want, rtol=1e-5, atol=1e-5)
