@@ -41,6 +41,25 @@ def run_in_thread(call, timeout: float = 60):
     return box["value"]
 
 
+def outcomes(batcher, inputs: list) -> list:
+    """Each of ``inputs`` sent to ``batcher`` from a thread of its own, all at once: what
+    each caller got, its outputs or the exception it raised."""
+    results: list = [None] * len(inputs)
+
+    def call(k):
+        try:
+            results[k] = batcher(inputs[k])
+        except Exception as e:  # noqa: BLE001 (returned to the test)
+            results[k] = e
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 # --- the batcher --------------------------------------------------------------------------------
 def test_batcher_under_64_threads_with_mixed_batch_sizes():
     pipe = light_heavy()
@@ -139,20 +158,8 @@ def test_a_joint_run_that_fails_is_run_again_per_request_so_only_the_bad_caller_
     pipe = fastseq.Pipeline({"lookup": gather_model()})
     indices = [np.array([k % 4] * (1 + k % 2), np.int64) for k in range(15)]
     indices.insert(7, np.array([99], np.int64))
-    results: list = [None] * 16
     with pipe.batcher(max_batch_size=23, max_delay_ms=10_000) as batcher:  # all sixteen (23 rows) in one run
-
-        def call(k):
-            try:
-                results[k] = batcher(indices[k])
-            except Exception as e:  # noqa: BLE001
-                results[k] = e
-
-        threads = [threading.Thread(target=call, args=(k,)) for k in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = outcomes(batcher, indices)
         later = np.arange(23, dtype=np.int64) % 4  # the batcher goes on (a full batch)
         same(batcher(later), [later.astype(np.float32)])
     assert isinstance(results[7], fastseq.RunError) and "out of data bounds" in str(results[7])
@@ -488,19 +495,7 @@ def test_an_output_that_does_not_keep_the_rows_is_an_error_not_a_wrong_split():
     ):
         pipe.batcher()
     with pipe.batcher(max_batch_size=2, max_delay_ms=10_000, row_independent=True) as batcher:
-        results: list = [None, None]
-
-        def call(k):
-            try:
-                results[k] = batcher(np.ones((1, 4), np.float32))
-            except Exception as e:  # noqa: BLE001
-                results[k] = e
-
-        threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = outcomes(batcher, [np.ones((1, 4), np.float32) for _ in range(2)])
     assert all(isinstance(r, fastseq.RunError) and "does not keep the batch axis" in str(r) for r in results)
     assert results[0] is not results[1]  # each caller raises its own
 
