@@ -194,17 +194,26 @@ def test_cache_commands_never_follow_a_link_to_the_folder(tmp_path):
     np.testing.assert_allclose(pipe(X)[0], expected(2.0))
 
 
+def _killed_at(cache: Path, source: str, where: str, count: int) -> None:
+    """``count`` real processes starting ``source`` at once, each killed with SIGKILL at
+    ``where`` (``_seal``: a store, ONNX Runtime's files written; ``_Found.count_hit``: a
+    hit, its links made and its session built)."""
+    code = textwrap.dedent(f"""
+        import os, signal, fastseq
+        from fastseq.runtime import cache_entry
+        owner, name = (cache_entry._Found, "count_hit") if {where!r} == "count_hit" else (cache_entry, "_seal")
+        setattr(owner, name, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
+        fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    assert [p.wait(timeout=120) for p in procs] == [-9] * count
+
+
 def test_temporary_folders_of_killed_writers_are_removed_by_later_writers(tmp_path):
     cache = tmp_path / "cache"
     source = model_file(tmp_path, 2.0)
     # A real writer killed after ONNX Runtime wrote the entry's files, before it was sealed.
-    code = textwrap.dedent(f"""
-        import os, signal, fastseq
-        from fastseq.runtime import cache_entry
-        cache_entry._seal = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-        fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
-    """)
-    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+    _killed_at(cache, source, "_seal", 1)
     (killed,) = [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
     assert {p.name for p in killed.iterdir()} == {"model.onnx", "model.data"}
     old = time.time() - 3600
@@ -726,13 +735,7 @@ def test_a_killed_writers_folder_goes_as_soon_as_its_lock_is_free(tmp_path):
 
     cache = tmp_path / "cache"
     source = model_file(tmp_path, 2.0)
-    code = textwrap.dedent(f"""
-        import os, signal, fastseq
-        from fastseq.runtime import cache_entry
-        cache_entry._seal = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-        fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
-    """)
-    assert subprocess.run([sys.executable, "-c", code]).returncode == -9
+    _killed_at(cache, source, "_seal", 1)
     (killed,) = [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
     assert cachedir.STALE_S <= 10
     half_a_minute = time.time() - 30
@@ -761,21 +764,6 @@ def _runs(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _killed_at(cache: Path, source: str, where: str, count: int) -> None:
-    """``count`` real processes starting ``source`` at once, each killed with SIGKILL at
-    ``where`` (``_seal``: a store, ONNX Runtime's files written; ``_Found.count_hit``: a
-    hit, its links made and its session built)."""
-    code = textwrap.dedent(f"""
-        import os, signal, fastseq
-        from fastseq.runtime import cache_entry
-        owner, name = (cache_entry._Found, "count_hit") if {where!r} == "count_hit" else (cache_entry, "_seal")
-        setattr(owner, name, lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
-        fastseq.ONNXSequential({source!r}, session_cache={str(cache)!r})
-    """)
-    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
-    assert [p.wait(timeout=120) for p in procs] == [-9] * count
 
 
 def test_the_folders_of_killed_writers_and_readers_go_with_the_next_start(tmp_path):
