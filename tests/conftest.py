@@ -73,7 +73,9 @@ def input_pb(name: str, kind: str = "pytorch-converted") -> np.ndarray:
 
 
 def varint(n: int) -> bytes:
-    """Protobuf base-128 varint, for models written byte by byte."""
+    """Protobuf base-128 varint, for models and messages written byte by byte (a negative
+    int64 as its 64-bit two's complement, ten bytes, as protobuf writes it)."""
+    n &= (1 << 64) - 1
     out = bytearray()
     while True:
         b = n & 0x7F

@@ -18,6 +18,7 @@ import urllib.parse
 
 import pytest
 
+from conftest import varint
 from netserving import cnn, every_type, metrics, pipe, post, raw, read_answer, running, several
 
 pytest.importorskip("tritonclient.grpc")
@@ -39,17 +40,6 @@ def cnn_json(**item) -> dict:
 
 
 # --- a protobuf encoder of our own: any bytes in any field, UTF-8 or not ------------------------------
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def field(tag: int, value) -> bytes:
     if isinstance(value, int):
         return varint(tag << 3) + varint(value)
