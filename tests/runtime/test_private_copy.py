@@ -31,16 +31,22 @@ from fastseq.runtime import session
 DIM = 512  # 1 MiB float32 weights: well above the size left in the file (64 KiB)
 
 
-def matmul_model(seed: int, dim: int = DIM, name: str = "mm") -> onnx.ModelProto:
-    w = (np.random.default_rng(seed).standard_normal((dim, dim)) / dim).astype(np.float32)
+def matmul_by(w: np.ndarray, rows: str | int = "N", name: str = "mm") -> onnx.ModelProto:
+    """y = x @ w, x [rows, dim] for w [dim, dim]."""
+    dim = w.shape[0]
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])],
         name,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", dim])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", dim])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, dim])],
         [numpy_helper.from_array(w, "w")],
     )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def matmul_model(seed: int, dim: int = DIM, name: str = "mm") -> onnx.ModelProto:
+    w = (np.random.default_rng(seed).standard_normal((dim, dim)) / dim).astype(np.float32)
+    return matmul_by(w, name=name)
 
 
 def save(model: onnx.ModelProto, path: Path, external: bool = False) -> str:
@@ -232,15 +238,7 @@ def test_a_source_rewritten_in_a_loop_during_builds_never_mixes_or_crashes(tmp_p
     result or a LoadError naming the file, and nothing crashes (no SIGBUS)."""
     versions = []
     for k in (1, 2):
-        w = np.full((1024, 1024), float(k), np.float32)  # 4 MiB: the copy takes a while
-        g = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])],
-            "mm",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
-            [numpy_helper.from_array(w, "w")],
-        )
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        m = matmul_by(np.full((1024, 1024), float(k), np.float32), rows=1)  # 4 MiB: the copy takes a while
         folder = tmp_path / f"v{k}"
         folder.mkdir()
         versions.append(Path(save(m, folder / "m.onnx", external)))
@@ -400,18 +398,7 @@ def test_many_pipelines_release_their_memory_and_files_when_dropped(tmp_path):
     paths = []
     for k in range(2):
         w = np.random.default_rng(k).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB each
-        g = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "w"], ["y"])],
-            "mm",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
-            [numpy_helper.from_array(w, "w")],
-        )
-        paths.append(
-            save(
-                helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / f"m{k}.onnx"
-            )
-        )
+        paths.append(save(matmul_by(w, rows=1), tmp_path / f"m{k}.onnx"))
     private = tmp_path / "tmp"
     private.mkdir()
     env = {**os.environ, "TMPDIR": str(private), "PYTHONPATH": os.pathsep.join(sys.path)}
