@@ -179,6 +179,14 @@ def loop_model_reading_outer_initializer() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def save_external(path: Path, location: str) -> Path:
+    """scale_model(2.0) on [2, 512] saved at ``path`` (its folder made), its weights (2 KB)
+    in the external data file ``location`` beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(scale_model(2.0, shape=(2, 512)), path, save_as_external_data=True, location=location, size_threshold=0)
+    return path
+
+
 def set_external_location(path, location: str) -> None:
     """Points the first initializer of the external-data model at ``path`` to ``location``."""
     model = onnx.load(str(path), load_external_data=False)

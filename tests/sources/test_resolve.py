@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import fastseq
-from conftest import scale_model, set_external_location
+from conftest import save_external, scale_model, set_external_location
 from fastseq.sources import resolve as loader
 from servers import serve_hub
 
@@ -78,10 +78,7 @@ def test_hub_cache_offline_mode_force_download_and_token(hub, tmp_path, monkeypa
 
 def test_hub_model_with_external_data_brings_its_companion(hub, tmp_path):
     server, root = hub
-    big = scale_model(2.0, shape=(2, 512))
-    folder = root / "acme" / "models" / "ext"
-    folder.mkdir(parents=True)
-    onnx.save(big, folder / "big.onnx", save_as_external_data=True, location="big.weights", size_threshold=0)
+    folder = save_external(root / "acme" / "models" / "ext" / "big.onnx", "big.weights").parent
     assert (folder / "big.weights").exists()
     pipe = fastseq.ONNXSequential("hf://acme/models/ext/big.onnx", cache_dir=tmp_path / "c")
     x = np.ones((2, 512), np.float32)
@@ -92,16 +89,7 @@ def test_hub_model_with_external_data_brings_its_companion(hub, tmp_path):
 @pytest.mark.parametrize("location", ["../../../escape.bin", "/etc/passwd"])
 def test_hub_external_data_locations_are_checked_before_any_download(hub, tmp_path, location):
     server, root = hub
-    folder = root / "acme" / "models" / "evil"
-    folder.mkdir(parents=True)
-    onnx.save(
-        scale_model(2.0, shape=(2, 512)),
-        folder / "m.onnx",
-        save_as_external_data=True,
-        location="m.bin",
-        size_threshold=0,
-    )
-    set_external_location(folder / "m.onnx", location)
+    set_external_location(save_external(root / "acme" / "models" / "evil" / "m.onnx", "m.bin"), location)
     with pytest.raises(fastseq.LoadError, match="external data location .* is refused"):
         fastseq.ONNXSequential("hf://acme/models/evil/m.onnx", cache_dir=tmp_path / "c")
     assert not any("escape" in p or "passwd" in p for _, p, _ in server.requests)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import fastseq
-from conftest import scale_model
+from conftest import save_external, scale_model
 from servers import HangUp, serve_hub
 
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
@@ -106,16 +106,8 @@ def test_missing_file_revision_and_repository_are_named(hub, tmp_path):
 
 def test_missing_external_data_companion_is_named(hub, tmp_path):
     _, root = hub
-    folder = root / "acme" / "models" / "ext"
-    folder.mkdir()
-    onnx.save(
-        scale_model(2.0, shape=(2, 512)),
-        folder / "big.onnx",
-        save_as_external_data=True,
-        location="big.weights",
-        size_threshold=0,
-    )
-    (folder / "big.weights").unlink()
+    model = save_external(root / "acme" / "models" / "ext" / "big.onnx", "big.weights")
+    model.with_name("big.weights").unlink()
     with pytest.raises(fastseq.DownloadError, match=r"ext/big.weights not found in acme/models at main"):
         fastseq.ONNXSequential("hf://acme/models/ext/big.onnx", cache_dir=tmp_path / "c")
 
