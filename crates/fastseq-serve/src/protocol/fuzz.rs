@@ -11,6 +11,7 @@ use prost::Message;
 use serde_json::{json, Value};
 
 use super::grpc::{self, InferInputTensor, InferParameter, InferTensorContents, ModelInferRequest, ParameterChoice};
+use super::json::decode_read;
 use super::testing::{every, model};
 use super::{decode_http_with, encode_http, Checks};
 use crate::error::{RequestError, Status};
@@ -302,6 +303,9 @@ fn seeded_fuzz_of_both_decoders() {
             } else {
                 refused += 1
             }
+            // the quick reader's answer is serde_json's, word for word
+            let full = decode_read(&m, &body, header, checks, false).map(|(request, _)| request);
+            assert_eq!(got, full, "HTTP {:?}", String::from_utf8_lossy(&body));
             check(&m, got, &|| format!("HTTP {:?}", String::from_utf8_lossy(&body[..body.len().min(400)])));
         } else if let Some(request) = mutated_grpc(&mut rng) {
             let shown = format!("{request:?}");
@@ -318,4 +322,44 @@ fn seeded_fuzz_of_both_decoders() {
     println!("decoded {decoded}, refused {refused}");
     // both outcomes were reached often: the mutations are neither all fatal nor all harmless
     assert!(decoded > 10_000 && refused > 30_000, "decoded {decoded}, refused {refused}");
+}
+
+/// Data lists mutated a byte at a time among JSON's own characters, where the quick reader
+/// leaves the checking to `from_json`: every request decodes as serde_json's reader decodes
+/// it, or is refused in its words.
+#[test]
+fn quick_reads_are_full_reads() {
+    const SOUP: &[u8] = b"0123456789-+.eE,[] \t\n\"\\tfnrulasx{}:\x01";
+    let m = model();
+    let every = every();
+    let mut rng = Rng(0x0dd_ba11_5eed);
+    let (mut decoded, mut refused) = (0, 0);
+    for _ in 0..100_000 {
+        let (d, data, _) = rng.pick(&every);
+        let mut data = if rng.chance(4) { format!("[{data}]") } else { data.to_string() }.into_bytes();
+        for _ in 0..rng.below(4) {
+            let at = rng.below(data.len() + 1);
+            match rng.below(3) {
+                0 if at < data.len() => drop(data.remove(at)),
+                1 if at < data.len() => data[at] = *rng.pick(SOUP),
+                _ => data.insert(at, *rng.pick(SOUP)),
+            }
+        }
+        let body = format!(
+            r#"{{"inputs":[{{"name":"in_{}","datatype":"{}","shape":[1,3],"data":{}}}]}}"#,
+            d.name().to_lowercase(),
+            d.name(),
+            String::from_utf8_lossy(&data)
+        );
+        let body = Bytes::from(body);
+        let checks = Checks { every_input: false };
+        let quick = decode_read(&m, &body, None, checks, true);
+        assert_eq!(quick, decode_read(&m, &body, None, checks, false), "{:?}", String::from_utf8_lossy(&body));
+        if quick.is_ok() {
+            decoded += 1
+        } else {
+            refused += 1
+        }
+    }
+    assert!(decoded > 10_000 && refused > 10_000, "decoded {decoded}, refused {refused}");
 }

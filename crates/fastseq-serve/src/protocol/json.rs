@@ -5,14 +5,12 @@
 //! ([`crate::protocol::binary::checked`]); everything checked as Python's protocol did, in its order,
 //! with its words; then the tensors against the model ([`crate::protocol::shape::against_model`]).
 
-use bytes::Bytes;
-use serde_json::value::RawValue;
-
 use crate::error::{client_text, did_you_mean, RequestError};
 use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
+use bytes::Bytes;
 
-use crate::protocol::params::{self, kind, not_json, shown, Param};
-use crate::protocol::reader::{capped_list, too_deep, Document, Fields, Inputs, Shaped, MAX_MEMBERS};
+use crate::protocol::params::{self, kind, shown, Param};
+use crate::protocol::reader::{capped_list, too_deep, Document, Fields, Inputs, Raw, Shaped, MAX_MEMBERS};
 use crate::protocol::shape::{self, Dim};
 use crate::protocol::{binary, values, Checks, MAX_DEPTH, MAX_RANK};
 
@@ -21,7 +19,7 @@ const REQUEST_PARAMETERS: [&str; 5] =
     ["binary_data_output", "timeout", "sequence_id", "sequence_start", "sequence_end"];
 
 /// A member that must be an object (or absent): its fields.
-fn object<'a>(raw: Option<&'a RawValue>, what: &str, known: &[&str]) -> Result<Fields<'a>, RequestError> {
+fn object<'a>(raw: Option<Raw<'a>>, what: &str, known: &[&str]) -> Result<Fields<'a>, RequestError> {
     match raw {
         None => Ok(Fields::default()),
         Some(v) if v.get().starts_with('{') => Fields::parse(v)?.known(known),
@@ -30,7 +28,7 @@ fn object<'a>(raw: Option<&'a RawValue>, what: &str, known: &[&str]) -> Result<F
 }
 
 /// A list's items (the first [`MAX_MEMBERS`]; no request needs more).
-fn list(raw: &RawValue) -> Result<Vec<&RawValue>, RequestError> {
+fn list(raw: Raw<'_>) -> Result<Vec<Raw<'_>>, RequestError> {
     capped_list(raw, MAX_MEMBERS).map(|(items, _)| items)
 }
 
@@ -65,6 +63,18 @@ pub fn decode_http_indexed(
     header_length: Option<usize>,
     checks: Checks,
 ) -> Result<(InferRequest, Vec<usize>), RequestError> {
+    decode_read(model, body, header_length, checks, true)
+}
+
+/// [`decode_http_indexed`], read quickly first where `quick` (else by serde_json alone: the
+/// tests compare the two).
+pub(crate) fn decode_read(
+    model: &ModelSpec,
+    body: &Bytes,
+    header_length: Option<usize>,
+    checks: Checks,
+    quick: bool,
+) -> Result<(InferRequest, Vec<usize>), RequestError> {
     let size = body.len();
     let header_length = match header_length {
         None => size,
@@ -77,7 +87,31 @@ pub fn decode_http_indexed(
     };
     let text = std::str::from_utf8(&body[..header_length])
         .map_err(|e| RequestError::bad(format!("the request is not valid JSON: it is not UTF-8 ({e})")))?;
-    let (mut doc, inputs) = document(text)?;
+    // Read quickly, each input's data checked as JSON as its values are read (once, not
+    // twice: serde_json's reader checks every number's text, and from_json reads it again).
+    // A request that this refuses is read again by serde_json, whose check of the whole text
+    // comes first: its refusal is the one a full read gives (invalid JSON before anything else).
+    if let Some(Document { fields, inputs }) = if quick { Document::read_quick(text) } else { None } {
+        if let Ok(decoded) = decode_document(model, body, header_length, checks, fields, inputs) {
+            return Ok(decoded);
+        }
+    }
+    let (fields, inputs) = document(text)?;
+    decode_document(model, body, header_length, checks, fields, inputs)
+}
+
+/// The request read into `doc` (the top-level object's members but `inputs`) and `inputs`,
+/// from `body`'s first `header_length` bytes.
+fn decode_document(
+    model: &ModelSpec,
+    body: &Bytes,
+    header_length: usize,
+    checks: Checks,
+    doc: Fields<'_>,
+    inputs: Inputs<'_>,
+) -> Result<(InferRequest, Vec<usize>), RequestError> {
+    let size = body.len();
+    let mut doc = doc.known(&["id", "parameters", "outputs"])?;
     let id = match doc.take("id") {
         None => None,
         Some(v) if v.get().starts_with('"') => Some(params::string(v)?),
@@ -203,15 +237,14 @@ fn document(text: &str) -> Result<(Fields<'_>, Inputs<'_>), RequestError> {
     let start = text.trim_start_matches([' ', '\n', '\r', '\t']);
     if start.starts_with('{') {
         let doc = Document::read(text)?;
-        return Ok((doc.fields.known(&["id", "parameters", "outputs"])?, doc.inputs));
+        return Ok((doc.fields, doc.inputs));
     }
     // Checked whole without building it (a tree of a body's values would take many times
     // its size): it is an error either way, and invalid JSON (too deep included) says so first.
     if too_deep(text) {
         return Err(RequestError::bad(format!("the request is not valid JSON: nested deeper than {MAX_DEPTH}")));
     }
-    let raw: &RawValue = serde_json::from_str(text).map_err(not_json)?;
-    Err(RequestError::bad(format!("the request must be a JSON object, got {}", kind(raw))))
+    Err(RequestError::bad(format!("the request must be a JSON object, got {}", kind(Raw::parse(text)?))))
 }
 
 fn names(tensors: &[crate::tensor::TensorSpec]) -> String {
@@ -255,7 +288,7 @@ fn input_datatype(
     model: &ModelSpec,
     given: &[Option<Tensor>],
     name: &str,
-    datatype: Option<&RawValue>,
+    datatype: Option<Raw<'_>>,
 ) -> Result<(usize, Datatype), RequestError> {
     let index = input_index(model, given, name)?;
     match datatype {
@@ -273,7 +306,7 @@ fn input_datatype(
     }
 }
 
-fn declared_shape(name: &str, raw: Option<&RawValue>) -> Result<(Vec<usize>, u64), RequestError> {
+fn declared_shape(name: &str, raw: Option<Raw<'_>>) -> Result<(Vec<usize>, u64), RequestError> {
     // Stored up to one past the most axes a shape may have, counted past that.
     let (items, total) = match raw {
         Some(v) if v.get().starts_with('[') => capped_list(v, MAX_RANK + 1)?,
@@ -302,7 +335,7 @@ fn declared_shape(name: &str, raw: Option<&RawValue>) -> Result<(Vec<usize>, u64
 }
 
 /// The outputs a request names: each output's index and whether it goes back binary.
-fn requested(model: &ModelSpec, raw: &RawValue, binary_output: bool) -> Result<Vec<(usize, bool)>, RequestError> {
+fn requested(model: &ModelSpec, raw: Raw<'_>, binary_output: bool) -> Result<Vec<(usize, bool)>, RequestError> {
     if !raw.get().starts_with('[') {
         return Err(RequestError::bad(format!("the request's 'outputs' must be a list, got {}", kind(raw))));
     }

@@ -3,7 +3,7 @@
 //! (microseconds, as Triton's clients send it) and sequence batching's, which is not served.
 use std::time::Duration;
 
-use serde_json::value::RawValue;
+use crate::protocol::reader::Raw;
 
 use crate::error::{client_text, RequestError};
 
@@ -35,7 +35,7 @@ impl Param<'_> {
 }
 
 /// What kind of JSON value `raw` is, as messages say it (`a list`).
-pub fn kind(raw: &RawValue) -> &'static str {
+pub fn kind(raw: Raw<'_>) -> &'static str {
     match raw.get().as_bytes().first() {
         Some(b'{') => "an object",
         Some(b'[') => "a list",
@@ -47,7 +47,7 @@ pub fn kind(raw: &RawValue) -> &'static str {
 }
 
 /// A JSON value's text as a message shows it: at most 40 characters, one line.
-pub fn shown(raw: &RawValue) -> String {
+pub fn shown(raw: Raw<'_>) -> String {
     let text = raw.get();
     if text.len() <= 40 && text.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
         return text.to_string();
@@ -56,7 +56,7 @@ pub fn shown(raw: &RawValue) -> String {
 }
 
 /// A JSON value as a parameter (a string that is no text, a lone surrogate, is a 400).
-pub fn from_raw(raw: &RawValue) -> Result<Param<'_>, RequestError> {
+pub fn from_raw(raw: Raw<'_>) -> Result<Param<'_>, RequestError> {
     let text = raw.get();
     Ok(match text.as_bytes().first() {
         Some(b'n') => Param::Null,
@@ -70,7 +70,7 @@ pub fn from_raw(raw: &RawValue) -> Result<Param<'_>, RequestError> {
 }
 
 /// A JSON string's text.
-pub fn string(raw: &RawValue) -> Result<String, RequestError> {
+pub fn string(raw: Raw<'_>) -> Result<String, RequestError> {
     serde_json::from_str::<String>(raw.get()).map_err(not_json)
 }
 
@@ -116,14 +116,14 @@ pub fn request_timeout<'a>(
 mod tests {
     use super::*;
 
-    fn raw(text: &str) -> Box<RawValue> {
-        RawValue::from_string(text.to_string()).unwrap()
+    fn raw(text: &str) -> Raw<'_> {
+        Raw::parse(text).unwrap()
     }
 
     fn timeout(text: &str) -> Result<Option<Duration>, String> {
         let value = raw(text);
-        let param = from_raw(&value).map_err(|e| e.message)?;
-        request_timeout(|k| (k == "timeout").then(|| param.clone()), |_| shown(&value)).map_err(|e| e.message)
+        let param = from_raw(value).map_err(|e| e.message)?;
+        request_timeout(|k| (k == "timeout").then(|| param.clone()), |_| shown(value)).map_err(|e| e.message)
     }
 
     #[test]

@@ -1,7 +1,12 @@
 //! An HTTP request's JSON read in one pass, as far as the decode needs it: the top-level
 //! object's members, its `inputs` list's objects' members, every value unread (a borrowed
-//! slice of the text, which serde_json has checked). A tensor's `data` is read once more,
-//! by [`crate::protocol::values::from_json`], and nothing else is; a tree of values is never built.
+//! slice of the text, checked to be JSON). A tensor's `data` is read once more, by
+//! [`crate::protocol::values::from_json`], and nothing else is; a tree of values is never built.
+//!
+//! Two readers give the same [`Document`]: serde_json's ([`Document::read`]), which takes any
+//! JSON and says what is wrong with the rest, and a quick one ([`Document::read_quick`]) for
+//! the requests that clients send, which leaves each input's `data` list unchecked for
+//! `from_json` to check as it reads it, so that a tensor's values are read once, not twice.
 use std::borrow::Cow;
 use std::fmt;
 
@@ -22,17 +27,40 @@ fn too_many<E: de::Error>() -> E {
     E::custom(format_args!("more than {MAX_MEMBERS} members or items in one object or list"))
 }
 
+/// One JSON value's text (no space around it), checked to be JSON by the reader that found
+/// it (a `data` list of [`Document::read_quick`]'s: as `from_json` reads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    /// The value's text.
+    pub fn get(self) -> &'a str {
+        self.0
+    }
+
+    /// `text` as one JSON value (checked by serde_json).
+    pub fn parse(text: &'a str) -> Result<Self, RequestError> {
+        serde_json::from_str::<&RawValue>(text).map(Raw::from).map_err(not_json)
+    }
+}
+
+impl<'a> From<&'a RawValue> for Raw<'a> {
+    fn from(raw: &'a RawValue) -> Self {
+        Raw(raw.get())
+    }
+}
+
 /// A JSON object's members, their values unread (the last of a name wins, as Python's json
 /// reads), in the order given. A list, not a map: objects of the protocol have a handful of
 /// members, and a map cost a hash (and a String) per member of every request; the few lookups
 /// a decode makes each scan it once, so a hostile object of [`MAX_MEMBERS`] members costs
 /// a few scans of it, not a quadratic.
 #[derive(Default)]
-pub struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+pub struct Fields<'a>(Vec<(Cow<'a, str>, Raw<'a>)>);
 
 impl<'a> Fields<'a> {
     /// The members of `raw`, an object.
-    pub fn parse(raw: &'a RawValue) -> Result<Self, RequestError> {
+    pub fn parse(raw: Raw<'a>) -> Result<Self, RequestError> {
         match serde_json::from_str::<Shaped<Fields<'a>>>(raw.get()).map_err(not_json)? {
             Shaped::Is(fields) => Ok(fields),
             Shaped::Null => Err(RequestError::bad("a JSON object was due, got null")),
@@ -41,13 +69,13 @@ impl<'a> Fields<'a> {
     }
 
     /// The member `key` (its last value), null included.
-    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+    pub fn get(&self, key: &str) -> Option<Raw<'a>> {
         self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
     }
 
     /// The member `key` (its last value), taken out with every value of that name, null
     /// included.
-    pub fn remove(&mut self, key: &str) -> Option<&'a RawValue> {
+    pub fn remove(&mut self, key: &str) -> Option<Raw<'a>> {
         let found = self.get(key);
         if found.is_some() {
             self.0.retain(|(k, _)| k != key);
@@ -57,7 +85,7 @@ impl<'a> Fields<'a> {
 
     /// The member `key`, taken out (null counts as absent, as Python's `dict.get` reads it
     /// where it matters: `"id": null`, `"parameters": null`, `"binary_data_size": null`).
-    pub fn take(&mut self, key: &str) -> Option<&'a RawValue> {
+    pub fn take(&mut self, key: &str) -> Option<Raw<'a>> {
         self.remove(key).filter(|v| v.get() != "null")
     }
 
@@ -67,7 +95,7 @@ impl<'a> Fields<'a> {
     }
 
     fn push<E: de::Error>(&mut self, key: Cow<'a, str>, value: &'a RawValue) -> Result<(), E> {
-        self.0.push((key, value));
+        self.0.push((key, value.into()));
         if self.0.len() > MAX_MEMBERS {
             return Err(too_many());
         }
@@ -138,6 +166,176 @@ impl<'a> Document<'a> {
     /// The request in `text` (which starts with `{`).
     pub fn read(text: &'a str) -> Result<Self, RequestError> {
         serde_json::from_str(text).map_err(not_json)
+    }
+
+    /// The request in `text` read quickly, where it is written as clients write it: an object,
+    /// its `inputs` a list of objects, no escapes in names or strings, no control characters
+    /// in strings, lists and objects nested [`QUICK_DEPTH`] deep at most, no `data` twice in
+    /// an input. Each input's `data` list is taken as far as its brackets close (strings
+    /// minded) and left unchecked: [`crate::protocol::values::from_json`] checks it as it reads
+    /// it, so that a decode that has read every input's data has read JSON. Every other value
+    /// is checked as JSON. None for any other text, JSON or not: [`Document::read`] reads it,
+    /// and says what is wrong.
+    pub fn read_quick(text: &'a str) -> Option<Self> {
+        let mut q = Quick { text, at: 0 };
+        let (mut fields, mut inputs) = (Fields::default(), None);
+        q.object(|q, key| {
+            if key == "inputs" && inputs.is_none() {
+                inputs = Some(q.inputs()?);
+                return Some(());
+            }
+            fields.quick_push(key, q.value(1)?)
+        })?;
+        q.space();
+        let inputs = inputs.map_or(Shaped::Null, Shaped::Is);
+        (q.at == text.len()).then_some(Document { fields, inputs })
+    }
+}
+
+/// The deepest that [`Document::read_quick`] reads (the top-level object counted): deeper
+/// text is left to serde_json.
+pub const QUICK_DEPTH: usize = 64;
+
+impl<'a> Fields<'a> {
+    fn quick_push(&mut self, key: &'a str, value: Raw<'a>) -> Option<()> {
+        (self.0.len() < MAX_MEMBERS).then(|| self.0.push((Cow::Borrowed(key), value)))
+    }
+}
+
+/// [`Document::read_quick`]'s reader: where it is in `text`. Each method reads one thing
+/// after any space, or gives None.
+struct Quick<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Quick<'a> {
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.bytes().get(self.at), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            self.at += 1;
+        }
+    }
+
+    /// The byte `c`.
+    fn eat(&mut self, c: u8) -> Option<()> {
+        self.space();
+        (self.bytes().get(self.at) == Some(&c)).then(|| self.at += 1)
+    }
+
+    /// An object, `each` reading the value of each member (its name given).
+    fn object(&mut self, mut each: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.eat(b'}').is_some() {
+            return Some(());
+        }
+        loop {
+            let key = self.string()?;
+            self.eat(b':')?;
+            each(self, key)?;
+            if self.eat(b',').is_none() {
+                return self.eat(b'}');
+            }
+        }
+    }
+
+    /// A list, `each` reading each item.
+    fn list(&mut self, mut each: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        if self.eat(b']').is_some() {
+            return Some(());
+        }
+        loop {
+            each(self)?;
+            if self.eat(b',').is_none() {
+                return self.eat(b']');
+            }
+        }
+    }
+
+    /// A string without escapes or control characters: its text, without the quotes.
+    fn string(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let b = self.bytes();
+        let len = b[self.at..].iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+        let (start, end) = (self.at, self.at + len);
+        (b[end] == b'"').then(|| {
+            self.at = end + 1;
+            &self.text[start..end]
+        })
+    }
+
+    /// One JSON value inside `depth` lists and objects.
+    fn value(&mut self, depth: usize) -> Option<Raw<'a>> {
+        self.space();
+        let (b, start) = (self.bytes(), self.at);
+        match b.get(start)? {
+            b'{' if depth < QUICK_DEPTH => self.object(|q, _| q.value(depth + 1).map(drop))?,
+            b'[' if depth < QUICK_DEPTH => self.list(|q| q.value(depth + 1).map(drop))?,
+            b'"' => self.string().map(drop)?,
+            b't' | b'f' | b'n' => {
+                let word = ["true", "false", "null"].into_iter().find(|w| b[start..].starts_with(w.as_bytes()))?;
+                self.at += word.len();
+            }
+            _ => self.at = crate::protocol::values::number_end(b, start)?,
+        }
+        Some(Raw(&self.text[start..self.at]))
+    }
+
+    /// The request's `inputs`: a list of objects.
+    fn inputs(&mut self) -> Option<Vec<Shaped<Fields<'a>>>> {
+        let mut items = Vec::new();
+        self.list(|q| {
+            let (mut fields, mut data) = (Fields::default(), false);
+            q.object(|q, key| {
+                let value = if key != "data" {
+                    q.value(3)?
+                } else if std::mem::replace(&mut data, true) {
+                    return None; // the first would be left unread, and unchecked
+                } else {
+                    q.space();
+                    match q.bytes().get(q.at) {
+                        Some(b'[') => q.unchecked_list()?,
+                        _ => q.value(3)?,
+                    }
+                };
+                fields.quick_push(key, value)
+            })?;
+            (items.len() < MAX_MEMBERS).then(|| items.push(Shaped::Is(fields)))
+        })?;
+        Some(items)
+    }
+
+    /// A list taken as far as its brackets close (strings minded), nested [`MAX_DEPTH`] deep
+    /// at most, its text unchecked.
+    fn unchecked_list(&mut self) -> Option<Raw<'a>> {
+        let (b, start) = (self.bytes(), self.at);
+        let mut depth = 0usize;
+        loop {
+            self.at += memchr::memchr3(b'[', b']', b'"', b.get(self.at..)?)?;
+            match b[self.at] {
+                b'[' => depth += 1,
+                b']' => depth -= 1,
+                _ => loop {
+                    // a string: past its closing quote, each escape's next byte skipped
+                    self.at += 1 + memchr::memchr2(b'"', b'\\', b.get(self.at + 1..)?)?;
+                    if b[self.at] == b'"' {
+                        break;
+                    }
+                    self.at += 1;
+                },
+            }
+            self.at += 1;
+            if depth == 0 {
+                return Some(Raw(&self.text[start..self.at]));
+            }
+            if depth > MAX_DEPTH {
+                return None;
+            }
+        }
     }
 }
 
@@ -264,7 +462,7 @@ impl<'de> Deserialize<'de> for Shaped<Vec<Shaped<Fields<'de>>>> {
 }
 
 /// A list's first `cap` items, unread, and how many items it has.
-pub fn capped_list(raw: &RawValue, cap: usize) -> Result<(Vec<&RawValue>, usize), RequestError> {
+pub fn capped_list(raw: Raw<'_>, cap: usize) -> Result<(Vec<Raw<'_>>, usize), RequestError> {
     struct Capped(usize);
 
     impl<'de> Visitor<'de> for Capped {
@@ -301,7 +499,8 @@ pub fn capped_list(raw: &RawValue, cap: usize) -> Result<(Vec<&RawValue>, usize)
     }
 
     let mut d = serde_json::Deserializer::from_str(raw.get());
-    de::DeserializeSeed::deserialize(Seed(cap), &mut d).map_err(not_json)
+    let (items, total) = de::DeserializeSeed::deserialize(Seed(cap), &mut d).map_err(not_json)?;
+    Ok((items.into_iter().map(Raw::from).collect(), total))
 }
 
 struct DocumentVisitor;
@@ -354,6 +553,37 @@ mod tests {
         }
         assert!(Document::read(r#"{"inputs": [{"name": "\ud800"}]}"#).is_ok()); // unread: not checked
         assert!(Document::read(r#"{"inputs": [{"\ud800": 1}]}"#).is_err());
+        // the quick reader: the same document, or none
+        for text in [
+            r#"{"id": "a", "inputs": [{"name": "x", "data": [1, [2]]}], "parameters": {"t": [1, {"u": null}]}}"#,
+            r#" {"inputs": [{"data": ["a]", "\\\"]"], "data2": 1e400}] , "x": -0.5E+3} "#,
+            r#"{"inputs": []}"#,
+            r#"{}"#,
+        ] {
+            let (quick, full) = (Document::read_quick(text).expect(text), Document::read(text).unwrap());
+            assert_eq!(quick.fields.0, full.fields.0, "{text}");
+            let (Shaped::Is(q), Shaped::Is(f)) = (quick.inputs, full.inputs) else { continue };
+            for (q, f) in q.iter().zip(&f) {
+                let (Shaped::Is(q), Shaped::Is(f)) = (q, f) else { panic!("{text}") };
+                assert_eq!(q.0, f.0, "{text}");
+            }
+        }
+        for text in [
+            r#"{"inputs": [{"name": "\u0078"}]}"#, // escapes: serde_json's
+            r#"{"inputs": [{"data": [1], "data": [2]}]}"#,
+            r#"{"inputs": {"a": 1}}"#,
+            r#"{"inputs": [1]}"#,
+            r#"{"a": 01}"#,
+            r#"{"a": [1,]}"#,
+            r#"{"a": 1} x"#,
+            r#"{"a": tru}"#,
+            r#"{"inputs": [{"data": [1, "]}]}"#,
+            r#"{"inputs": [{"data": [[[1]]}]}"#,
+        ] {
+            assert!(Document::read_quick(text).is_none(), "{text}");
+        }
+        let deep = format!("{{\"a\": {}1{}}}", "[".repeat(QUICK_DEPTH), "]".repeat(QUICK_DEPTH));
+        assert!(Document::read_quick(&deep).is_none() && Document::read(&deep).is_ok());
         assert!(
             too_deep(&"[".repeat(129)) && !too_deep(&"[".repeat(128)) && !too_deep(&format!("\"{}\"", "[".repeat(200)))
         );

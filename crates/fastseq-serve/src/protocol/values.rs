@@ -139,6 +139,51 @@ fn float(leaf: Leaf<'_>) -> Result<f64, Wrong> {
     }
 }
 
+/// The index past the JSON number at `i` (RFC 8259's grammar: `-? (0 | [1-9][0-9]*)
+/// (. [0-9]+)? ([eE] [+-]? [0-9]+)?`); None where the text there is no number. (Its text is
+/// then one that `str::parse` reads, as every JSON number is.)
+pub(crate) fn number_end(b: &[u8], i: usize) -> Option<usize> {
+    let digits_from = |mut j: usize| {
+        // Eight bytes at a time while they are all digits (no byte below b'0', where
+        // subtracting b'0' sets its top bit, nor above b'9', where adding 0x46 does), as
+        // `str::parse` reads them; then byte by byte.
+        while let Some(eight) = b.get(j..j + 8) {
+            let v = u64::from_le_bytes(eight.try_into().expect("eight bytes"));
+            if (v.wrapping_sub(0x3030_3030_3030_3030) | v.wrapping_add(0x4646_4646_4646_4646)) & 0x8080_8080_8080_8080
+                != 0
+            {
+                break;
+            }
+            j += 8;
+        }
+        while j < b.len() && b[j].is_ascii_digit() {
+            j += 1;
+        }
+        j
+    };
+    let int = i + usize::from(b.get(i) == Some(&b'-'));
+    let mut j = digits_from(int);
+    if j == int || (b[int] == b'0' && j > int + 1) {
+        return None; // no digits, or a leading 0
+    }
+    if b.get(j) == Some(&b'.') {
+        let end = digits_from(j + 1);
+        if end == j + 1 {
+            return None;
+        }
+        j = end;
+    }
+    if matches!(b.get(j), Some(b'e' | b'E')) {
+        j += 1 + usize::from(matches!(b.get(j + 1), Some(b'-' | b'+')));
+        let end = digits_from(j);
+        if end == j {
+            return None;
+        }
+        j = end;
+    }
+    Some(j)
+}
+
 /// A JSON string's text (`s` with its quotes); None where it is not text (a lone surrogate).
 fn unquote(s: &str) -> Option<std::borrow::Cow<'_, str>> {
     let inner = s.get(1..s.len().saturating_sub(1))?;
@@ -163,8 +208,9 @@ pub(crate) fn int_range(d: Datatype) -> (i128, i128) {
     }
 }
 
-/// The text was not what it must be (serde_json has checked it already, so this is a
-/// nesting past [`MAX_DEPTH`] or text that is not JSON at all).
+/// The text was not what it must be: a nesting past [`MAX_DEPTH`], or text that is not JSON
+/// (which serde_json has refused already, unless the request was read with its `data` left
+/// to this reader: [`crate::protocol::reader::Document::read_quick`]).
 struct Malformed(&'static str);
 
 impl Malformed {
@@ -173,49 +219,65 @@ impl Malformed {
     }
 }
 
+const NOT_JSON: Malformed = Malformed("is not JSON");
+
 /// Calls `each` on the values of `raw` (a JSON value: one scalar, or lists nested to any
 /// shape), the first `count` of them; returns how many there are (counted on past `count`)
-/// and whether lists were nested.
+/// and whether lists were nested. The lists' text is checked as JSON (their commas and
+/// brackets, each number's, string's and word's text) as it is read: a value that is read
+/// at all is JSON.
 fn scan<'a>(raw: &'a str, count: u64, mut each: impl FnMut(Leaf<'a>)) -> Result<(u64, bool), Malformed> {
     let b = raw.as_bytes();
     let mut i = skip_space(b, 0);
     if b.get(i) != Some(&b'[') {
-        let (leaf, _) = leaf(raw, i)?;
+        let (leaf, end) = leaf(raw, i)?;
+        if skip_space(b, end) != b.len() {
+            return Err(NOT_JSON);
+        }
         if count >= 1 {
             each(leaf);
         }
         return Ok((1, false));
     }
     let (mut depth, mut found, mut nested) = (0usize, 0u64, false);
-    while i < b.len() {
-        match b[i] {
-            b'[' => {
+    // After `[` a value or `]` is due, after `,` a value, after a value `,` or `]`.
+    let (mut value_due, mut may_close) = (true, true);
+    loop {
+        i = skip_space(b, i);
+        match (b.get(i), value_due) {
+            (Some(b'['), true) => {
                 depth += 1;
                 nested |= depth > 1;
                 if depth > MAX_DEPTH {
                     return Err(Malformed("is nested deeper than 128 lists"));
                 }
+                may_close = true;
                 i += 1;
             }
-            b']' => {
-                depth = depth.saturating_sub(1);
+            (Some(b']'), _) if may_close || !value_due => {
+                depth -= 1;
                 i += 1;
+                (value_due, may_close) = (false, false);
                 if depth == 0 {
                     break;
                 }
             }
-            b',' | b' ' | b'\n' | b'\r' | b'\t' => i += 1,
-            _ => {
+            (Some(b','), false) => (value_due, may_close, i) = (true, false, i + 1),
+            (Some(_), true) => {
                 let (value, end) = leaf(raw, i)?;
                 found += 1;
                 if found <= count {
                     each(value);
                 } else if nested {
-                    break; // counted one past the shape's: enough for the message
+                    return Ok((found, nested)); // counted one past the shape's: enough for the message
                 }
-                i = end;
+                (value_due, may_close, i) = (false, false, end);
             }
+            _ => return Err(NOT_JSON),
         }
+    }
+    if skip_space(b, i) != b.len() {
+        return Err(NOT_JSON);
     }
     Ok((found, nested))
 }
@@ -230,38 +292,37 @@ fn skip_space(b: &[u8], mut i: usize) -> usize {
 /// The value starting at `i` and the index past it.
 fn leaf(raw: &str, i: usize) -> Result<(Leaf<'_>, usize), Malformed> {
     let b = raw.as_bytes();
-    let not_json = Malformed("is not JSON");
     let word = |w: &str, v: Leaf<'static>| {
         if b[i..].starts_with(w.as_bytes()) {
             Ok((v, i + w.len()))
         } else {
-            Err(Malformed("is not JSON"))
+            Err(NOT_JSON)
         }
     };
     match b.get(i) {
-        Some(b'-' | b'0'..=b'9') => {
-            // A number in a list ends at the next ',' or ']' (whitespace trimmed): found by
-            // memchr, many bytes at a time, rather than byte by byte.
-            let end = memchr::memchr2(b',', b']', &b[i..]).map_or(b.len(), |k| i + k);
-            let number = raw[i..end].trim_end_matches([' ', '\n', '\r', '\t']);
-            Ok((Leaf::Number(number), end))
-        }
+        Some(b'-' | b'0'..=b'9') => match number_end(b, i) {
+            Some(end) => Ok((Leaf::Number(&raw[i..end]), end)),
+            None => Err(NOT_JSON),
+        },
         Some(b't') => word("true", Leaf::Bool(true)),
         Some(b'f') => word("false", Leaf::Bool(false)),
         Some(b'n') => word("null", Leaf::Other),
         Some(b'"') => {
+            // Its escapes are checked where it is read ([`unquote`]); a control character
+            // may not be in it at all.
             let mut j = i + 1;
             loop {
                 match b.get(j) {
                     Some(b'"') => return Ok((Leaf::Str(&raw[i..=j]), j + 1)),
                     Some(b'\\') => j += 2,
-                    Some(_) => j += 1,
-                    None => return Err(not_json),
+                    Some(&c) if c >= 0x20 => j += 1,
+                    _ => return Err(NOT_JSON),
                 }
             }
         }
         Some(b'{') => {
-            // An object among the values: skipped whole (strings minded), counted as one.
+            // An object among the values (never a tensor's value): skipped whole (strings
+            // minded), counted as one.
             let (mut depth, mut j, mut in_str) = (0usize, i, false);
             while j < b.len() {
                 match (in_str, b[j]) {
@@ -278,9 +339,9 @@ fn leaf(raw: &str, i: usize) -> Result<(Leaf<'_>, usize), Malformed> {
                 }
                 j += 1;
             }
-            Err(not_json)
+            Err(NOT_JSON)
         }
-        _ => Err(not_json),
+        _ => Err(NOT_JSON),
     }
 }
 
@@ -530,6 +591,140 @@ mod tests {
         // a shape of 10^9 values with one value of data: nothing sized by the shape
         let m = from_json("x", "[1.0]", Datatype::Fp64, &[1_000_000_000], 1_000_000_000).unwrap_err().message;
         assert!(m.contains("1000000000 values, but its data holds 1 value"), "{m}");
+    }
+
+    #[test]
+    fn numbers_are_json_numbers_read_exactly() {
+        // the grammar: what serde_json takes as one number, and nothing else
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut tokens: Vec<String> = [
+            "0",
+            "-0",
+            "01",
+            "-01",
+            "00",
+            "1.",
+            ".5",
+            "-.5",
+            "1.e5",
+            "1e",
+            "1e+",
+            "1E-",
+            "+1",
+            "--1",
+            "-",
+            "0x10",
+            "1_0",
+            "Infinity",
+            "-Infinity",
+            "NaN",
+            "-nan",
+            "1.5.3",
+            "1e5e5",
+            "0.0",
+            "1e05",
+            "1E+05",
+            "-0.0e-0",
+        ]
+        .map(String::from)
+        .to_vec();
+        for _ in 0..20_000 {
+            let n = 1 + next() as usize % 8;
+            tokens.push((0..n).map(|_| b"0123456789-+.eE"[next() as usize % 15] as char).collect());
+        }
+        for t in &tokens {
+            let serde = serde_json::from_str::<&serde_json::value::RawValue>(t).is_ok();
+            assert_eq!(number_end(t.as_bytes(), 0) == Some(t.len()), serde, "{t}");
+        }
+        // the values: str::parse's float64 (as float32: its float64, rounded), through the scan
+        let mut texts: Vec<String> = [
+            "0",
+            "-0",
+            "-0.0",
+            "1e-46",
+            "-1e-46",
+            "1.4e-45",
+            "7e-46",
+            "7.1e-46",
+            "1.1754942e-38",
+            "1.17549435e-38",
+            "3.4028235e38",
+            "3.4028235677973366e38",
+            "3.4028234663852886e+38",
+            "2.2250738585072014e-308",
+            "4.9e-324",
+            "1.7976931348623157e308",
+            "0.1",
+            "0.30000000000000004",
+            "9007199254740993",
+            "123456789012345678901234567890",
+            "1e22",
+            "1e23",
+            "8.589973e9",
+            "0.000001",
+            "1E-7",
+        ]
+        .map(String::from)
+        .to_vec();
+        for _ in 0..20_000 {
+            let bits = next();
+            let (f32_value, f64_value) = (f32::from_bits(bits as u32), f64::from_bits(bits));
+            for v in [f64::from(f32_value), f64_value].into_iter().filter(|v| v.is_finite()) {
+                texts.push(format!("{v:?}"));
+                texts.push(format!("{v:e}"));
+            }
+            let digits: String = (0..1 + next() % 25).map(|_| char::from(b'0' + (next() % 10) as u8)).collect();
+            let digits = Some(digits.trim_start_matches('0')).filter(|d| d.len() > 1).unwrap_or("10");
+            let e = (next() % 700) as i64 - 350;
+            texts.push(format!("{}.{}e{e}", &digits[..1], &digits[1..]));
+        }
+        for t in &texts {
+            let want = t.parse::<f64>().unwrap();
+            if (want as f32).is_finite() {
+                let got = from_json("x", &format!("[{t}]"), Datatype::Fp32, &[1], 1).unwrap();
+                assert_eq!(got, (want as f32).to_le_bytes(), "{t}");
+            }
+            let got = from_json("x", &format!("[ {t} ]"), Datatype::Fp64, &[1], 1);
+            assert_eq!(got.ok(), want.is_finite().then(|| want.to_le_bytes().to_vec()), "{t}");
+        }
+    }
+
+    #[test]
+    fn data_is_checked_as_json_as_it_is_read() {
+        for bad in [
+            "[1,,2]",
+            "[,1]",
+            "[1,]",
+            "[1 2]",
+            "[1][2]",
+            "[[1],2,]",
+            "[1,2",
+            "[01]",
+            "[1.]",
+            "[tru]",
+            "[truex]",
+            "[\"a\u{1}\"]",
+            "[-]",
+            "[1]x",
+            "x",
+            "[NaN]",
+            "[-Infinity]",
+            "[1e]",
+            "[\"a]",
+        ] {
+            for d in [Datatype::Fp32, Datatype::Int32, Datatype::Bool, Datatype::Bytes] {
+                assert!(json(bad, d, &[2]).is_err(), "{bad} {d:?}");
+            }
+        }
+        assert!(json(" [ 1 , [ ] , 2 ] ", Datatype::Fp32, &[2]).is_ok());
+        assert!(json("\t[\n1,\r2]\n", Datatype::Int8, &[2]).is_ok());
+        assert!(json("[\"a\\\"]\", \"\"]", Datatype::Bytes, &[2]).is_ok());
     }
 
     #[test]
