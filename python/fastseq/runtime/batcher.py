@@ -10,8 +10,8 @@ them; a caller thread sleeps on a lock of its own until its answer is set, a cor
 a future of its loop, which one call per batch and loop resolves. (A leader thread that
 waited for its batch to fill and ran it itself measured 0.57x the rows/s of threads calling
 the pipeline directly on two cores; a throwaway of this design without the checks 0.94-1.01x;
-this batcher 0.76-1.15x on a small tabular pipeline, more on heavier ones:
-docs/benchmarks.md.) The paths every request takes are kept short: on two cores, the loop's
+this batcher 0.76-1.15x on a small tabular pipeline, more on heavier ones; its callers on
+the network server's queue in the core 0.80-0.89x this batcher: docs/benchmarks.md.) The paths every request takes are kept short: on two cores, the loop's
 and the worker's Python per request, which the GIL runs one at a time, bound the rows/s.
 
 Joining is only right when each row's outputs depend on that row alone: the core decides it
