@@ -5,6 +5,7 @@ metrics, a pipeline file of two pipelines, and the app mounted in another applic
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -16,6 +17,7 @@ pytest.importorskip("uvicorn")
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype  # noqa: E402
 
 import fastseq  # noqa: E402
+from fastseq.serving.runs import BatchRun  # noqa: E402
 from netserving import (  # noqa: E402
     TYPES,
     Process,
@@ -163,6 +165,45 @@ def test_errors_name_the_pipelines_tensors(cnn_server):
         c.infer("nope", [tensor("image", x)])
     assert c.is_server_ready()  # and the server goes on
     np.testing.assert_allclose(c.infer("cnn", [tensor("image", x)]).as_numpy("logits"), pipe(cnn())(x)[0], rtol=1e-5)
+
+
+def test_the_servers_threads_keep_one_python_thread_state_each(monkeypatch):
+    """The core's threads that enter Python (a model's batch worker, the log writer) each keep
+    one Python thread state for their whole life: what Python code leaves in a thread's
+    locals lives on between batches and log lines. Made afresh for each and cleared after,
+    a gevent hub left there (tritonclient's finalizers make one in whatever thread collects
+    them) crashed the interpreter: a segmentation fault in these tests, once in a few runs."""
+    gevent = pytest.importorskip("gevent")
+    local = threading.local()
+    seen: dict[str, list[tuple[int, int]]] = {"batch": [], "log": []}
+
+    def note(where: str) -> None:
+        local.n = getattr(local, "n", 0) + 1
+        gevent.get_hub()  # a hub in this thread's locals
+        seen[where].append((threading.get_ident(), local.n))
+
+    run = BatchRun.__call__
+    monkeypatch.setattr(BatchRun, "__call__", lambda self, tensors: (note("batch"), run(self, tensors))[1])
+    handler = logging.Handler()
+    handler.emit = lambda record: note("log")  # type: ignore[method-assign]
+    logging.getLogger("fastseq.serve").addHandler(handler)
+    x = np.zeros((1, 3, 20, 20), np.float32)
+    try:
+        with running({"cnn": pipe(cnn())}) as server:
+            c = client(server)
+            for _ in range(3):
+                np.testing.assert_allclose(c.infer("cnn", [tensor("image", x)]).as_numpy("logits"), pipe(cnn())(x)[0])
+                with pytest.raises(InferenceServerException, match="no model 'nope'"):
+                    c.infer("nope", [tensor("image", x)])  # a log line
+                deadline = time.monotonic() + 30
+                while len(seen["log"]) < len(seen["batch"]) - 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # each line on its own, written before the next request
+    finally:
+        logging.getLogger("fastseq.serve").removeHandler(handler)
+    for where, calls in seen.items():
+        assert len(calls) >= 3, (where, calls)
+        assert len({ident for ident, _ in calls}) == 1, f"{where}: more than one thread"
+        assert [n for _, n in calls] == list(range(1, len(calls) + 1)), f"{where}: its thread's locals were lost"
 
 
 def test_many_callers_are_batched_and_get_their_own_rows(cnn_server):

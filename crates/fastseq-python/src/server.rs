@@ -60,8 +60,9 @@ impl TensorData {
 }
 
 /// A Python callable `run([(TensorData, shape), ...]) -> [(shape, buffer of bytes), ...]`
-/// as the batches' engine. An exception with `refused_input = True` is the caller's mistake.
-struct PyEngine(Py<PyAny>);
+/// as the batches' engine, on the worker thread's own Python thread state ([`Interpreter`]).
+/// An exception with `refused_input = True` is the caller's mistake.
+struct PyEngine(Py<PyAny>, Interpreter);
 
 impl Engine for PyEngine {
     fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, EngineError> {
@@ -85,6 +86,53 @@ impl Engine for PyEngine {
             };
             read_outputs(&outputs).map_err(|e| EngineError::failed(format!("the engine's answer: {e}")))
         })
+    }
+
+    fn on_worker_thread(&self, work: &mut (dyn FnMut() + Send)) {
+        self.1.thread(work)
+    }
+}
+
+/// The interpreter that the server's own threads enter.
+#[derive(Clone, Copy)]
+struct Interpreter(*mut ffi::PyInterpreterState);
+
+// SAFETY: an interpreter belongs to the whole process; only CPython's thread-state calls,
+// which may be made from any thread, are given its pointer.
+unsafe impl Send for Interpreter {}
+unsafe impl Sync for Interpreter {}
+
+impl Interpreter {
+    fn current(_py: Python<'_>) -> Interpreter {
+        // SAFETY: the GIL is held (`_py`), as PyInterpreterState_Get requires.
+        Interpreter(unsafe { ffi::PyInterpreterState_Get() })
+    }
+
+    /// Runs `work`, a thread's whole life, with one Python thread state made for the thread
+    /// and ended with it, as Python makes and ends its own threads'; the thread holds no GIL
+    /// meanwhile, and each `Python::attach` in `work` takes it on that state. Attached without
+    /// one, each `Python::attach` would make a thread state and end it after (PyGILState):
+    /// objects left in the thread's locals would be destroyed at each end, inside the call
+    /// that ends it, and a gevent hub (which tritonclient's finalizers make in whatever
+    /// thread collects them) crashed the interpreter so: a segmentation fault.
+    fn thread(self, work: &mut (dyn FnMut() + Send)) {
+        struct Ended(*mut ffi::PyThreadState);
+        impl Drop for Ended {
+            fn drop(&mut self) {
+                // SAFETY: the state is this thread's, made below and not current; Python's
+                // own threads end theirs so: cleared with the GIL held on it, then deleted.
+                unsafe {
+                    ffi::PyEval_RestoreThread(self.0);
+                    ffi::PyThreadState_Clear(self.0);
+                    ffi::PyEval_SaveThread();
+                    ffi::PyThreadState_Delete(self.0);
+                }
+            }
+        }
+        // SAFETY: a new thread state of a live interpreter for this thread, which has none;
+        // the GIL need not be held to make one.
+        let _state = Ended(unsafe { ffi::PyThreadState_New(self.0) });
+        work();
     }
 }
 
@@ -132,27 +180,31 @@ fn options(d: &Bound<'_, PyDict>) -> PyResult<(Options, usize)> {
 }
 
 /// Log lines to Python's logging, from a thread of their own.
-fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
+fn logger(sink: Py<PyAny>, interpreter: Interpreter) -> (Log, Arc<AtomicU64>) {
     let (send, receive) = sync_channel::<(bool, String)>(4096);
     let dropped = Arc::new(AtomicU64::new(0));
     let lost = dropped.clone();
     std::thread::Builder::new()
         .name("fastseq-serve-log".into())
         .spawn(move || {
-            while let Ok(first) = receive.recv() {
-                let mut lines = vec![first];
-                lines.extend(receive.try_iter().take(1024));
-                Python::attach(|py| {
-                    let n = lost.swap(0, Ordering::Relaxed);
-                    if n > 0 {
-                        let _ = sink
-                            .call1(py, (true, format!("{n} log lines were dropped: more came than could be written")));
-                    }
-                    for (error, line) in lines {
-                        let _ = sink.call1(py, (error, line));
-                    }
-                });
-            }
+            interpreter.thread(&mut move || {
+                while let Ok(first) = receive.recv() {
+                    let mut lines = vec![first];
+                    lines.extend(receive.try_iter().take(1024));
+                    Python::attach(|py| {
+                        let n = lost.swap(0, Ordering::Relaxed);
+                        if n > 0 {
+                            let _ = sink.call1(
+                                py,
+                                (true, format!("{n} log lines were dropped: more came than could be written")),
+                            );
+                        }
+                        for (error, line) in lines {
+                            let _ = sink.call1(py, (error, line));
+                        }
+                    });
+                }
+            })
         })
         .expect("a thread for the server's log");
     let counter = dropped.clone();
@@ -167,7 +219,23 @@ fn logger(sink: Py<PyAny>) -> (Log, Arc<AtomicU64>) {
 /// A running server.
 #[pyclass(frozen, module = "fastseq._core")]
 pub struct Server {
-    inner: transport::Server,
+    inner: Option<transport::Server>,
+}
+
+impl Drop for Server {
+    /// Dropped by Python (holding the GIL), the server ends its batchers' workers and waits
+    /// for them, and each needs the GIL to end its Python thread state: let go of it meanwhile.
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            Python::attach(|py| py.detach(move || drop(inner)));
+        }
+    }
+}
+
+impl Server {
+    fn inner(&self) -> &transport::Server {
+        self.inner.as_ref().expect("a server not dropped")
+    }
 }
 
 #[pymethods]
@@ -175,34 +243,34 @@ impl Server {
     /// Runs a row of zeros through each model, then marks the server ready; a RuntimeError
     /// saying which model failed and why.
     fn warm_up(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.service().warm_up()).map_err(PyRuntimeError::new_err)
+        py.detach(|| self.inner().service().warm_up()).map_err(PyRuntimeError::new_err)
     }
 
     /// Ready without a warm-up run.
     fn mark_ready(&self) {
-        self.inner.service().mark_ready();
+        self.inner().service().mark_ready();
     }
 
     /// Stops taking requests; those open go on.
     fn drain(&self) {
-        self.inner.drain();
+        self.inner().drain();
     }
 
     /// Drains, waits up to `grace_s` for the open requests, closes. True where all ended in time.
     fn shutdown(&self, py: Python<'_>, grace_s: f64) -> bool {
         let grace = Duration::try_from_secs_f64(grace_s).unwrap_or(Duration::ZERO);
-        py.detach(|| self.inner.shutdown(grace))
+        py.detach(|| self.inner().shutdown(grace))
     }
 
     #[getter]
     fn ready(&self) -> bool {
-        self.inner.service().ready()
+        self.inner().service().ready()
     }
 
     /// Requests open now (arriving, queued or running).
     #[getter]
     fn open(&self) -> usize {
-        self.inner.service().open()
+        self.inner().service().open()
     }
 }
 
@@ -221,10 +289,11 @@ pub(crate) fn start_server(
 ) -> PyResult<Server> {
     let (options, threads) = self::options(&options)?;
     let mut served: Vec<(ModelSpec, Arc<dyn Engine>)> = Vec::new();
+    let interpreter = Interpreter::current(py);
     for (d, engine) in models {
-        served.push((d.0.clone(), Arc::new(PyEngine(engine))));
+        served.push((d.0.clone(), Arc::new(PyEngine(engine, interpreter))));
     }
-    let (log, _) = logger(log);
+    let (log, _) = logger(log, interpreter);
     // SAFETY: Python detached these descriptors for us: we own them from here.
     let http = unsafe { TcpListener::from_raw_fd(http_fd) };
     let grpc = grpc_fd.map(|fd| unsafe { TcpListener::from_raw_fd(fd) });
@@ -232,6 +301,6 @@ pub(crate) fn start_server(
         let service = Service::new(served, options, log);
         transport::Server::start(service, http, grpc, threads)
     })
-    .map(|inner| Server { inner })
+    .map(|inner| Server { inner: Some(inner) })
     .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server: {e}")))
 }

@@ -8,6 +8,14 @@ pub trait Engine: Send + Sync + 'static {
     /// Every output of the model, in its order, for `inputs` (one tensor per input of the
     /// model, in its order, each contiguous). Called on the model's worker thread.
     fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, EngineError>;
+
+    /// Runs `work`, the whole life of the model's worker thread, on that thread. An engine
+    /// that enters another runtime keeps that runtime's state for this thread here, once for
+    /// the thread's life rather than once a run (the bindings: Python's thread state, whose
+    /// thread-locals a library such as gevent expects to live as long as the thread).
+    fn on_worker_thread(&self, work: &mut (dyn FnMut() + Send)) {
+        work()
+    }
 }
 
 /// A run that failed: its message, and whether the values given were refused (the caller's

@@ -72,7 +72,10 @@ impl Batcher {
         let name = format!("fastseq-batch-{}", shared.spec.name.chars().take(12).collect::<String>());
         let handle = std::thread::Builder::new()
             .name(name)
-            .spawn(move || worker.work())
+            .spawn(move || {
+                let engine = worker.engine.clone();
+                engine.on_worker_thread(&mut || worker.work())
+            })
             .expect("a thread for the model's batches");
         Batcher { shared, worker: Mutex::new(Some(handle)) }
     }
@@ -434,6 +437,42 @@ mod tests {
             let a = &answers[if k < 2 { k } else { k + 1 }];
             assert_eq!(a.as_ref().unwrap(), &vec![expected(x)]);
         }
+    }
+
+    /// Double, run inside the worker thread's one `on_worker_thread` call.
+    struct InThread(Double, AtomicUsize);
+
+    thread_local! {
+        static INSIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    impl Engine for InThread {
+        fn run(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, EngineError> {
+            assert!(INSIDE.with(|c| c.get()), "a run outside on_worker_thread");
+            self.0.run(inputs)
+        }
+
+        fn on_worker_thread(&self, work: &mut (dyn FnMut() + Send)) {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            INSIDE.with(|c| c.set(true));
+            work();
+            INSIDE.with(|c| c.set(false));
+        }
+    }
+
+    #[test]
+    fn every_run_is_inside_the_worker_threads_one_call_of_on_worker_thread() {
+        let engine = Arc::new(InThread(Double(AtomicUsize::new(0)), AtomicUsize::new(0)));
+        let metrics = Arc::new(ModelMetrics::new("double", "1"));
+        let b = Batcher::start(spec(4), engine.clone(), metrics);
+        for k in 0..20 {
+            let x = rows(1 + k % 3, k as f32 * 10.0 + 0.5);
+            let got = b.submit(vec![x.clone()], far(), false).unwrap().blocking_recv().unwrap().unwrap();
+            assert_eq!(got, vec![expected(&x)]);
+        }
+        b.close();
+        assert_eq!(engine.0 .0.load(Ordering::Relaxed), 20);
+        assert_eq!(engine.1.load(Ordering::Relaxed), 1, "one call for the thread's life");
     }
 
     #[test]
