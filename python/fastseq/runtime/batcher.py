@@ -11,8 +11,9 @@ a future of its loop, which one call per batch and loop resolves. (A leader thre
 waited for its batch to fill and ran it itself measured 0.57x the rows/s of threads calling
 the pipeline directly on two cores; a throwaway of this design without the checks 0.94-1.01x;
 this batcher 0.76-1.15x on a small tabular pipeline, more on heavier ones; its callers on
-the network server's queue in the core 0.80-0.89x this batcher: docs/benchmarks.md.) The paths every request takes are kept short: on two cores, the loop's
-and the worker's Python per request, which the GIL runs one at a time, bound the rows/s.
+the network server's queue in the core 0.80-0.89x this batcher: docs/benchmarks.md.) The
+paths every request takes are kept short: on two cores, the loop's and the worker's Python
+per request, which the GIL runs one at a time, bound the rows/s.
 
 Joining is only right when each row's outputs depend on that row alone: the core decides it
 from the composed graph (``crates/fastseq/src/merge/rows``), and a pipeline whose rows may mix is
