@@ -239,7 +239,7 @@ def test_ci_installs_each_artifact_outside_the_tree_and_runs_the_readmes_command
         "pip install '.[cpu]' && fastseq demo",
     ):
         assert command in readme, command
-    assert "python3 -m pip install '.[cpu,test]' && cargo test --locked && python3 -m pytest -q" in ci
+    assert "python3 -m pip install '.[cpu,test]' && cargo test --locked && python3 -m pytest -q || exit 1" in ci
     assert "fastseq demo" in ci and "bash tools/build_dist.sh" in ci and "smoke_installed.py" in ci
     assert "dist/fastseq_onnx-*.whl dist/fastseq_onnx-*.tar.gz" in ci and "python3 -m venv" in ci
     assert check_dist.FILE_PREFIX == "fastseq_onnx"  # what the globs above and the workflow's say

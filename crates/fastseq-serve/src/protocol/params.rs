@@ -3,7 +3,7 @@
 //! (microseconds, as Triton's clients send it) and sequence batching's, which is not served.
 use std::time::Duration;
 
-use crate::protocol::reader::Raw;
+use crate::protocol::reader::{not_json, Raw};
 
 use crate::error::{client_text, RequestError};
 
@@ -72,16 +72,6 @@ pub fn from_raw(raw: Raw<'_>) -> Result<Param<'_>, RequestError> {
 /// A JSON string's text.
 pub fn string(raw: Raw<'_>) -> Result<String, RequestError> {
     serde_json::from_str::<String>(raw.get()).map_err(not_json)
-}
-
-/// The answer to JSON that serde_json refuses: its message, cut short.
-pub fn not_json(e: serde_json::Error) -> RequestError {
-    let mut message = format!("the request is not valid JSON: {e}");
-    if message.len() > 300 {
-        let cut = (0..=300).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
-        message.truncate(cut);
-    }
-    RequestError::bad(message)
 }
 
 /// The parameters that only sequence batching reads.

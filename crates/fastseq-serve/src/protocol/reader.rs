@@ -15,8 +15,17 @@ use serde_json::value::RawValue;
 
 use crate::error::RequestError;
 
-use crate::protocol::params::not_json;
 use crate::protocol::MAX_DEPTH;
+
+/// The answer to JSON that serde_json refuses: its message, cut short.
+pub fn not_json(e: serde_json::Error) -> RequestError {
+    let mut message = format!("the request is not valid JSON: {e}");
+    if message.len() > 300 {
+        let cut = (0..=300).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
+        message.truncate(cut);
+    }
+    RequestError::bad(message)
+}
 
 /// The most members of one object, or items of one list, that the decode keeps (each costs
 /// more than its text: without a bound, a body of `{"a":0,"b":0,...}` would take ten times

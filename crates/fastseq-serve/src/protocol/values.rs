@@ -209,8 +209,8 @@ pub(crate) fn int_range(d: Datatype) -> (i128, i128) {
 }
 
 /// The text was not what it must be: a nesting past [`MAX_DEPTH`], or text that is not JSON
-/// (which serde_json has refused already, unless the request was read with its `data` left
-/// to this reader: [`crate::protocol::reader::Document::read_quick`]).
+/// (which serde_json has refused already, unless the request was read quickly, its `data`
+/// left to this scan: the document reader's `read_quick`).
 struct Malformed(&'static str);
 
 impl Malformed {
