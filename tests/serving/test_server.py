@@ -6,8 +6,11 @@ metrics, a pipeline file of two pipelines, and the app mounted in another applic
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,6 +207,29 @@ def test_the_servers_threads_keep_one_python_thread_state_each(monkeypatch):
         assert len(calls) >= 3, (where, calls)
         assert len({ident for ident, _ in calls}) == 1, f"{where}: more than one thread"
         assert [n for _, n in calls] == list(range(1, len(calls) + 1)), f"{where}: its thread's locals were lost"
+
+
+def test_a_server_dropped_without_its_shutdown_ends_its_threads_and_returns():
+    """The core's server object, let go by Python without a shutdown (Python holds the GIL
+    while it drops it), closes its batch workers and waits for them; each ends its Python
+    thread state, which takes the GIL: the drop lets go of it meanwhile rather than hang."""
+    script = """
+import numpy as np
+from fastseq import serving
+from fastseq._core import start_server
+from fastseq.serving.server import Server, _log_line
+from netserving import cnn, pipe
+
+server = Server(serving.app({"cnn": pipe(cnn())}), "127.0.0.1", 0)
+models = [(m.spec, m.batch_run()) for m in server.service.models.values()]
+core = start_server(models, server._sockets[0].detach(), None, server._options(), _log_line)
+core.warm_up()  # the worker has run a batch: it holds its Python thread state
+del core
+print("dropped")
+"""
+    tests = Path(__file__).resolve().parents[1]  # netserving's folder
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tests)
+    assert r.returncode == 0 and r.stdout.strip() == "dropped", r.stderr[-2000:]
 
 
 def test_many_callers_are_batched_and_get_their_own_rows(cnn_server):
