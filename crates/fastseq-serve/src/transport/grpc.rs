@@ -5,6 +5,7 @@
 //! ServerMetadata, ModelMetadata, ModelConfig, ModelStatistics and ModelInfer; the others
 //! answer UNIMPLEMENTED. Health, metadata, config and statistics take no queue place and no
 //! budget: they are answered however full the server is.
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +49,8 @@ pub async fn serve(stream: TcpStream, service: Arc<Service>, mut stopped: watch:
         .max_header_list_size(o.max_header_bytes as u32)
         .max_concurrent_streams(streams.min(u32::MAX as usize) as u32)
         .max_send_buf_size(1 << 20)
+        // gRPC's own servers send no Date: hyper would stamp each answer with one.
+        .auto_date_header(false)
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(20));
     let unread = Arc::new(Unread::default());
@@ -81,13 +84,18 @@ async fn call(
     request: Request<Incoming>,
 ) -> Result<Response<Answer>, Infallible> {
     let began = Instant::now();
-    let path = request.uri().path().to_string();
-    let Some(method) = path.strip_prefix(PREFIX) else {
-        let e = RequestError::new(Status::MethodNotAllowed, format!("no gRPC service at {}", client_text(&path)));
+    let Some(method) = request.uri().path().strip_prefix(PREFIX) else {
+        let e = RequestError::new(
+            Status::MethodNotAllowed,
+            format!("no gRPC service at {}", client_text(request.uri().path())),
+        );
         return Ok(failure(&e));
     };
-    let method = method.to_string();
-    let what = format!("gRPC {}", client_text(&method));
+    // ModelInfer, the call made per request, is named without formatting anything.
+    let infer_call = method == "ModelInfer";
+    let what: Cow<str> =
+        if infer_call { "gRPC ModelInfer".into() } else { format!("gRPC {}", client_text(method)).into() };
+    let method = if infer_call { String::new() } else { method.to_string() };
     let grpc_type = request.headers().get(CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     if !grpc_type {
         let e = RequestError::bad("a gRPC request's content-type is application/grpc");
@@ -95,14 +103,15 @@ async fn call(
         return Ok(failure(&e));
     }
     let deadline = grpc_deadline(request.headers()).map(|d| began + d);
-    let answer = match method.as_str() {
-        "ModelInfer" => infer(&service, &unread, request, began, deadline, &what).await,
-        _ => other(&service, &method, request).await,
+    let answer = if infer_call {
+        infer(&service, &unread, request, began, deadline, &what).await
+    } else {
+        other(&service, &method, request).await
     };
     Ok(match answer {
         Ok(response) => response,
         Err(e) => {
-            if method != "ModelInfer" {
+            if !infer_call {
                 service.failed(None, &e, began, &what);
             }
             failure(&e)
@@ -202,8 +211,10 @@ async fn infer(
         held.resize(fresh + if sliced { body.len() as u64 } else { 0 });
         drop(body);
         let run = service.run_bytes(model, &decoded, held.bytes());
-        held.grow(run, service.deadline(began, Some(&decoded)), &format!("a request of model '{}'", model.spec.name))
-            .await?;
+        if !held.try_grow(run) {
+            let whose = format!("a request of model '{}'", model.spec.name);
+            held.grow(run, service.deadline(began, Some(&decoded)), &whose).await?;
+        }
         held.arrived();
         if let Some(d) = deadline {
             let left = d.saturating_duration_since(began);
