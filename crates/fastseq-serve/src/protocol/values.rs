@@ -40,10 +40,48 @@ pub fn from_json(
     shape: &[usize],
     count: u64,
 ) -> Result<Vec<u8>, RequestError> {
+    decode(name, raw, datatype, shape, count, true)
+}
+
+/// [`from_json`], with (`quick`) or without the one-pass reader of flat float lists.
+fn decode(
+    name: &str,
+    raw: &str,
+    datatype: Datatype,
+    shape: &[usize],
+    count: u64,
+    quick: bool,
+) -> Result<Vec<u8>, RequestError> {
     let size = datatype.size().unwrap_or(8);
     // Each value takes 2 bytes of text at least (one and a comma): the buffer is bounded by
     // the body, whatever the shape claims.
     let mut out: Vec<u8> = Vec::with_capacity((count.min(raw.len() as u64 / 2 + 1) as usize).saturating_mul(size));
+    if quick {
+        // A float tensor as clients send it, a flat list of numbers that fit: each number
+        // checked and read in one step. Anything else (and any doubt) goes to the scan below,
+        // which reads it again from the start and says what is wrong.
+        let flat = match datatype {
+            Datatype::Fp32 => flat_floats(raw, count, |v| {
+                let f = v as f32;
+                out.extend_from_slice(&f.to_le_bytes());
+                f.is_finite()
+            }),
+            Datatype::Fp64 => flat_floats(raw, count, |v| {
+                out.extend_from_slice(&v.to_le_bytes());
+                v.is_finite()
+            }),
+            Datatype::Fp16 => flat_floats(raw, count, |v| {
+                let h = f64_to_f16(v);
+                out.extend_from_slice(&h.to_le_bytes());
+                h & 0x7c00 != 0x7c00
+            }),
+            _ => None,
+        };
+        if flat.is_some() {
+            return Ok(out);
+        }
+        out.clear();
+    }
     let mut wrong: Option<Wrong> = None;
     let mut note = |w: Wrong| wrong = wrong.max(Some(w));
     let scanned = match datatype {
@@ -137,6 +175,41 @@ fn float(leaf: Leaf<'_>) -> Result<f64, Wrong> {
         Leaf::Number(text) => text.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or(Wrong::Range),
         _ => Err(Wrong::Kind),
     }
+}
+
+/// Reads `raw` where it is a flat list of exactly `count` JSON numbers (space allowed where
+/// JSON allows it), handing each one's float64 (Python's float of it) to `each`, which
+/// stores it and says whether it fits the datatype; None at the first thing that is not so,
+/// having handed some values or none. Each number's text is checked against JSON's grammar
+/// and read in one step (lexical's JSON format: no leading zeros, `+`, `.5`, `1.`, `NaN` or
+/// `Infinity`), correctly rounded as `str::parse` rounds it.
+fn flat_floats(raw: &str, count: u64, mut each: impl FnMut(f64) -> bool) -> Option<()> {
+    const JSON: u128 = lexical_core::format::JSON;
+    let options = lexical_core::ParseFloatOptions::new();
+    let b = raw.as_bytes();
+    let mut i = skip_space(b, 0);
+    if b.get(i) != Some(&b'[') {
+        return None;
+    }
+    i = skip_space(b, i + 1);
+    let mut found = 0u64;
+    loop {
+        if found == count || !matches!(b.get(i), Some(b'-' | b'0'..=b'9')) {
+            return None;
+        }
+        let (v, len) = lexical_core::parse_partial_with_options::<f64, JSON>(&b[i..], &options).ok()?;
+        if !each(v) {
+            return None;
+        }
+        found += 1;
+        i = skip_space(b, i + len);
+        match b.get(i) {
+            Some(b',') => i = skip_space(b, i + 1),
+            Some(b']') => break,
+            _ => return None,
+        }
+    }
+    (found == count && skip_space(b, i + 1) == b.len()).then_some(())
 }
 
 /// The index past the JSON number at `i` (RFC 8259's grammar: `-? (0 | [1-9][0-9]*)
@@ -641,6 +714,16 @@ mod tests {
         for t in &tokens {
             let serde = serde_json::from_str::<&serde_json::value::RawValue>(t).is_ok();
             assert_eq!(number_end(t.as_bytes(), 0) == Some(t.len()), serde, "{t}");
+            // the one-pass reader of flat lists takes the same numbers, and reads them as
+            // str::parse does
+            let mut read = None;
+            let flat = flat_floats(&format!("[{t}]"), 1, |v| read.replace(v).is_none()).is_some();
+            assert_eq!(flat, serde, "{t}");
+            assert_eq!(
+                read.filter(|_| flat).map(f64::to_bits),
+                serde.then(|| t.parse::<f64>().unwrap().to_bits()),
+                "{t}"
+            );
         }
         // the values: str::parse's float64 (as float32: its float64, rounded), through the scan
         let mut texts: Vec<String> = [
@@ -692,6 +775,73 @@ mod tests {
             }
             let got = from_json("x", &format!("[ {t} ]"), Datatype::Fp64, &[1], 1);
             assert_eq!(got.ok(), want.is_finite().then(|| want.to_le_bytes().to_vec()), "{t}");
+        }
+    }
+
+    #[test]
+    fn flat_float_lists_read_in_one_pass_as_the_scan_reads_them() {
+        // Whatever the text, the quick reader gives what the scan gives: the same bytes, or
+        // it leaves the text to the scan, which says what is wrong.
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut texts: Vec<String> = [
+            "[1,2]",
+            " [ 1 , 2 ] ",
+            "\t[\n1,\r2]\n",
+            "[1,2,3]",
+            "[1]",
+            "[]",
+            "[[1,2]]",
+            "[1,[2]]",
+            "[1,,2]",
+            "[1,2,]",
+            "[,1,2]",
+            "[1 2]",
+            "[1,2]x",
+            "[1,2] ,",
+            "[1,2",
+            "[01,2]",
+            "[1.,2]",
+            "[1,true]",
+            "[1,null]",
+            "[1,\"2\"]",
+            "[1e39,0]",
+            "[1e309,0]",
+            "[65520,0]",
+            "[65519,0]",
+            "[-3.4028235e38,1e-46]",
+            "[0.30000000000000004,-0]",
+            "7",
+            "[1,{}]",
+            "[-,1]",
+            "[1,2]]",
+            "[1e5,1E+5]",
+        ]
+        .map(String::from)
+        .to_vec();
+        let parts = ["1", "-0.5", "2.5e-3", "1e39", "1e400", ",", ", ", "[", "]", " ", "0.1", "01", "true", "x"];
+        for _ in 0..20_000 {
+            let n = next() as usize % 7;
+            let inner: String = (0..n).map(|_| parts[next() as usize % parts.len()]).collect();
+            texts.push(format!("[{inner}]"));
+            let numbers: Vec<String> =
+                (0..1 + next() % 4).map(|_| format!("{:?}", f64::from_bits(next()) / 7.0)).collect();
+            texts.push(format!("[{}]", numbers.join(",")));
+        }
+        for t in &texts {
+            for d in [Datatype::Fp16, Datatype::Fp32, Datatype::Fp64] {
+                for count in [0u64, 1, 2, 3] {
+                    let shape = [count as usize];
+                    let quick = decode("x", t, d, &shape, count, true).map_err(|e| e.message);
+                    let scan = decode("x", t, d, &shape, count, false).map_err(|e| e.message);
+                    assert_eq!(quick, scan, "{t} {d:?} {count}");
+                }
+            }
         }
     }
 
