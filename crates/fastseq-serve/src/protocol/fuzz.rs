@@ -12,34 +12,10 @@ use serde_json::{json, Value};
 
 use super::grpc::{self, InferInputTensor, InferParameter, InferTensorContents, ModelInferRequest, ParameterChoice};
 use super::json::decode_read;
-use super::testing::{every, model};
+use super::testing::{every, model, Rng};
 use super::{decode_http_with, encode_http, Checks};
 use crate::error::{RequestError, Status};
 use crate::tensor::{Datatype, InferRequest, ModelSpec, Tensor};
-
-/// xorshift64*: small, seeded, the same sequence everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn chance(&mut self, one_in: usize) -> bool {
-        self.below(one_in) == 0
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 /// Text spliced into JSON as it is: what serde_json's Value cannot hold.
 const RAW: [&str; 12] = [

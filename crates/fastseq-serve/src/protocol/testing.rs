@@ -1,4 +1,4 @@
-//! What the protocol's tests share: a model of every datatype.
+//! What the protocol's tests share: a model of every datatype, and a seeded random source.
 use crate::tensor::{Datatype, ModelSpec, TensorSpec};
 
 /// `in_<datatype>` and `out_<datatype>` of every datatype, each `[-1, 3]`, batched.
@@ -62,4 +62,28 @@ pub fn http(doc: serde_json::Value, binary: &[&[u8]]) -> (bytes::Bytes, Option<u
         body.extend_from_slice(b);
     }
     (body.into(), (!binary.is_empty()).then_some(header))
+}
+
+/// xorshift64*: small, seeded, the same sequence everywhere.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    pub fn chance(&mut self, one_in: usize) -> bool {
+        self.below(one_in) == 0
+    }
+
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
 }

@@ -591,6 +591,7 @@ pub fn write_json(datatype: Datatype, data: &[u8], count: usize, out: &mut Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::testing::Rng;
 
     fn json(raw: &str, d: Datatype, shape: &[usize]) -> Result<Vec<u8>, String> {
         let count = shape.iter().product::<usize>() as u64;
@@ -669,13 +670,8 @@ mod tests {
     #[test]
     fn numbers_are_json_numbers_read_exactly() {
         // the grammar: what serde_json takes as one number, and nothing else
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next();
         let mut tokens: Vec<String> = [
             "0",
             "-0",
@@ -782,13 +778,8 @@ mod tests {
     fn flat_float_lists_read_in_one_pass_as_the_scan_reads_them() {
         // Whatever the text, the quick reader gives what the scan gives: the same bytes, or
         // it leaves the text to the scan, which says what is wrong.
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.next();
         let mut texts: Vec<String> = [
             "[1,2]",
             " [ 1 , 2 ] ",
