@@ -241,9 +241,12 @@ def run_perf_analyzer(
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=limit)
     except subprocess.TimeoutExpired:
-        # Seen on the tabular pipeline over HTTP at 32 connections (2026-12-07): its first window
-        # reported, the next never closed, while the server answered every request it was sent
-        # (none pending once perf_analyzer was stopped). Said in the report, as its refusals are.
+        # Seen on the tabular pipeline over HTTP at 32 connections: its first window reported,
+        # the next never closed, while the server answered every request it was sent (none
+        # pending once perf_analyzer was stopped). perf_analyzer's own main thread was at 100%
+        # of the client core (its ValidLatencyMeasurement over every request's timestamps,
+        # beside its 32 sending threads): the client's limit at ~29,000 requests a second, not
+        # the server's (2026-12-08). Said in the report, as its refusals are.
         raise RuntimeError(f"perf_analyzer did not report within {limit:.0f} s") from None
     if out.returncode != 0 or not csv_path.exists():
         lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
