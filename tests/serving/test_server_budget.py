@@ -373,3 +373,69 @@ def test_a_request_alone_over_the_budget_is_a_413_at_once(tmp_path):
         assert settle(p) == 0
     finally:
         p.stop()
+
+
+def test_a_small_call_is_answered_while_large_uploads_fill_their_half_of_the_budget(tmp_path):
+    """Uploads of a client that stopped, large enough to fill the half of the budget that
+    bodies may hold, do not turn other clients away: a small call's body takes the rest of
+    the pool (found by a review: before, every other call waited for their body timeout)."""
+    h2_connection = pytest.importorskip("h2.connection")
+    h2_config = pytest.importorskip("h2.config")
+    h2_exceptions = pytest.importorskip("h2.exceptions")
+    tg = pytest.importorskip("tritonclient.grpc")
+
+    p = serve(tmp_path, echo(4), "echo", "--memory-budget", "64M", "--body-timeout-s", "20", "--grpc-port", "0")
+    s = socket.create_connection(("127.0.0.1", p.grpc_port), timeout=10)
+    try:
+        conn = h2_connection.H2Connection(h2_config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        left = {}
+        for _ in range(6):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(
+                sid,
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                    (":authority", "127.0.0.1"),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                ],
+            )
+            size = 8 << 20
+            conn.send_data(sid, b"\0" + struct.pack(">I", size))
+            left[sid] = size
+        s.sendall(conn.data_to_send())
+        # the uploads go on as far as the server's windows let them, then stall
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            sent = False
+            for sid in left:
+                n = min(left[sid], conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+                if n > 0:
+                    try:
+                        conn.send_data(sid, b"\0" * n)
+                    except h2_exceptions.StreamClosedError:
+                        # the youngest of the stuck uploads gives up (the budget's rule)
+                        left[sid] = 0
+                        continue
+                    left[sid] -= n
+                    sent = True
+            s.sendall(conn.data_to_send())
+            if not sent:
+                s.settimeout(1.0)
+                try:
+                    data = s.recv(1 << 16)
+                except TimeoutError:
+                    break
+                conn.receive_data(data)
+                s.sendall(conn.data_to_send())
+        assert held(p) >= 30 << 20, held(p)  # the bodies' half (32 MB), or near it
+        c = tg.InferenceServerClient(f"127.0.0.1:{p.grpc_port}")
+        x = tg.InferInput("x", [1, 4], "FP32")
+        x.set_data_from_numpy(np.ones((1, 4), np.float32))
+        np.testing.assert_array_equal(c.infer("echo", [x], client_timeout=10).as_numpy("y"), -np.ones((1, 4)))
+    finally:
+        s.close()
+        p.stop()

@@ -11,6 +11,11 @@
 //! other bodies, or every request could hold a body and wait for bytes that only another's
 //! end would free, until all of them time out.
 //!
+//! A body of at most [`SMALL_BODY`] bytes (a 64th of the pool at most) is not held to that half: however many large
+//! uploads fill it, a small request (most of them) still finds the rest of the pool, as its
+//! run does; otherwise a client with a few stalled large uploads turned every other client
+//! away until they timed out.
+//!
 //! A request that holds bytes and waits for more can still find every byte of the pool held
 //! by requests that wait as it does (bodies, each waiting for its run): none would ever be
 //! freed. Then the youngest of those that hold bytes gives up at once (a 503), and what it
@@ -26,6 +31,10 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::error::{RequestError, Status};
+
+/// The most bytes a body may hold and still not be held to the bodies' half of the pool (and
+/// at most a 64th of the pool).
+pub const SMALL_BODY: u64 = 64 << 10;
 
 /// A pool of bytes.
 #[derive(Debug)]
@@ -114,15 +123,15 @@ impl Budget {
         self.pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes `bytes` if free (as a body's where `body`: then within half the pool, unless no
-    /// other body is arriving).
-    fn try_take(&self, bytes: u64, body: bool) -> bool {
+    /// Takes `bytes` if free (as a body's where `body`: then, where `capped`, within half the
+    /// pool, unless no other body is arriving).
+    fn try_take(&self, bytes: u64, body: bool, capped: bool) -> bool {
         let mut pool = self.lock();
         if pool.used.saturating_add(bytes) > self.limit {
             return false;
         }
         if body {
-            if pool.bodies > 0 && pool.bodies.saturating_add(bytes) > self.limit / 2 {
+            if capped && pool.bodies > 0 && pool.bodies.saturating_add(bytes) > self.limit / 2 {
                 return false;
             }
             pool.bodies += bytes;
@@ -147,7 +156,7 @@ impl Budget {
 impl Held {
     /// Takes `bytes` more now, if free.
     pub fn try_grow(&mut self, bytes: u64) -> bool {
-        let ok = bytes == 0 || self.budget.try_take(bytes, false);
+        let ok = bytes == 0 || self.budget.try_take(bytes, false, false);
         if ok {
             self.bytes += bytes;
         }
@@ -172,8 +181,10 @@ impl Held {
         if bytes == 0 {
             return Ok(());
         }
+        // A small body is not held to the bodies' half (see the module's text).
+        let capped = body && self.body.saturating_add(bytes) > SMALL_BODY.min(budget.limit / 64);
         let took = |me: &mut Held| {
-            if budget.try_take(bytes, body) {
+            if budget.try_take(bytes, body, capped) {
                 me.bytes += bytes;
                 if body {
                     me.body += bytes;
@@ -311,6 +322,31 @@ mod tests {
         assert!(!budget.empty().try_grow(1));
         drop(a);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_small_body_is_not_held_behind_large_ones() {
+        // Large bodies fill their half of the pool and wait there (their clients stalled): a
+        // small body still finds the other half, and its run too.
+        let budget = Budget::new(64 << 20);
+        let soon = Instant::now() + Duration::from_secs(5);
+        let mut large: Vec<Held> = (0..4).map(|_| budget.empty()).collect();
+        for h in &mut large {
+            h.grow_body(8 << 20, soon, "a large body").await.unwrap();
+        }
+        assert_eq!(budget.bodies(), 32 << 20);
+        let mut more = budget.empty();
+        let err = more.grow_body(1 << 20, Instant::now() + Duration::from_millis(30), "a body").await.unwrap_err();
+        assert_eq!(err.status, Status::Unavailable);
+        let mut small = budget.empty();
+        small.grow_body(4 << 10, Instant::now() + Duration::from_millis(30), "a small body").await.unwrap();
+        small.grow_body(4 << 10, Instant::now() + Duration::from_millis(30), "a small body").await.unwrap();
+        small.arrived();
+        small.grow(1 << 20, Instant::now() + Duration::from_millis(30), "its run").await.unwrap();
+        // past SMALL_BODY a body is a large one again
+        let mut growing = budget.empty();
+        growing.grow_body(SMALL_BODY, soon, "a body").await.unwrap();
+        assert!(growing.grow_body(1, Instant::now() + Duration::from_millis(30), "a body").await.is_err());
     }
 
     #[tokio::test]
