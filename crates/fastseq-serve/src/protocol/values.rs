@@ -61,20 +61,9 @@ fn decode(
         // checked and read in one step. Anything else (and any doubt) goes to the scan below,
         // which reads it again from the start and says what is wrong.
         let flat = match datatype {
-            Datatype::Fp32 => flat_floats(raw, count, |v| {
-                let f = v as f32;
-                out.extend_from_slice(&f.to_le_bytes());
-                f.is_finite()
-            }),
-            Datatype::Fp64 => flat_floats(raw, count, |v| {
-                out.extend_from_slice(&v.to_le_bytes());
-                v.is_finite()
-            }),
-            Datatype::Fp16 => flat_floats(raw, count, |v| {
-                let h = f64_to_f16(v);
-                out.extend_from_slice(&h.to_le_bytes());
-                h & 0x7c00 != 0x7c00
-            }),
+            Datatype::Fp32 => flat_floats(raw, count, |v| put_f32(v, &mut out)),
+            Datatype::Fp64 => flat_floats(raw, count, |v| put_f64(v, &mut out)),
+            Datatype::Fp16 => flat_floats(raw, count, |v| put_f16(v, &mut out)),
             _ => None,
         };
         if flat.is_some() {
@@ -101,27 +90,18 @@ fn decode(
         }),
         // One closure per float datatype: the per-value work stays a parse and a store.
         Datatype::Fp32 => scan(raw, count, |leaf| match float(leaf) {
-            Ok(v) => {
-                let f = v as f32;
-                if f.is_infinite() {
-                    note(Wrong::Range);
-                }
-                out.extend_from_slice(&f.to_le_bytes());
-            }
+            Ok(v) if !put_f32(v, &mut out) => note(Wrong::Range),
+            Ok(_) => {}
             Err(w) => note(w),
         }),
         Datatype::Fp64 => scan(raw, count, |leaf| match float(leaf) {
-            Ok(v) => out.extend_from_slice(&v.to_le_bytes()),
+            Ok(v) if !put_f64(v, &mut out) => note(Wrong::Range),
+            Ok(_) => {}
             Err(w) => note(w),
         }),
         Datatype::Fp16 => scan(raw, count, |leaf| match float(leaf) {
-            Ok(v) => {
-                let h = f64_to_f16(v);
-                if h & 0x7c00 == 0x7c00 {
-                    note(Wrong::Range);
-                }
-                out.extend_from_slice(&h.to_le_bytes());
-            }
+            Ok(v) if !put_f16(v, &mut out) => note(Wrong::Range),
+            Ok(_) => {}
             Err(w) => note(w),
         }),
         _ => {
@@ -167,6 +147,28 @@ fn decode(
             }
         })),
     }
+}
+
+/// `v` stored as FP32, FP64 or FP16 (both readers store through these); false where it is
+/// past the datatype's range.
+#[inline]
+fn put_f32(v: f64, out: &mut Vec<u8>) -> bool {
+    let f = v as f32;
+    out.extend_from_slice(&f.to_le_bytes());
+    f.is_finite()
+}
+
+#[inline]
+fn put_f64(v: f64, out: &mut Vec<u8>) -> bool {
+    out.extend_from_slice(&v.to_le_bytes());
+    v.is_finite()
+}
+
+#[inline]
+fn put_f16(v: f64, out: &mut Vec<u8>) -> bool {
+    let h = f64_to_f16(v);
+    out.extend_from_slice(&h.to_le_bytes());
+    h & 0x7c00 != 0x7c00
 }
 
 /// A number's value as float64 (Python's float of it): a finite one, or why not.
